@@ -1,0 +1,61 @@
+"""Acceptance: which tree path the target agrees with, and the token it adds after it.
+
+Greedy: walk from the root taking the child equal to the target's argmax; emit the path and the
+argmax at its last node (the bonus). Computed on the device; the caller reads one small result.
+
+Sampling ("target-only" rule of the EAGLE reference and SGLang, lossless for deterministic
+candidates): at a node with target distribution p, try its children in order; accept child x with
+probability p(x) / sum(p); on rejection set p(x) = 0 and try the next; if all are rejected, sample the
+emitted token from what is left of p and stop. Each emitted token then follows p exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import SamplingParams, probs, sample
+from .tree import Tree
+
+
+def accept_greedy(tree: Tree, logits: torch.Tensor):
+    """-> (path node indices [P] root first, bonus token id [] on device)."""
+    pred = logits.argmax(-1)
+    match = tree.tokens == pred[tree.parents]
+    match[0] = True
+    ok = ~(tree.mask & ~match[None, :]).any(1)  # every node on the path (itself included) matches
+    best = torch.where(ok, tree.depths, -1).argmax()
+    path = tree.mask[best].nonzero().squeeze(1)  # ancestors in index order == root-to-leaf order
+    return path, pred[best]
+
+
+def accept_sampling(tree: Tree, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None):
+    p_all = probs(logits, sp)
+    tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
+    children: dict[int, list[int]] = {}
+    for i in range(1, len(tokens)):
+        children.setdefault(parents[i], []).append(i)  # index order == draft score order within a parent
+    node, path = 0, [0]
+    while True:
+        p = p_all[node].clone()
+        nxt = None
+        for c in children.get(node, ()):
+            x = tokens[c]
+            total = float(p.sum())
+            px = float(p[x])
+            u = float(torch.rand((), generator=gen, device=p.device)) if gen is not None else float(torch.rand(()))
+            if px >= total or u * total < px:  # (px >= total: all mass on x, accept surely)
+                nxt = c
+                break
+            p[x] = 0.0
+        if nxt is None:
+            p = p / p.sum()
+            return torch.tensor(path, device=logits.device), sample(p, gen)
+        node = nxt
+        path.append(node)
+
+
+def accept(tree: Tree, logits: torch.Tensor, sp: SamplingParams, gen=None):
+    if sp.greedy:
+        return accept_greedy(tree, logits)
+    return accept_sampling(tree, logits, sp, gen)

@@ -1,0 +1,65 @@
+"""Sampling parameters and the target distribution they define.
+
+The same `probs` function serves the baseline and the speculative path, so "lossless" has one
+meaning: every emitted token follows exactly the distribution the baseline samples from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import GenerationError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+
+    def __post_init__(self):
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if not isinstance(t, (int, float)) or t != t or t < 0:
+            raise GenerationError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}",
+                                  fix="e.g. --temperature 0.7", code="E302")
+        if not isinstance(p, (int, float)) or p != p or not (0 < p <= 1):
+            raise GenerationError(f"top_p must lie in (0, 1], got {p!r}", fix="e.g. --top-p 0.9", code="E302")
+        if not isinstance(k, int) or k < 0:
+            raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {k!r}", fix="e.g. --top-k 50",
+                                  code="E302")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> the sampling distribution (temperature, then top-k, then top-p), float32."""
+    x = logits.float() / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        kth = x.topk(sp.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if sp.top_p < 1.0:
+        sp_, idx = p.sort(dim=-1, descending=True)
+        before = sp_.cumsum(-1) - sp_  # mass of strictly more likely tokens
+        drop_sorted = before >= sp.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        p = p.masked_fill(drop, 0.0)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def make_generator(sp: SamplingParams, device) -> torch.Generator | None:
+    if sp.greedy:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(sp.seed if sp.seed is not None else torch.seed())
+    return g
+
+
+def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    return torch.multinomial(p, 1, generator=gen).squeeze(-1)

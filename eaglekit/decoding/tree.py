@@ -1,0 +1,122 @@
+"""Draft tree expansion (SGLang / EAGLE-3 style) with fixed shapes and no host synchronisation.
+
+Level 1 is the top-k of the draft's last extend output. Each further level runs the draft once on the
+current frontier (top-k nodes), scores the topk x topk children by the product of probabilities
+along their path, and keeps the best topk as the next frontier. Finally the `draft_tokens - 1`
+best-scored candidates of all levels plus the root form the tree that the target verifies.
+topk = 1 is a chain of `steps` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import GenerationError
+
+# Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
+# picked without its parent: selection uses score * DECAY**depth, strictly decreasing along a path.
+_DECAY = 1.0 - 1e-5
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    steps: int
+    topk: int
+    draft_tokens: int
+
+    @classmethod
+    def make(cls, steps: int = 3, topk: int = 1, draft_tokens: int | None = None) -> "TreeShape":
+        if draft_tokens is None:
+            draft_tokens = steps + 1 if topk == 1 else min(1 + topk + (steps - 1) * topk * topk, 4 * steps)
+        return cls(steps, topk, draft_tokens)
+
+    def __post_init__(self):
+        s, k, d = self.steps, self.topk, self.draft_tokens
+        if not all(isinstance(v, int) for v in (s, k, d)) or s < 1 or k < 1:
+            raise GenerationError(f"steps and topk must be integers >= 1, got steps={s!r} topk={k!r}",
+                                  fix="e.g. --steps 3 --topk 1", code="E303")
+        if k == 1 and d != s + 1:
+            raise GenerationError(
+                f"topk 1 makes a chain of {s} draft tokens, so draft_tokens must be steps + 1 = {s + 1}, got {d}",
+                fix=f"pass --draft-tokens {s + 1} or leave it out", code="E303")
+        most = 1 + k + (s - 1) * k * k
+        if d < 2 or d > most:
+            raise GenerationError(
+                f"draft_tokens must lie in 2..{most} for steps={s}, topk={k} (root + candidates), got {d}",
+                fix=f"pass --draft-tokens between 2 and {most}", code="E303")
+
+    @property
+    def max_nodes(self) -> int:
+        return self.draft_tokens
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # [D] target ids; node 0 is the root (the last emitted token)
+    parents: torch.Tensor  # [D] parent node index; the root points to itself
+    depths: torch.Tensor  # [D]
+    mask: torch.Tensor  # [D, D] bool: row i marks i's ancestors and i itself
+    scores: torch.Tensor  # [D] path probability under the draft (root 1)
+
+
+def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
+           shape: TreeShape) -> Tree:
+    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`."""
+    K, dev = shape.topk, logits_last.device
+    m = draft.cache.length  # committed draft entries; tree steps write past them
+    p = torch.softmax(logits_last.float(), -1)
+    top_p, top_i = p.topk(K)
+    cand_scores, cand_tokens, cand_parents, cand_depths = [top_p], [top_i], [torch.full((K,), -1, device=dev)], \
+        [torch.ones(K, dtype=torch.long, device=dev)]
+    f_scores, f_tokens, f_cand = top_p, top_i, torch.arange(K, device=dev)
+    f_hidden = h_last.expand(K, -1)
+    P = (shape.steps - 1) * K  # pending draft slots used by this tree
+    f_anc = torch.zeros(K, P, dtype=torch.bool, device=dev)
+    offset = K
+    for level in range(2, shape.steps + 1):
+        cols = torch.arange((level - 2) * K, (level - 1) * K, device=dev)
+        anc = f_anc.clone()
+        anc[torch.arange(K, device=dev), cols] = True
+        span = m + (level - 1) * K
+        mask = torch.cat([torch.ones(K, m, dtype=torch.bool, device=dev), anc[:, :span - m]], dim=1)
+        # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
+        pos = torch.full((K,), m - 1 + (level - 1), device=dev)
+        h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, m + cols, mask)
+        cp, ci = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K]
+        cs = (f_scores[:, None] * cp).reshape(-1)
+        cand_scores.append(cs)
+        cand_tokens.append(ci.reshape(-1))
+        cand_parents.append(f_cand.repeat_interleave(K))
+        cand_depths.append(torch.full((K * K,), level, device=dev))
+        f_scores, pick = cs.topk(K)
+        row = pick // K
+        f_tokens = ci.reshape(-1)[pick]
+        f_cand = offset + pick
+        f_hidden = h[row]
+        f_anc = anc[row]
+        offset += K * K
+    scores = torch.cat(cand_scores)
+    tokens = torch.cat(cand_tokens)
+    parents = torch.cat(cand_parents)
+    depths = torch.cat(cand_depths)
+    n_sel = shape.draft_tokens - 1
+    key = scores * torch.pow(torch.tensor(_DECAY, device=dev), depths.float())
+    sel = key.topk(n_sel).indices.sort().values  # generation order: parents before children
+    node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
+    node_of[sel] = torch.arange(1, n_sel + 1, device=dev)
+    par = parents[sel]
+    node_parent = torch.where(par < 0, torch.zeros_like(par), node_of[par.clamp(min=0)])
+    D = shape.draft_tokens
+    all_parents = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), node_parent])
+    anc = torch.eye(D, dtype=torch.bool, device=dev)
+    for _ in range(shape.steps):  # each pass adds one more generation of ancestors
+        anc = anc | anc[all_parents]
+    return Tree(
+        tokens=torch.cat([root_token.view(1), draft.to_target_ids(tokens[sel])]),
+        parents=all_parents,
+        depths=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
+        mask=anc,
+        scores=torch.cat([torch.ones(1, device=dev), scores[sel]]),
+    )

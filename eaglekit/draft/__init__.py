@@ -1,0 +1,96 @@
+"""The draft side: the EAGLE-3 module, its checkpoint format, and the checks that pair it with a target."""
+
+from __future__ import annotations
+
+import torch
+
+from ..capture import CaptureSpec
+from ..errors import ContractError
+from ..models.base import Target
+from .checkpoint import load_draft, save_draft, t2d_from_d2t
+from .model import DraftConfig, Eagle3Draft
+
+
+def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
+               allow_other_target: bool = False) -> CaptureSpec:
+    """Refuse a draft that does not fit `target`; return the CaptureSpec to run with.
+
+    `capture` overrides what the draft declares (the doctor's probe, or a user who knows better);
+    the fc width is checked against whichever is used."""
+    c, t = draft.config, target.info
+    spec = capture or c.capture or CaptureSpec.default(t.num_layers)
+    if c.t_hidden != t.hidden_size:
+        raise ContractError(
+            f"the draft was built for a target hidden size of {c.t_hidden} "
+            f"({'target_hidden_size' if c.target_hidden_size else 'hidden_size'} in its config) but this target's "
+            f"hidden size is {t.hidden_size}",
+            fix="use a draft trained for this target; if the draft's hidden size differs from the target's, its "
+            "config must declare target_hidden_size", code="E204")
+    spec.validate(t.num_layers)
+    spec.check_fc(draft.fc.in_features, t.hidden_size)
+    if c.vocab_size != t.vocab_size:
+        raise ContractError(
+            f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has {t.vocab_size}",
+            fix="use a draft trained for this target (same tokenizer)", code="E205")
+    if c.draft_vocab_size > t.vocab_size:
+        raise ContractError(
+            f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's ({t.vocab_size})",
+            fix="draft_vocab_size must be at most the target vocab size", code="E206")
+    ids = torch.arange(c.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    bad = int(((ids < 0) | (ids >= t.vocab_size)).sum())
+    if bad:
+        raise ContractError(
+            f"{bad} of {c.draft_vocab_size} d2t entries map outside the target vocabulary (0..{t.vocab_size - 1}); "
+            f"d2t must hold offsets (target_id = i + d2t[i]), not absolute ids",
+            fix="rewrite d2t as target_ids - arange(draft_vocab_size)", code="E207")
+    if c.target_fingerprint and c.target_fingerprint != t.fingerprint and not allow_other_target:
+        raise ContractError(
+            f"the draft was trained for a target with fingerprint {c.target_fingerprint}, this target's is "
+            f"{t.fingerprint} (a different architecture, size or vocabulary)",
+            fix="use the draft's own target, or pass --allow-other-target if you know they are compatible",
+            code="E208")
+    return spec
+
+
+def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_size: int | None = None,
+              hidden_size: int | None = None, intermediate_size: int | None = None, num_heads: int | None = None,
+              num_kv_heads: int | None = None, seed: int = 0, dtype=torch.float32, rope=None) -> Eagle3Draft:
+    """A randomly initialised draft shaped for `target` (the starting point of training, and of tests)."""
+    t = target.info
+    tc = getattr(target, "cfg", None)
+    H = hidden_size or t.hidden_size
+    heads = num_heads or (tc.num_heads if tc else max(1, H // 64))
+    cfg = DraftConfig(
+        hidden_size=H,
+        intermediate_size=intermediate_size or (tc.intermediate_size if tc else 4 * H),
+        num_heads=heads,
+        num_kv_heads=num_kv_heads or (tc.num_kv_heads if tc else heads),
+        head_dim=(tc.head_dim if tc and H == t.hidden_size and heads == tc.num_heads else None),
+        vocab_size=t.vocab_size,
+        draft_vocab_size=draft_vocab_size or t.vocab_size,
+        target_hidden_size=t.hidden_size if H != t.hidden_size else None,
+        rms_norm_eps=tc.rms_norm_eps if tc else 1e-6,
+        rope=rope or (tc.rope if tc else None) or DraftConfig.__dataclass_fields__["rope"].default_factory(),
+        max_position_embeddings=t.max_position_embeddings,
+        capture=capture or CaptureSpec.default(t.num_layers),
+        target_fingerprint=t.fingerprint,
+        target_vocab_size=t.vocab_size,
+        target_num_layers=t.num_layers,
+    )
+    g = torch.Generator().manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name == "embed_tokens.weight":
+                continue
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        if H == t.hidden_size:
+            draft.embed_tokens.weight.copy_(target.embed_weight().float())
+        draft.t2d.copy_(t2d_from_d2t(draft.d2t, t.vocab_size))
+    return draft.to(device=target.device, dtype=dtype)
+
+
+__all__ = ["DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "save_draft"]

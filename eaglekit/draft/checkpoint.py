@@ -1,0 +1,192 @@
+"""Reading and writing draft folders in the SGLang / SpecForge layout, plus our `eaglekit` block.
+
+config.json: architectures ["LlamaForCausalLMEagle3"], model_type llama, the usual Llama fields with
+num_hidden_layers 1, draft_vocab_size, optional target_hidden_size, and
+eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's "output of layer" ids, the same numbers as our
+after_layers). The `eaglekit` block records the capture in our convention and the target's fingerprint;
+a folder without it (written by SpecForge or others) loads as is, its ids read in SGLang's meaning.
+model.safetensors: fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t (offsets), t2d, optional
+embed_tokens.weight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..capture import CaptureSpec
+from ..errors import ContractError, InputError
+from ..io import atomic_write_json, save_tensors
+from ..models.config import _rope_from, read_json
+from ..models.layers import Rotary
+from ..models.weights import load_state_dict_into, read_folder_tensors
+from .model import DraftConfig, Eagle3Draft
+
+DRAFT_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Draft")
+
+
+def config_from_json(raw: dict, where: str, fc_in: int | None = None) -> DraftConfig:
+    archs = raw.get("architectures") or []
+    if archs and not any("eagle3" in a.lower() for a in archs):
+        raise InputError(
+            f"{where} describes {archs[0]}, not an EAGLE-3 draft (architectures {archs})",
+            fix="pass the draft folder as --draft (a full model folder goes to --target)", code="E110")
+    try:
+        H = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        vocab = int(raw["vocab_size"])
+    except KeyError as e:
+        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the draft", code="E102") from None
+    t_hidden = raw.get("target_hidden_size")
+    block = raw.get("eaglekit") or {}
+    capture = None
+    if "capture" in block:
+        capture = CaptureSpec.from_dict(block["capture"])
+    else:
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if ids:
+            capture = CaptureSpec.from_output_of(ids)  # SGLang/SpecForge config ids mean "output of layer i"
+    num_captures = capture.num_captures if capture else 3
+    if capture is None and fc_in is not None:
+        th = int(t_hidden or H)
+        if fc_in % th == 0:
+            num_captures = fc_in // th
+    target = block.get("target") or {}
+    return DraftConfig(
+        hidden_size=H,
+        intermediate_size=int(raw.get("intermediate_size", 4 * H)),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw["head_dim"]) if raw.get("head_dim") else None,
+        vocab_size=vocab,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        target_hidden_size=int(t_hidden) if t_hidden and int(t_hidden) != H else None,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope=_rope_from(raw),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        capture=capture,
+        num_captures=num_captures,
+        norm_before_residual=bool(raw.get("norm_before_residual", False)),
+        norm_before_fc=bool(raw.get("norm_before_fc", False)),
+        attention_bias=bool(raw.get("attention_bias", raw.get("bias", False))),
+        target_fingerprint=target.get("fingerprint"),
+        target_vocab_size=target.get("vocab_size"),
+        target_num_layers=target.get("num_layers"),
+    )
+
+
+def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": c.rope.theta,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+    }
+    if c.rope.kind != "default":
+        out["rope_scaling"] = {"rope_type": c.rope.kind, "factor": c.rope.factor,
+                               "low_freq_factor": c.rope.low_freq_factor, "high_freq_factor": c.rope.high_freq_factor,
+                               "original_max_position_embeddings": c.rope.original_max_position_embeddings}
+    if c.target_hidden_size and c.target_hidden_size != c.hidden_size:
+        out["target_hidden_size"] = c.target_hidden_size
+    if c.norm_before_residual:
+        out["norm_before_residual"] = True
+    if c.norm_before_fc:
+        out["norm_before_fc"] = True
+    if c.attention_bias:
+        out["attention_bias"] = True
+    if c.capture is not None:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.capture.after_layers),
+                               "use_aux_hidden_state": True}
+        block = {"version": __version__, "capture": c.capture.to_dict()}
+        if c.target_fingerprint:
+            block["target"] = {"fingerprint": c.target_fingerprint, "vocab_size": c.target_vocab_size,
+                               "num_layers": c.target_num_layers}
+        out["eaglekit"] = block
+    return out
+
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+
+
+def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+               with_embedding: bool = False) -> Path:
+    """Write config.json + model.safetensors atomically (weights first, config last)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight" or with_embedding}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    save_tensors(folder / "model.safetensors", state, metadata={"format": "pt"})
+    atomic_write_json(folder / "config.json", config_to_json(draft.config, _DTYPES.get(dtype, "bfloat16")))
+    return folder
+
+
+def _strip_prefix(tensors: dict) -> dict:
+    out = {}
+    for k, v in tensors.items():
+        for p in ("model.", "draft_model."):
+            if k.startswith(p) and k[len(p):].split(".")[0] in ("fc", "midlayer", "norm", "lm_head", "embed_tokens",
+                                                                  "d2t", "t2d"):
+                k = k[len(p):]
+                break
+        out[k] = v
+    return out
+
+
+def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weight: torch.Tensor | None = None
+               ) -> Eagle3Draft:
+    """Load a draft folder. The embedding comes from the folder if stored, else `embed_weight` (the target's)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"draft folder {folder} does not exist", fix="pass the path of an EAGLE-3 draft folder",
+                         code="E101")
+    raw = read_json(folder / "config.json", "draft config")
+    tensors = _strip_prefix(read_folder_tensors(folder, "draft"))
+    fc = tensors.get("fc.weight")
+    cfg = config_from_json(raw, str(folder / "config.json"), fc_in=fc.shape[1] if fc is not None else None)
+    if "d2t" not in tensors:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            raise ContractError(
+                f"draft in {folder} has a reduced vocabulary ({cfg.draft_vocab_size} of {cfg.vocab_size} target "
+                f"tokens) but no d2t tensor: draft id i would be read as target id i",
+                fix="add the d2t offsets the draft was trained with (eaglekit train writes them)", code="E210")
+        tensors["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+    if "t2d" not in tensors:
+        tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    if "embed_tokens.weight" not in tensors:
+        if embed_weight is None:
+            raise InputError(f"draft in {folder} stores no embed_tokens.weight and no target embedding was given",
+                             fix="load the draft together with its target", code="E111")
+        if tuple(embed_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ContractError(
+                f"the draft's hidden size {cfg.hidden_size} and vocabulary {cfg.vocab_size} do not fit the target "
+                f"embedding {tuple(embed_weight.shape)}; the draft reuses the target's token embedding",
+                fix="use a draft made for this target, or one that stores its own embed_tokens.weight", code="E203")
+        tensors["embed_tokens.weight"] = embed_weight
+    with torch.device("meta"):
+        draft = Eagle3Draft(cfg)
+    load_state_dict_into(draft, tensors, folder, dtype=dtype, device=device)
+    draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded
+    draft.embed_tokens.weight.requires_grad_(False)
+    return draft
+
+
+def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    ids = torch.arange(d2t.numel()) + d2t.cpu()
+    ok = (ids >= 0) & (ids < vocab_size)
+    t2d[ids[ok]] = True
+    return t2d

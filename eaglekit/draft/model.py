@@ -1,0 +1,172 @@
+"""The EAGLE-3 draft: fc + one decoder layer over [embedding, hidden] + norm + lm_head on a draft vocab.
+
+    features (C x H_t) --fc--> h (H)          only for target features; later steps feed h back
+    e = input_layernorm(embed(token)), h' = hidden_norm(h), x = cat([e, h'])   (2H wide)
+    h = h (or h' with norm_before_residual) + o_proj(attn(x));  h = h + mlp(post_attention_layernorm(h))
+    logits = lm_head(norm(h)) over draft_vocab;  the pre-norm h is what the next step receives.
+
+Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from ..capture import CaptureSpec
+from ..errors import ContractError
+from ..models.config import RopeConfig
+from ..models.layers import MLP, Attention, KVCache, RMSNorm, Rotary
+from ..observe import trace
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int  # the target's vocabulary (embedding rows)
+    draft_vocab_size: int
+    target_hidden_size: int | None = None  # None: same as hidden_size
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    max_position_embeddings: int = 4096
+    capture: CaptureSpec | None = None  # None: not recorded; resolved to the target's default when paired
+    num_captures: int = 3
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    attention_bias: bool = False
+    target_fingerprint: str | None = None
+    target_vocab_size: int | None = None
+    target_num_layers: int | None = None
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_heads
+        if self.capture is not None:
+            self.num_captures = self.capture.num_captures
+
+    @property
+    def t_hidden(self) -> int:
+        return self.target_hidden_size or self.hidden_size
+
+    @property
+    def fc_in(self) -> int:
+        return self.num_captures * self.t_hidden
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        H = c.hidden_size
+        self.norm_before_residual = c.norm_before_residual
+        self.self_attn = Attention(2 * H, c.num_heads, c.num_kv_heads, c.head_dim, H,
+                                   qkv_bias=c.attention_bias, o_bias=c.attention_bias)
+        self.mlp = MLP(H, c.intermediate_size)
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
+
+    def forward(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
+        if self.norm_before_residual:
+            h = self.hidden_norm(h)
+            residual = h
+        else:
+            residual = h
+            h = self.hidden_norm(h)
+        x = torch.cat([self.input_layernorm(emb), h], dim=-1)
+        if trace.ENABLED:
+            trace.record("draft.concat", x, width=x.shape[-1])
+        a, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv)
+        h = residual + a
+        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.config = c
+        H = c.hidden_size
+        self.embed_tokens = nn.Embedding(c.vocab_size, H)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
+        self.fc = nn.Linear(c.fc_in, H, bias=False)
+        self.fc_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
+        self.midlayer = DraftLayer(c)
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size
+                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(c.head_dim, c.rope)
+        self.cache: KVCache | None = None
+
+    # --- the network -------------------------------------------------------------------------------
+    def project(self, feats: torch.Tensor) -> torch.Tensor:
+        """Target features [.., C*H_t] -> [.., H]. Refuses a width the fc was not trained on."""
+        if feats.shape[-1] != self.fc.in_features:
+            # last line of defence; pair checks (eaglekit.draft.check_pair) name the layers before this
+            Ht, got = self.config.t_hidden, feats.shape[-1]
+            got_s = f"{got} = {got // Ht} x {Ht}" if got % Ht == 0 else str(got)
+            raise ContractError(
+                f"draft fc expects {self.fc.in_features} = {self.config.num_captures} x {Ht} features but received "
+                f"{got_s}", fix="capture exactly the layers the draft was trained on", code="E202")
+        if trace.ENABLED:
+            layers = list(self.config.capture.after_layers) if self.config.capture else None
+            trace.record("draft.input.features", feats, layers=layers)
+        x = self.fc_norm(feats) if self.fc_norm is not None else feats
+        h = self.fc(x)
+        if trace.ENABLED:
+            trace.record("draft.input.fc", h)
+        return h
+
+    def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None):
+        """hidden [B, T, C*H_t] (from_target) or [B, T, H] (own output); ids [B, T] target ids.
+
+        Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v))."""
+        if from_target:
+            h = self.project(hidden)
+        else:
+            h = hidden
+            if trace.ENABLED:
+                trace.record("draft.input.hidden", h)
+        emb = self.embed_tokens(ids).to(h.dtype)
+        if trace.ENABLED:
+            trace.record("draft.input.embedding", emb)
+        cos, sin = self.rotary(positions, h.dtype)
+        h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
+        return h, self.lm_head(self.norm(h)), new_kv
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # --- decoding state (batch 1) ----------------------------------------------------------------
+    def reset(self, max_len: int) -> None:
+        c, p = self.config, self.fc.weight
+        if self.cache is None or self.cache.max_len < max_len or self.cache.k.dtype != p.dtype:
+            self.cache = KVCache(1, c.num_kv_heads, c.head_dim, max_len, 1, p.device, p.dtype)
+        self.cache.length = 0
+
+    @torch.inference_mode()
+    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor):
+        """Commit entries for target positions [m, m+T): feature g_p with the token at p+1.
+        Returns (h [T, H], logits [T, Vd]) whose last row seeds the next tree."""
+        m, T = self.cache.length, next_ids.numel()
+        dev = self.fc.weight.device
+        slots = torch.arange(m, m + T, device=dev)
+        mask = torch.ones(T, m + T, dtype=torch.bool, device=dev)
+        mask[:, m:] = torch.ones(T, T, dtype=torch.bool, device=dev).tril_()
+        h, logits, _ = self(feats.to(self.fc.weight.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
+                            mask[None], from_target=True)
+        self.cache.length = m + T
+        return h[0], logits[0].float()
+
+    @torch.inference_mode()
+    def step(self, hidden, ids, positions, slots, mask):
+        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`."""
+        h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
+                            from_target=False)
+        return h[0], logits[0].float()

@@ -1,0 +1,56 @@
+"""The target side: our compact decoder for the Llama family, and an adapter over transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from .base import Target, TargetInfo
+from .config import FAMILIES, TargetConfig, load_target_config, read_json
+
+BACKENDS = ("auto", "ours", "hf")
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name in (None, "auto"):
+        # bf16 matmuls are slow on most CPUs and the demo models are small: float32 there
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    if name not in table:
+        raise InputError(f"unknown dtype {name!r}", fix=f"use one of {', '.join(table)}", code="E108")
+    return table[name]
+
+
+def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", dtype=None) -> Target:
+    """Load a Hugging Face model folder as a Target. `auto` picks our decoder for llama/mistral/qwen2/qwen3
+    and the transformers adapter for everything else."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"target folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}", fix=f"use one of {', '.join(BACKENDS)}", code="E108")
+    dt = resolve_dtype(dtype, device)
+    raw = read_json(folder / "config.json", "target config")
+    if backend == "auto":
+        backend = "ours" if raw.get("model_type") in FAMILIES else "hf"
+        if backend == "ours":
+            try:
+                load_target_config(folder)
+            except InputError:
+                backend = "hf"  # e.g. an unusual rope type: transformers handles it
+    if backend == "ours":
+        from .llama import LlamaTarget
+
+        return LlamaTarget.from_folder(folder, device, dt)
+    from .hf import HFTarget
+
+    return HFTarget.from_folder(folder, device, dt)
+
+
+__all__ = ["BACKENDS", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target", "load_target_config",
+           "resolve_dtype"]

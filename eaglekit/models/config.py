@@ -1,0 +1,166 @@
+"""TargetConfig: the fields of a Hugging Face config.json our compact decoder needs.
+
+Reads the raw JSON (no transformers import) so that both the v4 spelling (`rope_theta`,
+`rope_scaling`) and the v5 one (`rope_parameters`) work. Families: llama, mistral, qwen2, qwen3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise InputError(f"{what}: no file at {path}", fix="point at a folder that holds config.json", code="E101")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what}: {path} is not valid JSON ({e})", fix="re-export the folder", code="E102") from None
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    sliding_window: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    dtype: str = "float32"
+    fingerprint: str = ""
+
+
+_FINGERPRINT_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
+                     "moe_intermediate_size", "n_routed_experts", "kv_lora_rank", "q_lora_rank")
+
+
+def config_fingerprint(raw: dict) -> str:
+    """A short hash of what shapes a target (not its weights' values), the same whichever backend or
+    transformers version wrote or reads the config. A draft records it; a draft made for another target
+    is refused. (The weights' own hash goes in the feature manifest.)"""
+    d = {k: raw.get(k) for k in _FINGERPRINT_KEYS if raw.get(k) is not None}
+    if "num_attention_heads" in d and "hidden_size" in d:  # fill the defaults older writers leave out
+        d.setdefault("num_key_value_heads", d["num_attention_heads"])
+        d.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
+    d.setdefault("tie_word_embeddings", False)
+    params = raw.get("rope_parameters") or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = next(iter(params.values()))
+    d["rope_theta"] = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _rope_from(raw: dict) -> RopeConfig:
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        # per-layer-type rope parameters (v5, e.g. {"full_attention": {...}}); one kind only here
+        params = next(iter(params.values()))
+    src = {**scaling, **params}
+    theta = float(src.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = src.get("rope_type", src.get("type", "default")) or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise InputError(
+            f"rope type {kind!r} is not implemented by eaglekit's compact decoder",
+            fix="load this target with --backend hf (the transformers adapter handles every rope type)",
+            code="E103",
+        )
+    return RopeConfig(
+        theta=theta,
+        kind=kind,
+        factor=float(src.get("factor", 1.0)),
+        low_freq_factor=float(src.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(src.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(src.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _ids(v) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, int):
+        return (v,)
+    return tuple(int(x) for x in v)
+
+
+def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
+    family = raw.get("model_type")
+    if family not in FAMILIES:
+        raise InputError(
+            f"model_type {family!r} in {where} is not one of the compact decoder's families {', '.join(FAMILIES)}",
+            fix="use --backend hf to run it through transformers (any AutoModelForCausalLM architecture)",
+            code="E104",
+        )
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise InputError(f"hidden_act {act!r} in {where} is not supported (only silu)", code="E104",
+                         fix="use --backend hf")
+    if family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
+        raise InputError(f"{family} with use_sliding_window=true is not supported by the compact decoder",
+                         fix="use --backend hf", code="E104")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        cfg = TargetConfig(
+            family=family,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from(raw),
+            # qwen2 always has q/k/v biases; llama and qwen3 put `attention_bias` on q, k, v and o
+            qkv_bias=family == "qwen2" or (family in ("llama", "qwen3") and bool(raw.get("attention_bias", False))),
+            o_bias=family in ("llama", "qwen3") and bool(raw.get("attention_bias", False)),
+            mlp_bias=family == "llama" and bool(raw.get("mlp_bias", False)),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            sliding_window=(int(raw["sliding_window"]) if family == "mistral" and raw.get("sliding_window") else None),
+            eos_token_ids=_ids(raw.get("eos_token_id")),
+            bos_token_id=raw.get("bos_token_id"),
+            dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+            fingerprint=config_fingerprint(raw),
+        )
+    except KeyError as e:
+        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder", code="E102") from None
+    return cfg
+
+
+def load_target_config(folder: str | Path) -> TargetConfig:
+    folder = Path(folder)
+    return parse_target_config(read_json(folder / "config.json", "target config"), str(folder / "config.json"))

@@ -1,0 +1,148 @@
+"""A target over any transformers AutoModelForCausalLM (DeepSeek-V3, Gemma, ...).
+
+Capture by forward hooks on the decoder layers (the residual stream a layer returns), trees by a 4D
+additive attention mask and explicit position ids, KV keep/drop by editing the DynamicCache tensors.
+Slower than our compact decoder, but it runs what transformers runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from .base import Target, TargetInfo, attention_mask
+from .config import config_fingerprint
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    base = model.base_model
+    layers = getattr(base, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return layers
+    lists = [m for m in base.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise InputError(f"cannot find the decoder layers of {type(model).__name__}", code="E104",
+                         fix="this architecture has no layer list eaglekit can hook")
+    return max(lists, key=len)
+
+
+class HFTarget(Target):
+    def __init__(self, model, device, dtype):
+        self.model = model.eval()
+        self.device, self.dtype = torch.device(device), dtype
+        cfg = model.config
+        eos = cfg.eos_token_id
+        eos = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+        fp = config_fingerprint(cfg.to_dict())
+        self.layers = _decoder_layers(model)
+        self.info = TargetInfo(cfg.model_type, cfg.vocab_size, cfg.hidden_size, len(self.layers),
+                               getattr(cfg, "max_position_embeddings", 4096), eos, fp)
+        self._caught: dict[int, torch.Tensor] = {}
+        self._hooks = []
+        self.cache = None
+        # transformers renamed `past_key_values` to `cache` in 5.2x; 5.17 knows only the old name
+        import inspect
+
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._length = 0
+        self._pending = 0
+
+    @classmethod
+    def from_folder(cls, folder, device="cpu", dtype=torch.float32) -> "HFTarget":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise InputError(f"target folder {folder} has no config.json", fix="pass a model folder", code="E101")
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (ValueError, KeyError) as e:
+            from .config import FAMILIES
+
+            raise InputError(
+                f"transformers does not know the architecture in {folder / 'config.json'} ({e})",
+                fix=f"eaglekit runs {', '.join(FAMILIES)} with its own decoder and any architecture your "
+                "transformers version supports through --backend hf; upgrade transformers for newer ones",
+                code="E104") from None
+        extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # grouped_mm lacks float64
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype, local_files_only=True,
+                                                         **extra)
+        except (OSError, ValueError) as e:
+            raise InputError(f"transformers could not load {folder}: {e}", fix="check the weights files",
+                             code="E106") from None
+        return cls(model.to(device), device, dtype)
+
+    # --- capture ---------------------------------------------------------------------------------
+    def set_capture(self, spec) -> None:
+        super().set_capture(spec)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.capture is None:
+            return
+
+        def hook(idx):
+            def fn(_mod, _inp, out):
+                self._caught[idx] = out[0] if isinstance(out, tuple) else out
+            return fn
+
+        for i in set(self.capture.after_layers):
+            mod = self.model.get_input_embeddings() if i == -1 else self.layers[i]
+            self._hooks.append(mod.register_forward_hook(hook(i)))
+
+    def _gather(self):
+        if self.capture is None:
+            return None
+        feats = torch.cat([self._caught[i] for i in self.capture.after_layers], dim=-1)
+        self._caught = {}
+        return feats
+
+    # --- sequence state --------------------------------------------------------------------------
+    def reset(self, max_len: int) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self._length = 0
+        self._pending = 0
+        self.max_len = max_len
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def _run(self, ids, depths, tree_mask):
+        L, T = self._length, ids.numel()
+        allowed = attention_mask(L, tree_mask, T, self.device)[None]  # [1, 1, T, L+T]
+        add = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        add.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(input_ids=ids.view(1, T), attention_mask=add, position_ids=(L + depths).view(1, T),
+                         use_cache=True, **{self._cache_kw: self.cache})  # the cache is updated in place
+        self._pending = T
+        return out.logits[0].float(), (self._gather()[0] if self.capture is not None else None)
+
+    def commit(self, keep=None) -> None:
+        L, T = self._length, self._pending
+        if keep is None:
+            keep = torch.arange(T, device=self.device)
+        idx = torch.cat([torch.arange(L, device=self.device), L + keep.to(self.device)])
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(2, idx)
+                layer.values = layer.values.index_select(2, idx)
+        self._length = L + int(keep.numel())
+        self._pending = 0
+
+    @torch.no_grad()
+    def features(self, ids, pad_mask=None):
+        out = self.model.base_model(input_ids=ids, attention_mask=pad_mask, use_cache=False)
+        return out.last_hidden_state, self._gather()
+
+    def lm_head_weight(self):
+        return self.model.get_output_embeddings().weight
+
+    def embed_weight(self):
+        return self.model.get_input_embeddings().weight

@@ -1,0 +1,163 @@
+"""Building blocks shared by the target decoder and the EAGLE-3 draft.
+
+Shapes: activations are [B, T, D]. A KV cache for one layer is a pair of tensors [B, Hkv, S_max, hd];
+new keys are written at `slots` (one slot per new token, shared across the batch) and attention reads
+the first S slots, S being the width of the boolean `mask` [B|1, T, S] (True = may attend). So the
+caller picks the span: on a CPU it passes S = committed + new (no wasted work), a compiled GPU path
+passes S = S_max (fixed shapes, no recompiles).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import RopeConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # statistics in float32, as the reference implementations do; weight applied in the input dtype
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "linear":
+        inv = inv / rope.factor
+    elif rope.kind == "llama3":
+        old = rope.original_max_position_embeddings
+        low_wl = old / rope.low_freq_factor
+        high_wl = old / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / rope.factor, inv)
+        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+class Rotary(nn.Module):
+    """cos / sin for arbitrary (tree) positions, computed per call: T is small, no table to outgrow."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.float()
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, T, hd]; cos/sin: [T, hd] or [B, T, hd]
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim: int, num_heads: int, num_kv_heads: int, head_dim: int, out_dim: int,
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, out_dim, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
+        """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None.
+
+        Without a cache, attention is over the T new tokens with `mask` [B|1, T, T] (None = causal).
+        `extra_kv` (training only) is a list of earlier (k, v) blocks the queries may also see; the
+        mask then spans [T, T * (1 + len(extra_kv))] in the order (extra..., new).
+        """
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = (k, v)
+        if kv is not None:
+            k_cache, v_cache = kv
+            k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
+            v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
+            S = mask.shape[-1]
+            k, v = k_cache[:, :, :S], v_cache[:, :, :S]
+        elif extra_kv:
+            k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
+            v = torch.cat([e[1] for e in extra_kv] + [v], dim=2)
+        attn_mask = mask[:, None] if mask is not None else None
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        return self.o_proj(out), new_kv
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class KVCache:
+    """Static KV cache for a stack of layers: k, v [L, B, Hkv, S_max, hd]. Batch 1 when decoding.
+
+    `length` counts committed slots; slots past it hold pending (unverified) or stale entries, which
+    masks never expose. `keep` moves an accepted path's entries down onto the committed prefix.
+    """
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch=1, device="cpu", dtype=torch.float32):
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0
+
+    def layer(self, i):
+        return self.k[i], self.v[i]
+
+    def keep(self, pending_idx: torch.Tensor) -> None:
+        """Commit the pending entries at slots length + pending_idx (in that order)."""
+        n = int(pending_idx.numel())
+        if n:
+            src = self.length + pending_idx.to(self.k.device)
+            dst = torch.arange(self.length, self.length + n, device=self.k.device)
+            # index_select copies first, so overlapping source and destination are fine
+            self.k.index_copy_(3, dst, self.k.index_select(3, src))
+            self.v.index_copy_(3, dst, self.v.index_select(3, src))
+        self.length += n

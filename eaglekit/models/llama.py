@@ -1,0 +1,140 @@
+"""Our compact Llama-family decoder (Llama incl. llama3 rope, Mistral, Qwen2, Qwen3) with a static KV cache.
+
+Parameter names match the Hugging Face checkpoints, so a folder's safetensors load with no renaming.
+The residual stream after any layer can be captured (CaptureSpec.after_layers); -1 is the embedding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .base import Target, TargetInfo, attention_mask
+from .config import TargetConfig, load_target_config
+from .layers import MLP, Attention, KVCache, RMSNorm, Rotary
+from .weights import load_state_dict_into, read_folder_tensors
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
+                                   qkv_bias=c.qkv_bias, o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None):
+        a, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Body(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """The network itself: ids -> (final normed hidden, captured residual streams)."""
+
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.config = c
+        self.model = _Body(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(c.head_dim, c.rope)
+
+    def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
+                capture: tuple[int, ...] = ()):
+        """ids [B, T]; positions [T] or [B, T]. Returns (normed hidden [B, T, H], features [B, T, C*H] | None)."""
+        x = self.model.embed_tokens(ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        caught = {}
+        if -1 in capture:
+            caught[-1] = x
+        for i, layer in enumerate(self.model.layers):
+            kv = cache.layer(i) if cache is not None else None
+            x = layer(x, cos, sin, kv, slots, mask)
+            if i in capture:
+                caught[i] = x
+        feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
+        return self.model.norm(x), feats
+
+
+class LlamaTarget(Target):
+    """A target backed by our compact decoder."""
+
+    def __init__(self, net: LlamaModel, device, dtype):
+        self.net = net.eval()
+        self.cfg = net.config
+        self.device, self.dtype = torch.device(device), dtype
+        c = self.cfg
+        self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
+                               c.eos_token_ids, c.fingerprint)
+        self.cache: KVCache | None = None
+        self._pending = 0
+
+    @classmethod
+    def from_folder(cls, folder, device="cpu", dtype=torch.float32) -> "LlamaTarget":
+        folder = Path(folder)
+        cfg = load_target_config(folder)
+        with torch.device("meta"):
+            net = LlamaModel(cfg)
+        tensors = read_folder_tensors(folder, "target")
+        if cfg.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        load_state_dict_into(net, tensors, folder, dtype=dtype, device=device,
+                             tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {})
+        net.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)
+        return cls(net, device, dtype)
+
+    # --- Target interface --------------------------------------------------------------------------
+    def reset(self, max_len: int) -> None:
+        c = self.cfg
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len, 1, self.device, self.dtype)
+        self.cache.length = 0
+        self.max_len = self.cache.max_len
+        self._pending = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.length if self.cache is not None else 0
+
+    @torch.inference_mode()
+    def _run(self, ids, depths, tree_mask):
+        L, T = self.cache.length, ids.numel()
+        slots = torch.arange(L, L + T, device=self.device)
+        mask = attention_mask(L, tree_mask, T, self.device, sliding_window=self.cfg.sliding_window, depths=depths)
+        capture = self.capture.after_layers if self.capture is not None else ()
+        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, capture)
+        self._pending = T
+        logits = self.net.lm_head(h[0]).float()
+        return logits, (feats[0] if feats is not None else None)
+
+    def commit(self, keep=None) -> None:
+        if keep is None:
+            keep = torch.arange(self._pending, device=self.device)
+        self.cache.keep(keep)
+        self._pending = 0
+
+    @torch.no_grad()
+    def features(self, ids, pad_mask=None):
+        # batches are right-padded, so plain causal attention is exact for every real token
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        capture = self.capture.after_layers if self.capture is not None else ()
+        return self.net(ids, pos, None, None, None, capture)
+
+    def lm_head_weight(self):
+        return self.net.lm_head.weight
+
+    def embed_weight(self):
+        return self.net.model.embed_tokens.weight

@@ -1,0 +1,56 @@
+"""Per-cycle phase profiler: CUDA events on a GPU (read once at the end, no sync in the loop),
+perf_counter on a CPU. Disabled, `phase()` returns one shared null context: nothing is timed."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+_NULL = contextlib.nullcontext()
+
+PHASES = ("prefill", "draft_extend", "draft_tree", "verify", "accept", "cache_update", "host_sync", "decode")
+
+
+class Profiler:
+    def __init__(self, enabled: bool = False, device="cpu"):
+        self.enabled = enabled
+        self.cuda = enabled and torch.device(device).type == "cuda"
+        self._cpu: dict[str, float] = {}
+        self._events: list[tuple[str, object, object]] = []
+
+    def phase(self, name: str):
+        if not self.enabled:
+            return _NULL
+        return self._cuda_phase(name) if self.cuda else self._cpu_phase(name)
+
+    @contextlib.contextmanager
+    def _cpu_phase(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._cpu[name] = self._cpu.get(name, 0.0) + time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def _cuda_phase(self, name):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        try:
+            yield
+        finally:
+            b.record()
+            self._events.append((name, a, b))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase. On CUDA this synchronises once."""
+        out = dict(self._cpu)
+        if self._events:
+            torch.cuda.synchronize()
+            for name, a, b in self._events:
+                out[name] = out.get(name, 0.0) + a.elapsed_time(b) / 1e3
+        return out
+
+    def reset(self) -> None:
+        self._cpu, self._events = {}, []

@@ -1,0 +1,52 @@
+"""Tables for people: metrics of a run, phase breakdowns, per-position acceptance (rich, to stderr)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .metrics import GenerationMetrics
+
+_console = Console(stderr=True)
+
+
+def print_table(table: Table) -> None:
+    _console.print(table)
+
+
+def metrics_table(m: GenerationMetrics, title: str = "generation") -> Table:
+    t = Table(title=title, show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("new tokens", str(m.new_tokens))
+    t.add_row("tokens/s", f"{m.tokens_per_s:.1f}")
+    if m.speculative:
+        t.add_row("verify count", str(m.verify_count))
+        t.add_row("accept length (tokens per verify)", f"{m.accept_length:.2f}")
+        t.add_row("accept rate", f"{m.accept_rate:.1%}")
+        for k, v in enumerate(m.per_position, 1):
+            t.add_row(f"  acceptance at position {k}", f"{v:.1%}")
+        t.add_row("accepted-length histogram", " ".join(f"{a}:{n}" for a, n in enumerate(m.histogram)))
+    return t
+
+
+def phase_table(phases: dict[str, float], title: str = "cycle profile") -> Table:
+    total = sum(phases.values()) or 1.0
+    t = Table(title=title)
+    t.add_column("phase")
+    t.add_column("ms", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in sorted(phases.items(), key=lambda kv: -kv[1]):
+        t.add_row(k, f"{v * 1e3:.1f}", f"{v / total:.1%}")
+    return t
+
+
+def per_position_table(rows: dict[str, list[float]], title: str = "acceptance per draft position") -> Table:
+    width = max((len(v) for v in rows.values()), default=0)
+    t = Table(title=title)
+    t.add_column("")
+    for k in range(1, width + 1):
+        t.add_column(f"pos {k}", justify="right")
+    for name, vals in rows.items():
+        t.add_row(name, *[f"{v:.1%}" for v in vals], *[""] * (width - len(vals)))
+    return t

@@ -1,0 +1,75 @@
+"""Tokenizers from model folders (transformers' AutoTokenizer, offline), and prompt files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import InputError
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(folder: str | Path, required: bool = True):
+    folder = Path(folder)
+    if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
+        if required:
+            raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
+                             fix="copy the tokenizer files into the target folder, or pass token ids", code="E109")
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise InputError(f"the tokenizer in {folder} cannot be loaded: {e}", fix="re-save the tokenizer",
+                         code="E109") from None
+
+
+def encode(tokenizer, text: str, chat: bool = False) -> list[int]:
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InputError("--chat was given but the tokenizer has no chat template",
+                             fix="leave out --chat, or add a chat_template to tokenizer_config.json", code="E109")
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """A prompt file: JSONL (one object per line with "prompt" or "text"), or plain text in which
+    prompts are separated by lines holding only `---` (a file without such lines is one prompt)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"prompt file {path} does not exist", fix="pass an existing file", code="E101")
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{n} is not JSON ({e})", fix="one JSON object per line", code="E102") from None
+            p = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
+            if not isinstance(p, str):
+                raise InputError(f"{path}:{n} has no string field 'prompt' or 'text'", code="E102",
+                                 fix='write lines like {"prompt": "..."}')
+            out.append(p)
+    else:
+        out, cur = [], []
+        for line in text.split("\n"):
+            if line.strip() == "---":
+                out.append("\n".join(cur))
+                cur = []
+            else:
+                cur.append(line)
+        out.append("\n".join(cur))
+        out = [p for p in out if p.strip()]
+    if not out:
+        raise InputError(f"prompt file {path} holds no prompt", fix="add at least one prompt", code="E102")
+    return out

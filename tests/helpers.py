@@ -1,0 +1,125 @@
+"""Tiny random models written as ordinary Hugging Face folders, for tests that need no downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILY_CONFIGS = {
+    "llama": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "mistral": dict(model_type="mistral", sliding_window=None),
+    "qwen2": dict(model_type="qwen2"),
+    "qwen3": dict(model_type="qwen3", head_dim=16),
+}
+
+
+def hf_config(family: str, vocab=96, hidden=64, layers=8, heads=4, kv_heads=2, inter=96, **over):
+    from transformers import AutoConfig
+
+    base = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    spec = dict(FAMILY_CONFIGS[family])
+    model_type = spec.pop("model_type")
+    base.update(spec)
+    base.update(over)
+    return AutoConfig.for_model(model_type, **base)
+
+
+def make_hf_model(folder: Path, family: str = "llama", seed: int = 0, dtype=torch.float32, std: float = 0.5, **over):
+    """Build, randomise (large init so logits are far from ties) and save a tiny causal LM."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = hf_config(family, **over)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * std / max(p.shape[-1], 1) ** 0.5)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    return model
+
+
+class OracleDraft:
+    """A stand-in draft that runs the target itself: it predicts exactly the target's greedy choices.
+
+    It speaks the draft interface the engine uses (reset / extend / step / to_target_ids / cache.length).
+    Draft entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot 0
+    holding the prompt's first token, which the oracle is told up front.
+    """
+
+    class _Len:
+        length = 0
+        max_len = 0
+
+    def __init__(self, target, first_token: int):
+        from eaglekit.models.layers import KVCache
+
+        self.net = target.net
+        self.cfg = target.cfg
+        self.first = first_token
+        self.device = target.device
+        self.dtype = target.dtype
+        self._KVCache = KVCache
+        self.cache = self._Len()
+        self.d2t = torch.zeros(self.cfg.vocab_size, dtype=torch.long)
+
+    def reset(self, max_len):
+        c = self.cfg
+        self.kv = self._KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len + 2, 1, self.device, self.dtype)
+        self.cache = self._Len()
+
+    def to_target_ids(self, ids):
+        return ids
+
+    def _run(self, ids, positions, slots, mask):
+        with torch.inference_mode():
+            h, _ = self.net(ids[None], positions, self.kv, slots, mask[None], ())
+            return self.net.lm_head(h[0]).float()
+
+    def extend(self, feats, next_ids):
+        m, T = self.cache.length, next_ids.numel()
+        if m == 0:
+            ids = torch.cat([torch.tensor([self.first]), next_ids])
+            n = T + 1
+            slots = torch.arange(0, n)
+            mask = torch.ones(n, n, dtype=torch.bool).tril_()
+            logits = self._run(ids, slots, slots, mask)[1:]
+        else:
+            slots = torch.arange(m + 1, m + 1 + T)
+            mask = torch.ones(T, m + 1 + T, dtype=torch.bool)
+            mask[:, m + 1:] = torch.ones(T, T, dtype=torch.bool).tril_()
+            logits = self._run(next_ids, slots, slots, mask)
+        self.cache.length = m + T
+        return torch.zeros(T, 1), logits
+
+    def step(self, hidden, ids, positions, slots, mask):
+        N = ids.numel()
+        full = torch.cat([torch.ones(N, 1, dtype=torch.bool), mask], dim=1)
+        return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)
+
+
+def make_tokenizer(folder: Path, vocab: int = 96, chat_template: str | None = None):
+    """A byte-level BPE tokenizer of exactly `vocab` ids: ids 0, 1, 2 are <pad>, <s>, </s>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = sorted(set("abcdefghijklmnopqrstuvwxyz ():=.,\n0123456789"))
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=[pre_tokenizers.ByteLevel.alphabet()[0]] + alphabet)
+    text = "def add(a, b):\n    return a + b\nprint(add(1, 2))\nhello world\n" * 20
+    tok.train_from_iterator([text], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat_template:
+        fast.chat_template = chat_template
+    fast.save_pretrained(str(folder))
+    return fast
