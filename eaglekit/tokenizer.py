@@ -12,6 +12,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 def load_tokenizer(folder: str | Path, required: bool = True):
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"model folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         if required:
             raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",

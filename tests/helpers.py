@@ -123,3 +123,16 @@ def make_tokenizer(folder: Path, vocab: int = 96, chat_template: str | None = No
         fast.chat_template = chat_template
     fast.save_pretrained(str(folder))
     return fast
+
+
+class NoisyOracleDraft(OracleDraft):
+    """The oracle with seeded noise on its logits: right often, wrong often, never systematically."""
+
+    def __init__(self, target, first_token: int, noise: float, seed: int):
+        super().__init__(target, first_token)
+        self.noise = noise
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def _run(self, ids, positions, slots, mask):
+        logits = super()._run(ids, positions, slots, mask)
+        return logits + self.noise * torch.randn(logits.shape, generator=self.gen, dtype=logits.dtype)

@@ -129,6 +129,7 @@ def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torc
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight" or with_embedding}
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    state["t2d"] = t2d_from_d2t(state["d2t"], draft.config.vocab_size)  # derived from d2t, never stale
     save_tensors(folder / "model.safetensors", state, metadata={"format": "pt"})
     atomic_write_json(folder / "config.json", config_to_json(draft.config, _DTYPES.get(dtype, "bfloat16")))
     return folder

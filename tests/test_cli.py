@@ -1,0 +1,64 @@
+"""`eaglekit generate`: the JSON contract and the text mode."""
+
+import json
+
+import pytest
+
+from eaglekit.cli import main
+from eaglekit.draft import new_draft, save_draft
+from eaglekit.models import load_target
+
+
+@pytest.fixture(scope="module")
+def draft_dir(model_dirs, tmp_path_factory):
+    d = tmp_path_factory.mktemp("draft")
+    save_draft(new_draft(load_target(model_dirs["llama"]), seed=2), d, dtype=__import__("torch").float32)
+    return d
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # exactly one object: json.loads fails on anything extra
+
+
+def test_json_with_draft(model_dirs, draft_dir, capsys):
+    t = str(model_dirs["llama"])
+    spec = _json(capsys, ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "def add(a, b):",
+                          "--max-new-tokens", "16", "--steps", "3", "--topk", "2", "--draft-tokens", "6", "--json"])
+    base = _json(capsys, ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "def add(a, b):",
+                          "--max-new-tokens", "16", "--baseline", "--json"])
+    assert spec["token_ids"] == base["token_ids"] and spec["text"] == base["text"]
+    m = spec["metrics"]
+    assert {"new_tokens", "tokens_per_s", "accept_length", "accept_rate", "verify_count", "per_position"} <= m.keys()
+    assert m["new_tokens"] == len(spec["token_ids"]) == 16 and m["accept_length"] >= 1.0
+    assert "accept_length" not in base["metrics"] and "per_position" not in base["metrics"]
+    alone = _json(capsys, ["generate", "--target", t, "--prompt", "def add(a, b):", "--max-new-tokens", "16",
+                           "--json"])
+    assert alone["token_ids"] == base["token_ids"] and "verify_count" not in alone["metrics"]
+
+
+def test_text_mode_prompt_file_chat_and_stop(model_dirs, draft_dir, tmp_path, capsys):
+    t = str(model_dirs["llama"])
+    pf = tmp_path / "p.txt"
+    pf.write_text("def add(a, b):\n")
+    assert main(["generate", "--target", t, "--draft", str(draft_dir), "--prompt-file", str(pf), "--chat",
+                 "--max-new-tokens", "12", "--profile"]) == 0
+    cap = capsys.readouterr()
+    assert "accept length" in cap.err and "cycle profile" in cap.err and "verify" in cap.err
+    full = _json(capsys, ["generate", "--target", t, "--prompt", "def", "--max-new-tokens", "30", "--json"])
+    stop = full["text"][3:6]
+    if stop.strip():
+        a = _json(capsys, ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "def",
+                           "--max-new-tokens", "30", "--stop", stop, "--json"])
+        b = _json(capsys, ["generate", "--target", t, "--prompt", "def", "--max-new-tokens", "30", "--stop", stop,
+                           "--json"])
+        assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and a["text"].endswith(stop)
+        assert a["stop_reason"] == "stop_string"
+
+
+def test_sampling_json_is_seeded(model_dirs, draft_dir, capsys):
+    t = str(model_dirs["llama"])
+    argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "print(", "--max-new-tokens", "10",
+            "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--json"]
+    assert _json(capsys, argv)["token_ids"] == _json(capsys, argv)["token_ids"]

@@ -1,0 +1,117 @@
+"""Engine behaviour beyond plain greedy equality: stops inside accepted runs, the oracle, the
+transformers adapter on DeepSeek-V3 (the architecture of the story), metrics bookkeeping."""
+
+import pytest
+import torch
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.tree import TreeShape
+from eaglekit.draft import new_draft
+from eaglekit.models import load_target
+from eaglekit.observe.metrics import GenerationMetrics, aggregate
+from helpers import OracleDraft
+
+
+def _oracle_decoder(target, prompt, shape):
+    dec = Decoder(target, None, shape)
+    target.set_capture(CaptureSpec.default(target.info.num_layers))
+    dec.draft = OracleDraft(target, prompt[0])
+    return dec
+
+
+def test_oracle_accepts_every_drafted_token(model_dirs):
+    t = load_target(model_dirs["qwen2"], dtype="float64")
+    prompt = [4, 8, 15, 16, 23, 42]
+    for steps in (1, 2, 4, 6):
+        res = _oracle_decoder(t, prompt, TreeShape(steps, 1, steps + 1)).generate(prompt, 40, eos_ids=())
+        m = res.metrics
+        assert all(a == steps for a in m.accepted[:-1]) and m.per_position[0] == 1.0
+        assert res.token_ids == Decoder(t).generate(prompt, 40, eos_ids=()).token_ids
+
+
+def test_stop_string_inside_an_accepted_run(model_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dirs["llama"]))
+    t = load_target(model_dirs["llama"], dtype="float64")
+    prompt = tok("def add(a, b):")["input_ids"]
+    base = Decoder(t).generate(prompt, 40, tokenizer=tok, eos_ids=())
+    hits = 0
+    for k in range(6, len(base.text) - 3, 5):
+        stop = base.text[k:k + 2]
+        if not stop.strip():
+            continue
+        want = Decoder(t).generate(prompt, 40, stop_strings=[stop], tokenizer=tok, eos_ids=())
+        got = _oracle_decoder(t, prompt, TreeShape(5, 1, 6)).generate(prompt, 40, stop_strings=[stop],
+                                                                        tokenizer=tok, eos_ids=())
+        assert got.token_ids == want.token_ids and got.text == want.text
+        assert want.stop_reason == "stop_string" and want.text.endswith(stop)
+        assert want.text.find(stop) + len(stop) == len(want.text)  # stopped at the first occurrence
+        hits += 1
+    assert hits >= 3
+
+
+def test_max_new_tokens_inside_a_run(model_dirs):
+    t = load_target(model_dirs["mistral"], dtype="float64")
+    prompt = [9, 9, 8]
+    for n in range(1, 14):
+        got = _oracle_decoder(t, prompt, TreeShape(6, 1, 7)).generate(prompt, n, eos_ids=())
+        assert len(got.token_ids) == n and got.stop_reason == "length"
+        assert got.token_ids == Decoder(t).generate(prompt, n, eos_ids=()).token_ids
+
+
+@pytest.fixture(scope="module")
+def deepseek_dir(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "deepseek_v3", vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, max_position_embeddings=256, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" not in n:
+                p.normal_(0, 0.5 / max(p.shape[-1], 1) ** 0.5)
+    d = tmp_path_factory.mktemp("dsv3")
+    m.save_pretrained(d)
+    return d
+
+
+def test_deepseek_v3_through_the_transformers_adapter(deepseek_dir):
+    from transformers import AutoModelForCausalLM
+
+    t = load_target(deepseek_dir, dtype="float64")
+    assert type(t).__name__ == "HFTarget" and t.info.family == "deepseek_v3" and t.info.num_layers == 8
+    ref = AutoModelForCausalLM.from_pretrained(deepseek_dir, dtype=torch.float64,
+                                               experts_implementation="eager").eval()
+    d = new_draft(t, seed=5, dtype=torch.float64, num_heads=4, intermediate_size=96)
+    assert d.config.capture == CaptureSpec((1, 3, 4))
+    prompt = [7, 3, 9, 27, 5]
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, 5:].tolist()
+        hs = ref(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    for shape in (TreeShape(3, 1, 4), TreeShape(3, 3, 8)):
+        res = Decoder(t, d, shape).generate(prompt, 24, eos_ids=())
+        assert res.token_ids == want
+    # the hooks capture the residual stream after layers 1, 3, 4 (= inputs of layers 2, 4, 5)
+    t.set_capture(CaptureSpec((1, 3, 4)))
+    t.reset(16)
+    _, feats = t.prefill(torch.tensor(prompt))
+    torch.testing.assert_close(feats, torch.cat([hs[2][0], hs[4][0], hs[5][0]], -1))
+
+
+def test_metrics_conventions():
+    m = GenerationMetrics(new_tokens=11, elapsed_s=1.0, draft_tokens=4, accepted=[3, 0, 2, 3], depths=[3, 3, 3, 3])
+    assert m.accept_length == (8 + 4) / 4  # tokens per verify, bonus included (SGLang scale)
+    assert m.accept_rate == 8 / (4 * 3)
+    assert m.per_position == [3 / 4, 3 / 4, 2 / 4]
+    assert m.histogram == [1, 0, 1, 2]
+    agg = aggregate([m, GenerationMetrics(new_tokens=3, elapsed_s=1.0, draft_tokens=4, accepted=[1], depths=[2])])
+    assert agg.verify_count == 5 and agg.new_tokens == 14 and agg.tokens_per_s == 7.0
+    assert agg.per_position[:2] == [4 / 5, 3 / 5] and agg.per_position[2] == 2 / 4

@@ -1,0 +1,164 @@
+"""Bad input gets an error that names the problem, the numbers and the fix; never a torch traceback."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.cli import main
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.sampling import SamplingParams
+from eaglekit.decoding.tree import TreeShape
+from eaglekit.draft import load_draft
+from eaglekit.errors import ContractError, GenerationError, InputError
+from eaglekit.models import load_target
+from test_checkpoint import write_specforge_folder
+
+
+def test_missing_folder():
+    with pytest.raises(InputError, match="does not exist") as e:
+        load_target("/no/such/model")
+    assert e.value.code == "E101"
+
+
+def test_missing_weights(model_dirs, tmp_path):
+    d = tmp_path / "noweights"
+    d.mkdir()
+    shutil.copy(model_dirs["llama"] / "config.json", d)
+    with pytest.raises(InputError, match="no model.safetensors") as e:
+        load_target(d, backend="ours")
+    assert e.value.code == "E106"
+
+
+def test_truncated_checkpoint(model_dirs, tmp_path):
+    d = tmp_path / "trunc"
+    shutil.copytree(model_dirs["llama"], d)
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="truncated or corrupt") as e:
+        load_target(d, backend="ours")
+    assert e.value.code == "E105"
+
+
+def test_unsupported_architecture(tmp_path):
+    d = tmp_path / "alien"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "alien_lm", "vocab_size": 10}))
+    with pytest.raises(InputError) as e:
+        load_target(d)
+    msg = str(e.value)
+    assert "llama, mistral, qwen2, qwen3" in msg and "--backend hf" in msg and e.value.code == "E104"
+    with pytest.raises(InputError, match="not one of the compact decoder's families"):
+        load_target(d, backend="ours")
+
+
+def test_prompt_longer_than_context(model_dirs):
+    t = load_target(model_dirs["llama"])
+    with pytest.raises(GenerationError, match=r"prompt \(500 tokens\) plus max_new_tokens \(20\) exceeds") as e:
+        Decoder(t).generate(list(range(3, 96)) * 5 + [3] * 35, 20)
+    assert e.value.code == "E301" and "--max-new-tokens" in str(e.value)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_p=0.0),
+                                dict(top_p=1.5), dict(top_k=-3), dict(top_k=2.5)])
+def test_invalid_sampling_parameters(kw):
+    with pytest.raises(GenerationError) as e:
+        SamplingParams(**kw)
+    assert e.value.code == "E302"
+
+
+@pytest.mark.parametrize("shape", [(0, 1, 1), (3, 1, 6), (2, 2, 9), (2, 2, 1)])
+def test_invalid_tree_shapes(shape):
+    with pytest.raises(GenerationError) as e:
+        TreeShape(*shape)
+    assert e.value.code == "E303"
+
+
+def test_draft_vocab_larger_than_target(model_dirs, tmp_path):
+    write_specforge_folder(tmp_path / "big", dvocab=200, with_d2t=False, extra_cfg={"draft_vocab_size": 200})
+    t = load_target(model_dirs["llama"])
+    # without d2t a reduced-vocab draft is refused at load; give one that claims identity offsets
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(tmp_path / "big" / "model.safetensors")
+    w["d2t"] = torch.zeros(200, dtype=torch.long)
+    save_file(w, tmp_path / "big" / "model.safetensors")
+    d = load_draft(tmp_path / "big", embed_weight=t.embed_weight())
+    with pytest.raises(ContractError, match=r"draft vocabulary \(200\) is larger than the target's \(96\)"):
+        Decoder(t, d)
+
+
+def test_draft_hidden_size_does_not_fit(model_dirs, tmp_path):
+    t = load_target(model_dirs["llama"])
+    write_specforge_folder(tmp_path / "h32", H=32, Ht=32, heads=4, kv=2)
+    with pytest.raises(ContractError, match=r"hidden size 32 .* do not fit the target embedding \(96, 64\)"):
+        load_draft(tmp_path / "h32", embed_weight=t.embed_weight())
+    # a draft that declares a target_hidden_size other than the target's
+    write_specforge_folder(tmp_path / "ht", H=64, Ht=128)
+    d = load_draft(tmp_path / "ht", embed_weight=t.embed_weight())
+    with pytest.raises(ContractError, match="target hidden size of 128") as e:
+        Decoder(t, d)
+    assert e.value.code == "E204"
+
+
+def test_width_mismatch_from_an_extra_capture(model_dirs, tmp_path):
+    write_specforge_folder(tmp_path / "d")
+    t = load_target(model_dirs["llama"])
+    d = load_draft(tmp_path / "d", embed_weight=t.embed_weight())
+    with pytest.raises(ContractError) as e:
+        Decoder(t, d, capture=CaptureSpec((-1, 1, 3, 4)))
+    assert "draft fc expects 192 = 3 x 64 features but the target capture yields 256 = 4 x 64 " \
+           "(after_layers -1, 1, 3, 4" in str(e.value)
+
+
+def test_d2t_as_absolute_ids_is_refused(model_dirs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    write_specforge_folder(tmp_path / "abs")
+    w = load_file(tmp_path / "abs" / "model.safetensors")
+    w["d2t"] = w["d2t"] + torch.arange(48)  # absolute ids where offsets belong
+    save_file(w, tmp_path / "abs" / "model.safetensors")
+    t = load_target(model_dirs["llama"])
+    d = load_draft(tmp_path / "abs", embed_weight=t.embed_weight())
+    with pytest.raises(ContractError, match="offsets") as e:
+        Decoder(t, d)
+    assert e.value.code == "E207"
+
+
+def test_missing_d2t_with_reduced_vocab_is_refused(model_dirs, tmp_path):
+    write_specforge_folder(tmp_path / "nod2t", with_d2t=False)
+    t = load_target(model_dirs["llama"])
+    with pytest.raises(ContractError, match="no d2t tensor") as e:
+        load_draft(tmp_path / "nod2t", embed_weight=t.embed_weight())
+    assert e.value.code == "E210"
+
+
+def test_draft_for_another_target_is_refused(model_dirs, tmp_path):
+    from eaglekit.draft import new_draft, save_draft
+
+    qwen = load_target(model_dirs["qwen2"])
+    save_draft(new_draft(qwen), tmp_path / "q")
+    llama = load_target(model_dirs["llama"])
+    d = load_draft(tmp_path / "q", embed_weight=llama.embed_weight())
+    with pytest.raises(ContractError, match="fingerprint") as e:
+        Decoder(llama, d)
+    assert e.value.code == "E208"
+    Decoder(llama, d, allow_other_target=True)
+
+
+def test_a_full_model_passed_as_draft(model_dirs):
+    t = load_target(model_dirs["llama"])
+    with pytest.raises(InputError, match="not an EAGLE-3 draft"):
+        load_draft(model_dirs["llama"], embed_weight=t.embed_weight())
+
+
+def test_cli_prints_the_error_without_a_traceback(model_dirs, tmp_path, capsys):
+    rc = main(["generate", "--target", str(tmp_path / "nothing"), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[E101]" in err and "Traceback" not in err
+    rc = main(["generate", "--target", str(model_dirs["llama"]), "--prompt", "def", "--temperature", "-2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[E302] temperature must be" in err and "fix:" in err
