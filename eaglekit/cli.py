@@ -155,6 +155,257 @@ def _generate_args(p):
 cmd_generate.add_args = _generate_args
 
 
+# --- demo ------------------------------------------------------------------------------------------
+@command("demo", "the shipped trained pair on held-out prompts: target alone vs EAGLE-3, side by side")
+def cmd_demo(args) -> int:
+    """Decode held-out prompts with the shipped demo pair (a 12-layer target trained on the Python standard
+    library, and its EAGLE-3 draft) with and without the draft; check the outputs are identical and print
+    accept length, per-position acceptance, tokens/s and the speedup."""
+    from .demo import print_demo, run_demo
+
+    shape = tree_shape(args) if any(v is not None for v in (args.steps, args.topk, args.draft_tokens)) else None
+    res = run_demo(args.target, args.draft, args.prompt_file, args.prompts, args.max_new_tokens, shape,
+                   args.device if args.device != "auto" else "cpu", args.dtype, args.threads, progress=not args.json)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_demo(res)
+    return 0 if res["identical"] else 1
+
+
+def _demo_args(p):
+    p.add_argument("--prompts", type=int, default=8, help="how many held-out prompts (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--target", default=None, help="another target folder instead of the shipped one")
+    p.add_argument("--draft", default=None, help="another draft folder instead of the shipped one")
+    p.add_argument("--prompt-file", default=None, help="another prompt file (JSONL or ---separated text)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--dtype", default="auto")
+    add_tree(p)
+
+
+cmd_demo.add_args = _demo_args
+
+
+# --- training ---------------------------------------------------------------------------------------
+_DATA_HELP = ("training data: a text file or folder, JSONL with 'text', chat JSONL with 'messages' or "
+              "'conversations' (loss on assistant turns only), or pre-tokenized JSONL with 'input_ids' and "
+              "'loss_mask' (what eaglekit regenerate writes)")
+
+
+@command("regenerate", "have the target write the responses its draft will learn from")
+def cmd_regenerate(args) -> int:
+    """A draft must learn the target's own distribution. For chat data the target answers each conversation's
+    first user turn; for text data it continues windows of --prompt-len tokens. Batched and seeded; writes
+    pre-tokenized JSONL that eaglekit extract / train read directly."""
+    from .pair import pick_device
+    from .train.run import run_regenerate
+
+    n = run_regenerate(args.target, args.data, args.out, args.max_new_tokens, args.temperature, args.greedy_share,
+                       args.batch_size, args.seed, args.prompt_len, args.max_prompts, args.backend,
+                       pick_device(args.device), None if args.dtype == "auto" else args.dtype)
+    print(f"wrote {n} regenerated examples to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _regen_args(p):
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True, help=_DATA_HELP)
+    p.add_argument("--out", required=True, help="output JSONL")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8, help="for the sampled share")
+    p.add_argument("--greedy-share", type=float, default=0.5, help="share of batches decoded greedily")
+    p.add_argument("--prompt-len", type=int, default=64, help="text data: prompt window in tokens")
+    p.add_argument("--max-prompts", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    add_runtime(p)
+
+
+cmd_regenerate.add_args = _regen_args
+
+
+@command("extract", "offline: capture the target's features for training into shards + a manifest")
+def cmd_extract(args) -> int:
+    """Runs the target over the data and writes safetensors shards holding, per token, the aux features
+    (captures x hidden) and the final hidden state, plus manifest.json (target fingerprint, CaptureSpec,
+    dtype, counts, per-shard sha256). Prints the disk it needs first; a killed run resumes where it stopped.
+    For targets that fit beside the draft, train online instead (eaglekit train --data)."""
+    from .pair import pick_device
+    from .train.run import run_extract
+
+    m = run_extract(args.target, args.data, args.out, capture_override(args), args.max_len, args.shard_size,
+                    args.batch_size, args.feature_dtype, args.backend, pick_device(args.device),
+                    None if args.dtype == "auto" else args.dtype, log=lambda s: print(s, file=sys.stderr))
+    print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
+          file=sys.stderr)
+    return 0
+
+
+def _extract_args(p):
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True, help=_DATA_HELP)
+    p.add_argument("--out", required=True, help="folder for the shards and manifest.json")
+    p.add_argument("--capture-layers", default=None, help="after_layers ids (default: [1, n//2-1, n-4])")
+    p.add_argument("--max-len", type=int, default=2048, help="longest sequence, in tokens")
+    p.add_argument("--shard-size", type=int, default=256, help="sequences per shard")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    add_runtime(p)
+
+
+cmd_extract.add_args = _extract_args
+
+
+@command("train", "train an EAGLE-3 draft with training-time test (online, or from extracted features)")
+def cmd_train(args) -> int:
+    """Training-time test: the draft is unrolled --ttt-length steps on its own outputs with loss weights
+    0.8**i against the target's distribution on the draft vocabulary. Online (--data: the target computes
+    features on the fly) or offline (--features: a folder from eaglekit extract). Checkpoints are written
+    atomically every --save-every steps and a killed run resumes from the last one when started again with
+    the same --out. Under torchrun the same command trains data-parallel (gloo on CPU, NCCL on GPU).
+    The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
+    from .pair import pick_device
+    from .train.run import run_train
+    from .train.trainer import TrainConfig
+
+    cfg = TrainConfig(out=args.out, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps,
+                      lr=args.lr, warmup=args.warmup, ttt_length=args.ttt_length, save_every=args.save_every,
+                      eval_every=args.eval_every, seed=args.seed, grad_clip=args.grad_clip)
+    res = run_train(args.target, args.out, cfg, args.data, args.features, args.init_draft, capture_override(args),
+                    args.draft_vocab_size, args.max_len, args.heldout, args.backend, pick_device(args.device),
+                    None if args.dtype == "auto" else args.dtype, log=lambda s: print(s, file=sys.stderr))
+    if "heldout" in res:
+        from .observe.report import per_position_table, print_table
+
+        h = res["heldout"]
+        print_table(per_position_table({"held-out top-1 accuracy": h["per_position_acc"]},
+                                       title=f"after {res['steps']} steps: simulated accept length "
+                                             f"{h['simulated_accept_length']:.2f}"))
+    return 0
+
+
+def _train_args(p):
+    p.add_argument("--target", required=True, help="the target model folder the draft is for")
+    p.add_argument("--data", help=_DATA_HELP + " (online training)")
+    p.add_argument("--features", help="a folder written by eaglekit extract (offline training)")
+    p.add_argument("--out", required=True, help="run folder: checkpoint/, train_log.jsonl, draft/")
+    p.add_argument("--init-draft", help="continue from this draft (its vocabulary mapping is kept)")
+    p.add_argument("--capture-layers", default=None, help="after_layers ids (default: [1, n//2-1, n-4])")
+    p.add_argument("--draft-vocab-size", type=int, default=None, help="default: the target's vocabulary size")
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--heldout", type=float, default=0.02, help="share of samples kept for evaluation")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=8, help="per process")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup", type=float, default=0.03, help="fraction of steps (< 1) or a step count")
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    add_runtime(p)
+
+
+cmd_train.add_args = _train_args
+
+
+@command("eval", "held-out accuracy per draft position, simulated and real accept length")
+def cmd_eval(args) -> int:
+    """With --data: top-1 accuracy at each TTT position and the simulated accept length
+    (1 + sum_k prod_{i<=k} acc_i, SGLang scale) on held-out data. With --prompt-file: the real engine's
+    accept length, per-position acceptance and a check that the output equals the target's."""
+    from .pair import pick_device
+    from .train.run import run_eval
+
+    shape = tree_shape(args)
+    res = run_eval(args.target, args.draft, args.data, args.prompt_file, shape, args.max_new_tokens, args.max_len,
+                   args.ttt_length, args.batch_size, capture_override(args), args.backend, pick_device(args.device),
+                   None if args.dtype == "auto" else args.dtype)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    from .observe.report import per_position_table, print_table
+
+    rows = {}
+    if "ttt" in res:
+        rows["held-out top-1 accuracy (TTT)"] = res["ttt"]["per_position_acc"]
+        print(f"simulated accept length: {res['ttt']['simulated_accept_length']:.2f}", file=sys.stderr)
+    if "decode" in res:
+        d = res["decode"]
+        rows[f"decode acceptance ({d['steps']},{d['topk']},{d['draft_tokens']})"] = d["per_position"]
+        print(f"decode: accept length {d['accept_length']:.2f} over {d['prompts']} prompts, "
+              f"identical to the target: {d['identical_to_target']}", file=sys.stderr)
+    print_table(per_position_table(rows))
+    return 0
+
+
+def _eval_args(p):
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--data", help="held-out data in a training format")
+    p.add_argument("--prompt-file", help="prompts to decode (JSONL or ---separated text)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--json", action="store_true")
+    add_tree(p)
+    add_capture(p)
+    add_runtime(p)
+
+
+cmd_eval.add_args = _eval_args
+
+
+@command("recipe", "rebuild the shipped demo pair from nothing (eaglekit recipe demo)")
+def cmd_recipe(args) -> int:
+    """Trains the demo target on the Python standard library of this interpreter (file list and hash recorded
+    in OUT/corpus.json, ~5% of files held out), regenerates data with it, trains its EAGLE-3 draft and
+    evaluates the pair. --preset gpu is what the shipped pair used (one H200, ~7 minutes); --preset cpu makes
+    a smaller pair on a CPU. Stages already done in OUT are skipped, so a killed recipe resumes."""
+    import shutil
+    from pathlib import Path
+
+    from .train.recipe import run_demo_recipe
+
+    if args.name != "demo":
+        raise InputError(f"unknown recipe {args.name!r}", fix="the recipe is: demo", code="E108")
+    s = run_demo_recipe(args.out, args.preset, args.device, log=lambda m: print(m, file=sys.stderr),
+                        stop_after=args.stop_after)
+    if "stopped_after" in s:
+        print(json.dumps(s, indent=2))
+        return 0
+    if args.install:
+        from .demo import ASSETS
+
+        ASSETS.mkdir(parents=True, exist_ok=True)
+        for name in ("target", "draft"):
+            shutil.rmtree(ASSETS / name, ignore_errors=True)
+            shutil.copytree(Path(args.out) / name, ASSETS / name)
+        for name in ("prompts.jsonl", "recipe.json", "corpus.json"):
+            shutil.copy(Path(args.out) / name, ASSETS / name)
+        print(f"installed the pair into {ASSETS}", file=sys.stderr)
+    print(json.dumps(s["eval"], indent=2))
+    return 0
+
+
+def _recipe_args(p):
+    p.add_argument("name", choices=["demo"])
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--install", action="store_true", help="copy the result into eaglekit/assets/demo")
+    p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen"], default=None,
+                   help="stop after this stage (a later call continues from it)")
+
+
+cmd_recipe.add_args = _recipe_args
+
+
 # --- entry point -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__

@@ -1,0 +1,174 @@
+"""Training a small Llama-architecture target from scratch (the demo pair's target).
+
+Plain next-token training on random windows of a token stream; the result is written as an ordinary
+Hugging Face folder (config.json, sharded safetensors, tokenizer) that transformers loads too.
+The step count is fitted to a time budget after timing the first steps, so the cosine schedule
+always completes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..io import atomic_write_bytes, atomic_write_json, save_tensors
+from ..models.config import parse_target_config
+from ..models.llama import LlamaModel
+
+
+def llama_config(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, inter: int, max_pos: int = 2048,
+                 rope_theta: float = 10000.0, eos_id: int = 1, bos_id: int | None = None, tie: bool = True) -> dict:
+    """A Hugging Face LlamaForCausalLM config.json (read by transformers and by our decoder)."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+            "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
+            "hidden_act": "silu", "max_position_embeddings": max_pos, "rms_norm_eps": 1e-5,
+            "rope_theta": rope_theta, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": tie,
+            "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": 0, "torch_dtype": "bfloat16"}
+
+
+def new_target_net(raw_cfg: dict, seed: int = 0) -> LlamaModel:
+    torch.manual_seed(seed)
+    net = LlamaModel(parse_target_config(raw_cfg))
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+                p.normal_(0, 0.02 / math.sqrt(2 * raw_cfg["num_hidden_layers"]))
+            else:
+                p.normal_(0, 0.02)
+    return net
+
+
+def save_target_folder(net: LlamaModel, raw_cfg: dict, folder, dtype=torch.bfloat16, max_shard_bytes=15 * 2**20):
+    """Weights in shards under max_shard_bytes (a sharded index when more than one), then config.json."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).cpu() for k, v in net.state_dict().items()
+             if not (raw_cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
+    shards, cur, size = [], {}, 0
+    for k in sorted(state):
+        nbytes = state[k].numel() * state[k].element_size()
+        if cur and size + nbytes > max_shard_bytes:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[k] = state[k]
+        size += nbytes
+    shards.append(cur)
+    for old in folder.glob("model*.safetensors*"):
+        old.unlink()
+    if len(shards) == 1:
+        save_tensors(folder / "model.safetensors", shards[0], metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, sh in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_tensors(folder / name, sh, metadata={"format": "pt"})
+            weight_map.update({k: name for k in sh})
+        atomic_write_json(folder / "model.safetensors.index.json",
+                          {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+                           "weight_map": weight_map})
+    atomic_write_json(folder / "config.json", {**raw_cfg, "torch_dtype": str(dtype).replace("torch.", "")})
+
+
+@dataclass
+class PretrainConfig:
+    seq_len: int = 512
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 100
+    weight_decay: float = 0.1
+    max_steps: int = 2000
+    time_budget_s: float | None = None
+    eval_every: int = 250
+    seed: int = 0
+
+
+def _windows(stream: torch.Tensor, n: int, T: int, g: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, stream.numel() - T - 1, (n,), generator=g)
+    return torch.stack([stream[s:s + T + 1] for s in starts.tolist()])
+
+
+def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.Tensor, cfg: PretrainConfig,
+             device: str, ckpt: Path | None = None, log=print) -> dict:
+    net.to(device).train()
+    amp = str(device).startswith("cuda")
+    decay = [p for n, p in net.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in net.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                            fused=amp)
+    g = torch.Generator().manual_seed(cfg.seed)
+    eval_batch = _windows(heldout_stream, 64, cfg.seq_len, torch.Generator().manual_seed(123)).to(device)
+    start, total = 0, cfg.max_steps
+    if ckpt is not None and ckpt.is_file():
+        st = torch.load(ckpt, map_location=device, weights_only=False)
+        net.load_state_dict(st["net"])
+        opt.load_state_dict(st["opt"])
+        g.set_state(st["gen"])
+        start, total = st["step"], st["total"]
+        log(f"pretrain: resuming at step {start} of {total}")
+    pos = torch.arange(cfg.seq_len, device=device)
+
+    def loss_of(batch):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            h, _ = net(batch[:, :-1], pos)
+            logits = net.lm_head(h)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def lr_at(step):
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        frac = min((step - cfg.warmup) / max(total - cfg.warmup, 1), 1.0)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=start, desc="pretrain", dynamic_ncols=True)
+    t0, history = time.time(), []
+    step = start
+    while step < total:
+        if step == start + 20 and cfg.time_budget_s and start == 0:
+            if amp:
+                torch.cuda.synchronize()
+            per = (time.time() - t0) / 20
+            total = max(min(cfg.max_steps, int(cfg.time_budget_s / per)), step + 1)
+            bar.total = total
+            log(f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
+                f"{total} steps fit the {cfg.time_budget_s:.0f}s budget")
+        batch = _windows(train_stream, cfg.batch_size, cfg.seq_len, g).to(device, non_blocking=True)
+        for gr in opt.param_groups:
+            gr["lr"] = lr_at(step)
+        loss = loss_of(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % cfg.eval_every == 0 or step == total:
+            net.eval()
+            with torch.no_grad():
+                ev = loss_of(eval_batch).item()
+            net.train()
+            history.append({"step": step, "train_loss": round(loss.item(), 4), "heldout_loss": round(ev, 4)})
+            bar.write(f"step {step}: train loss {loss.item():.3f}, held-out loss {ev:.3f}")
+            if ckpt is not None:
+                buf = io.BytesIO()
+                torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "gen": g.get_state(), "step": step,
+                            "total": total}, buf)
+                atomic_write_bytes(ckpt, buf.getvalue())
+    bar.close()
+    net.eval()
+    return {"steps": total, "tokens": total * cfg.batch_size * cfg.seq_len, "history": history,
+            "seconds": round(time.time() - t0, 1), "config": asdict(cfg)}

@@ -1,0 +1,100 @@
+"""Training-time test (TTT): the EAGLE-3 draft unrolled on its own outputs, as at decode time.
+
+Step 0 sees target features: at index t the input is (g_t, token t+1) and the draft predicts token t+2.
+Step k >= 1 feeds the draft's previous output h_{k-1}[t] instead of a target feature, with token
+t+1+k, and predicts token t+2+k. Attention at step k: causal over the step-0 keys, plus the keys of the
+same index from steps 1..k (a diagonal block per step) - exactly what a depth-k tree node sees when
+decoding: the committed prefix and its own ancestors. Positions are t + k, the logical position of the
+step's entry (as SGLang places its draft steps at decode time).
+
+loss = sum_k decay**k * soft-CE(target distribution on the draft vocab, draft logits), over positions
+whose predicted token is in the loss mask and whose target argmax lies in the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TargetBatch:
+    """What the loss needs from the target for a batch (right-padded, [B, T, ...])."""
+
+    feats: torch.Tensor  # aux features [B, T, C*H_t]
+    ids: torch.Tensor  # token ids [B, T]
+    loss_mask: torch.Tensor  # [B, T] 1 where the token is one the draft should learn to predict
+    valid: torch.Tensor  # [B, T] bool, False on padding
+    target_hidden: torch.Tensor  # final normed hidden [B, T, H_t] -> target logits via lm_head
+
+
+def _shift(x: torch.Tensor, s: int, fill=0) -> torch.Tensor:
+    """x[:, s:] padded at the end back to length T."""
+    if s == 0:
+        return x
+    pad = torch.full_like(x[:, :s], fill)
+    return torch.cat([x[:, s:], pad], dim=1)
+
+
+def target_distribution(batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor):
+    """-> (p over the draft vocab [B, T, Vd] float32, argmax-in-draft-vocab [B, T] bool), at each position p:
+    the target's distribution of the token at p + 1."""
+    with torch.no_grad():
+        logits = (batch.target_hidden.to(lm_head_w.dtype) @ lm_head_w.T).float()
+        top = logits.argmax(-1)
+        in_dv = torch.zeros(lm_head_w.shape[0], dtype=torch.bool, device=logits.device)
+        in_dv[hot_ids] = True
+        p = torch.softmax(logits[..., hot_ids], dim=-1)
+        return p, in_dv[top]
+
+
+def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tensor, length: int = 7,
+                decay: float = 0.8, keep_logits: list | None = None):
+    """-> (weighted loss, per-step losses [length], per-step correct counts [length], per-step counts).
+    `keep_logits`, if a list, receives each step's draft logits [B, T, Vd] (for tests and analysis)."""
+    B, T = batch.ids.shape
+    dev = batch.ids.device
+    h = draft.project(batch.feats.to(draft.fc.weight.dtype))
+    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril_()
+    eye = torch.eye(T, dtype=torch.bool, device=dev)
+    extra: list = []
+    total = h.new_zeros((), dtype=torch.float32)
+    losses, correct, counts = [], [], []
+    keep = (batch.loss_mask > 0) & batch.valid
+    for k in range(length):
+        ids_in = _shift(batch.ids, 1 + k)
+        # the token predicted at (t, k) is t + 2 + k; its distribution is the target's at position t + 1 + k
+        w = _shift(keep, 2 + k, False) & _shift(in_dv, 1 + k, False) & _shift(batch.valid, 1 + k, False)
+        p = _shift(p_dv, 1 + k)
+        mask = torch.cat([causal] + [eye] * k, dim=1)[None]
+        pos = torch.arange(T, device=dev) + k
+        cos, sin = draft.rotary(pos, h.dtype)
+        emb = draft.embed_tokens(ids_in).to(h.dtype)
+        out, kv = draft.midlayer(emb, h, cos, sin, mask=mask, extra_kv=extra)
+        extra.append(kv)
+        logits = draft.lm_head(draft.norm(out)).float()
+        if keep_logits is not None:
+            keep_logits.append(logits.detach())
+        ce = -(p * F.log_softmax(logits, dim=-1)).sum(-1)
+        n = w.sum()
+        loss_k = (ce * w).sum() / n.clamp(min=1)
+        total = total + (decay ** k) * loss_k
+        with torch.no_grad():
+            losses.append(loss_k.detach())
+            correct.append(((logits.argmax(-1) == p.argmax(-1)) & w).sum())
+            counts.append(n)
+        h = out
+    return total, torch.stack(losses), torch.stack(correct), torch.stack(counts)
+
+
+def simulated_accept_length(acc: list[float]) -> float:
+    """1 + sum_k prod_{i<=k} acc_i: tokens per verify for a chain whose position k accepts with
+    probability acc_k given the previous ones (SGLang scale: the +1 is the bonus token; SpecForge's
+    number has no +1)."""
+    out, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        out += run
+    return out

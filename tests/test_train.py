@@ -1,0 +1,213 @@
+"""Training: TTT matches decode-time drafting exactly, data formats, vocab mapping, extraction and
+training killed midway and resumed (nothing lost or counted twice), offline == online, torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.draft import new_draft
+from eaglekit.models import load_target
+from eaglekit.train.data import Example, chat_example, load_examples, pad_batch, write_examples
+from eaglekit.train.ttt import TargetBatch, simulated_accept_length, target_distribution, ttt_forward
+from eaglekit.train.vocab import build_vocab_map
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
+    """Step k of TTT at index t computes exactly what the decoder computes for a depth-k tree node whose
+    ancestors are the true next tokens: same inputs, positions and attention (float64)."""
+    t = load_target(model_dirs["llama"], dtype="float64")
+    spec = CaptureSpec((1, 3, 4))
+    t.set_capture(spec)
+    d = new_draft(t, capture=spec, seed=3, dtype=torch.float64)
+    ids = torch.randint(3, 96, (1, 14), generator=torch.Generator().manual_seed(0))
+    hidden, feats = t.features(ids)
+    batch = TargetBatch(feats, ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool), hidden)
+    p, in_dv = target_distribution(batch, t.lm_head_weight(), torch.arange(96))
+    logits = []
+    ttt_forward(d, batch, p, in_dv, length=4, keep_logits=logits)
+    for tpos in (0, 5, 8):
+        d.reset(32)
+        # committed entries 0..tpos: feature g_i with token i+1
+        h, lg = d.extend(feats[0, :tpos + 1], ids[0, 1:tpos + 2])
+        torch.testing.assert_close(lg[-1], logits[0][0, tpos], rtol=1e-9, atol=1e-9)
+        m = tpos + 1
+        hid = h[-1:]
+        anc = torch.zeros(1, 0, dtype=torch.bool)
+        for k in range(1, 4):
+            # a depth-k node: the true token t+1+k, the draft's own hidden, position m-1+k
+            anc = torch.cat([anc, torch.ones(1, 1, dtype=torch.bool)], dim=1)
+            mask = torch.cat([torch.ones(1, m, dtype=torch.bool), anc], dim=1)
+            hid, lg = d.step(hid, ids[0, tpos + 1 + k:tpos + 2 + k], torch.tensor([m - 1 + k]),
+                             torch.tensor([m + k - 1]), mask)
+            torch.testing.assert_close(lg[0], logits[k][0, tpos], rtol=1e-9, atol=1e-9)
+
+
+def test_vocab_map_offsets_and_padding():
+    ex = [Example([5, 5, 5, 7, 7, 9, 1], [1, 1, 1, 1, 1, 1, 0])]
+    vm = build_vocab_map(ex, vocab_size=12, draft_vocab_size=4)
+    assert vm.hot.tolist() == [0, 5, 7, 9]  # three seen tokens, padded with the lowest unused id
+    assert torch.equal(torch.arange(4) + vm.d2t, vm.hot)
+    assert vm.t2d(12).nonzero().squeeze(1).tolist() == [0, 5, 7, 9]
+    assert vm.coverage == 1.0
+    vm2 = build_vocab_map(ex, 12, 2)
+    assert vm2.hot.tolist() == [5, 7] and abs(vm2.coverage - 5 / 6) < 1e-9
+
+
+def test_chat_loss_mask_covers_assistant_content_only(model_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dirs["llama"]))
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    ex = chat_example(tok, [{"role": "user", "content": "add one"}, {"role": "assistant", "content": "return a"},
+                            {"role": "user", "content": "print"}, {"role": "assistant", "content": "print(a)"}])
+    text = tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
+    assert "return a" in text and "print(a)" in text and "add one" not in text and "user" not in text
+    sharegpt = chat_example(tok, [{"from": "human", "value": "add one"}, {"from": "gpt", "value": "return a"}])
+    assert sum(sharegpt.loss_mask) > 0
+
+
+def test_data_formats(tmp_path, model_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dirs["llama"]))
+    (tmp_path / "a.py").write_text("def add(a, b):\n    return a + b\n" * 8)
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "print(add(1, 2))\n" * 6}) + "\n"
+                                      + json.dumps({"input_ids": list(range(3, 40)), "loss_mask": [0] * 10 + [1] * 27})
+                                      + "\n")
+    ex = load_examples(tmp_path, tok, max_len=32)
+    assert all(len(e) <= 32 for e in ex) and any(e.loss_mask[0] == 0 for e in ex)
+    write_examples(tmp_path / "out" / "x.jsonl", ex)
+    assert len(load_examples(tmp_path / "out" / "x.jsonl", None, 32)) == len(ex)
+    ids, mask, valid = pad_batch(ex[:3])
+    assert ids.shape == mask.shape == valid.shape
+    (tmp_path / "bad.jsonl").write_text("{nope\n")
+    from eaglekit.errors import InputError
+
+    with pytest.raises(InputError, match="bad.jsonl:1 is not JSON"):
+        load_examples(tmp_path / "bad.jsonl", tok, 32)
+
+
+def test_simulated_accept_length():
+    assert simulated_accept_length([1.0, 1.0, 1.0]) == 4.0
+    assert simulated_accept_length([0.5, 0.5]) == 1 + 0.5 + 0.25
+
+
+# --- killed and resumed --------------------------------------------------------------------------------
+def _regen_file(model_dirs, path, n=24):
+    from eaglekit.train.regen import regenerate
+
+    t = load_target(model_dirs["llama"])
+    prompts = [[3 + (i * 7 + j) % 90 for j in range(6)] for i in range(n)]
+    write_examples(path, regenerate(t, prompts, 18, batch_size=8, temperature=0.9, greedy_share=0.5, seed=1,
+                                    progress=False))
+    return path
+
+
+def _cli(args, env_extra=None, check=True):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    r = subprocess.run([sys.executable, "-m", "eaglekit.cli", *args], env=env, capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_extraction_killed_midway_resumes_identically(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl")
+    common = ["extract", "--target", str(model_dirs["llama"]), "--data", str(data), "--shard-size", "5",
+              "--feature-dtype", "float32", "--device", "cpu"]
+    _cli(common + ["--out", str(tmp_path / "full")])
+    r = _cli(common + ["--out", str(tmp_path / "killed")], {"EAGLEKIT_KILL_AT": "extract_shard:2"}, check=False)
+    assert r.returncode == -9  # SIGKILL
+    m = json.loads((tmp_path / "killed" / "manifest.json").read_text())
+    assert len(m["shards"]) == 2 and not m["complete"]
+    r = _cli(common + ["--out", str(tmp_path / "killed")])
+    assert "2 already done" in r.stderr
+    a = json.loads((tmp_path / "full" / "manifest.json").read_text())
+    b = json.loads((tmp_path / "killed" / "manifest.json").read_text())
+    assert a["complete"] and b["complete"] and a["shards"] == b["shards"]  # same files, same sha256
+    assert sum(s["tokens"] for s in b["shards"]) == b["tokens"]  # nothing lost, nothing twice
+    assert a["capture"] == {"convention": "after_layers", "after_layers": [1, 3, 4]}
+    # a shard changed on disk is refused on read
+    from eaglekit.errors import InputError
+    from eaglekit.train.extract import FeatureStore
+
+    store = FeatureStore(tmp_path / "killed")
+    f = tmp_path / "killed" / b["shards"][0]["file"]
+    f.write_bytes(f.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(InputError, match="does not match its sha256"):
+        store.batch([0], "cpu")
+
+
+def test_training_killed_midway_resumes_identically(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl")
+    common = ["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--max-steps", "9",
+              "--batch-size", "4", "--save-every", "3", "--lr", "1e-3", "--draft-vocab-size", "64",
+              "--heldout", "0.1", "--device", "cpu"]
+    _cli(common + ["--out", str(tmp_path / "full")])
+    r = _cli(common + ["--out", str(tmp_path / "killed")], {"EAGLEKIT_KILL_AT": "train_step:5"}, check=False)
+    assert r.returncode == -9
+    assert torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)["step"] == 3
+    r = _cli(common + ["--out", str(tmp_path / "killed")])
+    assert "resuming at step 3" in r.stdout + r.stderr
+    a = torch.load(tmp_path / "full" / "checkpoint" / "state.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)
+    assert a["step"] == b["step"] == 9 and a["samples_seen"] == b["samples_seen"] == 36
+    for k in a["draft"]:
+        assert torch.equal(a["draft"][k], b["draft"][k]), k
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
+    assert steps == list(range(9))  # each step logged once
+    assert (tmp_path / "killed" / "draft" / "config.json").is_file()
+
+
+def test_offline_training_equals_online(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    t = str(model_dirs["llama"])
+    _cli(["extract", "--target", t, "--data", str(data), "--out", str(tmp_path / "feat"), "--shard-size", "100",
+          "--feature-dtype", "float32", "--device", "cpu"])
+    # one batch holds every sample, so the two sources' different sample orders cannot matter
+    base = ["--target", t, "--max-steps", "4", "--batch-size", "16", "--draft-vocab-size", "64", "--heldout", "0",
+            "--device", "cpu", "--lr", "1e-3"]
+    _cli(["train", *base, "--data", str(data), "--out", str(tmp_path / "on")])
+    _cli(["train", *base, "--features", str(tmp_path / "feat"), "--out", str(tmp_path / "off")])
+    a = torch.load(tmp_path / "on" / "checkpoint" / "state.pt", weights_only=False)["draft"]
+    b = torch.load(tmp_path / "off" / "checkpoint" / "state.pt", weights_only=False)["draft"]
+    assert torch.equal(a["d2t"], b["d2t"])
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_training_learns(model_dirs, tmp_path):
+    """A few dozen steps on the target's own continuations lift held-out accuracy well above the start."""
+    from eaglekit.train.run import run_train
+    from eaglekit.train.trainer import TrainConfig
+
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=64)
+    res0 = run_train(model_dirs["llama"], tmp_path / "r0", TrainConfig(out=str(tmp_path / "r0"), max_steps=1,
+                     batch_size=8, lr=1e-9), data=data, draft_vocab_size=96, heldout=0.15, log=lambda s: None)
+    res = run_train(model_dirs["llama"], tmp_path / "r1", TrainConfig(out=str(tmp_path / "r1"), max_steps=80,
+                    batch_size=8, lr=3e-3, warmup=5), data=data, draft_vocab_size=96, heldout=0.15,
+                    log=lambda s: None)
+    before, after = res0["heldout"]["per_position_acc"][0], res["heldout"]["per_position_acc"][0]
+    assert after > before + 0.2, (before, after)
+
+
+def test_torchrun_data_parallel_on_cpu(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        "29533", "-m", "eaglekit.cli", "train", "--target", str(model_dirs["llama"]), "--data",
+                        str(data), "--out", str(tmp_path / "ddp"), "--max-steps", "3", "--batch-size", "2",
+                        "--draft-vocab-size", "64", "--heldout", "0", "--device", "cpu"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    state = torch.load(tmp_path / "ddp" / "checkpoint" / "state.pt", weights_only=False)
+    assert state["samples_seen"] == 3 * 2 * 2  # steps x ranks x per-rank batch
+    assert (tmp_path / "ddp" / "draft" / "model.safetensors").is_file()
