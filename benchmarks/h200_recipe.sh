@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train the shipped demo pair on one H200 (the device tool runs this from the repository root).
+# Train the shipped demo pair on one H200 (the device tool runs this from the repository root, carrying
+# .corpus/python3.11: the CPython 3.11.7 standard library's .py files copied from a 2-core machine).
 # Results come back as demo.tgz.part* (each < 16 MiB) + recipe.log in $OUT, packed after each half
 # so a failure in the second half still returns the target.
 set -uo pipefail
@@ -14,9 +15,8 @@ pack() {
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers, tokenizers; print(torch.__version__, transformers.__version__, tokenizers.__version__)" >> "$OUT/gpu.txt"
-python3 -m eaglekit.cli recipe demo --out $R --preset gpu --device cuda --stop-after target 2>&1 | tee "$OUT/recipe.log" | grep -v "it/s"
+python3 -m eaglekit.cli recipe demo --out $R --preset gpu --device cuda --stdlib .corpus/python3.11 --stop-after target 2>&1 | tee "$OUT/recipe.log" | grep -v "it/s"
 pack
-python3 -m eaglekit.cli recipe demo --out $R --preset gpu --device cuda 2>&1 | tee -a "$OUT/recipe.log" | grep -v "it/s"
+python3 -m eaglekit.cli recipe demo --out $R --preset gpu --device cuda --stdlib .corpus/python3.11 2>&1 | tee -a "$OUT/recipe.log" | grep -v "it/s"
 pack
 ls -la "$OUT"
-timeout 110 python3 benchmarks/gpu_probe.py 2>&1 | tail -40

@@ -375,7 +375,7 @@ def cmd_recipe(args) -> int:
     if args.name != "demo":
         raise InputError(f"unknown recipe {args.name!r}", fix="the recipe is: demo", code="E108")
     s = run_demo_recipe(args.out, args.preset, args.device, log=lambda m: print(m, file=sys.stderr),
-                        stop_after=args.stop_after)
+                        stop_after=args.stop_after, stdlib=args.stdlib)
     if "stopped_after" in s:
         print(json.dumps(s, indent=2))
         return 0
@@ -399,6 +399,9 @@ def _recipe_args(p):
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
     p.add_argument("--device", default="auto")
     p.add_argument("--install", action="store_true", help="copy the result into eaglekit/assets/demo")
+    p.add_argument("--stdlib", default=None,
+                   help="the standard-library folder to train on (default: this interpreter's); the shipped pair "
+                        "used CPython 3.11.7's")
     p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen"], default=None,
                    help="stop after this stage (a later call continues from it)")
 

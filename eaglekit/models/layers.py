@@ -115,10 +115,14 @@ class Attention(nn.Module):
             k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
             v = torch.cat([e[1] for e in extra_kv] + [v], dim=2)
         attn_mask = mask[:, None] if mask is not None else None
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
+        gqa = self.num_kv_heads != self.num_heads
+        if gqa and kv is None:
+            # training and feature paths: expand the kv heads so SDPA may pick its fused kernels
+            rep = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            gqa = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
+                                             enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         return self.o_proj(out), new_kv
 

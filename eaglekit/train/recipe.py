@@ -47,8 +47,8 @@ PRESETS = {
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 
 
-def stdlib_files(max_files: int | None = None) -> tuple[Path, list[str]]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+def stdlib_files(max_files: int | None = None, root: str | Path | None = None) -> tuple[Path, list[str]]:
+    root = Path(root) if root else Path(sysconfig.get_paths()["stdlib"])
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if "site-packages" not in p.parts and "dist-packages" not in p.parts)
     if max_files:
@@ -61,16 +61,21 @@ def is_heldout(rel: str) -> bool:
     return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 20 == 0
 
 
-def stage_corpus(out: Path, p: dict) -> dict:
+def stage_corpus(out: Path, p: dict, stdlib: str | Path | None = None) -> dict:
     path = out / "corpus.json"
     if path.is_file():
         return json.loads(path.read_text())
-    root, files = stdlib_files(p["max_files"])
+    root, files = stdlib_files(p["max_files"], stdlib)
     split = {"train": [f for f in files if not is_heldout(f)], "heldout": [f for f in files if is_heldout(f)]}
     if not split["heldout"]:  # tiny subsets: keep at least one file aside
         split["heldout"] = split["train"][-1:]
         split["train"] = split["train"][:-1]
-    info = {"python": sys.version.split()[0], "stdlib_root": str(root)}
+    if stdlib is None:
+        version = sys.version.split()[0]
+    else:  # another interpreter's library: its VERSION file if present, else the folder's name
+        vf = root / "VERSION"
+        version = vf.read_text().strip() if vf.is_file() else root.name
+    info = {"python": version, "stdlib_root": str(root.resolve())}
     for k, names in split.items():
         h = hashlib.sha256()
         size = 0
@@ -129,7 +134,7 @@ def stage_target(out: Path, corpus, tok, p: dict, device: str, log) -> dict:
                        max_pos=2048, eos_id=tok.convert_tokens_to_ids(EOS))
     net = new_target_net(raw, seed=0)
     cfg = PretrainConfig(seq_len=p["seq_len"], batch_size=p["batch"], lr=p["lr"], max_steps=p["pre_steps"],
-                         time_budget_s=p["pre_budget"], eval_every=max(p["pre_steps"] // 8, 10),
+                         time_budget_s=p["pre_budget"], eval_every=max(p["pre_steps"] // 40, 10),
                          warmup=min(100, p["pre_steps"] // 10))
     res = pretrain(net, train, held, cfg, device, ckpt=out / "target_ckpt.pt", log=log)
     save_target_folder(net, raw, folder)
@@ -265,7 +270,7 @@ STAGES = ("corpus", "tokenizer", "target", "regen", "draft", "prompts", "eval")
 
 
 def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", log=print,
-                    stop_after: str | None = None) -> dict:
+                    stop_after: str | None = None, stdlib: str | Path | None = None) -> dict:
     from ..pair import pick_device
 
     p = PRESETS[preset]
@@ -274,7 +279,7 @@ def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", 
     device = pick_device(device)
     times = {}
     t = time.time()
-    corpus = stage_corpus(out, p)
+    corpus = stage_corpus(out, p, stdlib)
     log(f"corpus: {corpus['train']['count']} training files ({corpus['train']['bytes'] / 1e6:.1f} MB), "
         f"{corpus['heldout']['count']} held out; Python {corpus['python']}")
     tok = stage_tokenizer(out, corpus, p)
