@@ -174,8 +174,8 @@ def cmd_demo(args) -> int:
 
 
 def _demo_args(p):
-    p.add_argument("--prompts", type=int, default=8, help="how many held-out prompts (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--prompts", type=int, default=32, help="how many held-out prompts (default: all 32)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--target", default=None, help="another target folder instead of the shipped one")

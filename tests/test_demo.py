@@ -1,0 +1,48 @@
+"""The shipped demo pair: present, within the size limits, lossless, and actually accepting."""
+
+import json
+from pathlib import Path
+
+from eaglekit.cli import main
+from eaglekit.demo import ASSETS
+
+
+def test_pair_files_fit_the_repository_limits():
+    files = [p for p in ASSETS.rglob("*") if p.is_file()]
+    assert all(p.stat().st_size < 16 * 2**20 for p in files)
+    assert sum(p.stat().st_size for p in files) < 40 * 2**20
+    corpus = json.loads((ASSETS / "corpus.json").read_text())
+    held = set(corpus["heldout"]["files"])
+    assert held and not held & set(corpus["train"]["files"])  # held-out files were never trained on
+    assert len(corpus["train"]["sha256"]) == 64
+
+
+def test_demo_json(capsys):
+    assert main(["demo", "--prompts", "2", "--max-new-tokens", "24", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"accept_length", "per_position", "baseline_tokens_per_s", "eagle_tokens_per_s", "speedup",
+            "identical"} <= res.keys()
+    assert res["identical"] is True
+    assert res["accept_length"] > 1.5  # a trained draft, not random weights
+    assert len(res["per_position"]) == res["tree"]["steps"]
+
+
+def test_demo_table(capsys):
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "16", "--steps", "3", "--topk", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "with EAGLE-3" in out and "speedup" in out and "identical" in out
+
+
+def test_recipe_tiny_end_to_end(tmp_path, capsys):
+    """The recipe that built the shipped pair, at toy scale: every stage runs and the pair decodes."""
+    out = tmp_path / "r"
+    assert main(["recipe", "demo", "--out", str(out), "--preset", "tiny", "--device", "cpu"]) == 0
+    for f in ("corpus.json", "target/config.json", "target/tokenizer.json", "draft/config.json", "prompts.jsonl",
+              "eval.json", "recipe.json"):
+        assert (out / f).is_file(), f
+    ev = json.loads(Path(out / "eval.json").read_text())
+    assert all(v["identical_to_baseline"] for v in ev.values())
+    capsys.readouterr()
+    assert main(["demo", "--target", str(out / "target"), "--draft", str(out / "draft"), "--prompt-file",
+                 str(out / "prompts.jsonl"), "--prompts", "1", "--max-new-tokens", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["identical"]

@@ -1,0 +1,22 @@
+"""The README opens with the two commands; .ci/run runs the second one verbatim."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commands():
+    lines = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("    python3 -m venv")]
+    return lines
+
+
+def test_readme_opens_with_demo_and_test_commands():
+    cmds = _commands()
+    assert len(cmds) >= 2
+    assert cmds[0].endswith("eaglekit demo") and "pip install torch==2.13.0" in cmds[0]
+    assert cmds[1].endswith("python -m pytest") and "'.[dev]'" in cmds[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert _commands()[1] in [ln.strip() for ln in ci]
