@@ -34,8 +34,7 @@ def main():
     torch.set_num_threads(2)
     from helpers import make_hf_model
 
-    from eaglekit.decoding.accept import accept_greedy
-    from eaglekit.decoding.tree import TreeShape, expand
+    from eaglekit.decoding.tree import TreeShape
     from eaglekit.draft import new_draft
     from eaglekit.models import load_target
 
@@ -59,38 +58,39 @@ def main():
             out.append(time.perf_counter() - t0)
         return statistics.median(out[3:])
 
-    t.reset(args.context + 128)
-    draft.reset(args.context + 256)
+    from eaglekit.decoding.engine import Cycle
+
+    span = args.context + 128
+    t.reset(span)
+    draft.reset(span + 64)
     _, feats = t.prefill(ctx)
     h, dl = draft.extend(feats, torch.cat([ctx[1:], ctx[:1]]))
     L = t.length
 
     def step():
-        t.cache.length = L
-        t.run(ctx[:1])
+        t.cache.length.fill_(L)
+        t.step(ctx[:1])
 
     rows = {"baseline_step_ms": timed(step) * 1e3}
     for steps, topk, dt in [(3, 1, 4), (5, 4, 8), (6, 8, 48)]:
-        shape = TreeShape(steps, topk, dt)
+        c = Cycle(t, draft, TreeShape(steps, topk, dt))
+        c.start(ctx[0], h, dl)
 
         def cycle():
-            t.cache.length = L
-            draft.cache.length = L
-            tree = expand(draft, h[-1], dl[-1], ctx[0], shape)
-            logits, f = t.run(tree.tokens, tree.depths, tree.mask)
-            path, bonus = accept_greedy(tree, logits)
-            t.commit(path)
-            draft.cache.length = L
-            draft.extend(f[path], torch.cat([tree.tokens[path[1:]], bonus.view(1)]))
+            t.cache.length.fill_(L)
+            draft.cache.length.fill_(L)
+            for phase in ("draft_tree", "verify", "accept", "cache_update", "draft_extend"):
+                c.run(phase)
+            c.start(ctx[0], h, dl)
 
-        def verify_only(tree=expand(draft, h[-1], dl[-1], ctx[0], shape)):
-            t.cache.length = L
-            t.run(tree.tokens, tree.depths, tree.mask)
+        def verify_only():
+            t.cache.length.fill_(L)
+            t.verify(c.tree.tokens, c.tree.depths, c.tree.mask)
 
-        c = timed(cycle) * 1e3
+        cyc = timed(cycle) * 1e3
         v = timed(verify_only) * 1e3
-        rows[f"({steps},{topk},{dt})"] = {"cycle_ms": c, "verify_ms": v, "draft_ms": c - v,
-                                          "cycle_over_step": c / rows["baseline_step_ms"]}
+        rows[f"({steps},{topk},{dt})"] = {"cycle_ms": cyc, "verify_ms": v, "draft_ms": cyc - v,
+                                          "cycle_over_step": cyc / rows["baseline_step_ms"]}
     base = rows["baseline_step_ms"]
     print(f"target: {n_params / 1e6:.0f}M params (hidden {H}, {args.layers} layers, vocab {args.vocab}), "
           f"context {args.context}, torch {torch.__version__}, {torch.get_num_threads()} threads")

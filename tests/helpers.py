@@ -49,16 +49,14 @@ def make_hf_model(folder: Path, family: str = "llama", seed: int = 0, dtype=torc
 class OracleDraft:
     """A stand-in draft that runs the target itself: it predicts exactly the target's greedy choices.
 
-    It speaks the draft interface the engine uses (reset / extend / step / to_target_ids / cache.length).
-    Draft entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot 0
-    holding the prompt's first token, which the oracle is told up front.
+    It speaks the draft interface the engine uses (reset / extend / step / to_target_ids / cache.length /
+    span). Draft entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot
+    0 holding the prompt's first token, which the oracle is told up front.
     """
 
-    class _Len:
-        length = 0
-        max_len = 0
-
     def __init__(self, target, first_token: int):
+        from types import SimpleNamespace
+
         from eaglekit.models.layers import KVCache
 
         self.net = target.net
@@ -67,13 +65,16 @@ class OracleDraft:
         self.device = target.device
         self.dtype = target.dtype
         self._KVCache = KVCache
-        self.cache = self._Len()
+        self.config = SimpleNamespace(hidden_size=1, draft_vocab_size=self.cfg.vocab_size)
+        self.fc = SimpleNamespace(weight=torch.zeros(1, dtype=target.dtype))
+        self.cache = SimpleNamespace(length=torch.zeros((), dtype=torch.long))
         self.d2t = torch.zeros(self.cfg.vocab_size, dtype=torch.long)
 
-    def reset(self, max_len):
+    def reset(self, span):
         c = self.cfg
-        self.kv = self._KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len + 2, 1, self.device, self.dtype)
-        self.cache = self._Len()
+        self.kv = self._KVCache(c.num_layers, c.num_kv_heads, c.head_dim, span + 2, 1, self.device, self.dtype)
+        self.cache.length = torch.zeros((), dtype=torch.long)
+        self.span = span
 
     def to_target_ids(self, ids):
         return ids
@@ -83,26 +84,39 @@ class OracleDraft:
             h, _ = self.net(ids[None], positions, self.kv, slots, mask[None], ())
             return self.net.lm_head(h[0]).float()
 
-    def extend(self, feats, next_ids):
-        m, T = self.cache.length, next_ids.numel()
+    def extend(self, feats, next_ids, n=None):
+        m, E = int(self.cache.length), next_ids.numel()
+        n = E if n is None else int(n)
         if m == 0:
             ids = torch.cat([torch.tensor([self.first]), next_ids])
-            n = T + 1
-            slots = torch.arange(0, n)
-            mask = torch.ones(n, n, dtype=torch.bool).tril_()
+            slots = torch.arange(0, E + 1)
+            mask = torch.ones(E + 1, E + 1, dtype=torch.bool).tril_()
             logits = self._run(ids, slots, slots, mask)[1:]
         else:
-            slots = torch.arange(m + 1, m + 1 + T)
-            mask = torch.ones(T, m + 1 + T, dtype=torch.bool)
-            mask[:, m + 1:] = torch.ones(T, T, dtype=torch.bool).tril_()
+            slots = torch.arange(m + 1, m + 1 + E)
+            mask = torch.ones(E, m + 1 + E, dtype=torch.bool)
+            mask[:, m + 1:] = torch.ones(E, E, dtype=torch.bool).tril_()
             logits = self._run(next_ids, slots, slots, mask)
-        self.cache.length = m + T
-        return torch.zeros(T, 1), logits
+        self.cache.length = torch.tensor(m + n)
+        return torch.zeros(1), logits[n - 1]
 
     def step(self, hidden, ids, positions, slots, mask):
         N = ids.numel()
         full = torch.cat([torch.ones(N, 1, dtype=torch.bool), mask], dim=1)
         return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)
+
+
+class NoisyOracleDraft(OracleDraft):
+    """The oracle with seeded noise on its logits: right often, wrong often, never systematically."""
+
+    def __init__(self, target, first_token: int, noise: float, seed: int):
+        super().__init__(target, first_token)
+        self.noise = noise
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def _run(self, ids, positions, slots, mask):
+        logits = super()._run(ids, positions, slots, mask)
+        return logits + self.noise * torch.randn(logits.shape, generator=self.gen, dtype=logits.dtype)
 
 
 def make_tokenizer(folder: Path, vocab: int = 96, chat_template: str | None = None):
@@ -124,15 +138,3 @@ def make_tokenizer(folder: Path, vocab: int = 96, chat_template: str | None = No
     fast.save_pretrained(str(folder))
     return fast
 
-
-class NoisyOracleDraft(OracleDraft):
-    """The oracle with seeded noise on its logits: right often, wrong often, never systematically."""
-
-    def __init__(self, target, first_token: int, noise: float, seed: int):
-        super().__init__(target, first_token)
-        self.noise = noise
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def _run(self, ids, positions, slots, mask):
-        logits = super()._run(ids, positions, slots, mask)
-        return logits + self.noise * torch.randn(logits.shape, generator=self.gen, dtype=logits.dtype)

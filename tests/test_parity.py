@@ -12,6 +12,14 @@ from helpers import make_hf_model
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 
 
+def _step(target, ids):
+    """Append tokens as a plain causal run and commit them."""
+    T = ids.numel()
+    logits, feats = target.verify(ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_())
+    target.keep(torch.arange(T), torch.tensor(T))
+    return logits, feats
+
+
 def _hf(folder, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
@@ -43,8 +51,7 @@ def test_incremental_decode_and_captures_match(model_dirs, family):
     _, f0 = ours.prefill(ids[:12])
     rows, feats = [], [f0]
     for i in range(12, 20):
-        lg, f = ours.run(ids[i:i + 1])
-        ours.commit()
+        lg, f = _step(ours, ids[i:i + 1])
         rows.append(lg[0])
         feats.append(f)
     torch.testing.assert_close(torch.stack(rows), out.logits[0, 12:20], rtol=1e-5, atol=1e-5)
@@ -72,7 +79,7 @@ def test_tree_verify_equals_running_each_path(model_dirs, family):
         mask[i, i] = True
     ours.reset(32)
     ours.prefill(prefix)
-    logits, _ = ours.run(tokens, depths, mask)
+    logits, _ = ours.verify(tokens, depths, mask)
     for i in range(D):
         path = mask[i].nonzero().squeeze(1)
         with torch.no_grad():
@@ -80,9 +87,10 @@ def test_tree_verify_equals_running_each_path(model_dirs, family):
         torch.testing.assert_close(logits[i], want.float(), rtol=1e-9, atol=1e-9)
     # keep one path, drop the rest: the cache then continues like a plain sequence
     keep = mask[8].nonzero().squeeze(1)  # root, 1, 3, 6, 8
-    ours.commit(keep)
+    ours.keep(torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))  # padded, 5 real
+    assert ours.length == 15
     nxt = torch.tensor([5])
-    lg, _ = ours.run(nxt)
+    lg, _ = _step(ours, nxt)
     with torch.no_grad():
         want = ref(torch.cat([prefix, tokens[keep], nxt])[None]).logits[0, -1]
     torch.testing.assert_close(lg[0], want.float(), rtol=1e-9, atol=1e-9)
@@ -125,8 +133,7 @@ def test_mistral_sliding_window_matches(tmp_path):
     got, _ = ours.prefill(ids[:16])
     rows = [got]
     for i in range(16, 24):
-        lg, _ = ours.run(ids[i:i + 1])
-        ours.commit()
+        lg, _ = _step(ours, ids[i:i + 1])
         rows.append(lg)
     torch.testing.assert_close(torch.cat(rows), want, rtol=1e-5, atol=1e-5)
 

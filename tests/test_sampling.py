@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import eaglekit.decoding.accept as accept_mod
+import eaglekit.decoding.engine as engine_mod
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.sampling import SamplingParams, probs, sample
 from eaglekit.decoding.tree import TreeShape
@@ -103,7 +103,7 @@ def test_sampled_tokens_follow_target_distribution(small_target, name, shape, sp
     assert torch.all(c1[p1 == 0] == 0) and torch.all(c3[p3 == 0] == 0)
 
 
-def _wrong_rule(tree, logits, sp, gen):
+def _wrong_rule(tree, logits, size, sp, gen):
     """The classic mistake: after the children are rejected, sample from p *without* removing them."""
     p_all = probs(logits, sp)
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
@@ -116,7 +116,8 @@ def _wrong_rule(tree, logits, sp, gen):
                 nxt = c
                 break
         if nxt is None:
-            return torch.tensor(path), sample(p_all[node], gen)
+            pad = torch.tensor(path + [0] * (size - len(path)))
+            return pad, torch.tensor(len(path)), sample(p_all[node], gen)
         node = nxt
         path.append(node)
 
@@ -125,7 +126,7 @@ def test_chi_square_catches_a_wrong_rule(small_target, monkeypatch):
     draft = new_draft(small_target, seed=1, dtype=torch.float64)
     with torch.no_grad():
         draft.lm_head.weight.copy_(small_target.net.lm_head.weight)
-    monkeypatch.setattr(accept_mod, "accept_sampling", _wrong_rule)
+    monkeypatch.setattr(engine_mod, "accept_sampling", _wrong_rule)
     sp = SamplingParams(1.0)
     n = 2000
     _, c12, _, _ = _run(small_target, draft, TreeShape(2, 3, 5), sp, n)

@@ -36,15 +36,15 @@ def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
     for tpos in (0, 5, 8):
         d.reset(32)
         # committed entries 0..tpos: feature g_i with token i+1
-        h, lg = d.extend(feats[0, :tpos + 1], ids[0, 1:tpos + 2])
-        torch.testing.assert_close(lg[-1], logits[0][0, tpos], rtol=1e-9, atol=1e-9)
+        hid, lg = d.extend(feats[0, :tpos + 1], ids[0, 1:tpos + 2])
+        torch.testing.assert_close(lg, logits[0][0, tpos], rtol=1e-9, atol=1e-9)
         m = tpos + 1
-        hid = h[-1:]
-        anc = torch.zeros(1, 0, dtype=torch.bool)
+        hid = hid[None]
         for k in range(1, 4):
-            # a depth-k node: the true token t+1+k, the draft's own hidden, position m-1+k
-            anc = torch.cat([anc, torch.ones(1, 1, dtype=torch.bool)], dim=1)
-            mask = torch.cat([torch.ones(1, m, dtype=torch.bool), anc], dim=1)
+            # a depth-k node: the true token t+1+k, the draft's own hidden, position m-1+k; it sees the
+            # committed entries and its ancestors' pending slots m .. m+k-1
+            mask = torch.zeros(1, 32, dtype=torch.bool)
+            mask[0, :m + k] = True
             hid, lg = d.step(hid, ids[0, tpos + 1 + k:tpos + 2 + k], torch.tensor([m - 1 + k]),
                              torch.tensor([m + k - 1]), mask)
             torch.testing.assert_close(lg[0], logits[k][0, tpos], rtol=1e-9, atol=1e-9)

@@ -17,25 +17,34 @@ from .sampling import SamplingParams, probs, sample
 from .tree import Tree
 
 
-def accept_greedy(tree: Tree, logits: torch.Tensor):
-    """-> (path node indices [P] root first, bonus token id [] on device)."""
+def _path_of(tree: Tree, best: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Root-to-`best` node indices, padded to `size` (fixed shape), and how many are real."""
+    D = tree.mask.shape[0]
+    row = tree.mask[best]
+    # ancestors first, in index order (== root-to-leaf order, parents precede children)
+    order = ((~row).long() * D + torch.arange(D, device=row.device)).argsort()
+    return order[:size], row.sum()
+
+
+def accept_greedy(tree: Tree, logits: torch.Tensor, size: int):
+    """-> (path [size] node indices root first, padded; n real entries; bonus token), all on device."""
     pred = logits.argmax(-1)
     match = tree.tokens == pred[tree.parents]
     match[0] = True
     ok = ~(tree.mask & ~match[None, :]).any(1)  # every node on the path (itself included) matches
     best = torch.where(ok, tree.depths, -1).argmax()
-    path = tree.mask[best].nonzero().squeeze(1)  # ancestors in index order == root-to-leaf order
-    return path, pred[best]
+    path, n = _path_of(tree, best, size)
+    return path, n, pred[best]
 
 
-def accept_sampling(tree: Tree, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None):
+def accept_sampling(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen: torch.Generator | None):
     p_all = probs(logits, sp)
     tokens = tree.tokens.tolist()
     parents = tree.parents.tolist()
     children: dict[int, list[int]] = {}
     for i in range(1, len(tokens)):
         children.setdefault(parents[i], []).append(i)  # index order == draft score order within a parent
-    node, path = 0, [0]
+    node = 0
     while True:
         p = p_all[node].clone()
         nxt = None
@@ -50,12 +59,12 @@ def accept_sampling(tree: Tree, logits: torch.Tensor, sp: SamplingParams, gen: t
             p[x] = 0.0
         if nxt is None:
             p = p / p.sum()
-            return torch.tensor(path, device=logits.device), sample(p, gen)
+            path, n = _path_of(tree, torch.tensor(node, device=logits.device), size)
+            return path, n, sample(p, gen)
         node = nxt
-        path.append(node)
 
 
-def accept(tree: Tree, logits: torch.Tensor, sp: SamplingParams, gen=None):
+def accept(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen=None):
     if sp.greedy:
-        return accept_greedy(tree, logits)
-    return accept_sampling(tree, logits, sp, gen)
+        return accept_greedy(tree, logits, size)
+    return accept_sampling(tree, logits, size, sp, gen)

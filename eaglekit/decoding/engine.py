@@ -3,7 +3,10 @@
     prefill (features at the capture layers) -> draft extend -> [expand tree -> verify (one target
     forward, tree mask) -> accept (path + bonus) -> keep the path's KV -> draft extend on the path]*
 
-Batch size 1. One small host read per cycle (the accepted tokens); everything else stays on the device.
+Batch size 1. Each cycle is five fixed-shape phases over persistent device state (lengths, the root
+token, the draft's last hidden and logits), so on a GPU each phase is captured once in a CUDA graph and
+replayed; on a CPU the same functions run eagerly. The host reads one small tensor per cycle: the
+accepted count, the tree depth and the emitted tokens.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from ..models.base import Target
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
 from ..observe.profile import Profiler
-from .accept import accept
+from .accept import accept_greedy, accept_sampling
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand
+
+PHASES = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 
 
 @dataclass
@@ -34,12 +39,95 @@ class GenerationResult:
     metrics: GenerationMetrics
 
 
+class Cycle:
+    """One EAGLE-3 cycle as fixed-shape phases over persistent state (capturable in CUDA graphs)."""
+
+    def __init__(self, target: Target, draft: Eagle3Draft, shape: TreeShape):
+        self.t, self.d, self.shape = target, draft, shape
+        dev, P = target.device, shape.steps + 1
+        self.root = torch.zeros((), dtype=torch.long, device=dev)
+        self.h = torch.zeros(draft.config.hidden_size, dtype=draft.fc.weight.dtype, device=dev)
+        self.dl = torch.zeros(draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
+        self.path = torch.zeros(P, dtype=torch.long, device=dev)
+        self.n = torch.ones((), dtype=torch.long, device=dev)
+        self.bonus = torch.zeros((), dtype=torch.long, device=dev)
+        self.emitted = torch.zeros(P, dtype=torch.long, device=dev)
+        self.out = torch.zeros(P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
+        self.tree = self.logits = self.feats = None
+        self.graphs: dict[str, torch.cuda.CUDAGraph] | None = None
+
+    def start(self, root, h, dl) -> None:
+        self.root.copy_(root)
+        self.h.copy_(h)
+        self.dl.copy_(dl)
+
+    # --- the phases -----------------------------------------------------------------------------
+    def draft_tree(self):
+        self.tree = expand(self.d, self.h, self.dl, self.root, self.shape)
+
+    def verify(self):
+        self.logits, self.feats = self.t.verify(self.tree.tokens, self.tree.depths, self.tree.mask)
+
+    def accept(self):
+        path, n, bonus = accept_greedy(self.tree, self.logits, self.shape.steps + 1)
+        self.path.copy_(path)
+        self.n.copy_(n)
+        self.bonus.copy_(bonus)
+
+    def cache_update(self):
+        self.t.keep(self.path, self.n)
+        # the token after each path node: the next path node, and after the last one the bonus
+        em = torch.cat([self.tree.tokens[self.path[1:]], self.bonus.view(1)])
+        self.emitted.copy_(em.scatter(0, (self.n - 1).view(1), self.bonus.view(1)))
+        self.out.copy_(torch.cat([self.n.view(1), self.tree.depths.max().view(1), self.emitted]))
+
+    def draft_extend(self):
+        h, dl = self.d.extend(self.feats[self.path], self.emitted, self.n)
+        self.h.copy_(h)
+        self.dl.copy_(dl)
+        self.root.copy_(self.bonus)
+
+    # --- CUDA graphs ----------------------------------------------------------------------------
+    def capture(self, greedy: bool) -> None:
+        """Capture each phase in a CUDA graph. Warm-up runs mutate only pending slots and the state
+        snapshot below, which is restored before capture (capturing itself executes nothing)."""
+        snap = [x.clone() for x in (self.t.cache.length, self.d.cache.length, self.root, self.h, self.dl)]
+        names = [p for p in PHASES if greedy or p != "accept"]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                for p in PHASES:
+                    getattr(self, p)()
+        torch.cuda.current_stream().wait_stream(s)
+        for x, v in zip((self.t.cache.length, self.d.cache.length, self.root, self.h, self.dl), snap):
+            x.copy_(v)
+        pool = torch.cuda.graph_pool_handle()
+        self.graphs = {}
+        for p in names:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                getattr(self, p)()
+            self.graphs[p] = g
+        torch.cuda.synchronize()
+
+    def run(self, phase: str) -> None:
+        if self.graphs is not None and phase in self.graphs:
+            self.graphs[phase].replay()
+        else:
+            getattr(self, phase)()
+
+
 class Decoder:
     def __init__(self, target: Target, draft: Eagle3Draft | None = None, shape: TreeShape | None = None,
-                 capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False):
+                 capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
+                 graphs: bool | str = "auto"):
         self.target, self.draft = target, draft
         self.shape = shape or TreeShape.make()
         self.profiler = Profiler(profile, target.device)
+        self.graphs = (target.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
+        self._cycles: dict = {}
+        self._steps: dict = {}
         if draft is not None:
             self.capture = check_pair(draft, target, capture, allow_other_target)
             target.set_capture(self.capture)
@@ -62,6 +150,13 @@ class Decoder:
                 f"context of {ctx} positions",
                 fix=f"shorten the prompt or lower --max-new-tokens to {max(ctx - ids.numel(), 0)}", code="E301")
         return ids
+
+    def _span(self, need: int) -> int:
+        # on a GPU, round up so that CUDA graphs captured for one generation serve the next ones
+        return -(-need // 256) * 256 if self.graphs else need
+
+    def _use_graphs(self) -> bool:
+        return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
 
     def _pick(self, logits_row, sp, gen):
         return logits_row.argmax(-1) if sp.greedy else sample(probs(logits_row, sp), gen)
@@ -93,28 +188,71 @@ class Decoder:
         saved = t.capture
         t.set_capture(None)  # the baseline needs no features
         try:
-            t.reset(ids.numel() + em.max_new_tokens + 1)
+            t.reset(self._span(ids.numel() + em.max_new_tokens + 1))
             trace.set_cycle(0)
             with ph("prefill"):
                 logits, _ = t.prefill(ids)
                 tok = self._pick(logits[-1], sp, gen)
             em.push([int(tok)])
+            step = self._graphed_step(tok) if (self._use_graphs() and sp.greedy) else None
             while not em.done:
-                with ph("decode"):
-                    logits, _ = t.run(tok.view(1))
-                    t.commit(None)
-                    tok = self._pick(logits[-1], sp, gen)
-                em.push([int(tok)])
+                if step is not None:
+                    with ph("decode"):
+                        step[0].replay()
+                    with ph("host_sync"):
+                        nxt = int(step[1])
+                else:
+                    with ph("decode"):
+                        tok = self._pick(t.step(tok.view(1)), sp, gen)
+                    with ph("host_sync"):
+                        nxt = int(tok)
+                em.push([nxt])
         finally:
             t.set_capture(saved)
         return GenerationMetrics()
 
+    def _graphed_step(self, tok):
+        """A CUDA graph of one greedy decode step: feeds `buf` and writes the next token back into it."""
+        t = self.target
+        key = (t.span, id(t.cache.k))
+        if key not in self._steps:
+            buf = torch.zeros((), dtype=torch.long, device=t.device)
+            snap = t.cache.length.clone()
+
+            def fn():
+                buf.copy_(t.step(buf.view(1)).argmax(-1))
+
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            t.cache.length.copy_(snap)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            self._steps[key] = (g, buf)
+        g, buf = self._steps[key]
+        buf.copy_(tok)
+        return g, buf
+
+    def _cycle(self, greedy: bool) -> Cycle:
+        t, d = self.target, self.draft
+        if not self._use_graphs():
+            return Cycle(t, d, self.shape)
+        key = (self.shape, greedy, t.span, id(t.cache.k), id(d.cache.k))
+        if key not in self._cycles:
+            self._cycles[key] = Cycle(t, d, self.shape)
+            self._cycles[key].capture(greedy)
+        return self._cycles[key]
+
     def _speculative(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:
         t, d, shape, ph = self.target, self.draft, self.shape, self.profiler.phase
         m = GenerationMetrics(draft_tokens=shape.draft_tokens)
-        max_len = ids.numel() + em.max_new_tokens + shape.draft_tokens + 1
-        t.reset(max_len)
-        d.reset(max_len + shape.steps * shape.topk)
+        span = self._span(ids.numel() + em.max_new_tokens + shape.draft_tokens + 1)
+        t.reset(span)
+        d.reset(span + shape.steps * shape.topk)
         trace.set_cycle(0)
         with ph("prefill"):
             logits, feats = t.prefill(ids)
@@ -124,26 +262,33 @@ class Decoder:
             return m
         with ph("draft_extend"):
             h, dl = d.extend(feats, torch.cat([ids[1:], tok.view(1)]))
+        c = self._cycle(sp.greedy)
+        c.start(tok, h, dl)
         cycle = 0
         while True:
             cycle += 1
             trace.set_cycle(cycle)
             with ph("draft_tree"):
-                tree = expand(d, h[-1], dl[-1], tok, shape)
+                c.run("draft_tree")
             with ph("verify"):
-                logits, feats = t.run(tree.tokens, tree.depths, tree.mask)
+                c.run("verify")
             with ph("accept"):
-                path, bonus = accept(tree, logits, sp, gen)
+                if sp.greedy:
+                    c.run("accept")
+                else:
+                    path, n, bonus = accept_sampling(c.tree, c.logits, shape.steps + 1, sp, gen)
+                    c.path.copy_(path)
+                    c.n.copy_(n)
+                    c.bonus.copy_(bonus)
             with ph("cache_update"):
-                t.commit(path)
-            with ph("host_sync"):  # the one read per cycle: accepted tokens, bonus, tree depth
-                host = torch.cat([tree.tokens[path], bonus.view(1), tree.depths.max().view(1)]).tolist()
-            accepted, depth = len(host) - 3, host[-1]
-            m.accepted.append(accepted)
+                c.run("cache_update")
+            with ph("host_sync"):  # the one read per cycle: accepted count, tree depth, emitted tokens
+                host = c.out.tolist()
+            n, depth = host[0], host[1]
+            m.accepted.append(n - 1)
             m.depths.append(depth)
-            em.push(host[1:-1])
+            em.push(host[2:2 + n])
             if em.done:
                 return m
             with ph("draft_extend"):
-                h, dl = d.extend(feats[path], torch.cat([tree.tokens[path[1:]], bonus.view(1)]))
-            tok = bonus
+                c.run("draft_extend")

@@ -63,33 +63,40 @@ class Tree:
 
 def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
            shape: TreeShape) -> Tree:
-    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`."""
+    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`.
+
+    Fixed shapes, no host synchronisation: the draft's committed length is a device tensor and every
+    draft step attends over the draft's whole span (committed slots + this tree's pending slots)."""
     K, dev = shape.topk, logits_last.device
-    m = draft.cache.length  # committed draft entries; tree steps write past them
+    m = draft.cache.length  # committed draft entries (0-d tensor); tree steps write past them
+    S = draft.span
     p = torch.softmax(logits_last.float(), -1)
     top_p, top_i = p.topk(K)
-    cand_scores, cand_tokens, cand_parents, cand_depths = [top_p], [top_i], [torch.full((K,), -1, device=dev)], \
-        [torch.ones(K, dtype=torch.long, device=dev)]
+    cand_scores, cand_tokens = [top_p], [top_i]
+    cand_parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
+    cand_depths = [torch.ones(K, dtype=torch.long, device=dev)]
     f_scores, f_tokens, f_cand = top_p, top_i, torch.arange(K, device=dev)
     f_hidden = h_last.expand(K, -1)
-    P = (shape.steps - 1) * K  # pending draft slots used by this tree
+    P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
     f_anc = torch.zeros(K, P, dtype=torch.bool, device=dev)
+    rel = torch.arange(S, device=dev) - m  # draft slot -> index into the pending region
+    pending = (rel >= 0) & (rel < P)
+    relc = rel.clamp(0, P - 1)
     offset = K
     for level in range(2, shape.steps + 1):
         cols = torch.arange((level - 2) * K, (level - 1) * K, device=dev)
         anc = f_anc.clone()
         anc[torch.arange(K, device=dev), cols] = True
-        span = m + (level - 1) * K
-        mask = torch.cat([torch.ones(K, m, dtype=torch.bool, device=dev), anc[:, :span - m]], dim=1)
+        mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
         # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
-        pos = torch.full((K,), m - 1 + (level - 1), device=dev)
+        pos = (m + (level - 2)).expand(K)
         h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, m + cols, mask)
         cp, ci = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K]
         cs = (f_scores[:, None] * cp).reshape(-1)
         cand_scores.append(cs)
         cand_tokens.append(ci.reshape(-1))
         cand_parents.append(f_cand.repeat_interleave(K))
-        cand_depths.append(torch.full((K * K,), level, device=dev))
+        cand_depths.append(torch.full((K * K,), level, dtype=torch.long, device=dev))
         f_scores, pick = cs.topk(K)
         row = pick // K
         f_tokens = ci.reshape(-1)[pick]

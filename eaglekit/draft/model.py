@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.config import RopeConfig
-from ..models.layers import MLP, Attention, KVCache, RMSNorm, Rotary
+from ..models.layers import MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
 from ..observe import trace
 
 
@@ -144,29 +144,40 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # --- decoding state (batch 1) ----------------------------------------------------------------
-    def reset(self, max_len: int) -> None:
+    def reset(self, span: int) -> None:
         c, p = self.config, self.fc.weight
-        if self.cache is None or self.cache.max_len < max_len or self.cache.k.dtype != p.dtype:
-            self.cache = KVCache(1, c.num_kv_heads, c.head_dim, max_len, 1, p.device, p.dtype)
-        self.cache.length = 0
+        if self.cache is None or self.cache.max_len < span or self.cache.k.dtype != p.dtype:
+            self.cache = KVCache(1, c.num_kv_heads, c.head_dim, span, 1, p.device, p.dtype)
+        self.cache.length.zero_()
+        self.span = span
+
+    def fuse(self) -> None:
+        self.midlayer.self_attn.fuse()
+        self.midlayer.mlp.fuse()
 
     @torch.inference_mode()
-    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor):
-        """Commit entries for target positions [m, m+T): feature g_p with the token at p+1.
-        Returns (h [T, H], logits [T, Vd]) whose last row seeds the next tree."""
-        m, T = self.cache.length, next_ids.numel()
+    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
+        """Commit entries for target positions [m, m + n): feature g_p with the token at p + 1.
+
+        `feats` [E, C*H_t] and `next_ids` [E] may be padded past `n` (fixed shapes for CUDA graphs):
+        padded entries are written past the new committed length and never seen. Returns the pre-norm
+        hidden [H] and logits [Vd] of entry n - 1, which seed the next tree."""
+        E = next_ids.numel()
         dev = self.fc.weight.device
-        slots = torch.arange(m, m + T, device=dev)
-        mask = torch.ones(T, m + T, dtype=torch.bool, device=dev)
-        mask[:, m:] = torch.ones(T, T, dtype=torch.bool, device=dev).tril_()
+        m = self.cache.length
+        if n is None:
+            n = torch.full((), E, dtype=torch.long, device=dev)
+        slots = m + torch.arange(E, device=dev)
+        mask = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span)
         h, logits, _ = self(feats.to(self.fc.weight.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
-                            mask[None], from_target=True)
-        self.cache.length = m + T
-        return h[0], logits[0].float()
+                            mask, from_target=True)
+        last = (n - 1).view(1)
+        self.cache.length += n
+        return h[0].index_select(0, last)[0], logits[0].index_select(0, last)[0].float()
 
     @torch.inference_mode()
     def step(self, hidden, ids, positions, slots, mask):
-        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`."""
+        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span]."""
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False)
         return h[0], logits[0].float()

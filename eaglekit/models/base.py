@@ -1,8 +1,10 @@
 """The small interface every target backend gives the decoding engine.
 
-A target holds one sequence's KV cache. `run` appends T pending tokens (a prompt, one token, or a
-draft tree with its ancestor mask and per-node depths) and returns their logits and the captured
-features; `commit` keeps some pending entries (the accepted path) and drops the rest.
+A target holds one sequence's KV cache, its committed length a 0-d device tensor. `prefill` runs the
+prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
+per-node depths) and returns their logits and captured features; `keep` commits an accepted path
+(indices into the pending tokens, padded to a fixed size, `n` of them valid) and drops the rest.
+On our decoder all three are fixed-shape device work, so the engine can capture them in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -30,67 +32,59 @@ class TargetInfo:
     fingerprint: str
 
 
-def attention_mask(length: int, tree_mask: torch.Tensor | None, T: int, device, span: int | None = None,
-                   sliding_window: int | None = None, depths: torch.Tensor | None = None) -> torch.Tensor:
-    """[1, T, S] bool: every new token sees the committed prefix [0, length) and, among the T new ones,
-    the nodes its tree_mask row allows (None = causal). S = span or length + T; slots past length + T
-    are never visible."""
-    S = span if span is not None else length + T
-    mask = torch.zeros(T, S, dtype=torch.bool, device=device)
-    mask[:, :length] = True
-    block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool, device=device).tril_()
-    mask[:, length:length + T] = block
-    if sliding_window is not None and length + T > sliding_window:
-        qpos = length + (depths if depths is not None else torch.arange(T, device=device))
-        kpos = torch.arange(S, device=device)
-        kpos[length:length + T] = qpos
-        mask &= (qpos[:, None] - kpos[None, :]) < sliding_window
-    return mask[None]
-
-
 class Target(ABC):
     info: TargetInfo
     capture: CaptureSpec | None = None
     device: torch.device
     dtype: torch.dtype
+    span: int = 0  # cache slots a sequence may use (the attention span of every step)
+    static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (graph-capturable)
 
     def set_capture(self, spec: CaptureSpec | None) -> None:
         self.capture = spec.validate(self.info.num_layers) if spec is not None else None
 
-    # --- sequence state ------------------------------------------------------------------------
-    @abstractmethod
-    def reset(self, max_len: int) -> None: ...
-
-    @property
-    @abstractmethod
-    def length(self) -> int: ...
-
-    @abstractmethod
-    def _run(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None):
-        """-> logits [T, V] (float32), features [T, C*H] or None when no capture is set."""
-
-    @abstractmethod
-    def commit(self, keep: torch.Tensor | None = None) -> None:
-        """Keep the pending entries `keep` (indices into the last run's tokens, root first); None = all."""
-
-    def run(self, ids: torch.Tensor, depths: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None):
-        T = ids.numel()
-        if self.length + T > self.max_len:
-            raise GenerationError(
-                f"the sequence needs {self.length + T} cache slots but the cache holds {self.max_len}",
-                fix="shorten the prompt or lower --max-new-tokens", code="E301")
-        if depths is None:
-            depths = torch.arange(T, device=ids.device)
-        logits, feats = self._run(ids, depths, tree_mask)
+    def _trace(self, feats, T):
         if feats is not None and trace.ENABLED:
             trace.record("target.capture", feats, layers=list(self.capture.after_layers),
                          hidden=self.info.hidden_size, tokens=T)
-        return logits, feats
+
+    # --- sequence state ------------------------------------------------------------------------
+    @abstractmethod
+    def reset(self, span: int) -> None:
+        """Start a sequence that will use at most `span` cache slots."""
+
+    @abstractmethod
+    def _prefill(self, ids: torch.Tensor):
+        """-> logits [P, V] float32, features [P, C*H] or None; commits the P tokens."""
+
+    @abstractmethod
+    def verify(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor):
+        """T pending tokens at slots [length, length + T) -> (logits [T, V] float32, features or None)."""
+
+    @abstractmethod
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
+        """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest."""
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
 
     def prefill(self, ids: torch.Tensor):
-        out = self.run(ids)
-        self.commit(None)
-        return out
+        if ids.numel() > self.span:
+            raise GenerationError(f"the prompt needs {ids.numel()} cache slots but the cache holds {self.span}",
+                                  fix="shorten the prompt or lower --max-new-tokens", code="E301")
+        logits, feats = self._prefill(ids)
+        self._trace(feats, ids.numel())
+        return logits, feats
+
+    def step(self, token: torch.Tensor):
+        """One plain decode step (the baseline loop): -> logits [V]."""
+        one = torch.ones(1, 1, dtype=torch.bool, device=token.device)
+        zero = torch.zeros(1, dtype=torch.long, device=token.device)
+        logits, _ = self.verify(token.view(1), zero, one)
+        self.keep(zero, torch.ones((), dtype=torch.long, device=token.device))
+        return logits[0]
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod
@@ -102,5 +96,3 @@ class Target(ABC):
 
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...
-
-    max_len: int = 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .base import Target, TargetInfo, attention_mask
+from .base import Target, TargetInfo
 from .config import config_fingerprint
 
 
@@ -47,7 +47,6 @@ class HFTarget(Target):
 
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._length = 0
-        self._pending = 0
 
     @classmethod
     def from_folder(cls, folder, device="cpu", dtype=torch.float32) -> "HFTarget":
@@ -101,40 +100,53 @@ class HFTarget(Target):
         return feats
 
     # --- sequence state --------------------------------------------------------------------------
-    def reset(self, max_len: int) -> None:
+    # transformers' DynamicCache grows with each call, so this backend is eager: it reads the accepted
+    # count on the host in `keep` and builds masks of the current length.
+    def reset(self, span: int) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
         self._length = 0
-        self._pending = 0
-        self.max_len = max_len
+        self.span = span
 
     @property
     def length(self) -> int:
         return self._length
 
-    @torch.inference_mode()
-    def _run(self, ids, depths, tree_mask):
+    def _forward(self, ids, depths, block):
         L, T = self._length, ids.numel()
-        allowed = attention_mask(L, tree_mask, T, self.device)[None]  # [1, 1, T, L+T]
-        add = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        add.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        allowed = torch.zeros(T, L + T, dtype=torch.bool, device=self.device)
+        allowed[:, :L] = True
+        allowed[:, L:] = block
+        add = torch.zeros((1, 1, T, L + T), dtype=self.dtype, device=self.device)
+        add.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
         out = self.model(input_ids=ids.view(1, T), attention_mask=add, position_ids=(L + depths).view(1, T),
                          use_cache=True, **{self._cache_kw: self.cache})  # the cache is updated in place
-        self._pending = T
         return out.logits[0].float(), (self._gather()[0] if self.capture is not None else None)
 
-    def commit(self, keep=None) -> None:
-        L, T = self._length, self._pending
-        if keep is None:
-            keep = torch.arange(T, device=self.device)
-        idx = torch.cat([torch.arange(L, device=self.device), L + keep.to(self.device)])
+    @torch.inference_mode()
+    def _prefill(self, ids):
+        T = ids.numel()
+        out = self._forward(ids, torch.arange(T, device=self.device),
+                            torch.ones(T, T, dtype=torch.bool, device=self.device).tril_())
+        self._length += T
+        return out
+
+    @torch.inference_mode()
+    def verify(self, ids, depths, tree_mask):
+        logits, feats = self._forward(ids, depths, tree_mask)
+        self._trace(feats, ids.numel())
+        return logits, feats
+
+    def keep(self, path, n) -> None:
+        L = self._length
+        k = int(n)
+        idx = torch.cat([torch.arange(L, device=self.device), L + path[:k].to(self.device)])
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(2, idx)
                 layer.values = layer.values.index_select(2, idx)
-        self._length = L + int(keep.numel())
-        self._pending = 0
+        self._length = L + k
 
     @torch.no_grad()
     def features(self, ids, pad_mask=None):

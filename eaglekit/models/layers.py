@@ -88,6 +88,13 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(head_dim, eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
+
+    def fuse(self) -> None:
+        """Inference only: q/k/v weights become row views of one [q; k; v] matrix (no extra memory)."""
+        self.qkv_weight = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+        if self.q_proj.bias is not None:
+            self.qkv_bias = _fuse_rows([self.q_proj, self.k_proj, self.v_proj], "bias")
 
     def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
         """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None.
@@ -97,9 +104,12 @@ class Attention(nn.Module):
         mask then spans [T, T * (1 + len(extra_kv))] in the order (extra..., new).
         """
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -134,15 +144,56 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
+        self.gate_up_weight = None  # set by fuse()
+
+    def fuse(self) -> None:
+        if self.gate_proj.bias is None:
+            self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
+
     def forward(self, x):
+        if self.gate_up_weight is not None:
+            g, u = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:
+    """Concatenate the linears' weights (or biases) by rows and make each module's own parameter a view
+    into the result, so the fused and the separate forms share memory and stay in step."""
+    parts = [getattr(m, attr) for m in linears]
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    i = 0
+    for m, p in zip(linears, parts):
+        n = p.shape[0]
+        getattr(m, attr).data = fused[i:i + n]
+        i += n
+    return fused
+
+
+def span_mask(length: torch.Tensor, block: torch.Tensor, S: int, sliding_window: int | None = None,
+              depths: torch.Tensor | None = None) -> torch.Tensor:
+    """[1, T, S] bool for T new tokens written at slots [length, length + T): each sees every committed
+    slot (< length) and the new slots its row of `block` [T, T] allows. `length` is a 0-d device tensor, so
+    the shapes depend only on (T, S): one CUDA graph serves every step."""
+    T = block.shape[0]
+    cols = torch.arange(S, device=block.device)
+    rel = cols - length
+    inside = (rel >= 0) & (rel < T)
+    mask = (rel < 0)[None, :] | (inside[None, :] & block[:, rel.clamp(0, T - 1)])
+    if sliding_window is not None:
+        d = depths if depths is not None else torch.arange(T, device=block.device)
+        qpos = length + d
+        kpos = torch.where(inside, length + d[rel.clamp(0, T - 1)], cols)
+        mask = mask & ((qpos[:, None] - kpos[None, :]) < sliding_window)
+    return mask[None]
 
 
 class KVCache:
     """Static KV cache for a stack of layers: k, v [L, B, Hkv, S_max, hd]. Batch 1 when decoding.
 
-    `length` counts committed slots; slots past it hold pending (unverified) or stale entries, which
-    masks never expose. `keep` moves an accepted path's entries down onto the committed prefix.
+    `length` (a 0-d device tensor) counts committed slots; slots past it hold pending (unverified) or stale
+    entries, which masks never expose. `keep` moves an accepted path's entries down onto the committed
+    prefix with fixed shapes and no host synchronisation.
     """
 
     def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch=1, device="cpu", dtype=torch.float32):
@@ -150,18 +201,18 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
-        self.length = 0
+        self.length = torch.zeros((), dtype=torch.long, device=device)
 
     def layer(self, i):
         return self.k[i], self.v[i]
 
-    def keep(self, pending_idx: torch.Tensor) -> None:
-        """Commit the pending entries at slots length + pending_idx (in that order)."""
-        n = int(pending_idx.numel())
-        if n:
-            src = self.length + pending_idx.to(self.k.device)
-            dst = torch.arange(self.length, self.length + n, device=self.k.device)
-            # index_select copies first, so overlapping source and destination are fine
-            self.k.index_copy_(3, dst, self.k.index_select(3, src))
-            self.v.index_copy_(3, dst, self.v.index_select(3, src))
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
+        """Commit the pending entries at slots length + path[:n]. `path` is padded to a fixed size; the
+        entries copied past length + n are stale and stay invisible."""
+        P = path.numel()
+        src = self.length + path
+        dst = self.length + torch.arange(P, device=path.device)
+        # index_select copies first, so overlapping source and destination are fine
+        self.k.index_copy_(3, dst, self.k.index_select(3, src))
+        self.v.index_copy_(3, dst, self.v.index_select(3, src))
         self.length += n

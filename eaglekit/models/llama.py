@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import Target, TargetInfo, attention_mask
+from .base import Target, TargetInfo
 from .config import TargetConfig, load_target_config
-from .layers import MLP, Attention, KVCache, RMSNorm, Rotary
+from .layers import MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -80,7 +80,6 @@ class LlamaTarget(Target):
         self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
                                c.eos_token_ids, c.fingerprint)
         self.cache: KVCache | None = None
-        self._pending = 0
 
     @classmethod
     def from_folder(cls, folder, device="cpu", dtype=torch.float32) -> "LlamaTarget":
@@ -94,37 +93,57 @@ class LlamaTarget(Target):
         load_state_dict_into(net, tensors, folder, dtype=dtype, device=device,
                              tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {})
         net.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)
-        return cls(net, device, dtype)
+        target = cls(net, device, dtype)
+        target.fuse()
+        return target
 
     # --- Target interface --------------------------------------------------------------------------
-    def reset(self, max_len: int) -> None:
+    static = True
+
+    def reset(self, span: int) -> None:
         c = self.cfg
-        if self.cache is None or self.cache.max_len < max_len:
-            self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len, 1, self.device, self.dtype)
-        self.cache.length = 0
-        self.max_len = self.cache.max_len
-        self._pending = 0
+        if self.cache is None or self.cache.max_len < span:
+            self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, span, 1, self.device, self.dtype)
+        self.cache.length.zero_()
+        self.span = span
 
     @property
     def length(self) -> int:
-        return self.cache.length if self.cache is not None else 0
+        return int(self.cache.length) if self.cache is not None else 0
 
-    @torch.inference_mode()
-    def _run(self, ids, depths, tree_mask):
-        L, T = self.cache.length, ids.numel()
-        slots = torch.arange(L, L + T, device=self.device)
-        mask = attention_mask(L, tree_mask, T, self.device, sliding_window=self.cfg.sliding_window, depths=depths)
+    def _forward(self, ids, depths, block):
+        T = ids.numel()
+        L = self.cache.length
+        slots = L + torch.arange(T, device=self.device)
+        mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
         capture = self.capture.after_layers if self.capture is not None else ()
         h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, capture)
-        self._pending = T
         logits = self.net.lm_head(h[0]).float()
         return logits, (feats[0] if feats is not None else None)
 
-    def commit(self, keep=None) -> None:
-        if keep is None:
-            keep = torch.arange(self._pending, device=self.device)
-        self.cache.keep(keep)
-        self._pending = 0
+    @torch.inference_mode()
+    def _prefill(self, ids):
+        T = ids.numel()
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril_()
+        out = self._forward(ids, torch.arange(T, device=self.device), causal)
+        self.cache.length += T
+        return out
+
+    @torch.inference_mode()
+    def verify(self, ids, depths, tree_mask):
+        logits, feats = self._forward(ids, depths, tree_mask)
+        self._trace(feats, ids.numel())
+        return logits, feats
+
+    @torch.inference_mode()
+    def keep(self, path, n) -> None:
+        self.cache.keep(path, n)
+
+    def fuse(self) -> None:
+        """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""
+        for layer in self.net.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     @torch.no_grad()
     def features(self, ids, pad_mask=None):
