@@ -108,8 +108,21 @@ def cmd_generate(args) -> int:
         shape = auto_shape(target, draft, [ids], sp, capture=capture_override(args),
                            allow_other_target=args.allow_other_target)
     dec = Decoder(target, draft, shape, capture=capture_override(args), allow_other_target=args.allow_other_target,
-                  profile=args.profile)
-    res = dec.generate(ids, args.max_new_tokens, sp, stop_strings=args.stop or (), tokenizer=tok)
+                  profile=args.profile, profile_ranges=bool(args.profile_trace),
+                  graphs=False if args.no_graphs else "auto")
+    if args.profile_trace:
+        import torch
+
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if target.device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        dec.generate(ids, min(args.max_new_tokens, 8), sp)  # warm-up (graph capture) outside the trace
+        with torch.profiler.profile(activities=acts) as prof:
+            res = dec.generate(ids, args.max_new_tokens, sp, stop_strings=args.stop or (), tokenizer=tok)
+        prof.export_chrome_trace(args.profile_trace)
+        print(f"wrote a torch.profiler trace (chrome://tracing, Perfetto) to {args.profile_trace}", file=sys.stderr)
+    else:
+        res = dec.generate(ids, args.max_new_tokens, sp, stop_strings=args.stop or (), tokenizer=tok)
     m = res.metrics
     if args.json:
         metrics = m.to_dict()
@@ -126,7 +139,7 @@ def cmd_generate(args) -> int:
         print_table(metrics_table(m, title="generation" + (f" (steps {dec.shape.steps}, topk {dec.shape.topk}, "
                                                           f"draft tokens {dec.shape.draft_tokens})"
                                                           if m.speculative else " (target alone)")))
-        if args.profile and m.phases:
+        if (args.profile or args.profile_trace) and m.phases:
             from .observe.report import phase_table
 
             print_table(phase_table(m.phases))
@@ -144,7 +157,9 @@ def _generate_args(p):
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--baseline", action="store_true", help="decode with the target alone")
     p.add_argument("--auto", action="store_true", help="pick (steps, topk, draft tokens) by a short sweep first")
-    p.add_argument("--profile", action="store_true", help="time each phase of the cycle")
+    p.add_argument("--profile", action="store_true", help="time each phase of the cycle (CUDA events on a GPU)")
+    p.add_argument("--profile-trace", metavar="FILE", help="write a torch.profiler trace with a range per phase")
+    p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     add_tree(p)
     add_sampling(p)
@@ -153,6 +168,62 @@ def _generate_args(p):
 
 
 cmd_generate.add_args = _generate_args
+
+
+# --- sweep -----------------------------------------------------------------------------------------
+@command("sweep", "accept length and tokens/s over (steps, topk, draft tokens); table, CSV, JSON, heatmap")
+def cmd_sweep(args) -> int:
+    """Decodes the prompts with the target alone and with each setting of the grid, side by side in one
+    run, prints a table, writes sweep.csv, sweep.json and sweep.png (a heatmap per topk) to --out, and
+    names the best setting. topk 1 is a chain: its draft token count is steps + 1."""
+    from .observe.report import print_table, sweep_table
+    from .observe.sweep import sweep, write_results
+    from .pair import load_pair
+    from .tokenizer import encode, load_tokenizer, read_prompts
+
+    def ints(s):
+        try:
+            return tuple(int(x) for x in s.split(","))
+        except ValueError:
+            raise InputError(f"{s!r} is not a comma-separated list of integers", code="E108",
+                             fix="e.g. --steps 1,3,5") from None
+
+    tok = load_tokenizer(args.target)
+    prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
+    target, draft = load_pair(args.target, args.draft, args.backend, args.device,
+                              None if args.dtype == "auto" else args.dtype)
+    grid = {"steps": ints(args.steps), "topk": ints(args.topk), "draft_tokens": ints(args.draft_tokens)}
+    res = sweep(target, draft, prompts, grid, sampling_params(args), args.max_new_tokens, capture_override(args),
+                args.allow_other_target)
+    paths = write_results(res, args.out)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_table(sweep_table(res))
+        b = res["best"]
+        print(f"best: --steps {b['steps']} --topk {b['topk']} --draft-tokens {b['draft_tokens']} "
+              f"({b['tokens_per_s']:.1f} tok/s, {b['speedup']:.2f}x, accept length {b['accept_length']:.2f}); "
+              f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def _sweep_args(p):
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompt-file", required=True, help="prompts (JSONL with 'prompt', or ---separated text)")
+    p.add_argument("--prompts", type=int, default=8, help="how many prompts of the file (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--steps", default="1,3,5")
+    p.add_argument("--topk", default="1,4,8")
+    p.add_argument("--draft-tokens", default="4,8,16,32")
+    p.add_argument("--out", default="sweep", help="folder for sweep.csv, sweep.json, sweep.png")
+    p.add_argument("--json", action="store_true")
+    add_sampling(p)
+    add_capture(p)
+    add_runtime(p)
+
+
+cmd_sweep.add_args = _sweep_args
 
 
 # --- demo ------------------------------------------------------------------------------------------

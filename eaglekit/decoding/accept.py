@@ -29,8 +29,8 @@ def _path_of(tree: Tree, best: torch.Tensor, size: int) -> tuple[torch.Tensor, t
 def accept_greedy(tree: Tree, logits: torch.Tensor, size: int):
     """-> (path [size] node indices root first, padded; n real entries; bonus token), all on device."""
     pred = logits.argmax(-1)
-    match = tree.tokens == pred[tree.parents]
-    match[0] = True
+    D = tree.tokens.numel()
+    match = (tree.tokens == pred[tree.parents]) | (torch.arange(D, device=pred.device) == 0)  # root matches
     ok = ~(tree.mask & ~match[None, :]).any(1)  # every node on the path (itself included) matches
     best = torch.where(ok, tree.depths, -1).argmax()
     path, n = _path_of(tree, best, size)

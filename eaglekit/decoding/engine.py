@@ -121,10 +121,10 @@ class Cycle:
 class Decoder:
     def __init__(self, target: Target, draft: Eagle3Draft | None = None, shape: TreeShape | None = None,
                  capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
-                 graphs: bool | str = "auto"):
+                 graphs: bool | str = "auto", profile_ranges: bool = False):
         self.target, self.draft = target, draft
         self.shape = shape or TreeShape.make()
-        self.profiler = Profiler(profile, target.device)
+        self.profiler = Profiler(profile, target.device, ranges=profile_ranges)
         self.graphs = (target.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
         self._cycles: dict = {}
         self._steps: dict = {}

@@ -9,6 +9,7 @@ topk = 1 is a chain of `steps` tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -83,10 +84,10 @@ def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: t
     pending = (rel >= 0) & (rel < P)
     relc = rel.clamp(0, P - 1)
     offset = K
+    slot_ids = torch.arange(P, device=dev)
     for level in range(2, shape.steps + 1):
         cols = torch.arange((level - 2) * K, (level - 1) * K, device=dev)
-        anc = f_anc.clone()
-        anc[torch.arange(K, device=dev), cols] = True
+        anc = f_anc | (slot_ids[None, :] == cols[:, None])  # each frontier node also sees its own slot
         mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
         # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
         pos = (m + (level - 2)).expand(K)
@@ -109,7 +110,7 @@ def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: t
     parents = torch.cat(cand_parents)
     depths = torch.cat(cand_depths)
     n_sel = shape.draft_tokens - 1
-    key = scores * torch.pow(torch.tensor(_DECAY, device=dev), depths.float())
+    key = scores * torch.exp(depths.float() * math.log(_DECAY))  # (no host scalar: CUDA-graph safe)
     sel = key.topk(n_sel).indices.sort().values  # generation order: parents before children
     node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
     node_of[sel] = torch.arange(1, n_sel + 1, device=dev)

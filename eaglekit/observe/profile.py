@@ -14,16 +14,32 @@ PHASES = ("prefill", "draft_extend", "draft_tree", "verify", "accept", "cache_up
 
 
 class Profiler:
-    def __init__(self, enabled: bool = False, device="cpu"):
-        self.enabled = enabled
-        self.cuda = enabled and torch.device(device).type == "cuda"
+    """`ranges=True` also opens a torch.profiler range (and an NVTX range on a GPU) per phase, for
+    `--profile-trace`."""
+
+    def __init__(self, enabled: bool = False, device="cpu", ranges: bool = False):
+        self.enabled = enabled or ranges
+        self.ranges = ranges
+        self.cuda = self.enabled and torch.device(device).type == "cuda"
         self._cpu: dict[str, float] = {}
         self._events: list[tuple[str, object, object]] = []
 
     def phase(self, name: str):
         if not self.enabled:
             return _NULL
-        return self._cuda_phase(name) if self.cuda else self._cpu_phase(name)
+        timer = self._cuda_phase(name) if self.cuda else self._cpu_phase(name)
+        return self._ranged(name, timer) if self.ranges else timer
+
+    @contextlib.contextmanager
+    def _ranged(self, name, timer):
+        with torch.profiler.record_function(f"eaglekit.{name}"), timer:
+            if self.cuda:
+                torch.cuda.nvtx.range_push(name)
+            try:
+                yield
+            finally:
+                if self.cuda:
+                    torch.cuda.nvtx.range_pop()
 
     @contextlib.contextmanager
     def _cpu_phase(self, name):

@@ -50,3 +50,16 @@ def per_position_table(rows: dict[str, list[float]], title: str = "acceptance pe
     for name, vals in rows.items():
         t.add_row(name, *[f"{v:.1%}" for v in vals], *[""] * (width - len(vals)))
     return t
+
+
+def sweep_table(res: dict) -> Table:
+    t = Table(title=f"sweep: {res['prompts']} prompts x {res['max_new_tokens']} tokens, temperature "
+                    f"{res['temperature']}, baseline {res['baseline_tokens_per_s']:.1f} tok/s on {res['device']}")
+    for c in ("steps", "topk", "draft tokens", "accept length", "tokens/s", "speedup"):
+        t.add_column(c, justify="right")
+    best = res["best"]
+    for r in sorted(res["rows"], key=lambda r: -r["tokens_per_s"]):
+        mark = " <- best" if r is best or r == best else ""
+        t.add_row(str(r["steps"]), str(r["topk"]), str(r["draft_tokens"]), f"{r['accept_length']:.2f}",
+                  f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x{mark}")
+    return t

@@ -1,0 +1,365 @@
+"""The benchmark suite, one run on one GPU (~5 minutes on an H200). Every ratio is measured side by side
+in this run; medians of CUDA-event timings; each section is guarded so one failure does not lose the rest.
+
+    a. batch-1 decode of a Llama-3.1-8B-shaped target (random bf16 weights): tokens/s, and its fraction of
+       the copy bandwidth measured here (bytes of non-embedding weights per token)
+    b. the EAGLE-3 cycle at that shape (draft: 1 layer, hidden 4096, draft vocab 32000) for (3,1,4), (5,4,8),
+       (6,8,48): cycle time over the baseline step, per-phase times, and tokens/s at the demo pair's accept
+       length for that shape (labelled replayed)
+    c. the shipped demo pair end to end: accept length, tokens/s, speedup over our baseline, identity
+    d. peers: transformers generate (eager) and transformers assisted generation by prompt lookup on the
+       demo target; transformers generate at the 8B shape
+
+    python benchmarks/h200_suite.py [--out DIR] [--budget-s 420]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS: dict = {}
+T0 = time.time()
+
+
+def section(name):
+    def wrap(fn):
+        def run(*a, **k):
+            t = time.time()
+            print(f"\n== {name}", flush=True)
+            try:
+                return fn(*a, **k)
+            except Exception as e:  # keep going: the other sections still report
+                traceback.print_exc()
+                RESULTS.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+            finally:
+                print(f"   ({time.time() - t:.1f}s)", flush=True)
+        return run
+    return wrap
+
+
+def events_ms(fn, reps=50, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+@section("copy bandwidth")
+def copy_bandwidth():
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = events_ms(lambda: y.copy_(x), reps=20)
+    RESULTS["copy_bandwidth_bytes_per_s"] = 2 * x.numel() / (ms / 1e3)
+    print(f"   {RESULTS['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
+
+
+def llama8b():
+    from eaglekit.models.config import parse_target_config
+    from eaglekit.models.llama import LlamaModel, LlamaTarget
+    from eaglekit.train.pretrain import llama_config
+
+    raw = llama_config(128256, 4096, 32, 32, 8, 14336, max_pos=8192, tie=False, eos_id=128001)
+    raw["rope_theta"] = 500000.0
+    cfg = parse_target_config(raw)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            net = LlamaModel(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.02, generator=g)  # timing does not depend on the values, but never time zeros
+    t = LlamaTarget(net, "cuda", torch.bfloat16)
+    t.fuse()
+    return t, raw
+
+
+@section("a. baseline decode, Llama-3.1-8B shape")
+def baseline_8b(ctx):
+    from eaglekit.decoding.engine import Decoder
+
+    t, _ = llama8b()
+    ctx["target"] = t
+    emb = t.net.model.embed_tokens.weight
+    nbytes = sum(p.numel() * p.element_size() for p in t.net.parameters()) - emb.numel() * emb.element_size()
+    RESULTS["weight_bytes_non_embedding"] = nbytes
+    dec = Decoder(t)
+    t.reset(1024)
+    prompt = torch.randint(0, 128000, (512,), device="cuda")
+    logits, _ = t.prefill(prompt)
+    g, buf = dec._graphed_step(logits[-1].argmax())
+    ms = events_ms(g.replay, reps=200, warm=5)
+    t.reset(1024)
+    t.prefill(prompt)
+    tok = logits[-1].argmax()
+    eager = events_ms(lambda: t.step(tok.view(1)), reps=10, warm=2)
+    tps = 1e3 / ms
+    bw = RESULTS.get("copy_bandwidth_bytes_per_s", 4.25e12)
+    RESULTS["baseline_8b"] = {"tokens_per_s": round(tps, 2), "step_ms": round(ms, 4),
+                              "bandwidth_fraction": round(tps * nbytes / bw, 4), "eager_step_ms": round(eager, 3),
+                              "roofline_tokens_per_s": round(bw / nbytes, 1), "context": 512, "graphs": True}
+    print(f"   graphed step {ms:.3f} ms = {tps:.1f} tok/s = {tps * nbytes / bw:.1%} of copy bandwidth "
+          f"(roofline {bw / nbytes:.0f} tok/s); eager {eager:.2f} ms")
+    ctx["step_ms"] = ms
+
+
+@section("b. EAGLE-3 cycle, Llama-3.1-8B shape")
+def cycles_8b(ctx):
+    from eaglekit.capture import CaptureSpec
+    from eaglekit.decoding.engine import PHASES, Cycle
+    from eaglekit.decoding.tree import TreeShape
+    from eaglekit.draft.model import DraftConfig, Eagle3Draft
+
+    t = ctx["target"]
+    spec = CaptureSpec.default(32)
+    t.set_capture(spec)
+    cfg = DraftConfig(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, vocab_size=128256,
+                      draft_vocab_size=32000, rope=t.cfg.rope, capture=spec)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            d = Eagle3Draft(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            p.normal_(0, 0.02, generator=g)
+        d.embed_tokens.weight.copy_(t.embed_weight())
+        d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
+    d.fuse()
+    ctx["draft8b"] = d
+    prompt = torch.randint(0, 128000, (512,), device="cuda")
+    rows = []
+    for steps, topk, dt in [(3, 1, 4), (5, 4, 8), (6, 8, 48)]:
+        shape = TreeShape(steps, topk, dt)
+        t.reset(1024)
+        d.reset(1024 + 64)
+        _, feats = t.prefill(prompt)
+        h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
+        L = t.length
+        c = Cycle(t, d, shape)
+        c.start(prompt[0], h, dl)
+        c.capture(greedy=True)
+
+        def one():
+            t.cache.length.fill_(L)
+            d.cache.length.fill_(L)
+            for p in PHASES:
+                c.graphs[p].replay()
+
+        total = events_ms(one, reps=50)
+        phases = {}
+        for p in PHASES:
+            t.cache.length.fill_(L)
+            d.cache.length.fill_(L)
+            phases[p] = round(events_ms(c.graphs[p].replay, reps=20), 4)
+        row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
+               "cycle_over_baseline": round(total / ctx["step_ms"], 4), "phases_ms": phases}
+        rows.append(row)
+        print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step; "
+              f"phases {phases}")
+        del c
+    RESULTS["cycles"] = rows
+    t.set_capture(None)
+
+
+@section("c. demo pair end to end")
+def demo_pair(ctx):
+    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.tree import TreeShape
+    from eaglekit.demo import ASSETS
+    from eaglekit.observe.metrics import aggregate
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")]
+    out = {}
+    for dtype in ("bfloat16", "float32"):
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype)
+        base_dec = Decoder(t)
+        base_dec.generate(prompts[0], 16, baseline=True)
+        base_runs = [base_dec.generate(p, 128, baseline=True) for p in prompts]
+        B = aggregate([r.metrics for r in base_runs])
+        rows = []
+        for shape in [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]:
+            dec = Decoder(t, d, TreeShape(*shape))
+            dec.generate(prompts[0], 16)
+            runs = [dec.generate(p, 128) for p in prompts]
+            E = aggregate([r.metrics for r in runs])
+            same = sum(a.token_ids == b.token_ids for a, b in zip(runs, base_runs))
+            rows.append({"steps": shape[0], "topk": shape[1], "draft_tokens": shape[2],
+                         "accept_length": round(E.accept_length, 4), "per_position": [round(x, 4) for x in
+                                                                                       E.per_position],
+                         "tokens_per_s": round(E.tokens_per_s, 1), "speedup": round(E.tokens_per_s / B.tokens_per_s, 4),
+                         "identical_prompts": same, "prompts": len(prompts)})
+            print(f"   {dtype} {shape}: accept {E.accept_length:.2f}, {E.tokens_per_s:.0f} tok/s vs "
+                  f"{B.tokens_per_s:.0f}, {E.tokens_per_s / B.tokens_per_s:.2f}x, identical {same}/{len(prompts)}")
+        out[dtype] = {"baseline_tokens_per_s": round(B.tokens_per_s, 1), "rows": rows}
+        del t, d
+    best = max(out["bfloat16"]["rows"], key=lambda r: r["tokens_per_s"])
+    RESULTS["demo_pair"] = {"accept_length": best["accept_length"], "speedup": best["speedup"],
+                            "shape": [best["steps"], best["topk"], best["draft_tokens"]], "dtype": "bfloat16",
+                            "by_dtype": out}
+    ctx["demo_accept"] = {(r["steps"], r["topk"], r["draft_tokens"]): r["accept_length"]
+                          for r in out["bfloat16"]["rows"]}
+
+
+@section("d. peers")
+def peers(ctx):
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from eaglekit.demo import ASSETS
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:8]]
+    hf = AutoModelForCausalLM.from_pretrained(ASSETS / "target", dtype=torch.bfloat16).cuda().eval()
+    res = {}
+    for name, kw in (("transformers_generate_eager", {}), ("transformers_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+        n, secs = 0, 0.0
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                o = hf.generate(ids, max_new_tokens=128, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                attention_mask=torch.ones_like(ids), **kw)
+            torch.cuda.synchronize()
+            secs += time.perf_counter() - t0
+            n += o.shape[1] - ids.shape[1]
+        res[name] = {"model": "demo target", "tokens_per_s": round(n / secs, 1)}
+        print(f"   {name} (demo target): {n / secs:.1f} tok/s")
+    del hf
+    if "target" in ctx:
+        t = ctx["target"]
+        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                          rope_theta=500000.0, tie_word_embeddings=False)
+        with torch.device("meta"):
+            m = LlamaForCausalLM(cfg)
+        # share our weights (same names); the rotary buffer is not a weight: rebuild it on the GPU
+        m.load_state_dict({k: v for k, v in t.net.state_dict().items()}, strict=False, assign=True)
+        m.model.rotary_emb = type(m.model.rotary_emb)(config=cfg, device="cuda")
+        m = m.eval()
+        ids = torch.randint(0, 128000, (1, 512), device="cuda")
+        with torch.no_grad():
+            m.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            o = m.generate(ids, max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+        tps = (o.shape[1] - 512) / (time.perf_counter() - t0)
+        res["transformers_generate_eager_8b"] = {"model": "Llama-3.1-8B shape, random bf16", "tokens_per_s": round(tps, 2)}
+        print(f"   transformers generate (eager), 8B shape: {tps:.1f} tok/s")
+    RESULTS["peers"] = res
+
+
+@section("e. compiled decoder layers (torch.compile inside our CUDA graph)")
+def compiled_step(ctx, budget_s):
+    import functools
+
+    from eaglekit.decoding.engine import Decoder
+    from eaglekit.models.llama import DecoderLayer
+
+    left = budget_s - (time.time() - T0)
+    if left < 150 or "target" not in ctx:
+        print(f"   skipped: {left:.0f}s left of the budget")
+        RESULTS["compiled_8b"] = {"skipped": f"{left:.0f}s left"}
+        return
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = 64
+    t = ctx["target"]
+    fn = torch.compile(DecoderLayer.forward, dynamic=False)
+    for layer in t.net.model.layers:
+        layer.forward = functools.partial(fn, layer)
+    t0 = time.time()
+    dec = Decoder(t)
+    t.reset(1024)
+    prompt = torch.randint(0, 128000, (512,), device="cuda")
+    with torch.no_grad():
+        for layer in t.net.model.layers:  # the prefill (512 rows) runs the plain layers
+            layer.forward = functools.partial(DecoderLayer.forward, layer)
+        logits, _ = t.prefill(prompt)
+        for layer in t.net.model.layers:
+            layer.forward = functools.partial(fn, layer)
+    g, buf = dec._graphed_step(logits[-1].argmax())
+    compile_s = time.time() - t0
+    ms = events_ms(g.replay, reps=200, warm=5)
+    tps = 1e3 / ms
+    bw = RESULTS.get("copy_bandwidth_bytes_per_s", 4.25e12)
+    frac = tps * RESULTS["weight_bytes_non_embedding"] / bw
+    RESULTS["compiled_8b"] = {"tokens_per_s": round(tps, 2), "step_ms": round(ms, 4),
+                              "bandwidth_fraction": round(frac, 4), "compile_and_capture_s": round(compile_s, 1)}
+    print(f"   compiled + graphed step {ms:.3f} ms = {tps:.1f} tok/s = {frac:.1%} of copy bandwidth "
+          f"(compile + capture {compile_s:.0f}s)")
+
+
+def write(out):
+    RESULTS["seconds"] = round(time.time() - T0, 1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"h200_{RESULTS['date']}.json"
+    path.write_text(json.dumps(RESULTS, indent=2))
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--budget-s", type=float, default=420, help="skip the compile section past this")
+    args = ap.parse_args()
+    import transformers
+
+    RESULTS.update(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(0),
+                   torch=torch.__version__, transformers=transformers.__version__)
+    ctx: dict = {}
+    copy_bandwidth()
+    baseline_8b(ctx)
+    if "step_ms" in ctx:
+        cycles_8b(ctx)
+    demo_pair(ctx)
+    if "cycles" in RESULTS and "demo_accept" in ctx:
+        for r in RESULTS["cycles"]:
+            a = ctx["demo_accept"].get((r["steps"], r["topk"], r["draft_tokens"]))
+            if a:
+                r["replayed_accept_length"] = a
+                r["replayed_tokens_per_s"] = round(a * 1e3 / r["cycle_ms"], 1)
+                r["replayed_speedup"] = round(a / r["cycle_over_baseline"], 3)
+                r["replay_source"] = "demo pair, bf16 on this GPU, 32 held-out prompts"
+    peers(ctx)
+    write(args.out)  # the results so far survive a compile that runs out of time
+    compiled_step(ctx, args.budget_s)
+    path = write(args.out)
+    print("\n" + json.dumps({k: RESULTS[k] for k in ("baseline_8b", "compiled_8b", "cycles", "demo_pair", "peers",
+                                                      "errors") if k in RESULTS}, indent=1)[:7000])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

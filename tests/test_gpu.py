@@ -1,0 +1,44 @@
+"""GPU checks (python -m pytest -m gpu): the CUDA-graph fast path gives exactly the eager path's tokens,
+and greedy speculative output equals the baseline's on the GPU (float32: bf16 kernels for 1 row and for
+a tree of rows round differently, see benchmarks/NOTES.md)."""
+
+import pytest
+import torch
+
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.sampling import SamplingParams
+from eaglekit.decoding.tree import TreeShape
+from eaglekit.demo import ASSETS
+from eaglekit.pair import load_pair
+from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture(scope="module")
+def pair32():
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32")
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:6]]
+    return t, d, prompts
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)])
+def test_graphs_equal_eager_and_baseline(pair32, shape):
+    t, d, prompts = pair32
+    fast = Decoder(t, d, TreeShape(*shape), graphs=True)
+    slow = Decoder(t, d, TreeShape(*shape), graphs=False)
+    for p in prompts:
+        a = fast.generate(p, 64)
+        b = slow.generate(p, 64)
+        base = fast.generate(p, 64, baseline=True)
+        assert a.token_ids == b.token_ids == base.token_ids
+        assert a.metrics.accepted == b.metrics.accepted
+
+
+def test_sampling_on_the_gpu_is_seeded(pair32):
+    t, d, prompts = pair32
+    dec = Decoder(t, d, TreeShape(3, 2, 6), graphs=True)
+    a = dec.generate(prompts[0], 32, SamplingParams(0.8, top_p=0.95, seed=3))
+    b = dec.generate(prompts[0], 32, SamplingParams(0.8, top_p=0.95, seed=3))
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 32
