@@ -20,7 +20,7 @@ from .tree import Tree
 def _path_of(tree: Tree, best: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Root-to-`best` node indices, padded to `size` (fixed shape), and how many are real."""
     D = tree.mask.shape[0]
-    row = tree.mask[best]
+    row = tree.mask.index_select(0, best.view(1))[0]  # (a 0-d index would be read on the host)
     # ancestors first, in index order (== root-to-leaf order, parents precede children)
     order = ((~row).long() * D + torch.arange(D, device=row.device)).argsort()
     return order[:size], row.sum()
@@ -34,7 +34,7 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, size: int):
     ok = ~(tree.mask & ~match[None, :]).any(1)  # every node on the path (itself included) matches
     best = torch.where(ok, tree.depths, -1).argmax()
     path, n = _path_of(tree, best, size)
-    return path, n, pred[best]
+    return path, n, pred.index_select(0, best.view(1))[0]
 
 
 def accept_sampling(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen: torch.Generator | None):
