@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS: dict = {}
 T0 = time.time()
+COMPILE = False
 
 
 def section(name):
@@ -94,6 +95,11 @@ def llama8b():
             p.normal_(0, 0.02, generator=g)  # timing does not depend on the values, but never time zeros
     t = LlamaTarget(net, "cuda", torch.bfloat16)
     t.fuse()
+    if COMPILE:
+        from torch import _dynamo
+
+        _dynamo.config.cache_size_limit = 64
+        t.compile()
     return t, raw
 
 
@@ -151,6 +157,8 @@ def cycles_8b(ctx):
         d.embed_tokens.weight.copy_(t.embed_weight())
         d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
     d.fuse()
+    if COMPILE:
+        d.compile()
     ctx["draft8b"] = d
     prompt = torch.randint(0, 128000, (512,), device="cuda")
     rows = []
@@ -291,9 +299,9 @@ def compiled_step(ctx, budget_s):
         print(f"   skipped: {left:.0f}s left of the budget")
         RESULTS["compiled_8b"] = {"skipped": f"{left:.0f}s left"}
         return
-    import torch._dynamo
+    from torch import _dynamo
 
-    torch._dynamo.config.cache_size_limit = 64
+    _dynamo.config.cache_size_limit = 64
     t = ctx["target"]
     fn = torch.compile(DecoderLayer.forward, dynamic=False)
     for layer in t.net.model.layers:
@@ -324,7 +332,7 @@ def write(out):
     RESULTS["seconds"] = round(time.time() - T0, 1)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"h200_{RESULTS['date']}.json"
+    path = out / f"h200_{RESULTS['date']}{'_compiled' if COMPILE else ''}.json"
     path.write_text(json.dumps(RESULTS, indent=2))
     return path
 
@@ -333,16 +341,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--budget-s", type=float, default=420, help="skip the compile section past this")
+    ap.add_argument("--compile", action="store_true", help="sections a and b with the compiled decoder layer")
+    ap.add_argument("--only-8b", action="store_true", help="sections a and b only")
     args = ap.parse_args()
+    global COMPILE
+    COMPILE = args.compile
     import transformers
 
     RESULTS.update(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(0),
-                   torch=torch.__version__, transformers=transformers.__version__)
+                   torch=torch.__version__, transformers=transformers.__version__, compiled_layers=args.compile)
     ctx: dict = {}
     copy_bandwidth()
     baseline_8b(ctx)
     if "step_ms" in ctx:
         cycles_8b(ctx)
+    if args.only_8b:
+        print(json.dumps({k: RESULTS[k] for k in ("baseline_8b", "cycles", "errors") if k in RESULTS}, indent=1))
+        print(f"wrote {write(args.out)}")
+        return
     demo_pair(ctx)
     if "cycles" in RESULTS and "demo_accept" in ctx:
         for r in RESULTS["cycles"]:

@@ -30,6 +30,12 @@ def add_runtime(p):
                    help="ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks")
 
 
+def add_compile(p):
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decoder layers (GPU: fused kernels inside the CUDA graphs; the first "
+                        "generation pays the compile)")
+
+
 def add_tree(p):
     g = p.add_argument_group("draft tree")
     g.add_argument("--steps", type=int, default=None, help="draft depth (default 3, or auto with --auto)")
@@ -101,7 +107,7 @@ def cmd_generate(args) -> int:
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
     target, draft = load_pair(args.target, None if args.baseline else args.draft, args.backend, args.device,
-                              args.dtype)
+                              args.dtype, compile=args.compile)
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
@@ -165,6 +171,7 @@ def _generate_args(p):
     add_sampling(p)
     add_capture(p)
     add_runtime(p)
+    add_compile(p)
 
 
 cmd_generate.add_args = _generate_args
@@ -191,7 +198,7 @@ def cmd_sweep(args) -> int:
     tok = load_tokenizer(args.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(args.target, args.draft, args.backend, args.device,
-                              None if args.dtype == "auto" else args.dtype)
+                              None if args.dtype == "auto" else args.dtype, compile=args.compile)
     grid = {"steps": ints(args.steps), "topk": ints(args.topk), "draft_tokens": ints(args.draft_tokens)}
     res = sweep(target, draft, prompts, grid, sampling_params(args), args.max_new_tokens, capture_override(args),
                 args.allow_other_target)
@@ -221,6 +228,7 @@ def _sweep_args(p):
     add_sampling(p)
     add_capture(p)
     add_runtime(p)
+    add_compile(p)
 
 
 cmd_sweep.add_args = _sweep_args

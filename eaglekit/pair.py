@@ -18,11 +18,21 @@ def pick_device(name: str | None = "auto") -> str:
     return name
 
 
-def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None
-              ) -> tuple[Target, Eagle3Draft | None]:
+def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
+              compile: bool = False) -> tuple[Target, Eagle3Draft | None]:
+    """`compile`: torch.compile the decoder layers for the decode shapes (worth it on a GPU, where the
+    engine captures the compiled kernels in CUDA graphs; the first generation pays the compile)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
+        draft.fuse()
+    if compile:
+        if not hasattr(target, "compile"):
+            raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
+                             fix="leave out --compile for transformers-backed targets")
+        target.compile()
+        if draft is not None:
+            draft.compile()
     return target, draft

@@ -115,3 +115,16 @@ def test_metrics_conventions():
     agg = aggregate([m, GenerationMetrics(new_tokens=3, elapsed_s=1.0, draft_tokens=4, accepted=[1], depths=[2])])
     assert agg.verify_count == 5 and agg.new_tokens == 14 and agg.tokens_per_s == 7.0
     assert agg.per_position[:2] == [4 / 5, 3 / 5] and agg.per_position[2] == 2 / 4
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_the_same_tokens(model_dirs):
+    """torch.compile of the decoder and draft layers (inductor on the CPU here; ~30 s) changes nothing."""
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    prompt = list(range(5, 20))
+    ref = Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids
+    t.compile()
+    d.compile()
+    assert Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids == ref
+    assert Decoder(t).generate(prompt, 24, eos_ids=()).token_ids == ref

@@ -103,6 +103,7 @@ class Eagle3Draft(nn.Module):
                              else torch.zeros(c.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
+        self.compiled_layer = None  # set by compile()
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,10 @@ class Eagle3Draft(nn.Module):
         if trace.ENABLED:
             trace.record("draft.input.embedding", emb)
         cos, sin = self.rotary(positions, h.dtype)
-        h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
+        if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= 64:
+            h, new_kv = self.compiled_layer(self.midlayer, emb, h, cos, sin, kv, slots, mask)
+        else:
+            h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
         return h, self.lm_head(self.norm(h)), new_kv
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -154,6 +158,10 @@ class Eagle3Draft(nn.Module):
     def fuse(self) -> None:
         self.midlayer.self_attn.fuse()
         self.midlayer.mlp.fuse()
+
+    def compile(self) -> None:
+        """torch.compile the draft layer for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""
+        self.compiled_layer = torch.compile(DraftLayer.forward, dynamic=False)
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):

@@ -51,6 +51,7 @@ class LlamaModel(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(c.head_dim, c.rope)
+        self.compiled_layer = None  # set by LlamaTarget.compile()
 
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
                 capture: tuple[int, ...] = ()):
@@ -60,9 +61,11 @@ class LlamaModel(nn.Module):
         caught = {}
         if -1 in capture:
             caught[-1] = x
+        # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
+        fast = self.compiled_layer if (self.compiled_layer is not None and ids.shape[1] <= 64) else None
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
-            x = layer(x, cos, sin, kv, slots, mask)
+            x = fast(layer, x, cos, sin, kv, slots, mask) if fast else layer(x, cos, sin, kv, slots, mask)
             if i in capture:
                 caught[i] = x
         feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
@@ -138,6 +141,11 @@ class LlamaTarget(Target):
     @torch.inference_mode()
     def keep(self, path, n) -> None:
         self.cache.keep(path, n)
+
+    def compile(self) -> None:
+        """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
+        by every layer; the engine then captures the compiled kernels in its CUDA graphs). GPU only."""
+        self.net.compiled_layer = torch.compile(DecoderLayer.forward, dynamic=False)
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""
