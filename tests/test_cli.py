@@ -62,3 +62,32 @@ def test_sampling_json_is_seeded(model_dirs, draft_dir, capsys):
     argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "print(", "--max-new-tokens", "10",
             "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--json"]
     assert _json(capsys, argv)["token_ids"] == _json(capsys, argv)["token_ids"]
+
+
+def test_sweep_writes_table_files_and_names_the_best(tmp_path, capsys):
+    from eaglekit.demo import ASSETS
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "--target", str(ASSETS / "target"), "--draft", str(ASSETS / "draft"), "--prompt-file",
+                 str(ASSETS / "prompts.jsonl"), "--prompts", "2", "--max-new-tokens", "16", "--steps", "2,3",
+                 "--topk", "1,2", "--draft-tokens", "4,40", "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    shapes = {(r["steps"], r["topk"], r["draft_tokens"]) for r in res["rows"]}
+    assert shapes == {(2, 1, 3), (3, 1, 4), (2, 2, 4), (3, 2, 4)}  # chains forced to steps+1, 40 too big
+    assert res["best"] in res["rows"] and res["baseline_tokens_per_s"] > 0
+    assert all(r["accept_length"] >= 1 for r in res["rows"])
+    assert (out / "sweep.csv").read_text().count("\n") == 5
+    assert (out / "sweep.png").stat().st_size > 1000
+
+
+def test_auto_and_profile_trace(tmp_path, capsys):
+    from eaglekit.demo import ASSETS
+
+    trace = tmp_path / "trace.json"
+    assert main(["generate", "--target", str(ASSETS / "target"), "--draft", str(ASSETS / "draft"), "--prompt",
+                 "def parse(self, text):\n", "--max-new-tokens", "16", "--auto", "--profile-trace", str(trace),
+                 "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["metrics"]["new_tokens"] == 16 and res["tree"]["steps"] >= 2
+    text = trace.read_text()
+    assert "eaglekit.verify" in text and "eaglekit.draft_tree" in text

@@ -44,7 +44,7 @@ class Cycle:
 
     def __init__(self, target: Target, draft: Eagle3Draft, shape: TreeShape):
         self.t, self.d, self.shape = target, draft, shape
-        dev, P = target.device, shape.steps + 1
+        dev, P = target.device, shape.path_len
         self.root = torch.zeros((), dtype=torch.long, device=dev)
         self.h = torch.zeros(draft.config.hidden_size, dtype=draft.fc.weight.dtype, device=dev)
         self.dl = torch.zeros(draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
@@ -69,7 +69,7 @@ class Cycle:
         self.logits, self.feats = self.t.verify(self.tree.tokens, self.tree.depths, self.tree.mask)
 
     def accept(self):
-        path, n, bonus = accept_greedy(self.tree, self.logits, self.shape.steps + 1)
+        path, n, bonus = accept_greedy(self.tree, self.logits, self.shape.path_len)
         self.path.copy_(path)
         self.n.copy_(n)
         self.bonus.copy_(bonus)
@@ -276,7 +276,7 @@ class Decoder:
                 if sp.greedy:
                     c.run("accept")
                 else:
-                    path, n, bonus = accept_sampling(c.tree, c.logits, shape.steps + 1, sp, gen)
+                    path, n, bonus = accept_sampling(c.tree, c.logits, shape.path_len, sp, gen)
                     c.path.copy_(path)
                     c.n.copy_(n)
                     c.bonus.copy_(bonus)

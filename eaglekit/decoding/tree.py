@@ -49,8 +49,9 @@ class TreeShape:
                 fix=f"pass --draft-tokens between 2 and {most}", code="E303")
 
     @property
-    def max_nodes(self) -> int:
-        return self.draft_tokens
+    def path_len(self) -> int:
+        """The longest accepted path, root included: bounded by the depth and by the tree's size."""
+        return min(self.steps + 1, self.draft_tokens)
 
 
 @dataclass
