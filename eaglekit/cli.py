@@ -54,7 +54,7 @@ def add_sampling(p):
 def add_capture(p):
     p.add_argument("--capture-layers", default=None,
                    help="override the draft's capture: comma-separated after_layers ids (output of layer i; "
-                        "-1 = embedding). For experiments and diagnosis.")
+                        "'emb' = the embedding, or write --capture-layers=-1,...). For experiments and diagnosis.")
     p.add_argument("--allow-other-target", action="store_true",
                    help="run a draft whose recorded target fingerprint differs from this target")
 
@@ -73,10 +73,12 @@ def capture_override(args):
     if not getattr(args, "capture_layers", None):
         return None
     try:
-        return CaptureSpec(tuple(int(x) for x in args.capture_layers.split(",")))
+        return CaptureSpec(tuple(-1 if x.strip() in ("emb", "embedding") else int(x)
+                                 for x in args.capture_layers.split(",")))
     except ValueError:
         raise InputError(f"--capture-layers {args.capture_layers!r} is not a comma-separated list of integers",
-                         fix="e.g. --capture-layers 1,3,4", code="E108") from None
+                         fix="e.g. --capture-layers 1,3,4 (the embedding: emb,1,3,4 or --capture-layers=-1,1,3,4)",
+                         code="E108") from None
 
 
 def sampling_params(args):
@@ -232,6 +234,50 @@ def _sweep_args(p):
 
 
 cmd_sweep.add_args = _sweep_args
+
+
+# --- doctor ----------------------------------------------------------------------------------------
+@command("doctor", "find wiring faults between a target and its draft: checks, trace, probe, verdict")
+def cmd_doctor(args) -> int:
+    """Runs every check of the pair (capture width and range, declared conventions, d2t and t2d, lm_head rows,
+    target_hidden_size, fingerprints, norm options, NaN features), a short trace at the three capture points,
+    and a probe: acceptance per position under the configured wiring and its alternatives (ids shifted by -1 and
+    +1, the default set, the embedding instead of the low layer, the last layer only). Ends with a verdict.
+    Exit status 0: a clean pair; 1: a fault was found; 2: doctor could not run."""
+    from .doctor import run_doctor
+    from .observe.report import doctor_report
+
+    try:
+        res = run_doctor(args.target, args.draft, args.prompt_file, args.prompts, args.max_new_tokens,
+                         capture_override(args), args.backend, args.device if args.device != "auto" else "cpu",
+                         None if args.dtype == "auto" else args.dtype)
+    except EaglekitError as e:
+        if args.json:
+            print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
+                {"code": e.code, "severity": "error", "message": e.message}], "probe": []}))
+        else:
+            print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res))
+    else:
+        doctor_report(res)
+    return 1 if res["fault"] else 0
+
+
+def _doctor_args(p):
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompt-file", help="probe prompts (default: the target's demo prompts or built-in ones)")
+    p.add_argument("--prompts", type=int, default=12)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
+    p.add_argument("--capture-layers", default=None,
+                   help="the wiring you serve with, if not the draft's own (after_layers ids; 'emb' = the embedding)")
+    add_runtime(p)
+
+
+cmd_doctor.add_args = _doctor_args
 
 
 # --- demo ------------------------------------------------------------------------------------------

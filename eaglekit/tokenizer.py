@@ -28,6 +28,33 @@ def load_tokenizer(folder: str | Path, required: bool = True):
                          code="E109") from None
 
 
+def tokenizer_fingerprint(folder: str | Path) -> str | None:
+    """A hash of a folder's tokenizer files and chat template: a draft records it, because a prompt rendered
+    by another tokenizer or template is not what the draft learned (reference fault 9)."""
+    import hashlib
+
+    folder = Path(folder)
+    h = hashlib.sha256()
+    found = False
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+        f = folder / name
+        if f.is_file():
+            h.update(name.encode() + f.read_bytes())
+            found = True
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            tmpl = json.loads(cfg.read_text()).get("chat_template")
+        except json.JSONDecodeError:
+            tmpl = None
+        if tmpl:
+            h.update(json.dumps(tmpl).encode())
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (folder / name).is_file():
+            h.update((folder / name).read_bytes())
+    return h.hexdigest()[:16] if found else None
+
+
 def encode(tokenizer, text: str, chat: bool = False) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):

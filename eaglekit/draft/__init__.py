@@ -7,48 +7,83 @@ import torch
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.base import Target
-from .checkpoint import load_draft, save_draft, t2d_from_d2t
+from .checkpoint import load_draft, save_draft, t2d_from_d2t, vocab_map_sha
 from .model import DraftConfig, Eagle3Draft
 
 
-def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
-               allow_other_target: bool = False) -> CaptureSpec:
-    """Refuse a draft that does not fit `target`; return the CaptureSpec to run with.
-
-    `capture` overrides what the draft declares (the doctor's probe, or a user who knows better);
-    the fc width is checked against whichever is used."""
+def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
+                  allow_other_target: bool = False) -> tuple[CaptureSpec, list[ContractError]]:
+    """Every way `draft` does not fit `target`, each a ContractError with its code (none: they fit).
+    `capture` overrides what the draft declares (the doctor's probe, or a user who knows better)."""
     c, t = draft.config, target.info
     spec = capture or c.capture or CaptureSpec.default(t.num_layers)
+    out: list[ContractError] = []
     if c.t_hidden != t.hidden_size:
-        raise ContractError(
+        out.append(ContractError(
             f"the draft was built for a target hidden size of {c.t_hidden} "
             f"({'target_hidden_size' if c.target_hidden_size else 'hidden_size'} in its config) but this target's "
             f"hidden size is {t.hidden_size}",
             fix="use a draft trained for this target; if the draft's hidden size differs from the target's, its "
-            "config must declare target_hidden_size", code="E204")
-    spec.validate(t.num_layers)
-    spec.check_fc(draft.fc.in_features, t.hidden_size)
+            "config must declare target_hidden_size", code="E204"))
+    else:
+        for check in (lambda: spec.validate(t.num_layers), lambda: spec.check_fc(draft.fc.in_features, t.hidden_size)):
+            try:
+                check()
+            except ContractError as e:
+                out.append(e)
     if c.vocab_size != t.vocab_size:
-        raise ContractError(
-            f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has {t.vocab_size}",
-            fix="use a draft trained for this target (same tokenizer)", code="E205")
+        out.append(ContractError(f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has "
+                                 f"{t.vocab_size}", fix="use a draft trained for this target (same tokenizer)",
+                                 code="E205"))
     if c.draft_vocab_size > t.vocab_size:
-        raise ContractError(
-            f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's ({t.vocab_size})",
-            fix="draft_vocab_size must be at most the target vocab size", code="E206")
+        out.append(ContractError(f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's "
+                                 f"({t.vocab_size})", fix="draft_vocab_size must be at most the target vocab size",
+                                 code="E206"))
     ids = torch.arange(c.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     bad = int(((ids < 0) | (ids >= t.vocab_size)).sum())
     if bad:
-        raise ContractError(
+        out.append(ContractError(
             f"{bad} of {c.draft_vocab_size} d2t entries map outside the target vocabulary (0..{t.vocab_size - 1}); "
             f"d2t must hold offsets (target_id = i + d2t[i]), not absolute ids",
-            fix="rewrite d2t as target_ids - arange(draft_vocab_size)", code="E207")
+            fix="rewrite d2t as target_ids - arange(draft_vocab_size)", code="E207"))
+    else:
+        dup = c.draft_vocab_size - int(torch.unique(ids).numel())
+        if dup:
+            out.append(ContractError(f"d2t maps {dup} draft ids onto target ids another draft id already has: "
+                                     f"the mapping must be one-to-one", fix="rebuild d2t from a list of distinct "
+                                     "target ids", code="E212"))
+        t2d = torch.zeros(draft.t2d.numel(), dtype=torch.bool, device=draft.t2d.device)
+        t2d[ids[ids < t2d.numel()]] = True
+        if draft.t2d.numel() != t.vocab_size or not torch.equal(t2d, draft.t2d.bool()):
+            out.append(ContractError(f"t2d does not mark the target ids d2t maps to ({int(draft.t2d.sum())} marked, "
+                                     f"{int(t2d.sum())} expected)", fix="derive t2d from d2t (eaglekit writes it so)",
+                                     code="E213"))
+    if c.vocab_map_sha and c.vocab_map_sha != vocab_map_sha(draft.d2t):
+        out.append(ContractError(
+            "the draft's d2t is not the mapping its lm_head was trained with (the recorded hash differs): "
+            "each lm_head row would propose the wrong token", fix="restore the d2t saved with the draft; never "
+            "regenerate the vocabulary mapping of a trained draft", code="E217"))
     if c.target_fingerprint and c.target_fingerprint != t.fingerprint and not allow_other_target:
-        raise ContractError(
+        out.append(ContractError(
             f"the draft was trained for a target with fingerprint {c.target_fingerprint}, this target's is "
             f"{t.fingerprint} (a different architecture, size or vocabulary)",
             fix="use the draft's own target, or pass --allow-other-target if you know they are compatible",
-            code="E208")
+            code="E208"))
+    tok = getattr(target, "tokenizer_fingerprint", None)
+    if c.target_tokenizer and tok and c.target_tokenizer != tok and not allow_other_target:
+        out.append(ContractError(
+            f"the draft was trained with a tokenizer / chat template of fingerprint {c.target_tokenizer}, the "
+            f"target folder's is {tok}: prompts would be rendered differently than in training",
+            fix="use the tokenizer and chat template the draft was trained with", code="E215"))
+    return spec, out
+
+
+def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
+               allow_other_target: bool = False) -> CaptureSpec:
+    """Refuse a draft that does not fit `target` (the first problem found); return the CaptureSpec to run with."""
+    spec, problems = pair_problems(draft, target, capture, allow_other_target)
+    if problems:
+        raise problems[0]
     return spec
 
 
@@ -76,6 +111,7 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
         target_fingerprint=t.fingerprint,
         target_vocab_size=t.vocab_size,
         target_num_layers=t.num_layers,
+        target_tokenizer=getattr(target, "tokenizer_fingerprint", None),
     )
     g = torch.Generator().manual_seed(seed)
     draft = Eagle3Draft(cfg)
@@ -93,4 +129,5 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
     return draft.to(device=target.device, dtype=dtype)
 
 
-__all__ = ["DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "save_draft"]
+__all__ = ["DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
+           "vocab_map_sha"]

@@ -11,6 +11,7 @@ embed_tokens.weight.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -74,6 +75,8 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None) -> DraftCo
         target_fingerprint=target.get("fingerprint"),
         target_vocab_size=target.get("vocab_size"),
         target_num_layers=target.get("num_layers"),
+        target_tokenizer=target.get("tokenizer"),
+        vocab_map_sha=block.get("vocab_map_sha256"),
     )
 
 
@@ -115,8 +118,18 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
         if c.target_fingerprint:
             block["target"] = {"fingerprint": c.target_fingerprint, "vocab_size": c.target_vocab_size,
                                "num_layers": c.target_num_layers}
+            if c.target_tokenizer:
+                block["target"]["tokenizer"] = c.target_tokenizer
+        if c.vocab_map_sha:
+            block["vocab_map_sha256"] = c.vocab_map_sha
         out["eaglekit"] = block
     return out
+
+
+def vocab_map_sha(d2t: torch.Tensor) -> str:
+    """A hash of the draft vocabulary mapping, recorded when a draft is saved: a mapping changed after
+    training (regenerated at fine-tuning, say) points the lm_head's rows at the wrong tokens."""
+    return hashlib.sha256(d2t.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
@@ -130,6 +143,7 @@ def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torc
     state = {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight" or with_embedding}
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     state["t2d"] = t2d_from_d2t(state["d2t"], draft.config.vocab_size)  # derived from d2t, never stale
+    draft.config.vocab_map_sha = vocab_map_sha(state["d2t"])
     save_tensors(folder / "model.safetensors", state, metadata={"format": "pt"})
     atomic_write_json(folder / "config.json", config_to_json(draft.config, _DTYPES.get(dtype, "bfloat16")))
     return folder
@@ -177,8 +191,24 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
                 f"embedding {tuple(embed_weight.shape)}; the draft reuses the target's token embedding",
                 fix="use a draft made for this target, or one that stores its own embed_tokens.weight", code="E203")
         tensors["embed_tokens.weight"] = embed_weight
+    lm = tensors.get("lm_head.weight")
+    if lm is not None and lm.shape[0] != cfg.draft_vocab_size:
+        raise ContractError(
+            f"lm_head.weight in {folder} has {lm.shape[0]} rows but config.json declares draft_vocab_size "
+            f"{cfg.draft_vocab_size}", fix="set draft_vocab_size to the lm_head's row count (and check d2t)",
+            code="E214")
     with torch.device("meta"):
         draft = Eagle3Draft(cfg)
+    extra = sorted(set(tensors) - set(draft.state_dict()))
+    if extra:
+        hint = ""
+        if "fc_norm.weight" in extra:
+            hint = " (fc_norm.weight means the draft normalises its features before fc: norm_before_fc)"
+        raise ContractError(
+            f"the checkpoint in {folder} holds tensors this config does not use: {extra[:5]}{hint}; a loader that "
+            f"ignores them computes something other than what was trained",
+            fix="declare the options the draft was trained with in config.json (norm_before_fc, "
+            "norm_before_residual, attention_bias)", code="E218")
     load_state_dict_into(draft, tensors, folder, dtype=dtype, device=device)
     draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded
     draft.embed_tokens.weight.requires_grad_(False)

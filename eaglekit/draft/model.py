@@ -43,6 +43,8 @@ class DraftConfig:
     target_fingerprint: str | None = None
     target_vocab_size: int | None = None
     target_num_layers: int | None = None
+    target_tokenizer: str | None = None  # fingerprint of the tokenizer + chat template trained with
+    vocab_map_sha: str | None = None  # hash of the d2t the lm_head was trained with
 
     def __post_init__(self):
         if self.head_dim is None:

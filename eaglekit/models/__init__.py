@@ -46,10 +46,16 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     if backend == "ours":
         from .llama import LlamaTarget
 
-        return LlamaTarget.from_folder(folder, device, dt)
-    from .hf import HFTarget
+        target = LlamaTarget.from_folder(folder, device, dt)
+    else:
+        from .hf import HFTarget
 
-    return HFTarget.from_folder(folder, device, dt)
+        target = HFTarget.from_folder(folder, device, dt)
+    from ..tokenizer import tokenizer_fingerprint
+
+    target.tokenizer_fingerprint = tokenizer_fingerprint(folder)
+    target.folder = folder
+    return target
 
 
 __all__ = ["BACKENDS", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target", "load_target_config",

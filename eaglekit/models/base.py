@@ -32,6 +32,18 @@ class TargetInfo:
     fingerprint: str
 
 
+def check_finite(feats: torch.Tensor, spec: CaptureSpec, hidden: int) -> None:
+    """Refuse NaN / inf features, naming the captured layer (one host read: done once per prompt)."""
+    bad = (~torch.isfinite(feats)).view(feats.shape[0], -1, hidden).sum(dim=(0, 2))
+    if int(bad.sum()):
+        from ..errors import FeatureError
+
+        where = [f"after_layers {layer}: {int(n)}" for layer, n in zip(spec.after_layers, bad.tolist()) if n]
+        raise FeatureError(f"NaN or inf in the captured target features ({', '.join(where)} non-finite values)",
+                           fix="the target overflows there: run it in float32 / bfloat16 instead of float16, or "
+                           "check the weights of that layer", code="E401")
+
+
 class Target(ABC):
     info: TargetInfo
     capture: CaptureSpec | None = None
@@ -76,6 +88,8 @@ class Target(ABC):
                                   fix="shorten the prompt or lower --max-new-tokens", code="E301")
         logits, feats = self._prefill(ids)
         self._trace(feats, ids.numel())
+        if feats is not None:
+            check_finite(feats, self.capture, self.info.hidden_size)
         return logits, feats
 
     def step(self, token: torch.Tensor):

@@ -63,3 +63,39 @@ def sweep_table(res: dict) -> Table:
         t.add_row(str(r["steps"]), str(r["topk"]), str(r["draft_tokens"]), f"{r['accept_length']:.2f}",
                   f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x{mark}")
     return t
+
+
+def doctor_report(res: dict) -> None:
+    c = _console
+    if res["findings"]:
+        t = Table(title="findings")
+        for col in ("code", "severity", "message"):
+            t.add_column(col)
+        for f in res["findings"]:
+            t.add_row(f["code"], f["severity"], f["message"] + (f"\nfix: {f['fix']}" if f.get("fix") else ""))
+        c.print(t)
+    if res["trace"]:
+        t = Table(title="trace at the capture points (first cycles)")
+        for col in ("cycle", "point", "shape", "layers", "mean", "std", "absmax", "nan/inf"):
+            t.add_column(col)
+        for r in res["trace"][:8]:
+            t.add_row(str(r["cycle"]), r["point"], str(tuple(r["shape"])), str(r.get("layers") or ""),
+                      f"{r['mean']:.3g}", f"{r['std']:.3g}", f"{r['absmax']:.3g}", f"{r['nan']}/{r['inf']}")
+        c.print(t)
+    if res["probe"]:
+        t = Table(title=f"probe: acceptance per wiring, teacher-forced over the target's continuations "
+                        f"({res.get('probe_prompts')})")
+        for col in ("wiring", "after_layers", "per position", "simulated / decoded accept length"):
+            t.add_column(col)
+        for r in res["probe"]:
+            if "accept_length" in r:
+                dec = f" / {r['decoded_accept_length']:.2f}" if "decoded_accept_length" in r else ""
+                t.add_row(r["wiring"], str(r["after_layers"]), " ".join(f"{x:.1%}" for x in r["per_position"]),
+                          f"{r['accept_length']:.2f}{dec}")
+            else:
+                t.add_row(r["wiring"], str(r["after_layers"]), f"refused [{r['refused']}]", "")
+        c.print(t)
+    if res.get("profile_ms"):
+        c.print(phase_table({k: v / 1e3 for k, v in res["profile_ms"].items()}, title="cycle profile (16 tokens)"))
+    c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold green]OK[/]: ") + res["verdict"])
+    c.print(f"({res['seconds']}s)")

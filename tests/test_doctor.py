@@ -1,0 +1,173 @@
+"""Fault injection: from the correct demo pair, build each wiring fault of reference.md section 7 and check
+it is refused with its code or flagged by `eaglekit doctor` with the right verdict; the correct pair gets a
+clean bill, in well under a minute on the 2-core CPU."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.cli import main
+from eaglekit.demo import ASSETS
+from eaglekit.doctor import run_doctor
+from test_checkpoint import write_specforge_folder
+
+TARGET = ASSETS / "target"
+QUICK = dict(n_prompts=2, max_new_tokens=16)
+
+
+def _copy(tmp_path, name="d"):
+    d = tmp_path / name
+    shutil.copytree(ASSETS / "draft", d)
+    return d
+
+
+def _edit_config(d, fn):
+    cfg = json.loads((d / "config.json").read_text())
+    fn(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_weights(d, fn):
+    w = load_file(d / "model.safetensors")
+    fn(w)
+    save_file(w, d / "model.safetensors")
+
+
+def _codes(res):
+    return {f["code"] for f in res["findings"]}
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return run_doctor(TARGET, ASSETS / "draft")
+
+
+def test_correct_pair_gets_a_clean_bill_in_under_a_minute(clean):
+    assert not clean["fault"], clean["verdict"]
+    assert not [f for f in clean["findings"] if f["severity"] == "error"]
+    assert "no wiring fault found" in clean["verdict"]
+    assert clean["seconds"] < 60
+    conf = clean["probe"][0]
+    assert conf["wiring"] == "configured" and conf["after_layers"] == [1, 5, 8]
+    assert all(sum(r["per_position"]) < sum(conf["per_position"]) for r in clean["probe"][1:] if "per_position" in r)
+    points = {r["point"] for r in clean["trace"]}
+    assert {"target.capture", "draft.input.features", "draft.input.fc", "draft.concat"} <= points
+    assert "verify" in clean["profile_ms"]
+
+
+def test_fault1_extra_embedding_capture_is_refused_with_the_numbers():
+    res = run_doctor(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK)
+    assert res["fault"] and "E202" in _codes(res)
+    assert "draft fc expects 768 = 3 x 256 features but the target capture yields 1024 = 4 x 256" in res["verdict"]
+
+
+def test_fault2_off_by_one_is_found_by_the_probe_naming_the_shift(tmp_path):
+    d = _copy(tmp_path)
+
+    def shift(cfg):  # the ids written one layer too high, as a convention mix-up does
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 9]
+        cfg["eaglekit"]["capture"]["after_layers"] = [2, 6, 9]
+
+    _edit_config(d, shift)
+    res = run_doctor(TARGET, d)
+    assert res["fault"] and "E290" in _codes(res)
+    assert "after_layers [1, 5, 8] (shifted -1)" in res["verdict"] and "off-by-one" in res["verdict"]
+    assert "--capture-layers 1,5,8" in res["verdict"]
+
+
+def test_fault3_missing_ids_are_warned_and_the_default_probed(tmp_path):
+    d = _copy(tmp_path)
+
+    def drop(cfg):
+        cfg.pop("eagle_config")
+        cfg["eaglekit"].pop("capture")
+
+    _edit_config(d, drop)
+    res = run_doctor(TARGET, d, **QUICK)
+    assert "W301" in _codes(res)
+    assert res["probe"][0]["after_layers"] == [1, 5, 8]  # the engines' default, which this draft was trained on
+
+
+def test_fault4_missing_d2t_is_refused(tmp_path):
+    d = _copy(tmp_path)
+    _edit_weights(d, lambda w: (w.pop("d2t"), w.pop("t2d")))
+    res = run_doctor(TARGET, d, **QUICK)
+    assert res["fault"] and "E210" in _codes(res)
+
+
+def test_fault5_d2t_as_absolute_ids_is_refused(tmp_path):
+    d = _copy(tmp_path)
+    _edit_weights(d, lambda w: w.__setitem__("d2t", w["d2t"] + torch.arange(w["d2t"].numel())))
+    res = run_doctor(TARGET, d, **QUICK)
+    assert res["fault"] and "E207" in _codes(res)
+
+
+def test_fault6_vocab_mapping_regenerated_after_training_is_refused(tmp_path):
+    d = _copy(tmp_path)
+
+    def remap(w):  # another (still valid) mapping: the 4096 most frequent ids of some other data
+        hot = torch.arange(w["d2t"].numel()) * 2
+        w["d2t"] = hot - torch.arange(hot.numel())
+        t2d = torch.zeros_like(w["t2d"])
+        t2d[hot] = True
+        w["t2d"] = t2d
+
+    _edit_weights(d, remap)
+    res = run_doctor(TARGET, d, **QUICK)
+    assert res["fault"] and "E217" in _codes(res)
+
+
+def test_fault7_draft_for_another_target_and_fault9_other_tokenizer(tmp_path):
+    d = _copy(tmp_path)
+    _edit_config(d, lambda c: c["eaglekit"]["target"].update(fingerprint="0123456789abcdef"))
+    assert "E208" in _codes(run_doctor(TARGET, d, **QUICK))
+    d2 = _copy(tmp_path, "tok")
+    _edit_config(d2, lambda c: c["eaglekit"]["target"].update(tokenizer="fedcba9876543210"))
+    res = run_doctor(TARGET, d2, **QUICK)
+    assert res["fault"] and "E215" in _codes(res)
+
+
+def test_fault8_undeclared_target_hidden_size(tmp_path):
+    write_specforge_folder(tmp_path / "h", H=128, Ht=128, heads=2, kv=1, vocab=8192, dvocab=64, layer_ids=(1, 5, 8))
+    res = run_doctor(TARGET, tmp_path / "h", **QUICK)
+    assert res["fault"] and "E203" in _codes(res)
+    write_specforge_folder(tmp_path / "h2", H=256, Ht=512, heads=4, kv=2, vocab=8192, dvocab=64, layer_ids=(1, 5, 8))
+    res = run_doctor(TARGET, tmp_path / "h2", **QUICK)
+    assert res["fault"] and "E204" in _codes(res)
+
+
+def test_fault10_norm_option_dropped_from_the_config_is_refused(tmp_path):
+    d = _copy(tmp_path)
+    _edit_weights(d, lambda w: w.__setitem__("fc_norm.weight", torch.ones(768, dtype=torch.bfloat16)))
+    res = run_doctor(TARGET, d, **QUICK)
+    assert res["fault"] and "E218" in _codes(res) and "norm_before_fc" in res["verdict"]
+
+
+@pytest.mark.parametrize("layers", [(11,), tuple(range(12))], ids=["last-layer-only", "all-layers"])
+def test_fault11_wrong_number_of_captures_is_refused(layers):
+    res = run_doctor(TARGET, ASSETS / "draft", capture=CaptureSpec(layers), **QUICK)
+    assert res["fault"] and "E202" in _codes(res)
+
+
+def test_conflicting_declarations_are_flagged(tmp_path):
+    d = _copy(tmp_path)
+    _edit_config(d, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 5, 8]))  # vLLM key: input-of
+    res = run_doctor(TARGET, d, **QUICK)
+    assert "E219" in _codes(res)
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
+                 "--max-new-tokens", "16", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"verdict", "findings", "probe"} <= res.keys()
+    assert {"wiring", "after_layers", "accept_length", "per_position"} <= res["probe"][0].keys()
+    assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
+                 "--max-new-tokens", "16", "--capture-layers", "emb,1,5,8"]) == 1
+    capsys.readouterr()
+    assert main(["doctor", "--target", str(tmp_path / "none"), "--draft", str(ASSETS / "draft"), "--json"]) == 2
+    assert "could not run" in json.loads(capsys.readouterr().out)["verdict"]
