@@ -280,6 +280,79 @@ def _doctor_args(p):
 cmd_doctor.add_args = _doctor_args
 
 
+# --- interop ---------------------------------------------------------------------------------------
+@command("export", "write a draft for SGLang, vLLM or SpecForge with that engine's layer-id convention")
+def cmd_export(args) -> int:
+    """Writes OUT so that the engine captures exactly the tensors the draft was trained on. sglang: the
+    LlamaForCausalLMEagle3 layout, eagle_config ids in the 'output of layer' meaning (= after_layers).
+    specforge: the same, with the embedding. vllm: the speculators layout, 'input of layer' ids at the top
+    level and nested. d2t as offsets, t2d derived. Reads any supported format (see eaglekit inspect)."""
+    from .interop.export import export
+    from .models import resolve_dtype
+    from .pair import load_pair
+
+    target, draft = load_pair(args.target, args.draft, args.backend, "cpu", "float32")
+    from .draft import check_pair
+
+    draft.config.capture = check_pair(draft, target, capture_override(args), args.allow_other_target)
+    warnings = export(draft, args.out, args.to, target, resolve_dtype(args.out_dtype),
+                      True if args.with_embedding else None)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    spec = draft.config.capture
+    ids = list(spec.input_of()) if args.to == "vllm" else list(spec.after_layers)
+    print(f"wrote {args.to} draft to {args.out}: capture ids {ids} ("
+          f"{'input of layer' if args.to == 'vllm' else 'output of layer'}) = after_layers {list(spec.after_layers)}",
+          file=sys.stderr)
+    return 0
+
+
+def _export_args(p):
+    p.add_argument("out", help="output folder")
+    p.add_argument("--draft", required=True)
+    p.add_argument("--to", required=True, choices=["sglang", "vllm", "specforge"])
+    p.add_argument("--target", required=True, help="the target the draft serves (checked, and the source of the "
+                                                   "embedding and of the default capture)")
+    p.add_argument("--out-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
+    add_capture(p)
+    p.add_argument("--backend", default="auto", choices=["auto", "ours", "hf"])
+
+
+cmd_export.add_args = _export_args
+
+
+@command("inspect", "what a draft folder says, in plain words: format, convention, layers, vocab, tensors")
+def cmd_inspect(args) -> int:
+    """Reads a draft folder of any supported format (eaglekit, SGLang / SpecForge, vLLM speculators, EAGLE
+    reference) and says which convention its ids use, the capture layers in both conventions (for --target's
+    layer count), the fc width, the draft vocabulary and its coverage, the d2t form, and missing or extra
+    tensors. With --target it also checks the pair."""
+    from .interop.inspect import inspect_folder
+
+    target = None
+    if args.target:
+        from .models import load_target
+
+        target = load_target(args.target, backend=args.backend)
+    res = inspect_folder(args.dir, target)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print("\n".join(res["summary"]))
+    return 0
+
+
+def _inspect_args(p):
+    p.add_argument("dir", help="a draft folder")
+    p.add_argument("--target", help="the target folder (for its layer count and the pair checks)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", default="auto", choices=["auto", "ours", "hf"])
+
+
+cmd_inspect.add_args = _inspect_args
+
+
 # --- demo ------------------------------------------------------------------------------------------
 @command("demo", "the shipped trained pair on held-out prompts: target alone vs EAGLE-3, side by side")
 def cmd_demo(args) -> int:

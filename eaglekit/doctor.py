@@ -56,17 +56,11 @@ def _finding(e: EaglekitError, severity="error") -> Finding:
 def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
     """What the draft folder itself says, before loading: declared conventions and missing records."""
     out = []
+    from .interop.formats import declared_captures
+
     raw = json.loads((folder / "config.json").read_text())
     block = raw.get("eaglekit") or {}
-    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    top = raw.get("eagle_aux_hidden_state_layer_ids")
-    declared = {}
-    if "capture" in block:
-        declared["eaglekit block (after_layers)"] = tuple(CaptureSpec.from_dict(block["capture"]).after_layers)
-    if nested:
-        declared["eagle_config ids (SGLang: output of layer)"] = tuple(nested)
-    if top:
-        declared["top-level ids (vLLM: input of layer)"] = tuple(int(i) - 1 for i in top)
+    declared = declared_captures(folder)
     if len(set(declared.values())) > 1:
         parts = "; ".join(f"{k} -> after_layers {list(v)}" for k, v in declared.items())
         out.append(Finding("E219", "error", f"the folder declares different capture layers in different places: "

@@ -20,20 +20,15 @@ from .. import __version__
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..io import atomic_write_json, save_tensors
-from ..models.config import _rope_from, read_json
+from ..models.config import _rope_from
 from ..models.layers import Rotary
-from ..models.weights import load_state_dict_into, read_folder_tensors
+from ..models.weights import load_state_dict_into
 from .model import DraftConfig, Eagle3Draft
 
-DRAFT_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3Draft")
-
-
-def config_from_json(raw: dict, where: str, fc_in: int | None = None) -> DraftConfig:
-    archs = raw.get("architectures") or []
-    if archs and not any("eagle3" in a.lower() for a in archs):
-        raise InputError(
-            f"{where} describes {archs[0]}, not an EAGLE-3 draft (architectures {archs})",
-            fix="pass the draft folder as --draft (a full model folder goes to --target)", code="E110")
+def config_from_json(raw: dict, where: str, fc_in: int | None = None, capture: CaptureSpec | None = None
+                     ) -> DraftConfig:
+    """A DraftConfig from a config in the SGLang layout; `capture` comes converted to after_layers by the
+    format reader (eaglekit.interop.formats), which knows the convention the folder's ids were written in."""
     try:
         H = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -42,13 +37,6 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None) -> DraftCo
         raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the draft", code="E102") from None
     t_hidden = raw.get("target_hidden_size")
     block = raw.get("eaglekit") or {}
-    capture = None
-    if "capture" in block:
-        capture = CaptureSpec.from_dict(block["capture"])
-    else:
-        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        if ids:
-            capture = CaptureSpec.from_output_of(ids)  # SGLang/SpecForge config ids mean "output of layer i"
     num_captures = capture.num_captures if capture else 3
     if capture is None and fc_in is not None:
         th = int(t_hidden or H)
@@ -71,7 +59,8 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None) -> DraftCo
         num_captures=num_captures,
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         norm_before_fc=bool(raw.get("norm_before_fc", False)),
-        attention_bias=bool(raw.get("attention_bias", raw.get("bias", False))),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        fc_bias=bool(raw.get("bias", False)),  # SGLang's `bias` is the fc's
         target_fingerprint=target.get("fingerprint"),
         target_vocab_size=target.get("vocab_size"),
         target_num_layers=target.get("num_layers"),
@@ -111,6 +100,8 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
         out["norm_before_fc"] = True
     if c.attention_bias:
         out["attention_bias"] = True
+    if c.fc_bias:
+        out["bias"] = True
     if c.capture is not None:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.capture.after_layers),
                                "use_aux_hidden_state": True}
@@ -149,29 +140,16 @@ def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torc
     return folder
 
 
-def _strip_prefix(tensors: dict) -> dict:
-    out = {}
-    for k, v in tensors.items():
-        for p in ("model.", "draft_model."):
-            if k.startswith(p) and k[len(p):].split(".")[0] in ("fc", "midlayer", "norm", "lm_head", "embed_tokens",
-                                                                  "d2t", "t2d"):
-                k = k[len(p):]
-                break
-        out[k] = v
-    return out
-
-
 def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weight: torch.Tensor | None = None
                ) -> Eagle3Draft:
     """Load a draft folder. The embedding comes from the folder if stored, else `embed_weight` (the target's)."""
+    from ..interop.formats import normalize
+
     folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"draft folder {folder} does not exist", fix="pass the path of an EAGLE-3 draft folder",
-                         code="E101")
-    raw = read_json(folder / "config.json", "draft config")
-    tensors = _strip_prefix(read_folder_tensors(folder, "draft"))
+    raw, tensors, fmt = normalize(folder)  # any ecosystem format -> SGLang layout, our tensor names
     fc = tensors.get("fc.weight")
-    cfg = config_from_json(raw, str(folder / "config.json"), fc_in=fc.shape[1] if fc is not None else None)
+    cfg = config_from_json(raw, str(folder / "config.json"), fc_in=fc.shape[1] if fc is not None else None,
+                           capture=fmt.capture)
     if "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise ContractError(
@@ -179,8 +157,10 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
                 f"tokens) but no d2t tensor: draft id i would be read as target id i",
                 fix="add the d2t offsets the draft was trained with (eaglekit train writes them)", code="E210")
         tensors["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+    tensors["d2t"] = tensors["d2t"].long()  # some writers store it as int32 or float
     if "t2d" not in tensors:
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    tensors["t2d"] = tensors["t2d"].bool()
     if "embed_tokens.weight" not in tensors:
         if embed_weight is None:
             raise InputError(f"draft in {folder} stores no embed_tokens.weight and no target embedding was given",
@@ -212,6 +192,7 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
     load_state_dict_into(draft, tensors, folder, dtype=dtype, device=device)
     draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded
     draft.embed_tokens.weight.requires_grad_(False)
+    draft.source_format = fmt
     return draft
 
 

@@ -40,6 +40,7 @@ class DraftConfig:
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     attention_bias: bool = False
+    fc_bias: bool = False
     target_fingerprint: str | None = None
     target_vocab_size: int | None = None
     target_num_layers: int | None = None
@@ -95,7 +96,7 @@ class Eagle3Draft(nn.Module):
         H = c.hidden_size
         self.embed_tokens = nn.Embedding(c.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
-        self.fc = nn.Linear(c.fc_in, H, bias=False)
+        self.fc = nn.Linear(c.fc_in, H, bias=c.fc_bias)
         self.fc_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(H, c.rms_norm_eps)

@@ -1,0 +1,120 @@
+"""Writing a draft for another engine, with that engine's layer-id convention.
+
+    sglang     config ids = after_layers ("output of layer i"); SGLang adds +1 to reach its internal
+               "input of" ids. SGLang releases that add +1 only when the first id is 1 read the same ids
+               the same way only if the first id is 1 (true of the default capture): otherwise we warn.
+    specforge  the SGLang layout, with the (frozen) embedding included so training can continue there.
+    vllm       speculators layout (Eagle3Speculator, transformer_layer_config, speculators_config); ids =
+               "input of layer i" = after_layers + 1, at the top level and nested in eagle_config.
+
+d2t is written as offsets, t2d derived from it; the eaglekit block (capture in after_layers, target
+fingerprint) rides along in every format: the engines ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..capture import CaptureSpec
+from ..draft.checkpoint import config_to_json, t2d_from_d2t, vocab_map_sha
+from ..errors import InputError
+from ..io import atomic_write_json, save_tensors
+
+TARGETS = ("sglang", "specforge", "vllm")
+
+
+def sglang_rule_warning(spec: CaptureSpec) -> str | None:
+    ids = list(spec.after_layers)
+    if ids and ids[0] == 1:
+        return None
+    return (f"SGLang reads eagle_config ids {ids} as 'output of layer' and adds +1 in releases that always do; "
+            f"releases that add +1 only when the first id is 1 read them as 'input of layer', i.e. after_layers "
+            f"{[i - 1 for i in ids]}: one layer off. Serve this draft with an SGLang whose rule is 'always +1', or "
+            f"check with `eaglekit doctor` which wiring your server uses")
+
+
+def _state(draft, dtype, with_embedding: bool, layer_prefix: str) -> dict:
+    out = {}
+    for k, v in draft.state_dict().items():
+        if k == "embed_tokens.weight" and not with_embedding:
+            continue
+        if k.startswith("midlayer."):
+            k = layer_prefix + k[len("midlayer."):]
+        out[k] = v.to(dtype) if v.is_floating_point() else v
+    out["t2d"] = t2d_from_d2t(draft.d2t, draft.config.vocab_size)
+    return out
+
+
+def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype: str) -> dict:
+    c = draft.config
+    spec = c.capture
+    inputs = list(spec.input_of())
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size,
+             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+             "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
+             "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
+             "max_position_embeddings": c.max_position_embeddings, "rope_theta": c.rope.theta,
+             "tie_word_embeddings": False, "attention_bias": c.attention_bias, "mlp_bias": False}
+    if c.rope.kind != "default":
+        layer["rope_scaling"] = {"rope_type": c.rope.kind, "factor": c.rope.factor,
+                                 "low_freq_factor": c.rope.low_freq_factor, "high_freq_factor": c.rope.high_freq_factor,
+                                 "original_max_position_embeddings": c.rope.original_max_position_embeddings}
+    out = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+           "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
+           "norm_before_residual": c.norm_before_residual,
+           "eagle_aux_hidden_state_layer_ids": inputs,  # vLLM: "input of layer i", read raw
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": inputs, "use_aux_hidden_state": True},
+           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                                  "verifier": {"name_or_path": target_name,
+                                               "architectures": [target_arch] if target_arch else []}},
+           "torch_dtype": dtype}
+    if c.target_hidden_size and c.target_hidden_size != c.hidden_size:
+        out["target_hidden_size"] = c.target_hidden_size
+    if c.norm_before_fc:
+        out["norm_before_fc"] = True
+    if c.fc_bias:
+        out["bias"] = True
+    ours = config_to_json(c, dtype).get("eaglekit")
+    if ours:
+        out["eaglekit"] = ours
+    return out
+
+
+def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = torch.bfloat16,
+           with_embedding: bool | None = None) -> list[str]:
+    """Write `draft` for engine `to`; returns warnings (empty when every engine version reads it the same)."""
+    if to not in TARGETS:
+        raise InputError(f"unknown export format {to!r}", fix=f"use one of {', '.join(TARGETS)}", code="E108")
+    c = draft.config
+    if c.capture is None:
+        if target is None:
+            raise InputError("the draft records no capture layers and no target was given to take the default from",
+                             fix="pass --target", code="E130")
+        c.capture = CaptureSpec.default(target.info.num_layers)
+    warnings = []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dname = str(dtype).replace("torch.", "")
+    c.vocab_map_sha = vocab_map_sha(draft.d2t)
+    if to in ("sglang", "specforge"):
+        emb = (to == "specforge") if with_embedding is None else with_embedding
+        save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "midlayer."), metadata={"format": "pt"})
+        atomic_write_json(out / "config.json", config_to_json(c, dname))
+        w = sglang_rule_warning(c.capture)
+        if w:
+            warnings.append(w)
+    else:
+        emb = True if with_embedding is None else with_embedding  # speculators keeps its own embed_tokens
+        save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "layers.0."), metadata={"format": "pt"})
+        name = arch = None
+        if target is not None and getattr(target, "folder", None):
+            name = str(target.folder)
+            archs = json.loads((Path(target.folder) / "config.json").read_text()).get("architectures") or [None]
+            arch = archs[0]
+        atomic_write_json(out / "config.json", _vllm_config(draft, name, arch, dname))
+    return warnings
