@@ -75,6 +75,16 @@ def copy_bandwidth():
     print(f"   {RESULTS['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
 
 
+def on_gpu_bf16(build):
+    """Build a module directly on the GPU in bf16 (no float32 copy of 8B parameters on the way)."""
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            return build()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def llama8b():
     from eaglekit.models.config import parse_target_config
     from eaglekit.models.llama import LlamaModel, LlamaTarget
@@ -83,12 +93,7 @@ def llama8b():
     raw = llama_config(128256, 4096, 32, 32, 8, 14336, max_pos=8192, tie=False, eos_id=128001)
     raw["rope_theta"] = 500000.0
     cfg = parse_target_config(raw)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            net = LlamaModel(cfg)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    net = on_gpu_bf16(lambda: LlamaModel(cfg))
     g = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
         for p in net.parameters():
@@ -144,12 +149,7 @@ def cycles_8b(ctx):
     t.set_capture(spec)
     cfg = DraftConfig(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, vocab_size=128256,
                       draft_vocab_size=32000, rope=t.cfg.rope, capture=spec)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            d = Eagle3Draft(cfg)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    d = on_gpu_bf16(lambda: Eagle3Draft(cfg))
     g = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
         for name, p in d.named_parameters():

@@ -47,3 +47,16 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def iter_jsonl(path: str | Path):
+    """(line number, object) for each non-empty line; a malformed line is an error naming file and line."""
+    from .errors import InputError
+
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{n} is not JSON ({e})", fix="one JSON object per line", code="E102") from None

@@ -76,14 +76,10 @@ def read_prompts(path: str | Path) -> list[str]:
         raise InputError(f"prompt file {path} does not exist", fix="pass an existing file", code="E101")
     text = path.read_text()
     if path.suffix == ".jsonl":
+        from .io import iter_jsonl
+
         out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n} is not JSON ({e})", fix="one JSON object per line", code="E102") from None
+        for n, obj in iter_jsonl(path):
             p = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
             if not isinstance(p, str):
                 raise InputError(f"{path}:{n} has no string field 'prompt' or 'text'", code="E102",

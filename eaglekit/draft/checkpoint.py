@@ -20,7 +20,7 @@ from .. import __version__
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..io import atomic_write_json, save_tensors
-from ..models.config import _rope_from
+from ..models.config import _rope_from, rope_json
 from ..models.layers import Rotary
 from ..models.weights import load_state_dict_into
 from .model import DraftConfig, Eagle3Draft
@@ -84,14 +84,10 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
         "draft_vocab_size": c.draft_vocab_size,
         "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": c.rope.theta,
+        **rope_json(c.rope),
         "tie_word_embeddings": False,
         "torch_dtype": dtype,
     }
-    if c.rope.kind != "default":
-        out["rope_scaling"] = {"rope_type": c.rope.kind, "factor": c.rope.factor,
-                               "low_freq_factor": c.rope.low_freq_factor, "high_freq_factor": c.rope.high_freq_factor,
-                               "original_max_position_embeddings": c.rope.original_max_position_embeddings}
     if c.target_hidden_size and c.target_hidden_size != c.hidden_size:
         out["target_hidden_size"] = c.target_hidden_size
     if c.norm_before_residual:

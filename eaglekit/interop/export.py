@@ -50,18 +50,13 @@ def _state(draft, dtype, with_embedding: bool, layer_prefix: str) -> dict:
 
 def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype: str) -> dict:
     c = draft.config
-    spec = c.capture
-    inputs = list(spec.input_of())
-    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size,
-             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
-             "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
-             "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
-             "max_position_embeddings": c.max_position_embeddings, "rope_theta": c.rope.theta,
-             "tie_word_embeddings": False, "attention_bias": c.attention_bias, "mlp_bias": False}
-    if c.rope.kind != "default":
-        layer["rope_scaling"] = {"rope_type": c.rope.kind, "factor": c.rope.factor,
-                                 "low_freq_factor": c.rope.low_freq_factor, "high_freq_factor": c.rope.high_freq_factor,
-                                 "original_max_position_embeddings": c.rope.original_max_position_embeddings}
+    inputs = list(c.capture.input_of())
+    sg = config_to_json(c, dtype)  # the SGLang config: its Llama fields are the speculators layer config
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "num_hidden_layers", "hidden_act", "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_theta",
+            "rope_scaling", "tie_word_embeddings")
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **{k: sg[k] for k in keys if k in sg},
+             "attention_bias": c.attention_bias, "mlp_bias": False}
     out = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
            "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
            "norm_before_residual": c.norm_before_residual,
@@ -79,9 +74,8 @@ def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype:
         out["norm_before_fc"] = True
     if c.fc_bias:
         out["bias"] = True
-    ours = config_to_json(c, dtype).get("eaglekit")
-    if ours:
-        out["eaglekit"] = ours
+    if "eaglekit" in sg:
+        out["eaglekit"] = sg["eaglekit"]
     return out
 
 

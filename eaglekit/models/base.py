@@ -66,12 +66,20 @@ class Target(ABC):
         """Start a sequence that will use at most `span` cache slots."""
 
     @abstractmethod
-    def _prefill(self, ids: torch.Tensor):
-        """-> logits [P, V] float32, features [P, C*H] or None; commits the P tokens."""
+    def _forward(self, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor):
+        """Write T pending tokens at slots [length, length + T), each seeing the committed prefix and the new
+        tokens its row of `block` allows -> (logits [T, V] float32, features [T, C*H] or None)."""
 
     @abstractmethod
+    def _advance(self, n: int) -> None:
+        """Commit the n tokens just written (a prompt)."""
+
+    @torch.inference_mode()
     def verify(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor):
         """T pending tokens at slots [length, length + T) -> (logits [T, V] float32, features or None)."""
+        logits, feats = self._forward(ids, depths, tree_mask)
+        self._trace(feats, ids.numel())
+        return logits, feats
 
     @abstractmethod
     def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
@@ -82,12 +90,16 @@ class Target(ABC):
     def length(self) -> int:
         """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
 
+    @torch.inference_mode()
     def prefill(self, ids: torch.Tensor):
-        if ids.numel() > self.span:
-            raise GenerationError(f"the prompt needs {ids.numel()} cache slots but the cache holds {self.span}",
+        T = ids.numel()
+        if T > self.span:
+            raise GenerationError(f"the prompt needs {T} cache slots but the cache holds {self.span}",
                                   fix="shorten the prompt or lower --max-new-tokens", code="E301")
-        logits, feats = self._prefill(ids)
-        self._trace(feats, ids.numel())
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
+        logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal)
+        self._advance(T)
+        self._trace(feats, T)
         if feats is not None:
             check_finite(feats, self.capture, self.info.hidden_size)
         return logits, feats

@@ -106,6 +106,16 @@ def _rope_from(raw: dict) -> RopeConfig:
     )
 
 
+def rope_json(rope: RopeConfig) -> dict:
+    """The config.json fields (v4 spelling, read by every engine) that describe `rope`."""
+    out = {"rope_theta": rope.theta}
+    if rope.kind != "default":
+        out["rope_scaling"] = {"rope_type": rope.kind, "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+                               "high_freq_factor": rope.high_freq_factor,
+                               "original_max_position_embeddings": rope.original_max_position_embeddings}
+    return out
+
+
 def _ids(v) -> tuple[int, ...]:
     if v is None:
         return ()

@@ -124,19 +124,8 @@ class HFTarget(Target):
                          use_cache=True, **{self._cache_kw: self.cache})  # the cache is updated in place
         return out.logits[0].float(), (self._gather()[0] if self.capture is not None else None)
 
-    @torch.inference_mode()
-    def _prefill(self, ids):
-        T = ids.numel()
-        out = self._forward(ids, torch.arange(T, device=self.device),
-                            torch.ones(T, T, dtype=torch.bool, device=self.device).tril_())
-        self._length += T
-        return out
-
-    @torch.inference_mode()
-    def verify(self, ids, depths, tree_mask):
-        logits, feats = self._forward(ids, depths, tree_mask)
-        self._trace(feats, ids.numel())
-        return logits, feats
+    def _advance(self, n: int) -> None:
+        self._length += n
 
     def keep(self, path, n) -> None:
         L = self._length

@@ -124,19 +124,8 @@ class LlamaTarget(Target):
         logits = self.net.lm_head(h[0]).float()
         return logits, (feats[0] if feats is not None else None)
 
-    @torch.inference_mode()
-    def _prefill(self, ids):
-        T = ids.numel()
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril_()
-        out = self._forward(ids, torch.arange(T, device=self.device), causal)
-        self.cache.length += T
-        return out
-
-    @torch.inference_mode()
-    def verify(self, ids, depths, tree_mask):
-        logits, feats = self._forward(ids, depths, tree_mask)
-        self._trace(feats, ids.numel())
-        return logits, feats
+    def _advance(self, n: int) -> None:
+        self.cache.length += n
 
     @torch.inference_mode()
     def keep(self, path, n) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..io import iter_jsonl
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
 
@@ -85,13 +86,7 @@ def read_records(path: str | Path):
         if f.suffix != ".jsonl":
             yield "text", f.read_text(errors="replace")
             continue
-        for n, line in enumerate(f.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{f}:{n} is not JSON ({e})", fix="one JSON object per line", code="E102") from None
+        for n, obj in iter_jsonl(f):
             if "input_ids" in obj:
                 ids = obj["input_ids"]
                 yield "tokens", Example(ids, obj.get("loss_mask", [1] * len(ids)))
