@@ -190,7 +190,6 @@ def cycles_8b(ctx):
         rows.append(row)
         print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step; "
               f"phases {phases}")
-        del c
     RESULTS["cycles"] = rows
     t.set_capture(None)
 

@@ -7,7 +7,6 @@ standard-library files held out of both trainings.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .capture import CaptureSpec
-from .errors import ContractError, EaglekitError, InputError
+from .errors import EaglekitError, InputError
 
 GENERIC_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

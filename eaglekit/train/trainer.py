@@ -20,7 +20,7 @@ import torch
 
 from ..draft import save_draft
 from ..io import atomic_write_bytes
-from .ttt import TargetBatch, simulated_accept_length, target_distribution, ttt_forward
+from .ttt import simulated_accept_length, target_distribution, ttt_forward
 
 
 @dataclass
