@@ -60,7 +60,6 @@ class Tree:
     parents: torch.Tensor  # [D] parent node index; the root points to itself
     depths: torch.Tensor  # [D]
     mask: torch.Tensor  # [D, D] bool: row i marks i's ancestors and i itself
-    scores: torch.Tensor  # [D] path probability under the draft (root 1)
 
 
 def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
@@ -127,5 +126,4 @@ def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: t
         parents=all_parents,
         depths=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
         mask=anc,
-        scores=torch.cat([torch.ones(1, device=dev), scores[sel]]),
     )

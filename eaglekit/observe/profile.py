@@ -10,9 +10,6 @@ import torch
 
 _NULL = contextlib.nullcontext()
 
-PHASES = ("prefill", "draft_extend", "draft_tree", "verify", "accept", "cache_update", "host_sync", "decode")
-
-
 class Profiler:
     """`ranges=True` also opens a torch.profiler range (and an NVTX range on a GPU) per phase, for
     `--profile-trace`."""

@@ -167,52 +167,33 @@ def stage_regen(out: Path, corpus, tok, target, p: dict, log):
 
 def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     from ..capture import CaptureSpec
-    from ..draft import new_draft, save_draft
+    from ..draft import save_draft
+    from .data import Example
+    from .run import _Indexed, prepare_draft
     from .sources import OnlineSource
     from .trainer import TrainConfig, train_draft
-    from .vocab import build_vocab_map
+    from .vocab import count_tokens
 
     report = out / "draft_train.json"
     if report.is_file() and (out / "draft" / "config.json").is_file():
         return json.loads(report.read_text())
-    vm = build_vocab_map(examples, target.info.vocab_size, p["draft_vocab"])
-    log(f"draft vocab: {p['draft_vocab']} of {target.info.vocab_size} tokens cover {vm.coverage:.1%} of the data")
     spec = CaptureSpec.default(target.info.num_layers)
-    draft = new_draft(target, capture=spec, draft_vocab_size=p["draft_vocab"], seed=0, dtype=torch.float32)
-    with torch.no_grad():
-        draft.d2t.copy_(vm.d2t)
-        draft.t2d.copy_(vm.t2d(target.info.vocab_size))
     target.set_capture(spec)
-    examples = [e for e in examples]
     held = examples[-max(len(examples) // 32, 2):]
-    train = examples[:-len(held)]
-    from .data import Example
-
-    train = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in train]
-    src = OnlineSource(target, train + held)
+    train = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]])
+             for e in examples[:-len(held)]]
+    draft, hot, coverage = prepare_draft(target, count_tokens(train, target.info.vocab_size), spec, p["draft_vocab"])
+    log(f"draft vocab: {p['draft_vocab']} of {target.info.vocab_size} tokens cover {coverage:.1%} of the data")
     cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
                       lr=p["draft_lr"], warmup=0.05, save_every=max(p["draft_steps"] // 4, 5),
                       time_budget_s=p["draft_budget"])
-    src_train = _Subset(src, len(train))
-    res = train_draft(draft, src_train, target.lm_head_weight(), vm.hot.to(target.device), cfg, device,
+    res = train_draft(draft, _Indexed(OnlineSource(target, train + held), list(range(len(train)))),
+                      target.lm_head_weight(), hot, cfg, device,
                       eval_indices=list(range(len(train), len(train) + len(held))), progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
-    res["coverage"] = vm.coverage
+    res["coverage"] = coverage
     atomic_write_json(report, res)
     return res
-
-
-class _Subset:
-    """The first n samples of a source for the epoch order; batches may address any index (held-out)."""
-
-    def __init__(self, src, n):
-        self.src, self.n = src, n
-
-    def epoch_order(self, g):
-        return torch.randperm(self.n, generator=g).tolist()
-
-    def batch(self, idx, device):
-        return self.src.batch(idx, device)
 
 
 def stage_prompts(out: Path, corpus, tok, p: dict) -> list[str]:
