@@ -68,14 +68,8 @@ def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype:
                                   "verifier": {"name_or_path": target_name,
                                                "architectures": [target_arch] if target_arch else []}},
            "torch_dtype": dtype}
-    if c.target_hidden_size and c.target_hidden_size != c.hidden_size:
-        out["target_hidden_size"] = c.target_hidden_size
-    if c.norm_before_fc:
-        out["norm_before_fc"] = True
-    if c.fc_bias:
-        out["bias"] = True
-    if "eaglekit" in sg:
-        out["eaglekit"] = sg["eaglekit"]
+    # the optional fields are spelled the same in both layouts: take them from the SGLang config
+    out.update({k: sg[k] for k in ("target_hidden_size", "norm_before_fc", "bias", "eaglekit") if k in sg})
     return out
 
 

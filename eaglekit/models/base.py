@@ -109,7 +109,7 @@ class Target(ABC):
         one = torch.ones(1, 1, dtype=torch.bool, device=token.device)
         zero = torch.zeros(1, dtype=torch.long, device=token.device)
         logits, _ = self.verify(token.view(1), zero, one)
-        self.keep(zero, torch.ones((), dtype=torch.long, device=token.device))
+        self._advance(1)  # the one pending token is already in place: commit it without a KV copy
         return logits[0]
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
