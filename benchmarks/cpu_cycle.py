@@ -47,7 +47,7 @@ def main():
     draft = new_draft(t, seed=0)
     from eaglekit.capture import CaptureSpec
 
-    t.set_capture(CaptureSpec.default(args.layers))
+    spec = CaptureSpec.default(args.layers)
     ctx = torch.randint(3, args.vocab, (args.context,))
 
     def timed(fn):
@@ -63,7 +63,7 @@ def main():
     span = args.context + 128
     t.reset(span)
     draft.reset(span + 64)
-    _, feats = t.prefill(ctx)
+    _, feats = t.prefill(ctx, spec)
     h, dl = draft.extend(feats, torch.cat([ctx[1:], ctx[:1]]))
     L = t.length
 
@@ -73,7 +73,7 @@ def main():
 
     rows = {"baseline_step_ms": timed(step) * 1e3}
     for steps, topk, dt in [(3, 1, 4), (5, 4, 8), (6, 8, 48)]:
-        c = Cycle(t, draft, TreeShape(steps, topk, dt))
+        c = Cycle(t, draft, TreeShape(steps, topk, dt), spec)
         c.start(ctx[0], h, dl)
 
         def cycle():
@@ -85,7 +85,7 @@ def main():
 
         def verify_only():
             t.cache.length.fill_(L)
-            t.verify(c.tree.tokens, c.tree.depths, c.tree.mask)
+            t.verify(c.tree.tokens, c.tree.depths, c.tree.mask, spec)
 
         cyc = timed(cycle) * 1e3
         v = timed(verify_only) * 1e3

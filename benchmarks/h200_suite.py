@@ -146,7 +146,6 @@ def cycles_8b(ctx):
 
     t = ctx["target"]
     spec = CaptureSpec.default(32)
-    t.set_capture(spec)
     cfg = DraftConfig(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, vocab_size=128256,
                       draft_vocab_size=32000, rope=t.cfg.rope, capture=spec)
     d = on_gpu_bf16(lambda: Eagle3Draft(cfg))
@@ -166,10 +165,10 @@ def cycles_8b(ctx):
         shape = TreeShape(steps, topk, dt)
         t.reset(1024)
         d.reset(1024 + 64)
-        _, feats = t.prefill(prompt)
+        _, feats = t.prefill(prompt, spec)
         h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
         L = t.length
-        c = Cycle(t, d, shape)
+        c = Cycle(t, d, shape, spec)
         c.start(prompt[0], h, dl)
         c.capture(greedy=True)
 
@@ -191,7 +190,6 @@ def cycles_8b(ctx):
         print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step; "
               f"phases {phases}")
     RESULTS["cycles"] = rows
-    t.set_capture(None)
 
 
 @section("c. demo pair end to end")

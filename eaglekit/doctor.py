@@ -121,23 +121,18 @@ def _accuracy(target, draft, seqs, spec, steps: int) -> list[float]:
     position of `seqs` (the target's own continuations), with the target's features taken at `spec`."""
     from .train.ttt import TargetBatch, target_distribution, ttt_forward
 
-    saved = target.capture
-    target.set_capture(spec)
     hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     corr = torch.zeros(steps)
     cnt = torch.zeros(steps)
-    try:
-        with torch.no_grad():
-            for s in seqs:
-                ids = torch.tensor([s], device=target.device)
-                hidden, feats = target.features(ids)
-                b = TargetBatch(feats, ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool), hidden)
-                p, in_dv = target_distribution(b, target.lm_head_weight(), hot)
-                _, _, c, n = ttt_forward(draft, b, p, in_dv, length=steps)
-                corr += c.float().cpu()
-                cnt += n.float().cpu()
-    finally:
-        target.set_capture(saved)
+    with torch.no_grad():
+        for s in seqs:
+            ids = torch.tensor([s], device=target.device)
+            hidden, feats = target.features(ids, None, spec)
+            b = TargetBatch(feats, ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool), hidden)
+            p, in_dv = target_distribution(b, target.lm_head_weight(), hot)
+            _, _, c, n = ttt_forward(draft, b, p, in_dv, length=steps)
+            corr += c.float().cpu()
+            cnt += n.float().cpu()
     return (corr / cnt.clamp(min=1)).tolist()
 
 

@@ -73,7 +73,7 @@ def test_specforge_folder_loads_and_runs(model_dirs, tmp_path):
     prompt = [5, 9, 11, 40]
     res = dec.generate(prompt, 24, eos_ids=())
     assert res.token_ids == Decoder(target).generate(prompt, 24, eos_ids=()).token_ids
-    assert target.capture == CaptureSpec((1, 3, 4))
+    assert dec.capture == CaptureSpec((1, 3, 4))
 
 
 def test_round_trip_keeps_tensors_and_contract(model_dirs, tmp_path):

@@ -15,7 +15,7 @@ from helpers import OracleDraft
 
 def _oracle_decoder(target, prompt, shape):
     dec = Decoder(target, None, shape)
-    target.set_capture(CaptureSpec.default(target.info.num_layers))
+    dec.capture = CaptureSpec.default(target.info.num_layers)
     dec.draft = OracleDraft(target, prompt[0])
     return dec
 
@@ -100,9 +100,8 @@ def test_deepseek_v3_through_the_transformers_adapter(deepseek_dir):
         res = Decoder(t, d, shape).generate(prompt, 24, eos_ids=())
         assert res.token_ids == want
     # the hooks capture the residual stream after layers 1, 3, 4 (= inputs of layers 2, 4, 5)
-    t.set_capture(CaptureSpec((1, 3, 4)))
     t.reset(16)
-    _, feats = t.prefill(torch.tensor(prompt))
+    _, feats = t.prefill(torch.tensor(prompt), CaptureSpec((1, 3, 4)))
     torch.testing.assert_close(feats, torch.cat([hs[2][0], hs[4][0], hs[5][0]], -1))
 
 
@@ -128,3 +127,26 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
     d.compile()
     assert Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids == ref
     assert Decoder(t).generate(prompt, 24, eos_ids=()).token_ids == ref
+
+
+def test_decoders_sharing_a_target_keep_their_own_capture():
+    """Issue 13.1: a second Decoder on the same target with another CaptureSpec must not change what the first
+    one feeds its draft (the capture used to be written onto the shared target)."""
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", "auto", "cpu", None)
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:3]]
+    shape = TreeShape.make()
+    first = Decoder(t, d, shape)
+
+    def run(dec):
+        return aggregate([dec.generate(p, 64).metrics for p in prompts]).accept_length
+
+    before = run(first)
+    other = Decoder(t, d, shape, capture=first.capture.shifted(+1))
+    shifted = run(other)
+    assert run(first) == before
+    assert first.capture != other.capture and shifted != before  # the shift is real: it changes acceptance

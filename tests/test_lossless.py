@@ -68,7 +68,7 @@ def test_greedy_speculative_equals_target(model_dirs, case):
         dec = Decoder(target, draft, shape)
     else:
         dec = Decoder(target, None, shape)
-        target.set_capture(CaptureSpec.default(8))
+        dec.capture = CaptureSpec.default(8)
         dec.draft = (OracleDraft(target, prompt[0]) if kind == "oracle"
                      else NoisyOracleDraft(target, prompt[0], noise=0.4, seed=case))
     res = dec.generate(prompt, max_new, eos_ids=eos_ids)

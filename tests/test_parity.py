@@ -12,10 +12,10 @@ from helpers import make_hf_model
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 
 
-def _step(target, ids):
+def _step(target, ids, capture=None):
     """Append tokens as a plain causal run and commit them."""
     T = ids.numel()
-    logits, feats = target.verify(ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_())
+    logits, feats = target.verify(ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_(), capture)
     target.keep(torch.arange(T), torch.tensor(T))
     return logits, feats
 
@@ -43,15 +43,14 @@ def test_incremental_decode_and_captures_match(model_dirs, family):
     ref = _hf(model_dirs[family])
     ours = load_target(model_dirs[family], backend="ours", dtype="float32")
     spec = CaptureSpec((-1, 1, 3, 7))
-    ours.set_capture(spec)
     ids = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = ref(ids[None], output_hidden_states=True)
     ours.reset(32)
-    _, f0 = ours.prefill(ids[:12])
+    _, f0 = ours.prefill(ids[:12], spec)
     rows, feats = [], [f0]
     for i in range(12, 20):
-        lg, f = _step(ours, ids[i:i + 1])
+        lg, f = _step(ours, ids[i:i + 1], spec)
         rows.append(lg[0])
         feats.append(f)
     torch.testing.assert_close(torch.stack(rows), out.logits[0, 12:20], rtol=1e-5, atol=1e-5)
@@ -144,10 +143,9 @@ def test_hf_adapter_matches_our_decoder(model_dirs):
     assert hf.info.fingerprint == ours.info.fingerprint
     spec = CaptureSpec((1, 3, 4))
     for t in (hf, ours):
-        t.set_capture(spec)
         t.reset(32)
     ids = torch.randint(3, 96, (12,))
-    a = hf.prefill(ids)
-    b = ours.prefill(ids)
+    a = hf.prefill(ids, spec)
+    b = ours.prefill(ids, spec)
     torch.testing.assert_close(a[0], b[0], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(a[1], b[1], rtol=1e-9, atol=1e-9)

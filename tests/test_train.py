@@ -25,10 +25,9 @@ def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
     ancestors are the true next tokens: same inputs, positions and attention (float64)."""
     t = load_target(model_dirs["llama"], dtype="float64")
     spec = CaptureSpec((1, 3, 4))
-    t.set_capture(spec)
     d = new_draft(t, capture=spec, seed=3, dtype=torch.float64)
     ids = torch.randint(3, 96, (1, 14), generator=torch.Generator().manual_seed(0))
-    hidden, feats = t.features(ids)
+    hidden, feats = t.features(ids, None, spec)
     batch = TargetBatch(feats, ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool), hidden)
     p, in_dv = target_distribution(batch, t.lm_head_weight(), torch.arange(96))
     logits = []

@@ -42,8 +42,8 @@ class GenerationResult:
 class Cycle:
     """One EAGLE-3 cycle as fixed-shape phases over persistent state (capturable in CUDA graphs)."""
 
-    def __init__(self, target: Target, draft: Eagle3Draft, shape: TreeShape):
-        self.t, self.d, self.shape = target, draft, shape
+    def __init__(self, target: Target, draft: Eagle3Draft, shape: TreeShape, capture: CaptureSpec):
+        self.t, self.d, self.shape, self.spec = target, draft, shape, capture
         dev, P = target.device, shape.path_len
         self.root = torch.zeros((), dtype=torch.long, device=dev)
         self.h = torch.zeros(draft.config.hidden_size, dtype=draft.fc.weight.dtype, device=dev)
@@ -66,7 +66,7 @@ class Cycle:
         self.tree = expand(self.d, self.h, self.dl, self.root, self.shape)
 
     def verify(self):
-        self.logits, self.feats = self.t.verify(self.tree.tokens, self.tree.depths, self.tree.mask)
+        self.logits, self.feats = self.t.verify(self.tree.tokens, self.tree.depths, self.tree.mask, self.spec)
 
     def accept(self):
         path, n, bonus = accept_greedy(self.tree, self.logits, self.shape.path_len)
@@ -129,8 +129,8 @@ class Decoder:
         self._cycles: dict = {}
         self._steps: dict = {}
         if draft is not None:
+            # the decoder's own: passed to the target on every call, never stored on the (shared) target
             self.capture = check_pair(draft, target, capture, allow_other_target)
-            target.set_capture(self.capture)
         else:
             self.capture = None
 
@@ -185,30 +185,26 @@ class Decoder:
 
     def _baseline(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:
         t, ph = self.target, self.profiler.phase
-        saved = t.capture
-        t.set_capture(None)  # the baseline needs no features
-        try:
-            t.reset(self._span(ids.numel() + em.max_new_tokens + 1))
-            trace.set_cycle(0)
-            with ph("prefill"):
-                logits, _ = t.prefill(ids)
-                tok = self._pick(logits[-1], sp, gen)
-            em.push([int(tok)])
-            step = self._graphed_step(tok) if (self._use_graphs() and sp.greedy) else None
-            while not em.done:
-                if step is not None:
-                    with ph("decode"):
-                        step[0].replay()
-                    with ph("host_sync"):
-                        nxt = int(step[1])
-                else:
-                    with ph("decode"):
-                        tok = self._pick(t.step(tok.view(1)), sp, gen)
-                    with ph("host_sync"):
-                        nxt = int(tok)
-                em.push([nxt])
-        finally:
-            t.set_capture(saved)
+        # the baseline captures nothing (no capture argument)
+        t.reset(self._span(ids.numel() + em.max_new_tokens + 1))
+        trace.set_cycle(0)
+        with ph("prefill"):
+            logits, _ = t.prefill(ids)
+            tok = self._pick(logits[-1], sp, gen)
+        em.push([int(tok)])
+        step = self._graphed_step(tok) if (self._use_graphs() and sp.greedy) else None
+        while not em.done:
+            if step is not None:
+                with ph("decode"):
+                    step[0].replay()
+                with ph("host_sync"):
+                    nxt = int(step[1])
+            else:
+                with ph("decode"):
+                    tok = self._pick(t.step(tok.view(1)), sp, gen)
+                with ph("host_sync"):
+                    nxt = int(tok)
+            em.push([nxt])
         return GenerationMetrics()
 
     def _graphed_step(self, tok):
@@ -240,10 +236,10 @@ class Decoder:
     def _cycle(self, greedy: bool) -> Cycle:
         t, d = self.target, self.draft
         if not self._use_graphs():
-            return Cycle(t, d, self.shape)
+            return Cycle(t, d, self.shape, self.capture)
         key = (self.shape, greedy, t.span, id(t.cache.k), id(d.cache.k))
         if key not in self._cycles:
-            self._cycles[key] = Cycle(t, d, self.shape)
+            self._cycles[key] = Cycle(t, d, self.shape, self.capture)
             self._cycles[key].capture(greedy)
         return self._cycles[key]
 
@@ -255,7 +251,7 @@ class Decoder:
         d.reset(span + shape.steps * shape.topk)
         trace.set_cycle(0)
         with ph("prefill"):
-            logits, feats = t.prefill(ids)
+            logits, feats = t.prefill(ids, self.capture)
             tok = self._pick(logits[-1], sp, gen)
         em.push([int(tok)])
         if em.done:

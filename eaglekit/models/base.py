@@ -1,7 +1,8 @@
 """The small interface every target backend gives the decoding engine.
 
-A target holds one sequence's KV cache, its committed length a 0-d device tensor. `prefill` runs the
-prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
+A target holds one sequence's KV cache, its committed length a 0-d device tensor. Which residual streams
+are captured is per call (`capture`, a CaptureSpec or None): a target shared by several decoders, the
+baseline, the doctor's probe or a trainer keeps no capture state of its own. `prefill` runs the prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
 per-node depths) and returns their logits and captured features; `keep` commits an accepted path
 (indices into the pending tokens, padded to a fixed size, `n` of them valid) and drops the rest.
 On our decoder all three are fixed-shape device work, so the engine can capture them in CUDA graphs.
@@ -46,18 +47,14 @@ def check_finite(feats: torch.Tensor, spec: CaptureSpec, hidden: int) -> None:
 
 class Target(ABC):
     info: TargetInfo
-    capture: CaptureSpec | None = None
     device: torch.device
     dtype: torch.dtype
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
     static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (graph-capturable)
 
-    def set_capture(self, spec: CaptureSpec | None) -> None:
-        self.capture = spec.validate(self.info.num_layers) if spec is not None else None
-
-    def _trace(self, feats, T):
+    def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:
-            trace.record("target.capture", feats, layers=list(self.capture.after_layers),
+            trace.record("target.capture", feats, layers=list(capture.after_layers),
                          hidden=self.info.hidden_size, tokens=T)
 
     # --- sequence state ------------------------------------------------------------------------
@@ -66,19 +63,20 @@ class Target(ABC):
         """Start a sequence that will use at most `span` cache slots."""
 
     @abstractmethod
-    def _forward(self, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor):
+    def _forward(self, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, capture: CaptureSpec | None):
         """Write T pending tokens at slots [length, length + T), each seeing the committed prefix and the new
-        tokens its row of `block` allows -> (logits [T, V] float32, features [T, C*H] or None)."""
+        tokens its row of `block` allows -> (logits [T, V] float32, features [T, C*H] at `capture`, or None)."""
 
     @abstractmethod
     def _advance(self, n: int) -> None:
         """Commit the n tokens just written (a prompt)."""
 
     @torch.inference_mode()
-    def verify(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor):
+    def verify(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor,
+               capture: CaptureSpec | None = None):
         """T pending tokens at slots [length, length + T) -> (logits [T, V] float32, features or None)."""
-        logits, feats = self._forward(ids, depths, tree_mask)
-        self._trace(feats, ids.numel())
+        logits, feats = self._forward(ids, depths, tree_mask, capture)
+        self._trace(feats, ids.numel(), capture)
         return logits, feats
 
     @abstractmethod
@@ -91,17 +89,17 @@ class Target(ABC):
         """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor):
+    def prefill(self, ids: torch.Tensor, capture: CaptureSpec | None = None):
         T = ids.numel()
         if T > self.span:
             raise GenerationError(f"the prompt needs {T} cache slots but the cache holds {self.span}",
                                   fix="shorten the prompt or lower --max-new-tokens", code="E301")
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
-        logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal)
+        logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal, capture)
         self._advance(T)
-        self._trace(feats, T)
+        self._trace(feats, T, capture)
         if feats is not None:
-            check_finite(feats, self.capture, self.info.hidden_size)
+            check_finite(feats, capture, self.info.hidden_size)
         return logits, feats
 
     def step(self, token: torch.Tensor):
@@ -114,8 +112,8 @@ class Target(ABC):
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod
-    def features(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None):
-        """ids [B, T] -> (final normed hidden [B, T, H], captured features [B, T, C*H])."""
+    def features(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None, capture: CaptureSpec | None = None):
+        """ids [B, T] -> (final normed hidden [B, T, H], features [B, T, C*H] at `capture`, or None)."""
 
     @abstractmethod
     def lm_head_weight(self) -> torch.Tensor: ...

@@ -40,7 +40,8 @@ class HFTarget(Target):
         self.info = TargetInfo(cfg.model_type, cfg.vocab_size, cfg.hidden_size, len(self.layers),
                                getattr(cfg, "max_position_embeddings", 4096), eos, fp)
         self._caught: dict[int, torch.Tensor] = {}
-        self._hooks = []
+        self._hooked: set[int] = set()
+        self._wanted: frozenset[int] = frozenset()
         self.cache = None
         # transformers renamed `past_key_values` to `cache` in 5.2x; 5.17 knows only the old name
         import inspect
@@ -75,27 +76,29 @@ class HFTarget(Target):
         return cls(model.to(device), device, dtype)
 
     # --- capture ---------------------------------------------------------------------------------
-    def set_capture(self, spec) -> None:
-        super().set_capture(spec)
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        if self.capture is None:
+    # Hooks are added once per layer a call asks for and stay; each records only while a call wants it.
+    def _want(self, capture):
+        self._caught = {}
+        if capture is None:
+            self._wanted = frozenset()
             return
-
-        def hook(idx):
-            def fn(_mod, _inp, out):
-                self._caught[idx] = out[0] if isinstance(out, tuple) else out
-            return fn
-
-        for i in set(self.capture.after_layers):
+        capture.validate(self.info.num_layers)
+        self._wanted = frozenset(capture.after_layers)
+        for i in self._wanted - self._hooked:
             mod = self.model.get_input_embeddings() if i == -1 else self.layers[i]
-            self._hooks.append(mod.register_forward_hook(hook(i)))
+            mod.register_forward_hook(self._hook(i))
+            self._hooked.add(i)
 
-    def _gather(self):
-        if self.capture is None:
+    def _hook(self, idx):
+        def fn(_mod, _inp, out):
+            if idx in self._wanted:
+                self._caught[idx] = out[0] if isinstance(out, tuple) else out
+        return fn
+
+    def _gather(self, capture):
+        if capture is None:
             return None
-        feats = torch.cat([self._caught[i] for i in self.capture.after_layers], dim=-1)
+        feats = torch.cat([self._caught[i] for i in capture.after_layers], dim=-1)
         self._caught = {}
         return feats
 
@@ -113,16 +116,17 @@ class HFTarget(Target):
     def length(self) -> int:
         return self._length
 
-    def _forward(self, ids, depths, block):
+    def _forward(self, ids, depths, block, capture):
         L, T = self._length, ids.numel()
         allowed = torch.zeros(T, L + T, dtype=torch.bool, device=self.device)
         allowed[:, :L] = True
         allowed[:, L:] = block
         add = torch.zeros((1, 1, T, L + T), dtype=self.dtype, device=self.device)
         add.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
+        self._want(capture)
         out = self.model(input_ids=ids.view(1, T), attention_mask=add, position_ids=(L + depths).view(1, T),
                          use_cache=True, **{self._cache_kw: self.cache})  # the cache is updated in place
-        return out.logits[0].float(), (self._gather()[0] if self.capture is not None else None)
+        return out.logits[0].float(), (self._gather(capture)[0] if capture is not None else None)
 
     def _advance(self, n: int) -> None:
         self._length += n
@@ -138,9 +142,10 @@ class HFTarget(Target):
         self._length = L + k
 
     @torch.no_grad()
-    def features(self, ids, pad_mask=None):
+    def features(self, ids, pad_mask=None, capture=None):
+        self._want(capture)
         out = self.model.base_model(input_ids=ids, attention_mask=pad_mask, use_cache=False)
-        return out.last_hidden_state, self._gather()
+        return out.last_hidden_state, self._gather(capture)
 
     def lm_head_weight(self):
         return self.model.get_output_embeddings().weight

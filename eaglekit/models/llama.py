@@ -114,13 +114,13 @@ class LlamaTarget(Target):
     def length(self) -> int:
         return int(self.cache.length) if self.cache is not None else 0
 
-    def _forward(self, ids, depths, block):
+    def _forward(self, ids, depths, block, capture):
         T = ids.numel()
         L = self.cache.length
         slots = L + torch.arange(T, device=self.device)
         mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
-        capture = self.capture.after_layers if self.capture is not None else ()
-        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, capture)
+        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
+        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
         logits = self.net.lm_head(h[0]).float()
         return logits, (feats[0] if feats is not None else None)
 
@@ -143,11 +143,11 @@ class LlamaTarget(Target):
             layer.mlp.fuse()
 
     @torch.no_grad()
-    def features(self, ids, pad_mask=None):
+    def features(self, ids, pad_mask=None, capture=None):
         # batches are right-padded, so plain causal attention is exact for every real token
         pos = torch.arange(ids.shape[1], device=ids.device)
-        capture = self.capture.after_layers if self.capture is not None else ()
-        return self.net(ids, pos, None, None, None, capture)
+        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
+        return self.net(ids, pos, None, None, None, layers)
 
     def lm_head_weight(self):
         return self.net.lm_head.weight

@@ -41,18 +41,20 @@ def bytes_needed(examples: list[Example], hidden: int, captures: int, dtype: str
     return sum(len(e) for e in examples) * ((captures + 1) * hidden * per + 5)
 
 
-def extract(target, examples: list[Example], out: str | Path, shard_size: int = 256, batch_size: int = 8,
+def extract(target, examples: list[Example], out: str | Path, capture: CaptureSpec, shard_size: int = 256,
+            batch_size: int = 8,
             dtype: str = "bfloat16", pad_id: int = 0, log=print, progress: bool = True) -> dict:
     from .trainer import crash_hook
 
-    if target.capture is None:
-        raise ContractError("extraction needs a capture: set target.set_capture(spec)", code="E209")
+    if capture is None:
+        raise ContractError("extraction needs a CaptureSpec", code="E209",
+                            fix="pass the spec the draft will be trained on (CaptureSpec.default(n) if unsure)")
     if dtype not in _DT:
         raise InputError(f"unknown feature dtype {dtype!r}", fix=f"use one of {', '.join(_DT)}", code="E108")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     info = target.info
-    spec = target.capture
+    spec = capture.validate(target.info.num_layers)
     n_shards = (len(examples) + shard_size - 1) // shard_size
     header = {"eaglekit_version": __version__, "target": {"fingerprint": info.fingerprint, "family": info.family,
               "hidden_size": info.hidden_size, "num_layers": info.num_layers, "vocab_size": info.vocab_size},
@@ -93,7 +95,7 @@ def extract(target, examples: list[Example], out: str | Path, shard_size: int = 
             b_ids = ids[i:i + batch_size].to(target.device)
             b_valid = valid[i:i + batch_size].to(target.device)
             with torch.no_grad():
-                h, f = target.features(b_ids, b_valid.long())
+                h, f = target.features(b_ids, b_valid.long(), spec)
             feats.append(f.to(_DT[dtype]).cpu())
             hidden.append(h.to(_DT[dtype]).cpu())
         name = f"shard-{s:05d}.safetensors"

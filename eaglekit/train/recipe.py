@@ -178,7 +178,6 @@ def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     if report.is_file() and (out / "draft" / "config.json").is_file():
         return json.loads(report.read_text())
     spec = CaptureSpec.default(target.info.num_layers)
-    target.set_capture(spec)
     held = examples[-max(len(examples) // 32, 2):]
     train = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]])
              for e in examples[:-len(held)]]
@@ -187,7 +186,7 @@ def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
                       lr=p["draft_lr"], warmup=0.05, save_every=max(p["draft_steps"] // 4, 5),
                       time_budget_s=p["draft_budget"])
-    res = train_draft(draft, _Indexed(OnlineSource(target, train + held), list(range(len(train)))),
+    res = train_draft(draft, _Indexed(OnlineSource(target, train + held, spec), list(range(len(train)))),
                       target.lm_head_weight(), hot, cfg, device,
                       eval_indices=list(range(len(train), len(train) + len(held))), progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)

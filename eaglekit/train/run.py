@@ -16,11 +16,11 @@ from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
 
 def _target(target_dir, backend, device, dtype, capture):
+    """The target and the CaptureSpec to train or extract with (given, or the default for its depth)."""
     from ..models import load_target
 
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
-    target.set_capture(capture or CaptureSpec.default(target.info.num_layers))
-    return target
+    return target, (capture or CaptureSpec.default(target.info.num_layers)).validate(target.info.num_layers)
 
 
 def _split(examples: list[Example], heldout: float, seed: int):
@@ -88,9 +88,9 @@ def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_
     if features is not None:
         store = FeatureStore(features)
         capture = capture or store.capture
-    target = _target(target_dir, backend, device, dtype, capture)
+    target, capture = _target(target_dir, backend, device, dtype, capture)
     if features is not None:
-        store = FeatureStore(features, target.info, target.capture)
+        store = FeatureStore(features, target.info, capture)
         counts = store.token_counts()
         src = store
         g = torch.Generator().manual_seed(cfg.seed)
@@ -102,10 +102,10 @@ def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_
         examples = load_examples(data, tok, max_len)
         train_ex, held_ex = _split(examples, heldout, cfg.seed)
         counts = count_tokens(train_ex, target.info.vocab_size)
-        src = OnlineSource(target, train_ex + held_ex)
+        src = OnlineSource(target, train_ex + held_ex, capture)
         train_idx = list(range(len(train_ex)))
         held_idx = list(range(len(train_ex), len(train_ex) + len(held_ex)))
-    draft, hot, coverage = prepare_draft(target, counts, target.capture, draft_vocab_size, init_draft, cfg.seed)
+    draft, hot, coverage = prepare_draft(target, counts, capture, draft_vocab_size, init_draft, cfg.seed)
     if rank == 0 and coverage is not None:
         log(f"draft vocabulary: {hot.numel()} of {target.info.vocab_size} target tokens, covering {coverage:.1%} "
             f"of the loss-masked training tokens")
@@ -113,7 +113,7 @@ def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_
                       eval_indices=held_idx or None)
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)
-        res.update(capture=target.capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
+        res.update(capture=capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
         atomic_write_json(Path(out) / "train_summary.json", res)
     return res
 
@@ -123,9 +123,9 @@ def run_extract(target_dir, data, out, capture=None, max_len=2048, shard_size=25
     from ..tokenizer import load_tokenizer
     from .extract import extract
 
-    target = _target(target_dir, backend, device, dtype, capture)
+    target, capture = _target(target_dir, backend, device, dtype, capture)
     examples = load_examples(data, load_tokenizer(target_dir, required=False), max_len)
-    return extract(target, examples, out, shard_size=shard_size, batch_size=batch_size, dtype=feat_dtype, log=log)
+    return extract(target, examples, out, capture, shard_size=shard_size, batch_size=batch_size, dtype=feat_dtype, log=log)
 
 
 def run_eval(target_dir, draft_dir, data=None, prompts=None, shape=None, max_new_tokens=128, max_len=2048,
@@ -142,19 +142,18 @@ def run_eval(target_dir, draft_dir, data=None, prompts=None, shape=None, max_new
                          "decode)", code="E130")
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype)
     spec = check_pair(draft, target, capture)
-    target.set_capture(spec)
     out: dict = {"capture": spec.to_dict()}
     tok = load_tokenizer(target_dir, required=False)
     if data is not None:
         examples = load_examples(data, tok, max_len)
         hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
         cfg = TrainConfig(out="", batch_size=batch_size, ttt_length=ttt_length)
-        out["ttt"] = evaluate_ttt(draft, OnlineSource(target, examples), list(range(len(examples))),
+        out["ttt"] = evaluate_ttt(draft, OnlineSource(target, examples, spec), list(range(len(examples))),
                                   target.lm_head_weight(), hot, cfg, target.device)
     if prompts is not None:
         if tok is None:
             raise InputError(f"no tokenizer in {target_dir} to encode the prompts", code="E109")
-        dec = Decoder(target, draft, shape)
+        dec = Decoder(target, draft, shape, capture=spec)
         runs, identical = [], True
         for text in read_prompts(prompts):
             ids = encode(tok, text)

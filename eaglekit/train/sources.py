@@ -14,13 +14,13 @@ from .ttt import TargetBatch
 
 
 class OnlineSource:
-    def __init__(self, target, examples: list[Example], pad_id: int = 0):
-        if target.capture is None:
+    def __init__(self, target, examples: list[Example], capture, pad_id: int = 0):
+        if capture is None:
             from ..errors import ContractError
 
-            raise ContractError("online training needs the target's capture set", code="E209",
-                                fix="call target.set_capture(spec) first")
-        self.target = target
+            raise ContractError("online training needs a CaptureSpec", code="E209",
+                                fix="pass the spec the draft is trained on (CaptureSpec.default(n) if unsure)")
+        self.target, self.capture = target, capture
         self.examples = examples
         self.pad_id = pad_id
         self.n = len(examples)
@@ -32,5 +32,5 @@ class OnlineSource:
         ids, mask, valid = pad_batch([self.examples[i] for i in indices], self.pad_id)
         ids, mask, valid = ids.to(device), mask.to(device), valid.to(device)
         with torch.no_grad():
-            hidden, feats = self.target.features(ids, valid.long())
+            hidden, feats = self.target.features(ids, valid.long(), self.capture)
         return TargetBatch(feats=feats, ids=ids, loss_mask=mask, valid=valid, target_hidden=hidden)
