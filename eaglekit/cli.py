@@ -7,6 +7,8 @@ import json
 import sys
 
 from .errors import EaglekitError, InputError
+from .options import (DATA_HELP, DEMO_DEVICE, DOCTOR_DEVICE, DecodeOptions, DemoOptions, EvalOptions, ExtractOptions,
+                      ModelOptions, RegenOptions, TrainOptions)
 
 COMMANDS: dict[str, tuple] = {}
 
@@ -21,70 +23,51 @@ def command(name: str, help: str):
     return wrap
 
 
-# --- shared option groups ---------------------------------------------------------------------------
-def add_runtime(p):
-    g = p.add_argument_group("runtime")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (default)")
-    g.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)")
-    g.add_argument("--backend", default="auto", choices=["auto", "ours", "hf"],
-                   help="ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks")
+# --- shared option groups: declared once, in eaglekit/options.py --------------------------------------
+_TREE = ("steps", "topk", "draft_tokens")
+_SAMPLING = ("temperature", "top_p", "top_k", "seed")
+
+
+def add_runtime(p, **defaults):
+    """--backend, --device, --dtype."""
+    ModelOptions.add_runtime(p, **defaults)
 
 
 def add_compile(p):
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder layers (GPU: fused kernels inside the CUDA graphs; the first "
-                        "generation pays the compile)")
+    ModelOptions.add_args(p, only=("compile",))
 
 
 def add_tree(p):
-    g = p.add_argument_group("draft tree")
-    g.add_argument("--steps", type=int, default=None, help="draft depth (default 3, or auto with --auto)")
-    g.add_argument("--topk", type=int, default=None, help="children per node; 1 = chain (default 1)")
-    g.add_argument("--draft-tokens", type=int, default=None, help="tree size incl. the root (chain: steps+1)")
+    DecodeOptions.add_args(p, only=_TREE)
 
 
 def add_sampling(p):
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    DecodeOptions.add_args(p, only=_SAMPLING)
 
 
 def add_capture(p):
-    p.add_argument("--capture-layers", default=None,
-                   help="override the draft's capture: comma-separated after_layers ids (output of layer i; "
-                        "'emb' = the embedding, or write --capture-layers=-1,...). For experiments and diagnosis.")
-    p.add_argument("--allow-other-target", action="store_true",
-                   help="run a draft whose recorded target fingerprint differs from this target")
+    """--capture-layers and --allow-other-target."""
+    ModelOptions.add_args(p, only=("capture_layers", "allow_other_target"))
+
+
+def model_options(args, **over) -> ModelOptions:
+    return ModelOptions.from_args(args, **over)
+
+
+def decode_options(args, **over) -> DecodeOptions:
+    return DecodeOptions.from_args(args, **over)
 
 
 def tree_shape(args):
-    from .decoding.tree import TreeShape
-
-    steps = args.steps if args.steps is not None else 3
-    topk = args.topk if args.topk is not None else 1
-    return TreeShape.make(steps, topk, args.draft_tokens)
+    return decode_options(args).shape()
 
 
 def capture_override(args):
-    from .capture import CaptureSpec
-
-    if not getattr(args, "capture_layers", None):
-        return None
-    try:
-        return CaptureSpec(tuple(-1 if x.strip() in ("emb", "embedding") else int(x)
-                                 for x in args.capture_layers.split(",")))
-    except ValueError:
-        raise InputError(f"--capture-layers {args.capture_layers!r} is not a comma-separated list of integers",
-                         fix="e.g. --capture-layers 1,3,4 (the embedding: emb,1,3,4 or --capture-layers=-1,1,3,4)",
-                         code="E108") from None
+    return model_options(args).capture
 
 
 def sampling_params(args):
-    from .decoding.sampling import SamplingParams
-
-    return SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    return decode_options(args).sampling()
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -97,8 +80,8 @@ def cmd_generate(args) -> int:
     from .pair import load_pair
     from .tokenizer import encode, load_tokenizer
 
-    sp = sampling_params(args)
-    shape = tree_shape(args)
+    model, decode = model_options(args), decode_options(args)  # validated here, before any model loads
+    sp, shape, capture = decode.sampling(), decode.shape(), model.capture
     if args.prompt_file:
         p = Path(args.prompt_file)
         if not p.is_file():
@@ -108,14 +91,13 @@ def cmd_generate(args) -> int:
         text = args.prompt
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
-    target, draft = load_pair(args.target, None if args.baseline else args.draft, args.backend, args.device,
-                              args.dtype, compile=args.compile)
+    target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
+                              model.dtype_name, compile=model.compile)
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
-        shape = auto_shape(target, draft, [ids], sp, capture=capture_override(args),
-                           allow_other_target=args.allow_other_target)
-    dec = Decoder(target, draft, shape, capture=capture_override(args), allow_other_target=args.allow_other_target,
+        shape = auto_shape(target, draft, [ids], sp, capture=capture, allow_other_target=model.allow_other_target)
+    dec = Decoder(target, draft, shape, capture=capture, allow_other_target=model.allow_other_target,
                   profile=args.profile, profile_ranges=bool(args.profile_trace),
                   graphs=False if args.no_graphs else "auto")
     if args.profile_trace:
@@ -124,13 +106,13 @@ def cmd_generate(args) -> int:
         acts = [torch.profiler.ProfilerActivity.CPU]
         if target.device.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        dec.generate(ids, min(args.max_new_tokens, 8), sp)  # warm-up (graph capture) outside the trace
+        dec.generate(ids, min(decode.max_new_tokens, 8), sp)  # warm-up (CUDA-graph recording) outside the trace
         with torch.profiler.profile(activities=acts) as prof:
-            res = dec.generate(ids, args.max_new_tokens, sp, stop_strings=args.stop or (), tokenizer=tok)
+            res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
         prof.export_chrome_trace(args.profile_trace)
         print(f"wrote a torch.profiler trace (chrome://tracing, Perfetto) to {args.profile_trace}", file=sys.stderr)
     else:
-        res = dec.generate(ids, args.max_new_tokens, sp, stop_strings=args.stop or (), tokenizer=tok)
+        res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
     m = res.metrics
     if args.json:
         metrics = m.to_dict()
@@ -161,8 +143,7 @@ def _generate_args(p):
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file whose whole content is the prompt")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    DecodeOptions.add_args(p, only=("max_new_tokens", "stop"))
     p.add_argument("--baseline", action="store_true", help="decode with the target alone")
     p.add_argument("--auto", action="store_true", help="pick (steps, topk, draft tokens) by a short sweep first")
     p.add_argument("--profile", action="store_true", help="time each phase of the cycle (CUDA events on a GPU)")
@@ -185,6 +166,7 @@ def cmd_sweep(args) -> int:
     """Decodes the prompts with the target alone and with each setting of the grid, side by side in one
     run, prints a table, writes sweep.csv, sweep.json and sweep.png (a heatmap per topk) to --out, and
     names the best setting. topk 1 is a chain: its draft token count is steps + 1."""
+    from .observe.metrics import fmt
     from .observe.report import print_table, sweep_table
     from .observe.sweep import sweep, write_results
     from .pair import load_pair
@@ -197,13 +179,19 @@ def cmd_sweep(args) -> int:
             raise InputError(f"{s!r} is not a comma-separated list of integers", code="E108",
                              fix="e.g. --steps 1,3,5") from None
 
-    tok = load_tokenizer(args.target)
-    prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
-    target, draft = load_pair(args.target, args.draft, args.backend, args.device,
-                              None if args.dtype == "auto" else args.dtype, compile=args.compile)
     grid = {"steps": ints(args.steps), "topk": ints(args.topk), "draft_tokens": ints(args.draft_tokens)}
-    res = sweep(target, draft, prompts, grid, sampling_params(args), args.max_new_tokens, capture_override(args),
-                args.allow_other_target)
+    for name, values in grid.items():
+        DecodeOptions(**{name: min(values)})  # the same bounds as a single value (E108)
+    if args.prompts < 1:
+        raise InputError(f"--prompts {args.prompts} is not valid: it must be >= 1", fix="pass a value >= 1",
+                         code="E108")
+    model, decode = model_options(args), decode_options(args, steps=None, topk=None, draft_tokens=None)
+    tok = load_tokenizer(model.target)
+    prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
+    target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
+                              compile=model.compile)
+    res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
+                model.allow_other_target)
     paths = write_results(res, args.out)
     if args.json:
         print(json.dumps(res))
@@ -211,7 +199,7 @@ def cmd_sweep(args) -> int:
         print_table(sweep_table(res))
         b = res["best"]
         print(f"best: --steps {b['steps']} --topk {b['topk']} --draft-tokens {b['draft_tokens']} "
-              f"({b['tokens_per_s']:.1f} tok/s, {b['speedup']:.2f}x, accept length {b['accept_length']:.2f}); "
+              f"({b['tokens_per_s']:.1f} tok/s, {b['speedup']:.2f}x, accept length {fmt(b['accept_length'])}); "
               f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
 
@@ -221,7 +209,7 @@ def _sweep_args(p):
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-file", required=True, help="prompts (JSONL with 'prompt', or ---separated text)")
     p.add_argument("--prompts", type=int, default=8, help="how many prompts of the file (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
     p.add_argument("--steps", default="1,3,5")
     p.add_argument("--topk", default="1,4,8")
     p.add_argument("--draft-tokens", default="4,8,16,32")
@@ -248,9 +236,12 @@ def cmd_doctor(args) -> int:
     from .observe.report import doctor_report
 
     try:
-        res = run_doctor(args.target, args.draft, args.prompt_file, args.prompts, args.max_new_tokens,
-                         capture_override(args), args.backend, args.device if args.device != "auto" else "cpu",
-                         None if args.dtype == "auto" else args.dtype)
+        model, decode = model_options(args), decode_options(args)
+        if args.prompts < 1:
+            raise InputError(f"--prompts {args.prompts} is not valid: it must be >= 1", fix="pass a value >= 1",
+                             code="E108")
+        res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
+                         model.capture, model.backend, model.device_name, model.dtype_name)
     except EaglekitError as e:
         if args.json:
             print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
@@ -270,11 +261,10 @@ def _doctor_args(p):
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-file", help="probe prompts (default: the target's demo prompts or built-in ones)")
     p.add_argument("--prompts", type=int, default=12)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
     p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
-    p.add_argument("--capture-layers", default=None,
-                   help="the wiring you serve with, if not the draft's own (after_layers ids; 'emb' = the embedding)")
-    add_runtime(p)
+    ModelOptions.add_args(p, only=("capture_layers",))
+    add_runtime(p, device=DOCTOR_DEVICE)
 
 
 cmd_doctor.add_args = _doctor_args
@@ -316,7 +306,7 @@ def _export_args(p):
     p.add_argument("--out-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
     add_capture(p)
-    p.add_argument("--backend", default="auto", choices=["auto", "ours", "hf"])
+    ModelOptions.add_args(p, only=("backend",))
 
 
 cmd_export.add_args = _export_args
@@ -347,7 +337,7 @@ def _inspect_args(p):
     p.add_argument("dir", help="a draft folder")
     p.add_argument("--target", help="the target folder (for its layer count and the pair checks)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--backend", default="auto", choices=["auto", "ours", "hf"])
+    ModelOptions.add_args(p, only=("backend",))
 
 
 cmd_inspect.add_args = _inspect_args
@@ -361,9 +351,8 @@ def cmd_demo(args) -> int:
     accept length, per-position acceptance, tokens/s and the speedup."""
     from .demo import print_demo, run_demo
 
-    shape = tree_shape(args) if any(v is not None for v in (args.steps, args.topk, args.draft_tokens)) else None
-    res = run_demo(args.target, args.draft, args.prompt_file, args.prompts, args.max_new_tokens, shape,
-                   args.device if args.device != "auto" else "cpu", args.dtype, args.threads, progress=not args.json)
+    res = run_demo(args.target, args.draft, DemoOptions.from_args(args), decode_options(args), model_options(args),
+                   progress=not args.json)
     if args.json:
         print(json.dumps(res))
     else:
@@ -372,15 +361,12 @@ def cmd_demo(args) -> int:
 
 
 def _demo_args(p):
-    p.add_argument("--prompts", type=int, default=32, help="how many held-out prompts (default: all 32)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    DemoOptions.add_args(p)
+    DecodeOptions.add_args(p, only=("max_new_tokens",))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--target", default=None, help="another target folder instead of the shipped one")
     p.add_argument("--draft", default=None, help="another draft folder instead of the shipped one")
-    p.add_argument("--prompt-file", default=None, help="another prompt file (JSONL or ---separated text)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--dtype", default="auto")
+    ModelOptions.add_args(p, only=("device", "dtype"), device=DEMO_DEVICE)
     add_tree(p)
 
 
@@ -388,9 +374,7 @@ cmd_demo.add_args = _demo_args
 
 
 # --- training ---------------------------------------------------------------------------------------
-_DATA_HELP = ("training data: a text file or folder, JSONL with 'text', chat JSONL with 'messages' or "
-              "'conversations' (loss on assistant turns only), or pre-tokenized JSONL with 'input_ids' and "
-              "'loss_mask' (what eaglekit regenerate writes)")
+_DATA_HELP = DATA_HELP
 
 
 @command("regenerate", "have the target write the responses its draft will learn from")
@@ -398,12 +382,9 @@ def cmd_regenerate(args) -> int:
     """A draft must learn the target's own distribution. For chat data the target answers each conversation's
     first user turn; for text data it continues windows of --prompt-len tokens. Batched and seeded; writes
     pre-tokenized JSONL that eaglekit extract / train read directly."""
-    from .pair import pick_device
     from .train.run import run_regenerate
 
-    n = run_regenerate(args.target, args.data, args.out, args.max_new_tokens, args.temperature, args.greedy_share,
-                       args.batch_size, args.seed, args.prompt_len, args.max_prompts, args.backend,
-                       pick_device(args.device), None if args.dtype == "auto" else args.dtype)
+    n = run_regenerate(args.target, args.data, args.out, RegenOptions.from_args(args), model_options(args))
     print(f"wrote {n} regenerated examples to {args.out}", file=sys.stderr)
     return 0
 
@@ -412,13 +393,7 @@ def _regen_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--data", required=True, help=_DATA_HELP)
     p.add_argument("--out", required=True, help="output JSONL")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.8, help="for the sampled share")
-    p.add_argument("--greedy-share", type=float, default=0.5, help="share of batches decoded greedily")
-    p.add_argument("--prompt-len", type=int, default=64, help="text data: prompt window in tokens")
-    p.add_argument("--max-prompts", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    RegenOptions.add_args(p)
     add_runtime(p)
 
 
@@ -431,12 +406,10 @@ def cmd_extract(args) -> int:
     (captures x hidden) and the final hidden state, plus manifest.json (target fingerprint, CaptureSpec,
     dtype, counts, per-shard sha256). Prints the disk it needs first; a killed run resumes where it stopped.
     For targets that fit beside the draft, train online instead (eaglekit train --data)."""
-    from .pair import pick_device
     from .train.run import run_extract
 
-    m = run_extract(args.target, args.data, args.out, capture_override(args), args.max_len, args.shard_size,
-                    args.batch_size, args.feature_dtype, args.backend, pick_device(args.device),
-                    None if args.dtype == "auto" else args.dtype, log=lambda s: print(s, file=sys.stderr))
+    m = run_extract(args.target, args.data, args.out, ExtractOptions.from_args(args), model_options(args),
+                    log=lambda s: print(s, file=sys.stderr))
     print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
           file=sys.stderr)
     return 0
@@ -446,11 +419,8 @@ def _extract_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--data", required=True, help=_DATA_HELP)
     p.add_argument("--out", required=True, help="folder for the shards and manifest.json")
-    p.add_argument("--capture-layers", default=None, help="after_layers ids (default: [1, n//2-1, n-4])")
-    p.add_argument("--max-len", type=int, default=2048, help="longest sequence, in tokens")
-    p.add_argument("--shard-size", type=int, default=256, help="sequences per shard")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ModelOptions.add_args(p, only=("capture_layers",))
+    ExtractOptions.add_args(p)
     add_runtime(p)
 
 
@@ -465,16 +435,10 @@ def cmd_train(args) -> int:
     atomically every --save-every steps and a killed run resumes from the last one when started again with
     the same --out. Under torchrun the same command trains data-parallel (gloo on CPU, NCCL on GPU).
     The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
-    from .pair import pick_device
     from .train.run import run_train
-    from .train.trainer import TrainConfig
 
-    cfg = TrainConfig(out=args.out, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps,
-                      lr=args.lr, warmup=args.warmup, ttt_length=args.ttt_length, save_every=args.save_every,
-                      eval_every=args.eval_every, seed=args.seed, grad_clip=args.grad_clip)
-    res = run_train(args.target, args.out, cfg, args.data, args.features, args.init_draft, capture_override(args),
-                    args.draft_vocab_size, args.max_len, args.heldout, args.backend, pick_device(args.device),
-                    None if args.dtype == "auto" else args.dtype, log=lambda s: print(s, file=sys.stderr))
+    res = run_train(args.target, args.out, TrainOptions.from_args(args), model_options(args),
+                    log=lambda s: print(s, file=sys.stderr))
     if "heldout" in res:
         from .observe.report import per_position_table, print_table
 
@@ -487,24 +451,9 @@ def cmd_train(args) -> int:
 
 def _train_args(p):
     p.add_argument("--target", required=True, help="the target model folder the draft is for")
-    p.add_argument("--data", help=_DATA_HELP + " (online training)")
-    p.add_argument("--features", help="a folder written by eaglekit extract (offline training)")
     p.add_argument("--out", required=True, help="run folder: checkpoint/, train_log.jsonl, draft/")
-    p.add_argument("--init-draft", help="continue from this draft (its vocabulary mapping is kept)")
-    p.add_argument("--capture-layers", default=None, help="after_layers ids (default: [1, n//2-1, n-4])")
-    p.add_argument("--draft-vocab-size", type=int, default=None, help="default: the target's vocabulary size")
-    p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--heldout", type=float, default=0.02, help="share of samples kept for evaluation")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=8, help="per process")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup", type=float, default=0.03, help="fraction of steps (< 1) or a step count")
-    p.add_argument("--grad-clip", type=float, default=0.5)
-    p.add_argument("--ttt-length", type=int, default=7)
-    p.add_argument("--save-every", type=int, default=200)
-    p.add_argument("--eval-every", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    ModelOptions.add_args(p, only=("capture_layers",))
+    TrainOptions.add_args(p)
     add_runtime(p)
 
 
@@ -516,13 +465,10 @@ def cmd_eval(args) -> int:
     """With --data: top-1 accuracy at each TTT position and the simulated accept length
     (1 + sum_k prod_{i<=k} acc_i, SGLang scale) on held-out data. With --prompt-file: the real engine's
     accept length, per-position acceptance and a check that the output equals the target's."""
-    from .pair import pick_device
+    from .observe.metrics import fmt
     from .train.run import run_eval
 
-    shape = tree_shape(args)
-    res = run_eval(args.target, args.draft, args.data, args.prompt_file, shape, args.max_new_tokens, args.max_len,
-                   args.ttt_length, args.batch_size, capture_override(args), args.backend, pick_device(args.device),
-                   None if args.dtype == "auto" else args.dtype)
+    res = run_eval(args.target, args.draft, EvalOptions.from_args(args), decode_options(args), model_options(args))
     if args.json:
         print(json.dumps(res))
         return 0
@@ -535,7 +481,7 @@ def cmd_eval(args) -> int:
     if "decode" in res:
         d = res["decode"]
         rows[f"decode acceptance ({d['steps']},{d['topk']},{d['draft_tokens']})"] = d["per_position"]
-        print(f"decode: accept length {d['accept_length']:.2f} over {d['prompts']} prompts, "
+        print(f"decode: accept length {fmt(d.get('accept_length'))} over {d['prompts']} prompts, "
               f"identical to the target: {d['identical_to_target']}", file=sys.stderr)
     print_table(per_position_table(rows))
     return 0
@@ -544,12 +490,8 @@ def cmd_eval(args) -> int:
 def _eval_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--data", help="held-out data in a training format")
-    p.add_argument("--prompt-file", help="prompts to decode (JSONL or ---separated text)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--ttt-length", type=int, default=7)
-    p.add_argument("--batch-size", type=int, default=8)
+    EvalOptions.add_args(p)
+    DecodeOptions.add_args(p, only=("max_new_tokens",))
     p.add_argument("--json", action="store_true")
     add_tree(p)
     add_capture(p)
@@ -572,7 +514,7 @@ def cmd_recipe(args) -> int:
 
     if args.name != "demo":
         raise InputError(f"unknown recipe {args.name!r}", fix="the recipe is: demo", code="E108")
-    s = run_demo_recipe(args.out, args.preset, args.device, log=lambda m: print(m, file=sys.stderr),
+    s = run_demo_recipe(args.out, args.preset, model_options(args).device_name, log=lambda m: print(m, file=sys.stderr),
                         stop_after=args.stop_after, stdlib=args.stdlib)
     if "stopped_after" in s:
         print(json.dumps(s, indent=2))
@@ -595,7 +537,7 @@ def _recipe_args(p):
     p.add_argument("name", choices=["demo"])
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
-    p.add_argument("--device", default="auto")
+    ModelOptions.add_args(p, only=("device",))
     p.add_argument("--install", action="store_true", help="copy the result into eaglekit/assets/demo")
     p.add_argument("--stdlib", default=None,
                    help="the standard-library folder to train on (default: this interpreter's); the shipped pair "

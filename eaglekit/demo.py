@@ -11,7 +11,14 @@ from pathlib import Path
 
 import torch
 
+from .decoding.compare import compare
+from .decoding.engine import Decoder
+from .decoding.tree import TreeShape
 from .errors import InputError
+from .observe.metrics import fmt
+from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
+from .pair import load_pair
+from .tokenizer import encode, load_tokenizer, read_prompts
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
 # chosen on the 2-core CPU machine over the 32 held-out prompts (benchmarks/NOTES.md): the chain of 5 gave the
@@ -30,64 +37,24 @@ def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]
     return t, d, p
 
 
-def run_demo(target=None, draft=None, prompts=None, n_prompts: int = 32, max_new_tokens: int = 128, shape=None,
-             device: str = "cpu", dtype=None, threads: int | None = None, progress: bool = True) -> dict:
-    from .decoding.engine import Decoder
-    from .decoding.tree import TreeShape
-    from .observe.metrics import GenerationMetrics, aggregate
-    from .pair import load_pair
-    from .tokenizer import encode, load_tokenizer, read_prompts
-
-    if threads:
-        torch.set_num_threads(threads)
-    tdir, ddir, pfile = demo_paths(target, draft, prompts)
-    tgt, drf = load_pair(tdir, ddir, "auto", device, dtype)
+def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
+             model: ModelOptions | None = None, progress: bool = True) -> dict:
+    """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
+    length and the tree (default: DEFAULT_SHAPE); `model` the device (default cpu: see DEMO_DEVICE) and dtype."""
+    opts, decode = opts or DemoOptions(), decode or DecodeOptions()
+    model = model or ModelOptions(device=DEMO_DEVICE)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
+    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name)
     tok = load_tokenizer(tdir)
-    shape = shape or TreeShape.make(*DEFAULT_SHAPE)
+    shape = decode.shape() if decode.tree_given else TreeShape.make(*DEFAULT_SHAPE)
     dec = Decoder(tgt, drf, shape)
-    texts = read_prompts(pfile)[:n_prompts]
-    ids = [encode(tok, t) for t in texts]
-    dec.generate(ids[0], 16)  # warm-up: first-call allocations stay out of the timings
-    dec.generate(ids[0], 16, baseline=True)
-    base_runs, eagle_runs, identical, rows = [], [], True, []
-    it = ids
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(ids, desc="demo", unit="prompt", leave=False)
-    for i, p in enumerate(it):
-        # alternate the order so that neither mode always runs on a warmer cache
-        order = (True, False) if i % 2 == 0 else (False, True)
-        res = {}
-        for baseline in order:
-            res[baseline] = dec.generate(p, max_new_tokens, baseline=baseline)
-        b, e = res[True], res[False]
-        same = b.token_ids == e.token_ids
-        identical &= same
-        base_runs.append(b.metrics)
-        eagle_runs.append(e.metrics)
-        rows.append({"prompt_tokens": len(p), "new_tokens": e.metrics.new_tokens, "identical": same,
-                     "accept_length": round(e.metrics.accept_length, 3),
-                     "baseline_tokens_per_s": round(b.metrics.tokens_per_s, 1),
-                     "eagle_tokens_per_s": round(e.metrics.tokens_per_s, 1)})
-    B: GenerationMetrics = aggregate(base_runs)
-    E: GenerationMetrics = aggregate(eagle_runs)
-    return {
-        "accept_length": round(E.accept_length, 3),
-        "accept_rate": round(E.accept_rate, 4),
-        "per_position": [round(x, 4) for x in E.per_position],
-        "histogram": E.histogram,
-        "baseline_tokens_per_s": round(B.tokens_per_s, 2),
-        "eagle_tokens_per_s": round(E.tokens_per_s, 2),
-        "speedup": round(E.tokens_per_s / B.tokens_per_s, 3) if B.tokens_per_s else 0.0,
-        "identical": identical,
-        "prompts": len(ids),
-        "new_tokens": E.new_tokens,
-        "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens},
-        "device": str(tgt.device),
-        "threads": torch.get_num_threads(),
-        "per_prompt": rows,
-    }
+    ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
+    cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
+    return {**cmp.summary(),
+            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens},
+            "device": str(tgt.device), "threads": torch.get_num_threads(), "per_prompt": cmp.rows()}
 
 
 def print_demo(res: dict) -> None:
@@ -104,7 +71,7 @@ def print_demo(res: dict) -> None:
     t.add_column("with EAGLE-3", justify="right")
     t.add_row("tokens/s", f"{res['baseline_tokens_per_s']:.1f}", f"{res['eagle_tokens_per_s']:.1f}")
     t.add_row("speedup", "1.00x", f"{res['speedup']:.2f}x")
-    t.add_row("accept length (tokens per verify)", "1", f"{res['accept_length']:.2f}")
+    t.add_row("accept length (tokens per verify)", "1", fmt(res["accept_length"]))
     for k, v in enumerate(res["per_position"], 1):
         t.add_row(f"acceptance at draft position {k}", "", f"{v:.1%}")
     t.add_row("output identical to the target's (greedy)", "", "yes" if res["identical"] else "NO")

@@ -140,8 +140,9 @@ def probe(target, draft, prompts, configured: CaptureSpec, max_new: int, shape) 
     """Per wiring: teacher-forced acceptance per position on the target's own continuations of the prompts
     (thousands of positions, one forward each: precise and fast), and its simulated accept length; the
     configured and the best wirings are also decoded for real."""
+    from .decoding.compare import decode_set
     from .decoding.engine import Decoder
-    from .observe.metrics import aggregate
+    from .observe.metrics import rounded
     from .train.ttt import simulated_accept_length
 
     seqs = [p + Decoder(target).generate(p, max_new).token_ids for p in prompts]
@@ -158,7 +159,7 @@ def probe(target, draft, prompts, configured: CaptureSpec, max_new: int, shape) 
     best = max(ran, key=lambda r: sum(r["per_position"]))
     for r in {id(ran[0]): ran[0], id(best): best}.values():
         dec = Decoder(target, draft, shape, capture=CaptureSpec(tuple(r["after_layers"])), allow_other_target=True)
-        r["decoded_accept_length"] = round(aggregate([dec.generate(p, max_new).metrics for p in prompts]).accept_length, 4)
+        r["decoded_accept_length"] = rounded(decode_set(dec, prompts, max_new).metrics.accept_length, 4)
     return rows
 
 

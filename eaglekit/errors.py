@@ -3,6 +3,10 @@
 Every failure caused by input (a path, a config, a draft that does not fit its target, a sampling
 parameter) is raised as an `EaglekitError` with a stable code, a sentence that names the problem with
 the numbers involved, and a fix. The CLI prints these without a traceback; anything else is a bug.
+
+Every code the package raises (or reports as a doctor finding) is registered in CODES below with what it
+means and the usual fix; docs/errors.md is the same table for people, and docs/faults.md the fault
+classes behind the E2xx codes (a test checks that every code used in the package is registered here).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class EaglekitError(Exception):
         text = f"[{self.code}] {self.message}"
         if self.fix:
             text += f"\n  fix: {self.fix}"
+        if self.code in CODES:
+            text += f"\n  see: docs/errors.md#{self.code.lower()}"
         return text
 
 
@@ -47,3 +53,88 @@ class FeatureError(EaglekitError):
     """NaN / inf or wrongly shaped features seen at run time."""
 
     code = "E400"
+
+
+# code -> (what it means, the usual fix). The first digit is the class: 1 input (paths, files, options),
+# 2 contract (draft vs target: the fault classes of docs/faults.md), 3 generation parameters, 4 features
+# at run time. W / I are the doctor's warnings and notes. Messages name the numbers; this names the class.
+CODES: dict[str, tuple[str, str]] = {
+    "E000": ("an unclassified eaglekit error", "read the message; report it if it names no fix"),
+    "E100": ("bad input (generic)", "read the message"),
+    "E101": ("a path does not exist: model, draft, data, prompt or manifest folder or file",
+             "pass an existing path"),
+    "E102": ("a file exists but its content is not what it must be: invalid JSON, a missing field, "
+             "no usable record", "re-export or fix the file the message names"),
+    "E103": ("a rope type eaglekit's compact decoder does not implement",
+             "load the target with --backend hf"),
+    "E104": ("unsupported architecture, activation or rope type for the chosen backend",
+             "use --backend hf (transformers) or a supported family"),
+    "E105": ("a weights file is truncated, corrupt or in a format that cannot be read safely",
+             "re-download or re-export the checkpoint (safetensors)"),
+    "E106": ("weights are missing: no safetensors, a shard of the index absent, or transformers could not load "
+             "them", "copy every weights file into the folder"),
+    "E107": ("weights do not match the config (missing or extra tensors, wrong shapes)",
+             "check that config.json belongs to these weights"),
+    "E108": ("an option's value is not valid: a negative count, an unknown device / dtype / backend, a non-finite "
+             "temperature, an empty stop string, a malformed layer list",
+             "pass a value in the range the message gives (eaglekit COMMAND --help)"),
+    "E109": ("the tokenizer is missing or cannot do what was asked (no chat template, no tokenizer files)",
+             "copy the tokenizer files into the target folder, or leave out --chat"),
+    "E110": ("a folder is not a draft of a known format (e.g. a full model folder given as the draft)",
+             "pass the draft folder as --draft (a full model folder goes to --target)"),
+    "E111": ("the draft stores no embed_tokens.weight and no target embedding was given",
+             "load the draft together with its target"),
+    "E120": ("a training run cannot resume: its checkpoint has another draft vocabulary or settings",
+             "resume with the same data and settings, or use a new --out"),
+    "E121": ("an extraction folder holds features of another run", "use a new --out folder, or delete the old one"),
+    "E122": ("not enough free disk for the extraction", "free disk space or extract to another --out"),
+    "E123": ("the extraction is incomplete (shards missing)", "re-run eaglekit extract (it resumes)"),
+    "E124": ("a feature shard does not match its sha256 (corrupt or edited)",
+             "delete the shard and its manifest entry, then re-run extract"),
+    "E130": ("a command needs one (or exactly one) of several inputs", "give the inputs the message names"),
+    "E200": ("the draft and the target disagree (generic contract error)", "read the message"),
+    "E201": ("capture layer ids out of range for the target's depth", "capture layers in -1 .. num_layers-1"),
+    "E202": ("captured feature width differs from the draft fc's input width (wrong number of layers)",
+             "capture exactly as many layers as the draft was trained on"),
+    "E203": ("the draft's hidden size / vocabulary do not fit the target embedding it reuses",
+             "use a draft made for this target, or one that stores its own embed_tokens.weight"),
+    "E204": ("the draft was built for another target hidden size", "use a draft trained for this target"),
+    "E205": ("the draft's vocabulary differs from the target's", "use a draft made with the target's tokenizer"),
+    "E206": ("the draft vocabulary is larger than the target's", "draft_vocab_size <= the target's vocab size"),
+    "E207": ("d2t holds absolute ids or maps outside the target vocabulary",
+             "d2t must be offsets: target_id = i + d2t[i]"),
+    "E208": ("the draft (or features) were made for another target (fingerprint differs)",
+             "use the draft's own target, or --allow-other-target"),
+    "E209": ("training or extraction was started without a capture spec", "give --capture-layers or a default"),
+    "E210": ("the draft has a reduced vocabulary but no d2t", "add the d2t the draft was trained with"),
+    "E211": ("--draft-vocab-size contradicts the initial draft's vocabulary", "leave out --draft-vocab-size"),
+    "E212": ("d2t is not one-to-one", "rebuild d2t from distinct target ids"),
+    "E213": ("t2d does not mark the target ids d2t maps to", "derive t2d from d2t"),
+    "E214": ("the draft's tensors and its config disagree (e.g. lm_head rows vs draft_vocab_size)",
+             "re-export the draft"),
+    "E215": ("the draft was trained with another tokenizer or chat template", "use the draft's own tokenizer"),
+    "E217": ("d2t is not the mapping the lm_head was trained with (hash differs)", "restore the saved d2t"),
+    "E218": ("the checkpoint holds tensors its config does not use (a loader that ignores them computes another "
+             "function)", "set the config options those tensors need (e.g. norm_before_residual, attention_bias)"),
+    "E219": ("the draft folder declares different capture layers in different places",
+             "keep one set of ids, in each place's convention (eaglekit export)"),
+    "E290": ("doctor: another wiring beats the configured one (the draft was trained on other layers)",
+             "capture the layers the doctor names (--capture-layers, or fix the config's ids)"),
+    "E300": ("bad decoding parameters (generic)", "read the message"),
+    "E301": ("the prompt plus max_new_tokens exceeds the context or cache", "shorten the prompt or lower "
+             "--max-new-tokens"),
+    "E302": ("invalid sampling parameters (temperature, top_p, top_k)",
+             "temperature finite >= 0, top_p in (0, 1], top_k integer >= 0"),
+    "E303": ("invalid draft tree shape (steps, topk, draft tokens)", "steps, topk >= 1; draft tokens within the "
+             "tree's size"),
+    "E304": ("stop strings without a tokenizer", "give the target folder's tokenizer"),
+    "E305": ("the prompt is empty or holds ids outside the vocabulary", "tokenize with the target's tokenizer"),
+    "E306": ("max_new_tokens is negative or not an integer (Python API)", "pass an integer >= 0"),
+    "E400": ("bad features at run time (generic)", "read the message"),
+    "E401": ("NaN or inf in the captured target features", "run the target in float32 / bfloat16, check the layer"),
+    "W301": ("doctor: the draft folder records no capture layers (engines fall back to their default)",
+             "record eagle_config.eagle_aux_hidden_state_layer_ids"),
+    "I302": ("doctor: the draft records no target fingerprint", "none needed: the probe checks the pair"),
+    "I303": ("doctor: a norm option is set that some engines ignore", "check your engine version honours it"),
+    "I304": ("doctor: the configured wiring cannot run; the probe starts from another", "see the E2xx finding"),
+}

@@ -7,21 +7,18 @@ import torch
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target
+from .options import resolve_device
 
 
 def pick_device(name: str | None = "auto") -> str:
-    if name in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {name} was asked for but no CUDA device is visible", fix="use --device cpu",
-                         code="E108")
-    return name
+    """--device's one meaning in every command: auto = cuda if a CUDA device is visible, else cpu."""
+    return resolve_device(name)
 
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: bool = False) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes (worth it on a GPU, where the
-    engine captures the compiled kernels in CUDA graphs; the first generation pays the compile)."""
+    engine records the compiled kernels in CUDA graphs; the first generation pays the compile)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None

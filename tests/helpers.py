@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from eaglekit.draft.base import Draft
+
 FAMILY_CONFIGS = {
     "llama": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
@@ -46,34 +48,43 @@ def make_hf_model(folder: Path, family: str = "llama", seed: int = 0, dtype=torc
     return model
 
 
-class OracleDraft:
+class OracleDraft(Draft):
     """A stand-in draft that runs the target itself: it predicts exactly the target's greedy choices.
 
-    It speaks the draft interface the engine uses (reset / extend / step / to_target_ids / cache.length /
-    span). Draft entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot
-    0 holding the prompt's first token, which the oracle is told up front.
+    It implements the draft interface (eaglekit.draft.base.Draft) the engine uses, nothing more. Draft
+    entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot 0 holding
+    the prompt's first token, which the oracle is told up front.
     """
 
-    def __init__(self, target, first_token: int):
-        from types import SimpleNamespace
+    hidden_size = 1  # the oracle ignores hidden states: a width-1 dummy flows through the engine
 
+    def __init__(self, target, first_token: int):
         from eaglekit.models.layers import KVCache
 
         self.net = target.net
         self.cfg = target.cfg
         self.first = first_token
         self.device = target.device
-        self.dtype = target.dtype
+        self._dtype = target.dtype
         self._KVCache = KVCache
-        self.config = SimpleNamespace(hidden_size=1, draft_vocab_size=self.cfg.vocab_size)
-        self.fc = SimpleNamespace(weight=torch.zeros(1, dtype=target.dtype))
-        self.cache = SimpleNamespace(length=torch.zeros((), dtype=torch.long))
-        self.d2t = torch.zeros(self.cfg.vocab_size, dtype=torch.long)
+        self._committed = torch.zeros((), dtype=torch.long)
+
+    @property
+    def draft_vocab_size(self):
+        return self.cfg.vocab_size
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def committed(self):
+        return self._committed
 
     def reset(self, span):
         c = self.cfg
         self.kv = self._KVCache(c.num_layers, c.num_kv_heads, c.head_dim, span + 2, 1, self.device, self.dtype)
-        self.cache.length = torch.zeros((), dtype=torch.long)
+        self._committed = torch.zeros((), dtype=torch.long)
         self.span = span
 
     def to_target_ids(self, ids):
@@ -85,7 +96,7 @@ class OracleDraft:
             return self.net.lm_head(h[0]).float()
 
     def extend(self, feats, next_ids, n=None):
-        m, E = int(self.cache.length), next_ids.numel()
+        m, E = int(self._committed), next_ids.numel()
         n = E if n is None else int(n)
         if m == 0:
             ids = torch.cat([torch.tensor([self.first]), next_ids])
@@ -97,7 +108,7 @@ class OracleDraft:
             mask = torch.ones(E, m + 1 + E, dtype=torch.bool)
             mask[:, m + 1:] = torch.ones(E, E, dtype=torch.bool).tril_()
             logits = self._run(next_ids, slots, slots, mask)
-        self.cache.length = torch.tensor(m + n)
+        self._committed = torch.tensor(m + n)
         return torch.zeros(1), logits[n - 1]
 
     def step(self, hidden, ids, positions, slots, mask):

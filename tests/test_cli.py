@@ -91,3 +91,40 @@ def test_auto_and_profile_trace(tmp_path, capsys):
     assert res["metrics"]["new_tokens"] == 16 and res["tree"]["steps"] >= 2
     text = trace.read_text()
     assert "eaglekit.verify" in text and "eaglekit.draft_tree" in text
+
+
+def test_one_token_with_a_draft_reports_accept_length_not_applicable(model_dirs, draft_dir, capsys):
+    """max_new_tokens 1: the token comes from the prefill, no verify runs: accept length n/a, not 0.0."""
+    t = str(model_dirs["llama"])
+    argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "def", "--max-new-tokens", "1"]
+    m = _json(capsys, argv + ["--json"])["metrics"]
+    assert m["new_tokens"] == 1 and m["verify_count"] == 0
+    assert m["accept_length"] is None and m["accept_rate"] is None
+    assert main(argv) == 0
+    row = [x for x in capsys.readouterr().err.splitlines() if "accept length" in x]
+    assert row and "n/a" in row[0]
+
+
+def test_options_are_declared_once_and_the_api_agrees_with_the_cli():
+    """One source of defaults: the parser's defaults are the option objects' defaults, and the API functions
+    take those objects (run_regenerate used to default to temperature 0.0 / greedy share 1.0 / batch 32)."""
+    import inspect
+
+    from eaglekit.cli import build_parser
+    from eaglekit.options import ModelOptions, RegenOptions
+    from eaglekit.train.run import run_regenerate
+
+    ns = build_parser().parse_args(["regenerate", "--target", "t", "--data", "d", "--out", "o"])
+    assert RegenOptions.from_args(ns) == RegenOptions()
+    assert (ns.temperature, ns.greedy_share, ns.batch_size) == (0.8, 0.5, 64)
+    assert inspect.signature(run_regenerate).parameters["opts"].default is None  # -> RegenOptions()
+    sub = build_parser()._subparsers._group_actions[0].choices
+    helps = {}
+    for name, p in sub.items():
+        for a in p._actions:
+            for flag in ("--capture-layers", "--backend", "--dtype", "--device"):
+                if flag in a.option_strings:
+                    helps.setdefault(flag, set()).add(a.help)
+    assert all(len(h) == 1 for h in helps.values()), helps  # one declaration, one help text
+    assert len(helps["--device"]) == 1 and "auto (= cuda if" in next(iter(helps["--device"]))
+    assert ModelOptions().device == "auto"

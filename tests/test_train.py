@@ -185,15 +185,15 @@ def test_offline_training_equals_online(model_dirs, tmp_path):
 
 def test_training_learns(model_dirs, tmp_path):
     """A few dozen steps on the target's own continuations lift held-out accuracy well above the start."""
+    from eaglekit.options import ModelOptions, TrainOptions
     from eaglekit.train.run import run_train
-    from eaglekit.train.trainer import TrainConfig
 
     data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=64)
-    res0 = run_train(model_dirs["llama"], tmp_path / "r0", TrainConfig(out=str(tmp_path / "r0"), max_steps=1,
-                     batch_size=8, lr=1e-9), data=data, draft_vocab_size=96, heldout=0.15, log=lambda s: None)
-    res = run_train(model_dirs["llama"], tmp_path / "r1", TrainConfig(out=str(tmp_path / "r1"), max_steps=80,
-                    batch_size=8, lr=3e-3, warmup=5), data=data, draft_vocab_size=96, heldout=0.15,
-                    log=lambda s: None)
+    cpu = ModelOptions(device="cpu")
+    res0 = run_train(model_dirs["llama"], tmp_path / "r0", TrainOptions(data=str(data), max_steps=1, batch_size=8,
+                     lr=1e-9, draft_vocab_size=96, heldout=0.15), cpu, log=lambda s: None)
+    res = run_train(model_dirs["llama"], tmp_path / "r1", TrainOptions(data=str(data), max_steps=80, batch_size=8,
+                    lr=3e-3, warmup=5, draft_vocab_size=96, heldout=0.15), cpu, log=lambda s: None)
     before, after = res0["heldout"]["per_position_acc"][0], res["heldout"]["per_position_acc"][0]
     assert after > before + 0.2, (before, after)
 

@@ -4,8 +4,10 @@
     forward, tree mask) -> accept (path + bonus) -> keep the path's KV -> draft extend on the path]*
 
 Batch size 1. Each cycle is five fixed-shape phases over persistent device state (lengths, the root
-token, the draft's last hidden and logits), so on a GPU each phase is captured once in a CUDA graph and
-replayed; on a CPU the same functions run eagerly. The host reads one small tensor per cycle: the
+token, the draft's last hidden and logits), so on a GPU each phase is recorded once in a CUDA graph and
+replayed; on a CPU the same functions run eagerly. ("capture" in eaglekit means hidden-state capture
+only; CUDA graphs are "recorded".) The engine talks to the target and the draft only through their
+interfaces (models.base.Target, draft.base.Draft). The host reads one small tensor per cycle: the
 accepted count, the tree depth and the emitted tokens.
 """
 
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from ..capture import CaptureSpec
-from ..draft import Eagle3Draft, check_pair
+from ..draft import check_pair
+from ..draft.base import Draft
 from ..errors import GenerationError
 from ..models.base import Target
 from ..observe import trace
@@ -29,6 +32,37 @@ from .stops import Emitter
 from .tree import TreeShape, expand
 
 PHASES = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
+# On a GPU the cache span is rounded up to a multiple of this, so that the CUDA graphs recorded for one
+# generation (they bake in the span) serve the next generations of similar length.
+SPAN_ROUNDING = 256
+# torch.cuda.graphs needs a few eager runs on a side stream before recording (allocator, cuBLAS workspaces)
+WARMUP_RUNS = 2
+
+
+def record_graphs(warmup, record: dict, state: list[torch.Tensor]) -> dict[str, torch.cuda.CUDAGraph]:
+    """The one way the engine makes CUDA graphs: run every callable of `warmup` in order WARMUP_RUNS times
+    on a side stream, put back the `state` tensors those runs advanced (lengths, persistent inputs: the
+    runs write only pending slots besides), then record each callable of `record` in a graph, all graphs
+    sharing one memory pool (they run one after the other, never at once). Recording executes nothing."""
+    snap = [x.clone() for x in state]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(WARMUP_RUNS):
+            for fn in warmup:
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    for x, v in zip(state, snap):
+        x.copy_(v)
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    for name, fn in record.items():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            fn()
+        graphs[name] = g
+    torch.cuda.synchronize()
+    return graphs
 
 
 @dataclass
@@ -40,21 +74,21 @@ class GenerationResult:
 
 
 class Cycle:
-    """One EAGLE-3 cycle as fixed-shape phases over persistent state (capturable in CUDA graphs)."""
+    """One EAGLE-3 cycle as fixed-shape phases over persistent state (recordable in CUDA graphs)."""
 
-    def __init__(self, target: Target, draft: Eagle3Draft, shape: TreeShape, capture: CaptureSpec):
+    def __init__(self, target: Target, draft: Draft, shape: TreeShape, capture: CaptureSpec):
         self.t, self.d, self.shape, self.spec = target, draft, shape, capture
         dev, P = target.device, shape.path_len
         self.root = torch.zeros((), dtype=torch.long, device=dev)
-        self.h = torch.zeros(draft.config.hidden_size, dtype=draft.fc.weight.dtype, device=dev)
-        self.dl = torch.zeros(draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
+        self.h = torch.zeros(draft.hidden_size, dtype=draft.dtype, device=dev)
+        self.dl = torch.zeros(draft.draft_vocab_size, dtype=torch.float32, device=dev)
         self.path = torch.zeros(P, dtype=torch.long, device=dev)
         self.n = torch.ones((), dtype=torch.long, device=dev)
         self.bonus = torch.zeros((), dtype=torch.long, device=dev)
         self.emitted = torch.zeros(P, dtype=torch.long, device=dev)
         self.out = torch.zeros(P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.tree = self.logits = self.feats = None
-        self.graphs: dict[str, torch.cuda.CUDAGraph] | None = None
+        self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
 
     def start(self, root, h, dl) -> None:
         self.root.copy_(root)
@@ -88,46 +122,30 @@ class Cycle:
         self.root.copy_(self.bonus)
 
     # --- CUDA graphs ----------------------------------------------------------------------------
-    def capture(self, greedy: bool) -> None:
-        """Capture each phase in a CUDA graph. Warm-up runs mutate only pending slots and the state
-        snapshot below, which is restored before capture (capturing itself executes nothing)."""
-        snap = [x.clone() for x in (self.t.cache.length, self.d.cache.length, self.root, self.h, self.dl)]
-        names = [p for p in PHASES if greedy or p != "accept"]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                for p in PHASES:
-                    getattr(self, p)()
-        torch.cuda.current_stream().wait_stream(s)
-        for x, v in zip((self.t.cache.length, self.d.cache.length, self.root, self.h, self.dl), snap):
-            x.copy_(v)
-        pool = torch.cuda.graph_pool_handle()
-        self.graphs = {}
-        for p in names:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                getattr(self, p)()
-            self.graphs[p] = g
-        torch.cuda.synchronize()
+    def record(self, greedy: bool) -> None:
+        """Record each phase in a CUDA graph (sampling keeps its accept on the host side: not recorded)."""
+        phases = {p: getattr(self, p) for p in PHASES}
+        self.recorded = record_graphs(list(phases.values()),
+                                      {p: fn for p, fn in phases.items() if greedy or p != "accept"},
+                                      [self.t.committed, self.d.committed, self.root, self.h, self.dl])
 
     def run(self, phase: str) -> None:
-        if self.graphs is not None and phase in self.graphs:
-            self.graphs[phase].replay()
+        if self.recorded is not None and phase in self.recorded:
+            self.recorded[phase].replay()
         else:
             getattr(self, phase)()
 
 
 class Decoder:
-    def __init__(self, target: Target, draft: Eagle3Draft | None = None, shape: TreeShape | None = None,
+    def __init__(self, target: Target, draft: Draft | None = None, shape: TreeShape | None = None,
                  capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
                  graphs: bool | str = "auto", profile_ranges: bool = False):
         self.target, self.draft = target, draft
         self.shape = shape or TreeShape.make()
         self.profiler = Profiler(profile, target.device, ranges=profile_ranges)
         self.graphs = (target.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
-        self._cycles: dict = {}
-        self._steps: dict = {}
+        self._cycles: dict = {}  # recorded cycles by (shape, greedy, target and draft storage)
+        self._steps: dict = {}  # recorded baseline steps by target storage
         if draft is not None:
             # the decoder's own: passed to the target on every call, never stored on the (shared) target
             self.capture = check_pair(draft, target, capture, allow_other_target)
@@ -139,6 +157,9 @@ class Decoder:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.target.device).view(-1)
         if ids.numel() == 0:
             raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}",
+                                  fix="e.g. --max-new-tokens 128", code="E306")
         V = self.target.info.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= V:
             raise GenerationError(f"prompt token ids must lie in 0..{V - 1}", fix="tokenize with the target's tokenizer",
@@ -152,8 +173,8 @@ class Decoder:
         return ids
 
     def _span(self, need: int) -> int:
-        # on a GPU, round up so that CUDA graphs captured for one generation serve the next ones
-        return -(-need // 256) * 256 if self.graphs else need
+        # on a GPU, round up so that CUDA graphs recorded for one generation serve the next ones
+        return -(-need // SPAN_ROUNDING) * SPAN_ROUNDING if self.graphs else need
 
     def _use_graphs(self) -> bool:
         return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
@@ -185,7 +206,7 @@ class Decoder:
 
     def _baseline(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:
         t, ph = self.target, self.profiler.phase
-        # the baseline captures nothing (no capture argument)
+        # the baseline captures no hidden states (no capture argument)
         t.reset(self._span(ids.numel() + em.max_new_tokens + 1))
         trace.set_cycle(0)
         with ph("prefill"):
@@ -210,25 +231,14 @@ class Decoder:
     def _graphed_step(self, tok):
         """A CUDA graph of one greedy decode step: feeds `buf` and writes the next token back into it."""
         t = self.target
-        key = (t.span, id(t.cache.k))
+        key = t.storage_key()
         if key not in self._steps:
             buf = torch.zeros((), dtype=torch.long, device=t.device)
-            snap = t.cache.length.clone()
 
-            def fn():
+            def step():
                 buf.copy_(t.step(buf.view(1)).argmax(-1))
 
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(s)
-            t.cache.length.copy_(snap)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            self._steps[key] = (g, buf)
+            self._steps[key] = (record_graphs([step], {"step": step}, [t.committed])["step"], buf)
         g, buf = self._steps[key]
         buf.copy_(tok)
         return g, buf
@@ -237,10 +247,10 @@ class Decoder:
         t, d = self.target, self.draft
         if not self._use_graphs():
             return Cycle(t, d, self.shape, self.capture)
-        key = (self.shape, greedy, t.span, id(t.cache.k), id(d.cache.k))
+        key = (self.shape, greedy, t.storage_key(), d.storage_key())
         if key not in self._cycles:
             self._cycles[key] = Cycle(t, d, self.shape, self.capture)
-            self._cycles[key].capture(greedy)
+            self._cycles[key].record(greedy)
         return self._cycles[key]
 
     def _speculative(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:

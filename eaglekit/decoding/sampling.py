@@ -22,8 +22,8 @@ class SamplingParams:
 
     def __post_init__(self):
         t, p, k = self.temperature, self.top_p, self.top_k
-        if not isinstance(t, (int, float)) or t != t or t < 0:
-            raise GenerationError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}",
+        if not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
+            raise GenerationError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}",
                                   fix="e.g. --temperature 0.7", code="E302")
         if not isinstance(p, (int, float)) or p != p or not (0 < p <= 1):
             raise GenerationError(f"top_p must lie in (0, 1], got {p!r}", fix="e.g. --top-p 0.9", code="E302")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..draft.base import Draft
 from ..errors import GenerationError
 
 # Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
@@ -62,14 +63,14 @@ class Tree:
     mask: torch.Tensor  # [D, D] bool: row i marks i's ancestors and i itself
 
 
-def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
+def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
            shape: TreeShape) -> Tree:
     """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`.
 
     Fixed shapes, no host synchronisation: the draft's committed length is a device tensor and every
     draft step attends over the draft's whole span (committed slots + this tree's pending slots)."""
     K, dev = shape.topk, logits_last.device
-    m = draft.cache.length  # committed draft entries (0-d tensor); tree steps write past them
+    m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
     S = draft.span
     p = torch.softmax(logits_last.float(), -1)
     top_p, top_i = p.topk(K)
@@ -110,7 +111,7 @@ def expand(draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: t
     parents = torch.cat(cand_parents)
     depths = torch.cat(cand_depths)
     n_sel = shape.draft_tokens - 1
-    key = scores * torch.exp(depths.float() * math.log(_DECAY))  # (no host scalar: CUDA-graph safe)
+    key = scores * torch.exp(depths.float() * math.log(_DECAY))  # (no host scalar: recordable in a CUDA graph)
     sel = key.topk(n_sel).indices.sort().values  # generation order: parents before children
     node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
     node_of[sel] = torch.arange(1, n_sel + 1, device=dev)

@@ -18,8 +18,9 @@ import torch.nn as nn
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.config import RopeConfig
-from ..models.layers import MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
+from ..models.layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
 from ..observe import trace
+from .base import Draft
 
 
 @dataclass
@@ -89,7 +90,7 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), new_kv
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(nn.Module, Draft):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.config = c
@@ -141,7 +142,7 @@ class Eagle3Draft(nn.Module):
         if trace.ENABLED:
             trace.record("draft.input.embedding", emb)
         cos, sin = self.rotary(positions, h.dtype)
-        if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= 64:
+        if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
             h, new_kv = self.compiled_layer(self.midlayer, emb, h, cos, sin, kv, slots, mask)
         else:
             h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
@@ -150,7 +151,26 @@ class Eagle3Draft(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    # --- decoding state (batch 1) ----------------------------------------------------------------
+    # --- the Draft interface (decoding state, batch 1) ---------------------------------------------
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def committed(self) -> torch.Tensor:
+        return self.cache.length
+
+    def storage_key(self) -> tuple:
+        return (self.span, self.cache.uid)
+
     def reset(self, span: int) -> None:
         c, p = self.config, self.fc.weight
         if self.cache is None or self.cache.max_len < span or self.cache.k.dtype != p.dtype:

@@ -2,10 +2,11 @@
 
 A target holds one sequence's KV cache, its committed length a 0-d device tensor. Which residual streams
 are captured is per call (`capture`, a CaptureSpec or None): a target shared by several decoders, the
-baseline, the doctor's probe or a trainer keeps no capture state of its own. `prefill` runs the prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
+baseline, the doctor's probe or a trainer keeps no capture state of its own.
+`prefill` runs the prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
 per-node depths) and returns their logits and captured features; `keep` commits an accepted path
 (indices into the pending tokens, padded to a fixed size, `n` of them valid) and drops the rest.
-On our decoder all three are fixed-shape device work, so the engine can capture them in CUDA graphs.
+On our decoder all three are fixed-shape device work, so the engine can record them in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ class Target(ABC):
     @abstractmethod
     def length(self) -> int:
         """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """Committed tokens as a 0-d long device tensor. A static target returns its live counter, which
+        verify/keep advance on the device (the engine saves and restores it around CUDA-graph warm-up);
+        the default, for eager targets, is a copy of `length`."""
+        return torch.tensor(self.length, device=self.device)
+
+    def storage_key(self) -> tuple:
+        """Names the device buffers decode calls use; changes when `reset` reallocates them, so CUDA graphs
+        recorded against older buffers are never replayed. Default: the span (eager targets)."""
+        return (self.span,)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, capture: CaptureSpec | None = None):

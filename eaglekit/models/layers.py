@@ -9,6 +9,7 @@ passes S = S_max (fixed shapes, no recompiles).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -16,6 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import RopeConfig
+
+# torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
+# longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape
+COMPILE_MAX_TOKENS = 64
 
 
 class RMSNorm(nn.Module):
@@ -188,6 +193,9 @@ def span_mask(length: torch.Tensor, block: torch.Tensor, S: int, sliding_window:
     return mask[None]
 
 
+_CACHE_IDS = itertools.count()
+
+
 class KVCache:
     """Static KV cache for a stack of layers: k, v [L, B, Hkv, S_max, hd]. Batch 1 when decoding.
 
@@ -202,6 +210,7 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.uid = next(_CACHE_IDS)  # unique per allocation (unlike id(), never reused): keys recorded CUDA graphs
 
     def layer(self, i):
         return self.k[i], self.v[i]

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .base import Target, TargetInfo
 from .config import TargetConfig, load_target_config
-from .layers import MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
+from .layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -62,7 +62,8 @@ class LlamaModel(nn.Module):
         if -1 in capture:
             caught[-1] = x
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
-        fast = self.compiled_layer if (self.compiled_layer is not None and ids.shape[1] <= 64) else None
+        small = ids.shape[1] <= COMPILE_MAX_TOKENS
+        fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             x = fast(layer, x, cos, sin, kv, slots, mask) if fast else layer(x, cos, sin, kv, slots, mask)
@@ -114,6 +115,13 @@ class LlamaTarget(Target):
     def length(self) -> int:
         return int(self.cache.length) if self.cache is not None else 0
 
+    @property
+    def committed(self) -> torch.Tensor:
+        return self.cache.length
+
+    def storage_key(self) -> tuple:
+        return (self.span, self.cache.uid)
+
     def _forward(self, ids, depths, block, capture):
         T = ids.numel()
         L = self.cache.length
@@ -133,7 +141,7 @@ class LlamaTarget(Target):
 
     def compile(self) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
-        by every layer; the engine then captures the compiled kernels in its CUDA graphs). GPU only."""
+        by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only."""
         self.net.compiled_layer = torch.compile(DecoderLayer.forward, dynamic=False)
 
     def fuse(self) -> None:

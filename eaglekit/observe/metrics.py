@@ -3,6 +3,8 @@
 Conventions (reference.md section 5):
 - accept_length: tokens emitted per verify, the bonus included (SGLang's scale; vLLM's "mean acceptance
   length" is the same number). Counted before any stop truncation: it measures the draft, not the stop.
+  None (JSON null, "n/a" in tables) when no verify ran: e.g. max_new_tokens 1, whose token comes from
+  the prefill alone; it is not applicable, not zero. accept_rate likewise.
 - accept_rate: accepted draft tokens / (verifies x (draft_tokens - 1)) (SGLang).
 - per_position[k]: of the verifies whose tree reached depth k+1, the fraction that accepted at least
   k+1 tokens (vLLM's acceptance per draft position).
@@ -37,13 +39,13 @@ class GenerationMetrics:
         return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
-    def accept_length(self) -> float:
-        return (sum(self.accepted) + self.verify_count) / self.verify_count if self.verify_count else 0.0
+    def accept_length(self) -> float | None:
+        return (sum(self.accepted) + self.verify_count) / self.verify_count if self.verify_count else None
 
     @property
-    def accept_rate(self) -> float:
+    def accept_rate(self) -> float | None:
         denom = self.verify_count * max(self.draft_tokens - 1, 1)
-        return sum(self.accepted) / denom if self.verify_count else 0.0
+        return sum(self.accepted) / denom if self.verify_count else None
 
     @property
     def per_position(self) -> list[float]:
@@ -68,12 +70,22 @@ class GenerationMetrics:
         d = {"new_tokens": self.new_tokens, "prompt_tokens": self.prompt_tokens,
              "elapsed_s": round(self.elapsed_s, 6), "tokens_per_s": round(self.tokens_per_s, 3)}
         if self.speculative:
-            d.update(accept_length=round(self.accept_length, 4), accept_rate=round(self.accept_rate, 4),
+            d.update(accept_length=rounded(self.accept_length, 4), accept_rate=rounded(self.accept_rate, 4),
                      verify_count=self.verify_count, per_position=[round(x, 4) for x in self.per_position],
                      histogram=self.histogram, draft_tokens=self.draft_tokens)
         if self.phases:
             d["phases_s"] = {k: round(v, 6) for k, v in self.phases.items()}
         return d
+
+
+def rounded(x: float | None, digits: int) -> float | None:
+    """round() that keeps a not-applicable metric (None) as None."""
+    return None if x is None else round(x, digits)
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    """A metric for a table: "n/a" where it does not apply (no verify ran)."""
+    return "n/a" if x is None else format(x, spec)
 
 
 def aggregate(runs: list[GenerationMetrics]) -> GenerationMetrics:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .metrics import GenerationMetrics
+from .metrics import GenerationMetrics, fmt
 
 _console = Console(stderr=True)
 
@@ -22,8 +22,8 @@ def metrics_table(m: GenerationMetrics, title: str = "generation") -> Table:
     t.add_row("tokens/s", f"{m.tokens_per_s:.1f}")
     if m.speculative:
         t.add_row("verify count", str(m.verify_count))
-        t.add_row("accept length (tokens per verify)", f"{m.accept_length:.2f}")
-        t.add_row("accept rate", f"{m.accept_rate:.1%}")
+        t.add_row("accept length (tokens per verify)", fmt(m.accept_length))
+        t.add_row("accept rate", fmt(m.accept_rate, ".1%"))
         for k, v in enumerate(m.per_position, 1):
             t.add_row(f"  acceptance at position {k}", f"{v:.1%}")
         t.add_row("accepted-length histogram", " ".join(f"{a}:{n}" for a, n in enumerate(m.histogram)))
@@ -60,7 +60,7 @@ def sweep_table(res: dict) -> Table:
     best = res["best"]
     for r in sorted(res["rows"], key=lambda r: -r["tokens_per_s"]):
         mark = " <- best" if r is best or r == best else ""
-        t.add_row(str(r["steps"]), str(r["topk"]), str(r["draft_tokens"]), f"{r['accept_length']:.2f}",
+        t.add_row(str(r["steps"]), str(r["topk"]), str(r["draft_tokens"]), fmt(r["accept_length"]),
                   f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x{mark}")
     return t
 

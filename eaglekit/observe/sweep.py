@@ -11,14 +11,18 @@ import csv
 import json
 from pathlib import Path
 
+from ..decoding.compare import decode_set
 from ..decoding.engine import Decoder
 from ..decoding.sampling import SamplingParams
 from ..decoding.tree import TreeShape
 from ..errors import GenerationError
-from .metrics import aggregate
+from .metrics import fmt, rounded
 
 DEFAULT_GRID = dict(steps=(1, 3, 5), topk=(1, 4, 8), draft_tokens=(4, 8, 16, 32))
 AUTO_GRID = dict(steps=(2, 3, 4, 5, 6), topk=(1, 2, 4), draft_tokens=(4, 6, 8, 12, 16))
+WARMUP_TOKENS = 16
+# --auto: a short sweep of this many prompts and tokens
+AUTO_PROMPTS, AUTO_TOKENS = 2, 32
 
 
 def shapes(steps, topk, draft_tokens) -> list[TreeShape]:
@@ -35,11 +39,6 @@ def shapes(steps, topk, draft_tokens) -> list[TreeShape]:
     return out
 
 
-def _measure(dec: Decoder, prompts, max_new, sp, baseline=False):
-    dec.generate(prompts[0], min(max_new, 16), sp, baseline=baseline)  # warm-up (and graph capture)
-    return aggregate([dec.generate(p, max_new, sp, baseline=baseline).metrics for p in prompts])
-
-
 def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp: SamplingParams | None = None,
           max_new_tokens: int = 64, capture=None, allow_other_target: bool = False, progress: bool = True) -> dict:
     grid = grid or DEFAULT_GRID
@@ -48,7 +47,8 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
     if not todo:
         raise GenerationError("no valid (steps, topk, draft tokens) setting in the sweep", code="E303",
                               fix="with topk > 1, draft tokens must lie in 2 .. 1 + topk + (steps-1) * topk^2")
-    base = _measure(Decoder(target), prompts, max_new_tokens, sp, baseline=True)
+    # warm-up: a short generation first (allocations, CUDA-graph recording) outside the timings
+    base = decode_set(Decoder(target), prompts, max_new_tokens, sp, baseline=True, warmup=WARMUP_TOKENS).metrics
     rows = []
     it = todo
     if progress:
@@ -57,9 +57,9 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
         it = tqdm(todo, desc="sweep", unit="setting")
     for sh in it:
         dec = Decoder(target, draft, sh, capture=capture, allow_other_target=allow_other_target)
-        m = _measure(dec, prompts, max_new_tokens, sp)
+        m = decode_set(dec, prompts, max_new_tokens, sp, warmup=WARMUP_TOKENS).metrics
         rows.append({"steps": sh.steps, "topk": sh.topk, "draft_tokens": sh.draft_tokens,
-                     "accept_length": round(m.accept_length, 4), "accept_rate": round(m.accept_rate, 4),
+                     "accept_length": rounded(m.accept_length, 4), "accept_rate": rounded(m.accept_rate, 4),
                      "per_position": [round(x, 4) for x in m.per_position],
                      "tokens_per_s": round(m.tokens_per_s, 2),
                      "speedup": round(m.tokens_per_s / base.tokens_per_s, 4) if base.tokens_per_s else 0.0})
@@ -70,8 +70,9 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
 
 
 def auto_shape(target, draft, prompts, sp=None, capture=None, allow_other_target=False) -> TreeShape:
-    """A short sweep (two prompts, 32 tokens) over AUTO_GRID; the fastest setting."""
-    res = sweep(target, draft, prompts[:2], AUTO_GRID, sp, 32, capture, allow_other_target, progress=False)
+    """A short sweep (AUTO_PROMPTS prompts, AUTO_TOKENS tokens) over AUTO_GRID; the fastest setting."""
+    res = sweep(target, draft, prompts[:AUTO_PROMPTS], AUTO_GRID, sp, AUTO_TOKENS, capture, allow_other_target,
+                progress=False)
     b = res["best"]
     return TreeShape(b["steps"], b["topk"], b["draft_tokens"])
 
@@ -113,7 +114,7 @@ def heatmap(res: dict, path: Path) -> None:
             i, j = dts.index(r["draft_tokens"]), steps.index(r["steps"])
             grid[i, j] = r["speedup"]
             dark = r["speedup"] < (vmin + vmax) / 2
-            ax.text(j, i, f"{r['speedup']:.2f}x\n{r['accept_length']:.2f}", ha="center", va="center", fontsize=8,
+            ax.text(j, i, f"{r['speedup']:.2f}x\n{fmt(r['accept_length'])}", ha="center", va="center", fontsize=8,
                     color="white" if dark else "black")
         im = ax.imshow(grid, cmap="viridis", vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
         ax.set_xticks(range(len(steps)), [str(s) for s in steps])

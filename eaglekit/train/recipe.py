@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..io import atomic_write_json
+from ..observe.metrics import fmt
 
 PRESETS = {
     # what the shipped pair was trained with (one H200)
@@ -223,25 +224,19 @@ def heldout_prompts(corpus, tok, n: int, max_tokens: int = 120) -> list[str]:
 
 
 def stage_eval(out: Path, target, draft, tok, prompts, examples, p: dict, device: str, log) -> dict:
+    from ..decoding.compare import compare
     from ..decoding.engine import Decoder
     from ..decoding.tree import TreeShape
-    from ..observe.metrics import aggregate
 
     res = {}
     for name, shape in (("chain (3,1,4)", TreeShape(3, 1, 4)), ("tree (6,8,48)", TreeShape(6, 8, 48))):
-        dec = Decoder(target, draft, shape)
-        runs, identical = [], True
-        for text in prompts[: p["eval_prompts"]]:
-            ids = tok(text)["input_ids"]
-            r = dec.generate(ids, p["eval_new"])
-            b = dec.generate(ids, p["eval_new"], baseline=True)
-            identical &= r.token_ids == b.token_ids
-            runs.append(r.metrics)
-        m = aggregate(runs)
-        res[name] = {"accept_length": round(m.accept_length, 3), "per_position": [round(x, 3) for x in
-                     m.per_position], "identical_to_baseline": identical, "prompts": len(runs)}
-        log(f"eval {name}: accept length {m.accept_length:.2f}, per position "
-            f"{[round(x, 2) for x in m.per_position]}, identical {identical}")
+        ids = [tok(text)["input_ids"] for text in prompts[: p["eval_prompts"]]]
+        c = compare(Decoder(target, draft, shape), ids, p["eval_new"], alternate=False)
+        m = c.eagle.metrics
+        res[name] = {"accept_length": c.summary()["accept_length"], "per_position": [round(x, 3) for x in
+                     m.per_position], "identical_to_baseline": c.identical, "prompts": len(ids)}
+        log(f"eval {name}: accept length {fmt(m.accept_length)}, per position "
+            f"{[round(x, 2) for x in m.per_position]}, identical {c.identical}")
     atomic_write_json(out / "eval.json", res)
     return res
 

@@ -10,6 +10,7 @@ import torch
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..io import atomic_write_json
+from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
 from .data import Example, load_examples
 from .trainer import TrainConfig, dist_info, evaluate_ttt, init_distributed, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
@@ -72,23 +73,26 @@ class _Indexed:
         return self.src.batch(indices, device)
 
 
-def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_draft=None,
-              capture: CaptureSpec | None = None, draft_vocab_size: int | None = None, max_len: int = 2048,
-              heldout: float = 0.02, backend="auto", device="cpu", dtype=None, log=print) -> dict:
+def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
+    """Train a draft for `target_dir` into the run folder `out` (checkpoint/, train_log.jsonl, draft/).
+    `model`: backend, device, dtype and the capture (default: the target's default capture)."""
     from ..draft import save_draft
     from ..tokenizer import load_tokenizer
     from .extract import FeatureStore
     from .sources import OnlineSource
 
+    model = model or ModelOptions()
+    cfg = opts.config(out)
+    data, features, capture, heldout = opts.data, opts.features, model.capture, opts.heldout
     if (data is None) == (features is None):
         raise InputError("give exactly one of --data (online: features computed while training) or --features "
                          "(offline: a folder written by eaglekit extract)", code="E130")
-    device = init_distributed(device)
+    device = init_distributed(model.device_name)
     world, rank = dist_info()
     if features is not None:
         store = FeatureStore(features)
         capture = capture or store.capture
-    target, capture = _target(target_dir, backend, device, dtype, capture)
+    target, capture = _target(target_dir, model.backend, device, model.dtype_name, capture)
     if features is not None:
         store = FeatureStore(features, target.info, capture)
         counts = store.token_counts()
@@ -99,13 +103,13 @@ def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_
         train_idx, held_idx = order[k:], order[:k]
     else:
         tok = load_tokenizer(target_dir, required=False)
-        examples = load_examples(data, tok, max_len)
+        examples = load_examples(data, tok, opts.max_len)
         train_ex, held_ex = _split(examples, heldout, cfg.seed)
         counts = count_tokens(train_ex, target.info.vocab_size)
         src = OnlineSource(target, train_ex + held_ex, capture)
         train_idx = list(range(len(train_ex)))
         held_idx = list(range(len(train_ex), len(train_ex) + len(held_ex)))
-    draft, hot, coverage = prepare_draft(target, counts, capture, draft_vocab_size, init_draft, cfg.seed)
+    draft, hot, coverage = prepare_draft(target, counts, capture, opts.draft_vocab_size, opts.init_draft, cfg.seed)
     if rank == 0 and coverage is not None:
         log(f"draft vocabulary: {hot.numel()} of {target.info.vocab_size} target tokens, covering {coverage:.1%} "
             f"of the loss-masked training tokens")
@@ -118,64 +122,66 @@ def run_train(target_dir, out, cfg: TrainConfig, data=None, features=None, init_
     return res
 
 
-def run_extract(target_dir, data, out, capture=None, max_len=2048, shard_size=256, batch_size=8,
-                feat_dtype="bfloat16", backend="auto", device="cpu", dtype=None, log=print) -> dict:
+def run_extract(target_dir, data, out, opts: ExtractOptions | None = None, model: ModelOptions | None = None,
+                log=print) -> dict:
     from ..tokenizer import load_tokenizer
     from .extract import extract
 
-    target, capture = _target(target_dir, backend, device, dtype, capture)
-    examples = load_examples(data, load_tokenizer(target_dir, required=False), max_len)
-    return extract(target, examples, out, capture, shard_size=shard_size, batch_size=batch_size, dtype=feat_dtype, log=log)
+    opts, model = opts or ExtractOptions(), model or ModelOptions()
+    target, capture = _target(target_dir, model.backend, model.device_name, model.dtype_name, model.capture)
+    examples = load_examples(data, load_tokenizer(target_dir, required=False), opts.max_len)
+    return extract(target, examples, out, capture, shard_size=opts.shard_size, batch_size=opts.batch_size,
+                   dtype=opts.feature_dtype, log=log)
 
 
-def run_eval(target_dir, draft_dir, data=None, prompts=None, shape=None, max_new_tokens=128, max_len=2048,
-             ttt_length=7, batch_size=8, capture=None, backend="auto", device="cpu", dtype=None) -> dict:
+def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | None = None,
+             model: ModelOptions | None = None) -> dict:
+    """Held-out TTT accuracy (opts.data) and/or the real engine on prompts (opts.prompt_file), decoded with
+    `decode` (its tree and max_new_tokens) and compared with the target alone."""
+    from ..decoding.compare import compare
     from ..decoding.engine import Decoder
     from ..draft import check_pair
-    from ..observe.metrics import aggregate
     from ..pair import load_pair
     from ..tokenizer import encode, load_tokenizer, read_prompts
     from .sources import OnlineSource
 
-    if data is None and prompts is None:
+    decode, model = decode or DecodeOptions(), model or ModelOptions()
+    if opts.data is None and opts.prompt_file is None:
         raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
                          "decode)", code="E130")
-    target, draft = load_pair(target_dir, draft_dir, backend, device, dtype)
-    spec = check_pair(draft, target, capture)
+    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name)
+    spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}
     tok = load_tokenizer(target_dir, required=False)
-    if data is not None:
-        examples = load_examples(data, tok, max_len)
+    if opts.data is not None:
+        examples = load_examples(opts.data, tok, opts.max_len)
         hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
-        cfg = TrainConfig(out="", batch_size=batch_size, ttt_length=ttt_length)
+        cfg = TrainConfig(out="", batch_size=opts.batch_size, ttt_length=opts.ttt_length)
         out["ttt"] = evaluate_ttt(draft, OnlineSource(target, examples, spec), list(range(len(examples))),
                                   target.lm_head_weight(), hot, cfg, target.device)
-    if prompts is not None:
+    if opts.prompt_file is not None:
         if tok is None:
             raise InputError(f"no tokenizer in {target_dir} to encode the prompts", code="E109")
-        dec = Decoder(target, draft, shape, capture=spec)
-        runs, identical = [], True
-        for text in read_prompts(prompts):
-            ids = encode(tok, text)
-            r = dec.generate(ids, max_new_tokens)
-            identical &= r.token_ids == dec.generate(ids, max_new_tokens, baseline=True).token_ids
-            runs.append(r.metrics)
-        m = aggregate(runs)
+        dec = Decoder(target, draft, decode.shape(), capture=spec, allow_other_target=model.allow_other_target)
+        ids = [encode(tok, text) for text in read_prompts(opts.prompt_file)]
+        c = compare(dec, ids, decode.max_new_tokens, alternate=False)
         out["decode"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens,
-                         "prompts": len(runs), "identical_to_target": identical, **m.to_dict()}
+                         "prompts": len(ids), "identical_to_target": c.identical, **c.eagle.metrics.to_dict()}
     return out
 
 
-def run_regenerate(target_dir, data, out, max_new_tokens=256, temperature=0.0, greedy_share=1.0, batch_size=32,
-                   seed=0, prompt_len=64, max_prompts=None, backend="auto", device="cpu", dtype=None) -> int:
+def run_regenerate(target_dir, data, out, opts: RegenOptions | None = None, model: ModelOptions | None = None) -> int:
     """Text data: windows of `prompt_len` tokens, continued by the target (loss on all tokens).
-    Chat data: the conversation up to its first assistant turn, answered by the target (loss on the answer)."""
+    Chat data: the conversation up to its first assistant turn, answered by the target (loss on the answer).
+    The defaults are RegenOptions', the same as the CLI's."""
     from ..models import load_target
     from ..tokenizer import load_tokenizer
     from .data import _roles, read_records, write_examples
     from .regen import regenerate
 
-    target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
+    opts, model = opts or RegenOptions(), model or ModelOptions()
+    prompt_len, max_prompts, seed = opts.prompt_len, opts.max_prompts, opts.seed
+    target = load_target(target_dir, backend=model.backend, device=model.device_name, dtype=model.dtype_name)
     tok = load_tokenizer(target_dir)
     text_prompts, chat_prompts = [], []
     for kind, rec in read_records(data):
@@ -195,11 +201,11 @@ def run_regenerate(target_dir, data, out, max_new_tokens=256, temperature=0.0, g
     eos = target.info.eos_token_ids
     ex = []
     if text_prompts:
-        ex += regenerate(target, text_prompts, max_new_tokens, batch_size, temperature, greedy_share, seed, eos,
-                         mask_prompt=False)
+        ex += regenerate(target, text_prompts, opts.max_new_tokens, opts.batch_size, opts.temperature,
+                         opts.greedy_share, seed, eos, mask_prompt=False)
     if chat_prompts:
-        ex += regenerate(target, chat_prompts, max_new_tokens, batch_size, temperature, greedy_share, seed + 1, eos,
-                         mask_prompt=True)
+        ex += regenerate(target, chat_prompts, opts.max_new_tokens, opts.batch_size, opts.temperature,
+                         opts.greedy_share, seed + 1, eos, mask_prompt=True)
     if not ex:
         raise InputError(f"no prompt could be made from {data}", code="E102")
     write_examples(out, ex)

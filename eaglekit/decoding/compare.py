@@ -1,0 +1,97 @@
+"""Decode a prompt set, with the draft and with the target alone, compare, aggregate: the one loop
+behind `eaglekit demo`, `eval`, `sweep`, the recipe's evaluation and the doctor's decoded check.
+
+    runs = decode_set(dec, prompts, 64)                      # one mode: results + aggregate metrics
+    cmp = compare(dec, prompts, 64, warmup=16)               # both modes, prompt by prompt
+    cmp.identical, cmp.eagle.metrics.accept_length, cmp.speedup, cmp.summary(), cmp.rows()
+
+Greedy speculative output must equal the baseline's token for token (losslessness), so `identical`
+is the check; under sampling the two modes draw differently and `identical` is not expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..observe.metrics import GenerationMetrics, aggregate, rounded
+from .engine import Decoder, GenerationResult
+from .sampling import SamplingParams
+
+
+@dataclass
+class RunSet:
+    """Every prompt's result in one mode, and their aggregate (tokens/s = all new tokens / all wall time)."""
+
+    results: list[GenerationResult]
+    metrics: GenerationMetrics
+
+
+def warm_up(dec: Decoder, prompt, tokens: int, sampling: SamplingParams | None = None, baseline: bool = False):
+    """One short generation whose first-call costs (allocations, CUDA-graph recording, compiles) stay out
+    of the timings that follow."""
+    if tokens > 0:
+        dec.generate(prompt, tokens, sampling, baseline=baseline)
+
+
+def decode_set(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams | None = None,
+               baseline: bool = False, warmup: int = 0) -> RunSet:
+    """Each prompt decoded in one mode (the draft, or the target alone with baseline=True)."""
+    if prompts:
+        warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline)
+    res = [dec.generate(p, max_new_tokens, sampling, baseline=baseline) for p in prompts]
+    return RunSet(res, aggregate([r.metrics for r in res]))
+
+
+@dataclass
+class Comparison:
+    prompt_tokens: list[int]
+    eagle: RunSet
+    baseline: RunSet
+    same: list[bool]  # per prompt: the draft's output equals the target's
+
+    @property
+    def identical(self) -> bool:
+        return all(self.same)
+
+    @property
+    def speedup(self) -> float:
+        b = self.baseline.metrics.tokens_per_s
+        return self.eagle.metrics.tokens_per_s / b if b else 0.0
+
+    def summary(self) -> dict:
+        E, B = self.eagle.metrics, self.baseline.metrics
+        return {"accept_length": rounded(E.accept_length, 3), "accept_rate": rounded(E.accept_rate, 4),
+                "per_position": [round(x, 4) for x in E.per_position], "histogram": E.histogram,
+                "baseline_tokens_per_s": round(B.tokens_per_s, 2), "eagle_tokens_per_s": round(E.tokens_per_s, 2),
+                "speedup": round(self.speedup, 3), "identical": self.identical, "prompts": len(self.same),
+                "new_tokens": E.new_tokens}
+
+    def rows(self) -> list[dict]:
+        return [{"prompt_tokens": n, "new_tokens": e.metrics.new_tokens, "identical": same,
+                 "accept_length": rounded(e.metrics.accept_length, 3),
+                 "baseline_tokens_per_s": round(b.metrics.tokens_per_s, 1),
+                 "eagle_tokens_per_s": round(e.metrics.tokens_per_s, 1)}
+                for n, e, b, same in zip(self.prompt_tokens, self.eagle.results, self.baseline.results, self.same)]
+
+
+def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, warmup: int = 0,
+            alternate: bool = True, progress: str | None = None) -> Comparison:
+    """Each prompt decoded with the draft and with the target alone. `alternate` swaps the order on every
+    other prompt so that neither mode always runs on a warmer cache; `progress` names a tqdm bar."""
+    if prompts and warmup:
+        warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling)
+        warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True)
+    it = prompts
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(prompts, desc=progress, unit="prompt", leave=False)
+    eagle, base = [], []
+    for i, p in enumerate(it):
+        order = (True, False) if (alternate and i % 2 == 0) else (False, True)
+        res = {b: dec.generate(p, max_new_tokens, sampling, baseline=b) for b in order}
+        base.append(res[True])
+        eagle.append(res[False])
+    return Comparison([len(p) for p in prompts], RunSet(eagle, aggregate([r.metrics for r in eagle])),
+                      RunSet(base, aggregate([r.metrics for r in base])),
+                      [e.token_ids == b.token_ids for e, b in zip(eagle, base)])

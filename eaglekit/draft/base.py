@@ -1,0 +1,69 @@
+"""The small interface every draft gives the decoding engine (the draft-side twin of models.base.Target).
+
+A draft holds one sequence's cache of committed entries, entry p pairing the target's feature at
+position p with the token at p + 1. `extend` commits entries (the prompt, then each accepted path) and
+returns the hidden state and logits that seed the next tree; `step` runs one tree level as pending
+entries written past the committed ones and never committed (the next `extend` overwrites them).
+The engine reads nothing else: no weights, no cache internals, so a test double or another draft
+architecture only has to keep this contract. On Eagle3Draft every call is fixed-shape device work with
+no host read, so the engine can record the tree and the extend in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Draft(ABC):
+    span: int = 0  # cache slots a sequence may use: committed entries + one tree's pending ones
+
+    # --- what the engine sizes its persistent state with ---------------------------------------------
+    @property
+    @abstractmethod
+    def hidden_size(self) -> int:
+        """Width of the hidden state `extend` / `step` return and `step` takes back."""
+
+    @property
+    @abstractmethod
+    def draft_vocab_size(self) -> int:
+        """Width of the logits (draft ids; `to_target_ids` maps them to the target's)."""
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        """dtype of the hidden state."""
+
+    # --- sequence state -------------------------------------------------------------------------------
+    @abstractmethod
+    def reset(self, span: int) -> None:
+        """Start a sequence that will use at most `span` cache slots (no committed entries)."""
+
+    @property
+    @abstractmethod
+    def committed(self) -> torch.Tensor:
+        """Committed entries, a 0-d long tensor on the device that `extend` advances in place (no host
+        read; the engine saves and restores it around CUDA-graph warm-up runs)."""
+
+    def storage_key(self) -> tuple:
+        """Names the device buffers the decode calls use; changes when `reset` reallocates them, so CUDA
+        graphs recorded against older buffers are never replayed. Default: the span (eager drafts)."""
+        return (self.span,)
+
+    # --- the forward passes ---------------------------------------------------------------------------
+    @abstractmethod
+    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
+        """Commit entries [m, m + n): feats [E, C*H_t] with next_ids [E] (target ids), padded past `n`
+        (default: all E). -> (hidden [H], logits [Vd] float32) of entry n - 1."""
+
+    @abstractmethod
+    def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+             mask: torch.Tensor):
+        """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
+        `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
+        logits [K, Vd] float32)."""
+
+    @abstractmethod
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft vocabulary ids -> target ids (EAGLE-3's d2t: target_id = i + d2t[i])."""

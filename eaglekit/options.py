@@ -1,0 +1,300 @@
+"""Every command's options, declared once: typed dataclasses that are the Python API's arguments, the
+source of the CLI's flags (name, default, help, type) and the place where values are checked.
+
+    opts = DecodeOptions(max_new_tokens=64, steps=5)          # Python: the same defaults as the CLI
+    DecodeOptions.add_args(parser)                            # the CLI: flags generated from the fields
+    opts = DecodeOptions.from_args(args)                      # ...and back, validated once
+
+A field's metadata holds its help text and its check: `lo` (smallest allowed value: counts are >= 0 or
+>= 1 everywhere), `hi`, `choices`. A bad value is an InputError E108 that names the flag, before any
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import MISSING, dataclass, field, fields
+
+import torch
+
+from .capture import CaptureSpec
+from .errors import InputError
+
+
+def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
+    """A field with what its flag needs: help, bounds, choices, an explicit argparse type (list fields)."""
+    return field(default=default, metadata=dict(help=help, lo=lo, hi=hi, choices=choices, type=type, flag=flag,
+                                                 group=group))
+
+
+def flag_of(name: str, meta: dict | None = None) -> str:
+    return (meta or {}).get("flag") or "--" + name.replace("_", "-")
+
+
+def _bad(name, value, rule, fix, meta=None):
+    return InputError(f"{flag_of(name, meta)} {value!r} is not valid: {rule}", fix=fix, code="E108")
+
+
+class Options:
+    """Base of every option dataclass: flags out of the fields, objects out of the flags, one check."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            v, m = getattr(self, f.name), f.metadata
+            if v is None or isinstance(v, bool):
+                continue
+            lo, hi, choices = m.get("lo"), m.get("hi"), m.get("choices")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise _bad(f.name, v, "it must be a finite number", f"pass a number, e.g. {flag_of(f.name, m)} "
+                           f"{f.default if f.default not in (None, MISSING) else 1}", m)
+            if lo is not None and v < lo:
+                raise _bad(f.name, v, f"it must be >= {lo}", f"pass a value >= {lo}", m)
+            if hi is not None and v > hi:
+                raise _bad(f.name, v, f"it must be <= {hi}", f"pass a value <= {hi}", m)
+            if choices is not None and v not in choices:
+                raise _bad(f.name, v, f"it must be one of {', '.join(map(str, choices))}",
+                           f"pass one of {', '.join(map(str, choices))}", m)
+
+    @classmethod
+    def add_args(cls, parser, skip=(), only=None, **defaults):
+        """Declare one flag per field (argparse group from the field's `group`); `defaults` overrides the
+        dataclass default for this command only where a command needs another one (documented in its help)."""
+        groups: dict = {}
+        for f in fields(cls):
+            if f.name in skip or (only is not None and f.name not in only):
+                continue
+            m = f.metadata
+            g = m.get("group")
+            target = parser if g is None else groups.setdefault(g, parser.add_argument_group(g))
+            default = defaults.get(f.name, f.default)
+            kw: dict = dict(dest=f.name, default=default, help=m.get("help") or None)
+            if m.get("choices"):
+                kw["choices"] = m["choices"]
+            if isinstance(f.default, bool):
+                kw["action"] = "store_true"
+            elif m.get("type") == "append":
+                kw["action"] = "append"
+            else:
+                t = m.get("type") or (type(f.default) if f.default is not None else None) or _field_type(f)
+                kw["type"] = t
+            target.add_argument(flag_of(f.name, m), **kw)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace, **over):
+        kw = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        kw.update(over)
+        return cls(**kw)
+
+
+def _field_type(f):
+    ann = str(f.type)
+    for name, t in (("int", int), ("float", float)):
+        if re.match(rf"^{name}\b", ann):
+            return t
+    return str
+
+
+# --- where the models come from and how they run ------------------------------------------------------
+DEVICE_HELP = "cpu, cuda, cuda:N, or auto (= cuda if a CUDA device is visible, else cpu)"
+# commands whose --device default is cpu rather than auto: their figures (the demo's tuned tree, the doctor's
+# probe margins) were measured on a CPU. --device auto means there what it means everywhere.
+DEMO_DEVICE = DOCTOR_DEVICE = "cpu"
+
+
+def resolve_device(name: str | None = "auto") -> str:
+    """The one meaning of --device in every command: auto = cuda if visible, else cpu."""
+    if name in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(name)
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {name} was asked for but no CUDA device is visible", fix="use --device cpu",
+                         code="E108")
+    return name
+
+
+def check_device(name: str) -> None:
+    if name == "auto" or name == "cpu" or re.fullmatch(r"cuda(:\d+)?", name or ""):
+        return
+    raise InputError(f"--device {name!r} is not a device eaglekit runs on", code="E108",
+                     fix=f"use {DEVICE_HELP}")
+
+
+@dataclass
+class ModelOptions(Options):
+    """The target and draft folders, the backend, device and dtype, and the wiring override."""
+
+    target: str | None = opt(None, "target model folder (config.json, safetensors, tokenizer)")
+    draft: str | None = opt(None, "EAGLE-3 draft folder")
+    backend: str = opt("auto", "ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks",
+                       choices=("auto", "ours", "hf"), group="runtime")
+    device: str = opt("auto", DEVICE_HELP, group="runtime")
+    dtype: str = opt("auto", "float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group="runtime")
+    capture_layers: str | None = opt(
+        None, "the capture to run with instead of the draft's own (or, training, instead of the default "
+        "[1, n//2-1, n-4]): comma-separated after_layers ids (output of layer i; 'emb' = the embedding, or write "
+        "--capture-layers=-1,...)")
+    allow_other_target: bool = opt(False, "run a draft whose recorded target fingerprint differs from this target")
+    compile: bool = opt(False, "torch.compile the decoder layers (GPU: fused kernels inside the CUDA graphs; the "
+                               "first generation pays the compile)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_device(self.device)
+        if self.dtype not in (None, "auto"):
+            from .models import resolve_dtype
+
+            resolve_dtype(self.dtype)  # E108 for an unknown name
+        self.capture  # noqa: B018 -- parse now: a bad list is an error before any model loads
+
+    @property
+    def capture(self) -> CaptureSpec | None:
+        if not self.capture_layers:
+            return None
+        try:
+            return CaptureSpec(tuple(-1 if x.strip() in ("emb", "embedding") else int(x)
+                                     for x in self.capture_layers.split(",")))
+        except ValueError:
+            raise InputError(f"--capture-layers {self.capture_layers!r} is not a comma-separated list of integers",
+                             fix="e.g. --capture-layers 1,3,4 (the embedding: emb,1,3,4 or --capture-layers=-1,1,3,4)",
+                             code="E108") from None
+
+    @property
+    def device_name(self) -> str:
+        return resolve_device(self.device)
+
+    @property
+    def dtype_name(self) -> str | None:
+        return None if self.dtype == "auto" else self.dtype
+
+    @classmethod
+    def add_runtime(cls, parser, capture=False, compile=False, **defaults):
+        """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
+        --compile. --target and --draft are declared by each command (required or not, its own help)."""
+        skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
+            set() if compile else {"compile"})
+        cls.add_args(parser, skip=skip, **defaults)
+
+
+# --- decoding -------------------------------------------------------------------------------------------
+@dataclass
+class DecodeOptions(Options):
+    """One generation: length, stops, the draft tree and the sampling."""
+
+    max_new_tokens: int = opt(128, "most new tokens per prompt", lo=0)
+    stop: list[str] | None = opt(None, "stop string (repeatable; not empty)", type="append")
+    steps: int | None = opt(None, "draft depth (default 3)", lo=1, type=int, group="draft tree")
+    topk: int | None = opt(None, "children per node; 1 = chain (default 1)", lo=1, type=int, group="draft tree")
+    draft_tokens: int | None = opt(None, "tree size incl. the root (chain: steps+1)", lo=2, type=int,
+                                   group="draft tree")
+    # bounds of the sampling fields: SamplingParams' own check (E302), run by __post_init__ below
+    temperature: float = opt(0.0, "0 = greedy (default); > 0 samples", group="sampling")
+    top_p: float = opt(1.0, "nucleus mass in (0, 1]", group="sampling")
+    top_k: int = opt(0, "0 = off", group="sampling")
+    seed: int | None = opt(None, "sampling seed", type=int, group="sampling")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.stop is not None and any(s == "" for s in self.stop):
+            raise InputError('--stop "" is not a stop string (an empty string would match before any token)',
+                             fix="give the text to stop at, or leave --stop out", code="E108")
+        self.sampling()  # E302 for a bad combination
+
+    @property
+    def tree_given(self) -> bool:
+        return any(v is not None for v in (self.steps, self.topk, self.draft_tokens))
+
+    def shape(self, default=(3, 1)):
+        from .decoding.tree import TreeShape
+
+        return TreeShape.make(self.steps if self.steps is not None else default[0],
+                              self.topk if self.topk is not None else default[1], self.draft_tokens)
+
+    def sampling(self):
+        from .decoding.sampling import SamplingParams
+
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+
+
+# --- training-side commands -------------------------------------------------------------------------------
+DATA_HELP = ("training data: a text file or folder, JSONL with 'text', chat JSONL with 'messages' or "
+             "'conversations' (loss on assistant turns only), or pre-tokenized JSONL with 'input_ids' and "
+             "'loss_mask' (what eaglekit regenerate writes)")
+
+@dataclass
+class RegenOptions(Options):
+    """`eaglekit regenerate`: the target writes the responses the draft learns from."""
+
+    max_new_tokens: int = opt(256, "longest response, in tokens", lo=1)
+    temperature: float = opt(0.8, "for the sampled share", lo=0.0)
+    greedy_share: float = opt(0.5, "share of batches decoded greedily", lo=0.0, hi=1.0)
+    prompt_len: int = opt(64, "text data: prompt window in tokens", lo=1)
+    max_prompts: int | None = opt(None, "use at most this many prompts", lo=1, type=int)
+    batch_size: int = opt(64, "sequences per batch", lo=1)
+    seed: int = opt(0, "seed of the sampled batches", lo=0)
+
+
+@dataclass
+class ExtractOptions(Options):
+    """`eaglekit extract`: the target's features at the capture layers, written as shards."""
+
+    max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
+    shard_size: int = opt(256, "sequences per shard", lo=1)
+    batch_size: int = opt(8, "sequences per forward", lo=1)
+    feature_dtype: str = opt("bfloat16", "dtype of the stored features", choices=("bfloat16", "float16", "float32"))
+
+
+def _train_default(name):
+    from .train.trainer import TrainConfig
+
+    return TrainConfig.__dataclass_fields__[name].default
+
+
+@dataclass
+class TrainOptions(Options):
+    """`eaglekit train`: the data, the draft's vocabulary, and the loop's settings (TrainConfig's defaults)."""
+
+    data: str | None = opt(None, DATA_HELP + " (online training: the target computes features as it goes)")
+    features: str | None = opt(None, "a folder written by eaglekit extract (offline training)")
+    init_draft: str | None = opt(None, "continue from this draft (its vocabulary mapping is kept)")
+    draft_vocab_size: int | None = opt(None, "default: the target's vocabulary size", lo=1, type=int)
+    max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
+    heldout: float = opt(0.02, "share of samples kept for evaluation", lo=0.0, hi=1.0)
+    epochs: float = opt(_train_default("epochs"), "passes over the data", lo=0.0)
+    max_steps: int | None = opt(_train_default("max_steps"), "stop after this many steps", lo=1, type=int)
+    batch_size: int = opt(_train_default("batch_size"), "per process", lo=1)
+    lr: float = opt(_train_default("lr"), "peak learning rate", lo=0.0)
+    warmup: float = opt(_train_default("warmup"), "fraction of steps (< 1) or a step count", lo=0.0)
+    grad_clip: float = opt(_train_default("grad_clip"), "gradient norm clip", lo=0.0)
+    ttt_length: int = opt(_train_default("ttt_length"), "training-time-test unroll length", lo=1)
+    save_every: int = opt(_train_default("save_every"), "checkpoint every N steps", lo=1)
+    eval_every: int = opt(_train_default("eval_every"), "held-out evaluation every N steps (0 = at the end)", lo=0)
+    seed: int = opt(_train_default("seed"), "seed of the split, the order and the init", lo=0)
+
+    def config(self, out):
+        from .train.trainer import TrainConfig
+
+        return TrainConfig(out=str(out), batch_size=self.batch_size, epochs=self.epochs, max_steps=self.max_steps,
+                           lr=self.lr, warmup=self.warmup, ttt_length=self.ttt_length, save_every=self.save_every,
+                           eval_every=self.eval_every, seed=self.seed, grad_clip=self.grad_clip)
+
+
+@dataclass
+class EvalOptions(Options):
+    """`eaglekit eval`: held-out TTT accuracy (--data) and/or the real engine on prompts (--prompt-file)."""
+
+    data: str | None = opt(None, "held-out data in a training format")
+    prompt_file: str | None = opt(None, "prompts to decode (JSONL or ---separated text)")
+    max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
+    ttt_length: int = opt(_train_default("ttt_length"), "positions evaluated", lo=1)
+    batch_size: int = opt(8, "sequences per forward", lo=1)
+
+
+@dataclass
+class DemoOptions(Options):
+    """`eaglekit demo`: the shipped pair on its held-out prompts."""
+
+    prompts: int = opt(32, "how many held-out prompts (default: all 32)", lo=1)
+    threads: int | None = opt(None, "CPU threads (default: torch's choice)", lo=1, type=int)
+    prompt_file: str | None = opt(None, "another prompt file (JSONL or ---separated text)")
