@@ -8,6 +8,11 @@ source of the CLI's flags (name, default, help, type) and the place where values
 A field's metadata holds its help text and its check: `lo` (smallest allowed value: counts are >= 0 or
 >= 1 everywhere), `hi`, `choices`. A bad value is an InputError E108 that names the flag, before any
 model is loaded.
+
+Imports: this module is imported by `eaglekit --help`, which must stay fast; torch costs seconds to import
+(python -X importtime: ~8 s of 8.1 s on the shared 2-core machine), so torch and the modules that need it
+are imported inside the functions that use them. TrainOptions repeats TrainConfig's defaults for the same
+reason (a test checks they agree).
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ import argparse
 import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
-
-import torch
 
 from .capture import CaptureSpec
 from .errors import InputError
@@ -105,6 +108,8 @@ DEMO_DEVICE = DOCTOR_DEVICE = "cpu"
 
 def resolve_device(name: str | None = "auto") -> str:
     """The one meaning of --device in every command: auto = cuda if visible, else cpu."""
+    import torch
+
     if name in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     check_device(name)
@@ -245,12 +250,6 @@ class ExtractOptions(Options):
     feature_dtype: str = opt("bfloat16", "dtype of the stored features", choices=("bfloat16", "float16", "float32"))
 
 
-def _train_default(name):
-    from .train.trainer import TrainConfig
-
-    return TrainConfig.__dataclass_fields__[name].default
-
-
 @dataclass
 class TrainOptions(Options):
     """`eaglekit train`: the data, the draft's vocabulary, and the loop's settings (TrainConfig's defaults)."""
@@ -261,16 +260,16 @@ class TrainOptions(Options):
     draft_vocab_size: int | None = opt(None, "default: the target's vocabulary size", lo=1, type=int)
     max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
     heldout: float = opt(0.02, "share of samples kept for evaluation", lo=0.0, hi=1.0)
-    epochs: float = opt(_train_default("epochs"), "passes over the data", lo=0.0)
-    max_steps: int | None = opt(_train_default("max_steps"), "stop after this many steps", lo=1, type=int)
-    batch_size: int = opt(_train_default("batch_size"), "per process", lo=1)
-    lr: float = opt(_train_default("lr"), "peak learning rate", lo=0.0)
-    warmup: float = opt(_train_default("warmup"), "fraction of steps (< 1) or a step count", lo=0.0)
-    grad_clip: float = opt(_train_default("grad_clip"), "gradient norm clip", lo=0.0)
-    ttt_length: int = opt(_train_default("ttt_length"), "training-time-test unroll length", lo=1)
-    save_every: int = opt(_train_default("save_every"), "checkpoint every N steps", lo=1)
-    eval_every: int = opt(_train_default("eval_every"), "held-out evaluation every N steps (0 = at the end)", lo=0)
-    seed: int = opt(_train_default("seed"), "seed of the split, the order and the init", lo=0)
+    epochs: float = opt(1.0, "passes over the data", lo=0.0)
+    max_steps: int | None = opt(None, "stop after this many steps", lo=1, type=int)
+    batch_size: int = opt(8, "per process", lo=1)
+    lr: float = opt(1e-4, "peak learning rate", lo=0.0)
+    warmup: float = opt(0.03, "fraction of steps (< 1) or a step count", lo=0.0)
+    grad_clip: float = opt(0.5, "gradient norm clip", lo=0.0)
+    ttt_length: int = opt(7, "training-time-test unroll length", lo=1)
+    save_every: int = opt(200, "checkpoint every N steps", lo=1)
+    eval_every: int = opt(0, "held-out evaluation every N steps (0 = at the end)", lo=0)
+    seed: int = opt(0, "seed of the split, the order and the init", lo=0)
 
     def config(self, out):
         from .train.trainer import TrainConfig
@@ -287,7 +286,7 @@ class EvalOptions(Options):
     data: str | None = opt(None, "held-out data in a training format")
     prompt_file: str | None = opt(None, "prompts to decode (JSONL or ---separated text)")
     max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
-    ttt_length: int = opt(_train_default("ttt_length"), "positions evaluated", lo=1)
+    ttt_length: int = opt(7, "positions evaluated", lo=1)
     batch_size: int = opt(8, "sequences per forward", lo=1)
 
 

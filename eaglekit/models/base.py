@@ -123,6 +123,15 @@ class Target(ABC):
         self._advance(1)  # the one pending token is already in place: commit it without a KV copy
         return logits[0]
 
+    # --- batched generation for regeneration ----------------------------------------------------
+    def generate_batch(self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int,
+                       eos_ids: tuple[int, ...] = ()) -> torch.Tensor:
+        """Continue left-padded prompts ids [B, P] (pad [B]: padding per row, never attended to) by up to
+        `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed`, stopping once every row has
+        emitted an EOS -> new tokens [B, T <= max_new] (a row's tokens after its EOS are filler). Uses its own
+        batch state: the decode cache of `reset` is left alone."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched generation")
+
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod
     def features(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None, capture: CaptureSpec | None = None):

@@ -142,6 +142,16 @@ class HFTarget(Target):
         self._length = L + k
 
     @torch.no_grad()
+    def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
+        P = ids.shape[1]
+        att = (torch.arange(P, device=ids.device)[None, :] >= pad[:, None]).long()
+        torch.manual_seed(seed)
+        kw = dict(do_sample=not sp.greedy, max_new_tokens=max_new, pad_token_id=0, eos_token_id=list(eos_ids) or None)
+        if not sp.greedy:
+            kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        return self.model.generate(ids, attention_mask=att, **kw)[:, P:]
+
+    @torch.no_grad()
     def features(self, ids, pad_mask=None, capture=None):
         self._want(capture)
         out = self.model.base_model(input_ids=ids, attention_mask=pad_mask, use_cache=False)

@@ -150,6 +150,36 @@ class LlamaTarget(Target):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
+    @torch.inference_mode()
+    def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
+        from ..decoding.sampling import probs
+
+        net, c, dev = self.net, self.cfg, self.device
+        B, P = ids.shape
+        S = P + max_new
+        cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, S, B, dev, self.dtype)
+        real = torch.arange(S, device=dev)[None, :] >= pad[:, None]  # [B, S] left padding is never attended to
+        g = torch.Generator(device=dev).manual_seed(seed)
+        pos = (torch.arange(P, device=dev)[None] - pad[:, None]).clamp(min=0)
+        mask = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :P]
+        h, _ = net(ids, pos, cache, torch.arange(P, device=dev), mask)
+        out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        eos = torch.tensor(list(eos_ids) or [-1], device=dev)
+        last = h[:, -1]
+        for t in range(max_new):
+            logits = net.lm_head(last).float()
+            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(probs(logits, sp), 1, generator=g).squeeze(1)
+            out[:, t] = tok
+            done |= torch.isin(tok, eos)
+            if t + 1 == max_new or bool(done.all()):
+                return out[:, :t + 1]
+            slot = P + t
+            h, _ = net(tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev),
+                       real[:, None, :slot + 1])
+            last = h[:, -1]
+        return out
+
     @torch.no_grad()
     def features(self, ids, pad_mask=None, capture=None):
         # batches are right-padded, so plain causal attention is exact for every real token

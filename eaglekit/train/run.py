@@ -8,18 +8,25 @@ from pathlib import Path
 import torch
 
 from ..capture import CaptureSpec
+from ..decoding.compare import compare
+from ..decoding.engine import Decoder
+from ..draft import check_pair, load_draft, new_draft, save_draft
 from ..errors import ContractError, InputError
 from ..io import atomic_write_json
+from ..models import load_target
 from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
-from .data import Example, load_examples
+from ..pair import load_pair
+from ..tokenizer import encode, load_tokenizer, read_prompts
+from .data import Example, _roles, load_examples, read_records, write_examples
+from .extract import FeatureStore, extract
+from .regen import regenerate
+from .sources import OnlineSource
 from .trainer import TrainConfig, dist_info, evaluate_ttt, init_distributed, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
 
 def _target(target_dir, backend, device, dtype, capture):
     """The target and the CaptureSpec to train or extract with (given, or the default for its depth)."""
-    from ..models import load_target
-
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     return target, (capture or CaptureSpec.default(target.info.num_layers)).validate(target.info.num_layers)
 
@@ -37,8 +44,6 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
                   init_draft=None, seed: int = 0):
     """A new draft with the data's vocab map, or an existing one (its d2t kept: regenerating the mapping of a
     trained lm_head would point its rows at the wrong tokens)."""
-    from ..draft import check_pair, load_draft, new_draft
-
     if init_draft is not None:
         draft = load_draft(init_draft, device=target.device, dtype=torch.float32,
                            embed_weight=target.embed_weight().float())
@@ -76,11 +81,6 @@ class _Indexed:
 def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
     """Train a draft for `target_dir` into the run folder `out` (checkpoint/, train_log.jsonl, draft/).
     `model`: backend, device, dtype and the capture (default: the target's default capture)."""
-    from ..draft import save_draft
-    from ..tokenizer import load_tokenizer
-    from .extract import FeatureStore
-    from .sources import OnlineSource
-
     model = model or ModelOptions()
     cfg = opts.config(out)
     data, features, capture, heldout = opts.data, opts.features, model.capture, opts.heldout
@@ -124,9 +124,6 @@ def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = 
 
 def run_extract(target_dir, data, out, opts: ExtractOptions | None = None, model: ModelOptions | None = None,
                 log=print) -> dict:
-    from ..tokenizer import load_tokenizer
-    from .extract import extract
-
     opts, model = opts or ExtractOptions(), model or ModelOptions()
     target, capture = _target(target_dir, model.backend, model.device_name, model.dtype_name, model.capture)
     examples = load_examples(data, load_tokenizer(target_dir, required=False), opts.max_len)
@@ -138,13 +135,6 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
              model: ModelOptions | None = None) -> dict:
     """Held-out TTT accuracy (opts.data) and/or the real engine on prompts (opts.prompt_file), decoded with
     `decode` (its tree and max_new_tokens) and compared with the target alone."""
-    from ..decoding.compare import compare
-    from ..decoding.engine import Decoder
-    from ..draft import check_pair
-    from ..pair import load_pair
-    from ..tokenizer import encode, load_tokenizer, read_prompts
-    from .sources import OnlineSource
-
     decode, model = decode or DecodeOptions(), model or ModelOptions()
     if opts.data is None and opts.prompt_file is None:
         raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
@@ -174,11 +164,6 @@ def run_regenerate(target_dir, data, out, opts: RegenOptions | None = None, mode
     """Text data: windows of `prompt_len` tokens, continued by the target (loss on all tokens).
     Chat data: the conversation up to its first assistant turn, answered by the target (loss on the answer).
     The defaults are RegenOptions', the same as the CLI's."""
-    from ..models import load_target
-    from ..tokenizer import load_tokenizer
-    from .data import _roles, read_records, write_examples
-    from .regen import regenerate
-
     opts, model = opts or RegenOptions(), model or ModelOptions()
     prompt_len, max_prompts, seed = opts.prompt_len, opts.max_prompts, opts.seed
     target = load_target(target_dir, backend=model.backend, device=model.device_name, dtype=model.dtype_name)
