@@ -68,7 +68,7 @@ def main():
     L = t.length
 
     def step():
-        t.cache.length.fill_(L)
+        t.committed.fill_(L)
         t.step(ctx[:1])
 
     rows = {"baseline_step_ms": timed(step) * 1e3}
@@ -77,14 +77,14 @@ def main():
         c.start(ctx[0], h, dl)
 
         def cycle():
-            t.cache.length.fill_(L)
-            draft.cache.length.fill_(L)
+            t.committed.fill_(L)
+            draft.committed.fill_(L)
             for phase in ("draft_tree", "verify", "accept", "cache_update", "draft_extend"):
                 c.run(phase)
             c.start(ctx[0], h, dl)
 
         def verify_only():
-            t.cache.length.fill_(L)
+            t.committed.fill_(L)
             t.verify(c.tree.tokens, c.tree.depths, c.tree.mask, spec)
 
         cyc = timed(cycle) * 1e3

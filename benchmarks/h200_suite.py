@@ -170,20 +170,20 @@ def cycles_8b(ctx):
         L = t.length
         c = Cycle(t, d, shape, spec)
         c.start(prompt[0], h, dl)
-        c.capture(greedy=True)
+        c.record(greedy=True)
 
         def one():
-            t.cache.length.fill_(L)
-            d.cache.length.fill_(L)
+            t.committed.fill_(L)
+            d.committed.fill_(L)
             for p in PHASES:
-                c.graphs[p].replay()
+                c.recorded[p].replay()
 
         total = events_ms(one, reps=50)
         phases = {}
         for p in PHASES:
-            t.cache.length.fill_(L)
-            d.cache.length.fill_(L)
-            phases[p] = round(events_ms(c.graphs[p].replay, reps=20), 4)
+            t.committed.fill_(L)
+            d.committed.fill_(L)
+            phases[p] = round(events_ms(c.recorded[p].replay, reps=20), 4)
         row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
                "cycle_over_baseline": round(total / ctx["step_ms"], 4), "phases_ms": phases}
         rows.append(row)

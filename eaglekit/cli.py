@@ -8,7 +8,7 @@ import sys
 
 from .errors import EaglekitError, InputError
 from .options import (DATA_HELP, DEMO_DEVICE, DOCTOR_DEVICE, DecodeOptions, DemoOptions, EvalOptions, ExtractOptions,
-                      ModelOptions, RegenOptions, TrainOptions)
+                      ModelOptions, PromptSetOptions, RegenOptions, TrainOptions)
 
 COMMANDS: dict[str, tuple] = {}
 
@@ -182,9 +182,7 @@ def cmd_sweep(args) -> int:
     grid = {"steps": ints(args.steps), "topk": ints(args.topk), "draft_tokens": ints(args.draft_tokens)}
     for name, values in grid.items():
         DecodeOptions(**{name: min(values)})  # the same bounds as a single value (E108)
-    if args.prompts < 1:
-        raise InputError(f"--prompts {args.prompts} is not valid: it must be >= 1", fix="pass a value >= 1",
-                         code="E108")
+    PromptSetOptions.from_args(args)
     model, decode = model_options(args), decode_options(args, steps=None, topk=None, draft_tokens=None)
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
@@ -208,7 +206,7 @@ def _sweep_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-file", required=True, help="prompts (JSONL with 'prompt', or ---separated text)")
-    p.add_argument("--prompts", type=int, default=8, help="how many prompts of the file (default 8)")
+    PromptSetOptions.add_args(p)
     DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
     p.add_argument("--steps", default="1,3,5")
     p.add_argument("--topk", default="1,4,8")
@@ -236,10 +234,7 @@ def cmd_doctor(args) -> int:
     from .observe.report import doctor_report
 
     try:
-        model, decode = model_options(args), decode_options(args)
-        if args.prompts < 1:
-            raise InputError(f"--prompts {args.prompts} is not valid: it must be >= 1", fix="pass a value >= 1",
-                             code="E108")
+        model, decode, _ = model_options(args), decode_options(args), PromptSetOptions.from_args(args)
         res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
                          model.capture, model.backend, model.device_name, model.dtype_name)
     except EaglekitError as e:
@@ -260,7 +255,7 @@ def _doctor_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-file", help="probe prompts (default: the target's demo prompts or built-in ones)")
-    p.add_argument("--prompts", type=int, default=12)
+    PromptSetOptions.add_args(p, prompts=12)
     DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
     p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
     ModelOptions.add_args(p, only=("capture_layers",))

@@ -72,7 +72,10 @@ class Options:
             g = m.get("group")
             target = parser if g is None else groups.setdefault(g, parser.add_argument_group(g))
             default = defaults.get(f.name, f.default)
-            kw: dict = dict(dest=f.name, default=default, help=m.get("help") or None)
+            text = m.get("help") or ""
+            if default is not None and not isinstance(default, bool) and "default" not in text:
+                text += f" (default {default})"  # the one default, shown where it is declared
+            kw: dict = dict(dest=f.name, default=default, help=text or None)
             if m.get("choices"):
                 kw["choices"] = m["choices"]
             if isinstance(f.default, bool):
@@ -220,6 +223,13 @@ class DecodeOptions(Options):
         from .decoding.sampling import SamplingParams
 
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+
+
+@dataclass
+class PromptSetOptions(Options):
+    """How many prompts of a prompt file a command decodes (sweep, doctor; the demo's are DemoOptions')."""
+
+    prompts: int = opt(8, "how many prompts of the file", lo=1)
 
 
 # --- training-side commands -------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_options_are_declared_once_and_the_api_agrees_with_the_cli():
         for a in p._actions:
             for flag in ("--capture-layers", "--backend", "--dtype", "--device"):
                 if flag in a.option_strings:
-                    helps.setdefault(flag, set()).add(a.help)
+                    helps.setdefault(flag, set()).add(a.help.split(" (default ")[0])  # per-command default aside
     assert all(len(h) == 1 for h in helps.values()), helps  # one declaration, one help text
     assert len(helps["--device"]) == 1 and "auto (= cuda if" in next(iter(helps["--device"]))
     assert ModelOptions().device == "auto"

@@ -42,3 +42,16 @@ def test_sampling_on_the_gpu_is_seeded(pair32):
     a = dec.generate(prompts[0], 32, SamplingParams(0.8, top_p=0.95, seed=3))
     b = dec.generate(prompts[0], 32, SamplingParams(0.8, top_p=0.95, seed=3))
     assert a.token_ids == b.token_ids and len(a.token_ids) == 32
+
+
+def test_recorded_graphs_follow_a_reallocated_cache(pair32):
+    """Graphs are keyed on the cache's allocation (storage_key), not id(): a generation that needs a larger
+    span reallocates the caches and records new graphs; shorter ones after it replay those, all equal to eager."""
+    t, d, prompts = pair32
+    fast = Decoder(t, d, TreeShape(3, 1, 4), graphs=True)
+    slow = Decoder(t, d, TreeShape(3, 1, 4), graphs=False)
+    for n in (32, 400, 32):  # 400 new tokens: a span past the first 256-rounded one
+        assert fast.generate(prompts[0], n).token_ids == slow.generate(prompts[0], n).token_ids
+        assert fast.generate(prompts[1], n, baseline=True).token_ids == slow.generate(prompts[1], n,
+                                                                                      baseline=True).token_ids
+    assert len(fast._cycles) >= 2 and len(fast._steps) >= 2

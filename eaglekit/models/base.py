@@ -51,7 +51,7 @@ class Target(ABC):
     device: torch.device
     dtype: torch.dtype
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
-    static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (graph-capturable)
+    static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (recordable in CUDA graphs)
 
     def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:
