@@ -1,4 +1,5 @@
-"""The draft side: the EAGLE-3 module, its checkpoint format, and the checks that pair it with a target."""
+"""The draft side: the interface the engine uses (base.Draft), the EAGLE-3 module, its checkpoint format,
+and the checks that pair it with a target (docs/faults.md: what each code guards against)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import torch
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.base import Target
+from .base import Draft
 from .checkpoint import load_draft, save_draft, t2d_from_d2t, vocab_map_sha
 from .model import DraftConfig, Eagle3Draft
 
 
 def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
                   allow_other_target: bool = False) -> tuple[CaptureSpec, list[ContractError]]:
-    """Every way `draft` does not fit `target`, each a ContractError with its code (none: they fit).
-    `capture` overrides what the draft declares (the doctor's probe, or a user who knows better)."""
+    """Every way `draft` does not fit `target`, each a ContractError with its code (none: they fit): the
+    fault classes of docs/faults.md that show in the configs and tensors (the rest only in acceptance: the
+    doctor). `capture` overrides what the draft declares (the doctor's probe, or a user who knows better)."""
     c, t = draft.config, target.info
     spec = capture or c.capture or CaptureSpec.default(t.num_layers)
     out: list[ContractError] = []
@@ -129,5 +132,5 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
     return draft.to(device=target.device, dtype=dtype)
 
 
-__all__ = ["DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
+__all__ = ["Draft", "DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
            "vocab_map_sha"]
