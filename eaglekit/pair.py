@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target

@@ -132,5 +132,6 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
     return draft.to(device=target.device, dtype=dtype)
 
 
-__all__ = ["Draft", "DraftConfig", "Eagle3Draft", "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
+__all__ = ["Draft", "DraftConfig", "Eagle3Draft",
+           "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
            "vocab_map_sha"]
