@@ -179,6 +179,12 @@ def test_offline_training_equals_online(model_dirs, tmp_path):
     a = torch.load(tmp_path / "on" / "checkpoint" / "state.pt", weights_only=False)["draft"]
     b = torch.load(tmp_path / "off" / "checkpoint" / "state.pt", weights_only=False)["draft"]
     assert torch.equal(a["d2t"], b["d2t"])
+    # both paths record the feature fingerprint of the same features (issue 14.8c)
+    fa, fb = (json.loads((tmp_path / r / "draft" / "config.json").read_text())["eaglekit"]["features"]
+              for r in ("on", "off"))
+    assert fa["after_layers"] == fb["after_layers"] == [1, 3, 4] and fa["tokens"] == fb["tokens"] > 0
+    for x, y in zip(fa["slots"], fb["slots"]):
+        assert x["rms"] == pytest.approx(y["rms"], rel=1e-4)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
@@ -210,3 +216,40 @@ def test_torchrun_data_parallel_on_cpu(model_dirs, tmp_path):
     state = torch.load(tmp_path / "ddp" / "checkpoint" / "state.pt", weights_only=False)
     assert state["samples_seen"] == 3 * 2 * 2  # steps x ranks x per-rank batch
     assert (tmp_path / "ddp" / "draft" / "model.safetensors").is_file()
+
+
+def test_fingerprint_names_layers_where_adjacent_layers_are_close(tmp_path):
+    """Layers that each change the residual stream by a few percent: acceptance could hardly tell them apart,
+    the fingerprint recorded on one text still names each slot's layer on another text."""
+    from safetensors.torch import load_file, save_file
+
+    from eaglekit.train.fingerprint import FeatureSketch, match, sketch_of
+    from helpers import make_hf_model
+
+    d = tmp_path / "close"
+    make_hf_model(d, "llama", seed=5, layers=8)
+    w = load_file(d / "model.safetensors")
+    for k in w:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            w[k] = w[k] * 0.1
+    save_file(w, d / "model.safetensors", metadata={"format": "pt"})
+    t = load_target(d)
+    L, H = t.info.num_layers, t.info.hidden_size
+
+    def text(seed, n=48, T=40):
+        g = torch.Generator().manual_seed(seed)
+        return [Example(torch.randint(3, 96, (T,), generator=g).tolist(), [1] * T) for _ in range(n)]
+
+    every = CaptureSpec(tuple(range(-1, L)))
+    _, f = t.features(torch.tensor([text(9, 1)[0].input_ids]), None, every)
+    f = f[0].view(-1, L + 1, H)
+    step = [float((f[:, j + 1] - f[:, j]).norm() / f[:, j].norm()) for j in range(1, L)]
+    assert max(step) < 0.25, step  # adjacent layers are close: each moves the residual stream by ~17%
+    spec = CaptureSpec((1, 3, 4))
+    recorded = sketch_of(t, text(1), spec).to_json(spec.after_layers)
+    layers = FeatureSketch(L + 1, H)
+    for e in text(2):
+        _, f = t.features(torch.tensor([e.input_ids]), None, every)
+        layers.add(f[0])
+    m = match(recorded, layers, list(range(-1, L)))
+    assert [x["layer"] for x in m] == [1, 3, 4] and all(x["confident"] for x in m), m

@@ -297,3 +297,44 @@ def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", 
                "eval": ev}
     atomic_write_json(out / "recipe.json", summary)
     return summary
+
+
+def demo_fingerprint(target_dir, draft_dir, n_prompts: int = 192, log=print) -> dict:
+    """Backfill the feature fingerprint of a demo draft trained before fingerprints were recorded: the recipe's
+    regen stage over again (same windows of the training files, same seeds and settings; the first `n_prompts`
+    of them, cut to the draft stage's max length), features at the draft's capture, FeatureSketch as the trainer
+    records it. Writes only config.json's eaglekit.features; the weights are untouched."""
+    from ..draft.checkpoint import config_to_json  # noqa: F401 (the block's layout is the checkpoint's)
+    from ..models import load_target
+    from ..models.config import read_json
+    from .data import Example
+    from .fingerprint import sketch_of
+    from .regen import regenerate
+    from transformers import AutoTokenizer
+
+    assets = Path(target_dir).parent
+    corpus = json.loads((assets / "corpus.json").read_text())
+    if not Path(corpus["stdlib_root"]).is_dir():  # the same Python version's library, found here
+        corpus["stdlib_root"] = sysconfig.get_paths()["stdlib"]
+    root = Path(corpus["stdlib_root"])
+    corpus["train"]["files"] = [f for f in corpus["train"]["files"] if (root / f).is_file()]
+    p = PRESETS["gpu"]
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    target = load_target(target_dir)
+    raw = read_json(Path(draft_dir) / "config.json", "draft config")
+    from ..capture import CaptureSpec
+
+    spec = CaptureSpec.from_dict(raw["eaglekit"]["capture"])
+    g = torch.Generator().manual_seed(1)
+    stream = _stream(tok, _texts(corpus, "train"))
+    L = p["prompt_len"]
+    starts = torch.randint(0, stream.numel() - L, (p["prompts"],), generator=g).tolist()[:n_prompts]
+    prompts = [stream[s:s + L].tolist() for s in starts]
+    ex = regenerate(target, prompts, p["gen_len"], batch_size=64, temperature=0.8, greedy_share=0.5, seed=2,
+                    eos_ids=target.info.eos_token_ids, mask_prompt=False)
+    ex = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in ex]
+    sk = sketch_of(target, ex, spec)
+    raw["eaglekit"]["features"] = sk.to_json(spec.after_layers)
+    atomic_write_json(Path(draft_dir) / "config.json", raw)
+    log(f"fingerprint over {sk.n} tokens of {len(ex)} regenerated sequences written to {draft_dir}/config.json")
+    return raw["eaglekit"]["features"]

@@ -45,6 +45,10 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
+# the feature fingerprint is taken over the first this many training tokens (per-slot sums: cheap)
+FINGERPRINT_TOKENS = 200_000
+
+
 def dist_info() -> tuple[int, int]:
     import torch.distributed as dist
 
@@ -137,6 +141,10 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     start, samples_seen = 0, 0
+    from .fingerprint import FeatureSketch
+
+    C = draft.config.num_captures
+    sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
     if ckpt.is_file():
         state = torch.load(ckpt, map_location=device, weights_only=False)
         if not torch.equal(state["hot"].cpu(), hot.cpu()):
@@ -147,6 +155,8 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
         draft.load_state_dict(state["draft"], strict=False)
         opt.load_state_dict(state["opt"])
         start, samples_seen, total = state["step"], state["samples_seen"], state.get("total", total)
+        if "sketch" in state:
+            sketch.load_state(state["sketch"])
         if rank == 0 and log_path.is_file():  # drop log lines written after the checkpoint
             keep = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] < start]
             atomic_write_bytes(log_path, ("\n".join(keep) + "\n").encode() if keep else b"")
@@ -188,6 +198,8 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
         base = j * global_batch + rank * cfg.batch_size
         idx = order[base:base + cfg.batch_size]
         batch = source.batch(idx, device)
+        if rank == 0 and sketch.n < FINGERPRINT_TOKENS:
+            sketch.add(batch.feats, batch.valid)
         p, in_dv = target_distribution(batch, lm_head_w, hot)
         lr = lr_at(step, total, cfg)
         for g in opt.param_groups:
@@ -220,7 +232,7 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
                 bar.update(1)
         done = step + 1 == total
         if rank == 0 and ((step + 1) % cfg.save_every == 0 or done):
-            _save(draft, opt, hot, step + 1, samples_seen, total, cfg, ckpt, out)
+            _save(draft, opt, hot, step + 1, samples_seen, total, cfg, ckpt, out, sketch)
         if cfg.eval_every and eval_indices and ((step + 1) % cfg.eval_every == 0) and rank == 0 and not done:
             ev = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
             print(f"\nstep {step + 1}: held-out acc {[round(a, 3) for a in ev['per_position_acc']]} "
@@ -248,10 +260,13 @@ def _allreduce_grads(params, world: int) -> None:
         i += g.numel()
 
 
-def _save(draft, opt, hot, step, samples_seen, total, cfg, ckpt: Path, out: Path) -> None:
+def _save(draft, opt, hot, step, samples_seen, total, cfg, ckpt: Path, out: Path, sketch) -> None:
+    if sketch.n:
+        cap = draft.config.capture
+        draft.config.features = sketch.to_json(cap.after_layers if cap is not None else None)
     state = {"step": step, "samples_seen": samples_seen, "total": total, "hot": hot.cpu(),
              "draft": {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"},
-             "opt": opt.state_dict(), "config": asdict(cfg)}
+             "opt": opt.state_dict(), "config": asdict(cfg), "sketch": sketch.state()}
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(ckpt, buf.getvalue())
