@@ -250,7 +250,8 @@ def cmd_doctor(args) -> int:
     try:
         res = run_doctor(args.target, args.draft, args.prompt_file, args.prompts, args.max_new_tokens,
                          capture_override(args), args.backend, args.device if args.device != "auto" else "cpu",
-                         None if args.dtype == "auto" else args.dtype)
+                         None if args.dtype == "auto" else args.dtype, time_budget=args.time_budget,
+                         progress=not args.no_progress)
     except EaglekitError as e:
         if args.json:
             print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
@@ -274,6 +275,10 @@ def _doctor_args(p):
     p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
     p.add_argument("--capture-layers", default=None,
                    help="the wiring you serve with, if not the draft's own (after_layers ids; 'emb' = the embedding)")
+    p.add_argument("--time-budget", type=float, default=45.0,
+                   help="seconds: the probe grows (more prompts, longer continuations) until it can tell the wirings "
+                        "apart or this much time has passed (default 45)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_runtime(p)
 
 

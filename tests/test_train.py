@@ -253,3 +253,42 @@ def test_fingerprint_names_layers_where_adjacent_layers_are_close(tmp_path):
         layers.add(f[0])
     m = match(recorded, layers, list(range(-1, L)))
     assert [x["layer"] for x in m] == [1, 3, 4] and all(x["confident"] for x in m), m
+
+
+def test_resume_drops_a_partial_last_log_line(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    common = ["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--batch-size", "4",
+              "--save-every", "3", "--draft-vocab-size", "64", "--heldout", "0", "--device", "cpu",
+              "--out", str(tmp_path / "r")]
+    _cli(common + ["--max-steps", "3"])
+    log = tmp_path / "r" / "train_log.jsonl"
+    log.write_text(log.read_text() + '{"step": 3, "loss": 2.7')  # a crash mid-append
+    r = _cli(common + ["--max-steps", "5"])
+    assert "dropped 1 partial line" in r.stdout + r.stderr
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1, 2, 3, 4]
+
+
+def _tmpfs(path, size):
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+
+
+@pytest.mark.parametrize("size", ["600k", "1500k"])
+def test_training_on_a_full_disk_says_what_ran_out_and_keeps_the_checkpoint(model_dirs, tmp_path, size):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    disk = tmp_path / "disk"
+    _tmpfs(disk, size)
+    try:
+        r = _cli(["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--batch-size", "4",
+                  "--save-every", "1", "--max-steps", "40", "--heldout", "0", "--device", "cpu",
+                  "--out", str(disk / "run")], check=False)
+        assert r.returncode == 2 and "[E160]" in r.stderr and "no space left" in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and "resumes from its last checkpoint" in r.stderr
+        ckpt = disk / "run" / "checkpoint" / "state.pt"
+        if ckpt.is_file():  # what is on disk is a whole checkpoint
+            assert torch.load(ckpt, weights_only=False)["step"] >= 1
+        assert not list(disk.rglob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
