@@ -197,8 +197,9 @@ def test_paired_difference_and_its_standard_error():
     b = [torch.tensor([0.0, 1.0, 0.0]), torch.tensor([2.0, 0.0])]
     mean, se = paired_difference(a, b)  # one position of five differs by 1; sequences sum 1 and 0
     assert mean == pytest.approx(0.2)
-    # clustered: sqrt(2 / 1 * ((1 - 3 * 0.2)^2 + (0 - 2 * 0.2)^2)) / 5
-    assert se == pytest.approx(((2 * ((1 - 0.6) ** 2 + 0.4 ** 2)) ** 0.5) / 5)
+    clustered = ((2 * ((1 - 0.6) ** 2 + 0.4 ** 2)) ** 0.5) / 5  # sqrt(S/(S-1) * sum (D_s - n_s mean)^2) / N
+    iid = float(torch.tensor([1.0, 0, 0, 0, 0]).std()) / 5 ** 0.5
+    assert se == pytest.approx(max(clustered, iid)) and iid > clustered
 
 
 def test_a_small_probe_that_cannot_tell_says_so(tmp_path):
@@ -236,6 +237,13 @@ def test_an_untrained_draft_is_a_finding(tmp_path):
     save_draft(new_draft(t, capture=CaptureSpec((1, 5, 8)), draft_vocab_size=4096, seed=1), tmp_path / "u")
     res = run_doctor(TARGET, tmp_path / "u", **QUICK)
     assert res["fault"] and "E282" in _codes(res) and "untrained" in res["verdict"]
+
+
+def test_two_sequences_decide_nothing(tmp_path):
+    """Two prompts: a clustered standard error from two sequences is no basis for a verdict (it called the true
+    wiring a fault at z -19 before the guard)."""
+    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)
+    assert not res["fault"] and not any(r.get("decided") for r in res["probe"])
 
 
 def test_missing_t2d_is_an_info_finding(tmp_path):

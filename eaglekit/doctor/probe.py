@@ -34,6 +34,7 @@ GENERIC_PROMPTS = [
     "The quick brown fox",
 ]
 Z = 3.0  # |z| that decides a comparison: five alternatives at 3 sigma keep the family-wise error under 1%
+MIN_SEQUENCES = 4  # a clustered standard error from fewer sequences is itself too uncertain to decide on
 MAX_SEQ = 1024  # the probe extends sequences up to this many tokens once its prompts are used up
 
 
@@ -192,14 +193,15 @@ class Probe:
                 row.z = round(diff / se, 2) if se > 0 else (0.0 if diff == 0 else math.copysign(99.0, diff))
                 row.only_configured = int(sum(int((a & ~b).sum()) for a, b in zip(conf_hit, hit)))
                 row.only_this = int(sum(int((~a & b).sum()) for a, b in zip(conf_hit, hit)))
-                row.decided = abs(row.z) >= decide_z
+                row.decided = abs(row.z) >= decide_z and len(self.seqs) >= MIN_SEQUENCES
             rows.append(row)
         return rows
 
 
 def paired_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:
-    """Mean of a - b over all positions, and its standard error clustered by sequence (the list index):
-    sqrt(S / (S - 1) * sum_s (D_s - n_s * mean)^2) / N, with D_s the sequence's summed difference."""
+    """Mean of a - b over all positions, and its standard error: the larger of the one clustered by sequence
+    (the list index), sqrt(S / (S - 1) * sum_s (D_s - n_s * mean)^2) / N with D_s the sequence's summed
+    difference, and the one that treats positions as independent (a few sequences underestimate the first)."""
     D = torch.tensor([float((x - y).sum()) for x, y in zip(a, b)], dtype=torch.float64)
     n = torch.tensor([x.numel() for x in a], dtype=torch.float64)
     N = float(n.sum())
@@ -209,8 +211,10 @@ def paired_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[flo
     S = len(a)
     if S < 2:
         return mean, 0.0
-    se = math.sqrt(S / (S - 1) * float(((D - n * mean) ** 2).sum())) / N
-    return mean, se
+    clustered = math.sqrt(S / (S - 1) * float(((D - n * mean) ** 2).sum())) / N
+    d = torch.cat([(x - y).double() for x, y in zip(a, b)])
+    iid = float(d.std()) / math.sqrt(N) if N > 1 else 0.0
+    return mean, max(clustered, iid)
 
 
 def grow(probe: Probe, prompts: list[list[int]], n_prompts: int, max_new: int, budget_s: float, t_start: float,
