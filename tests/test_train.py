@@ -260,12 +260,13 @@ def test_resume_drops_a_partial_last_log_line(model_dirs, tmp_path):
     common = ["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--batch-size", "4",
               "--save-every", "3", "--draft-vocab-size", "64", "--heldout", "0", "--device", "cpu",
               "--out", str(tmp_path / "r")]
-    _cli(common + ["--max-steps", "3"])
+    r = _cli(common + ["--max-steps", "6"], {"EAGLEKIT_KILL_AT": "train_step:5"}, check=False)
+    assert r.returncode == -9
     log = tmp_path / "r" / "train_log.jsonl"
-    log.write_text(log.read_text() + '{"step": 3, "loss": 2.7')  # a crash mid-append
-    r = _cli(common + ["--max-steps", "5"])
-    assert "dropped 1 partial line" in r.stdout + r.stderr
-    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1, 2, 3, 4]
+    log.write_text(log.read_text() + '{"step": 5, "loss": 2.7')  # killed mid-append
+    r = _cli(common + ["--max-steps", "6"])
+    assert "dropped 1 partial line" in r.stdout + r.stderr and "resuming at step 3" in r.stdout + r.stderr
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1, 2, 3, 4, 5]
 
 
 def _tmpfs(path, size):
