@@ -236,7 +236,8 @@ def cmd_doctor(args) -> int:
     try:
         model, decode, _ = model_options(args), decode_options(args), PromptSetOptions.from_args(args)
         res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
-                         model.capture, model.backend, model.device_name, model.dtype_name)
+                         model.capture, model.backend, model.device_name, model.dtype_name,
+                         time_budget=args.time_budget, progress=not args.no_progress)
     except EaglekitError as e:
         if args.json:
             print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
@@ -259,6 +260,10 @@ def _doctor_args(p):
     DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
     p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
     ModelOptions.add_args(p, only=("capture_layers",))
+    p.add_argument("--time-budget", type=float, default=45.0,
+                   help="seconds: the probe grows (more prompts, longer continuations) until it can tell the wirings "
+                        "apart or this much time has passed (default 45)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_runtime(p, device=DOCTOR_DEVICE)
 
 

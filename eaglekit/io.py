@@ -2,29 +2,65 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(path: Path, nbytes: int, e: OSError):
+    """The error for a write that ran out of space (ENOSPC) or quota (EDQUOT): what, where, how to go on."""
+    from .errors import EaglekitError
+
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 1e6:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    what = "disk quota exceeded" if e.errno == errno.EDQUOT else "no space left on the device"
+    return EaglekitError(
+        f"{what} while writing {path.name} ({nbytes / 1e6:.2f} MB) in {path.parent} ({free}); the file was not "
+        f"changed: the previous version (a checkpoint, a shard, a draft) is intact and nothing half-written was left",
+        fix=f"free space under {path.parent} (or choose an --out on a larger disk), then run the same command "
+            f"again: training resumes from its last checkpoint, extraction from its last complete shard; "
+            f"regenerate and export write their file anew", code="E160")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in _FULL:
+            raise disk_full(path, len(data), e) from None
+        raise
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (a log record). A crash or a full disk may leave a partial last line: readers drop it."""
+    path = Path(path)
+    try:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    except OSError as e:
+        if e.errno in _FULL:
+            raise disk_full(path, len(line) + 1, e) from None
         raise
 
 

@@ -21,9 +21,12 @@ def load_tokenizer(folder: str | Path, required: bool = True):
         return None
     from transformers import AutoTokenizer
 
+    from .models.config import check_folder_json
+
+    check_folder_json(folder)  # a broken config.json / tokenizer.json is named, not reported as "the tokenizer"
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception for a tokenizer.json it cannot use)
         raise InputError(f"the tokenizer in {folder} cannot be loaded: {e}", fix="re-save the tokenizer",
                          code="E109") from None
 

@@ -259,3 +259,59 @@ def test_every_code_raised_is_registered_and_documented():
     docs = (root.parent / "docs" / "errors.md").read_text()
     assert [c for c in CODES if f'<a id="{c.lower()}"></a>{c} |' not in docs] == []
     assert "see: docs/errors.md#e101" in str(InputError("x", code="E101"))
+# --- every folder file its own named error; a full disk; a cut log (issue 14 items 3-5) ------------------------
+@pytest.mark.parametrize("name,code", [("config.json", "E150"), ("tokenizer.json", "E151"),
+                                       ("tokenizer_config.json", "E152"), ("generation_config.json", "E153")])
+@pytest.mark.parametrize("junk", ["{not json", "[1, 2]"], ids=["not-json", "not-an-object"])
+def test_a_broken_target_folder_file_is_named(model_dirs, tmp_path, capsys, name, code, junk):
+    d = tmp_path / "t"
+    shutil.copytree(model_dirs["llama"], d)
+    (d / name).write_text(junk)
+    for rc_args in (["generate", "--target", str(d), "--prompt", "def"],):
+        rc = main(rc_args)
+        err = capsys.readouterr().err
+        assert rc == 2 and f"[{code}]" in err and name in err and "Traceback" not in err, err
+    with pytest.raises(InputError) as e:
+        from eaglekit.tokenizer import load_tokenizer
+
+        load_tokenizer(d)
+    assert e.value.code == code and name in e.value.message
+
+
+def test_a_broken_weights_index_is_named(model_dirs, tmp_path):
+    d = tmp_path / "t"
+    shutil.copytree(model_dirs["llama"], d)
+    (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(InputError) as e:
+        load_target(d, backend="ours")
+    assert e.value.code == "E154" and "model.safetensors.index.json" in e.value.message
+
+
+def test_a_broken_draft_config_is_named(tmp_path):
+    write_specforge_folder(tmp_path / "d")
+    (tmp_path / "d" / "config.json").write_text("{")
+    with pytest.raises(InputError) as e:
+        load_draft(tmp_path / "d")
+    assert e.value.code == "E150" and "config.json" in e.value.message
+
+
+def test_a_full_disk_in_an_atomic_write_is_named_and_leaves_the_old_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from eaglekit.errors import EaglekitError
+    from eaglekit.io import atomic_write_bytes
+
+    f = tmp_path / "state.pt"
+    f.write_bytes(b"old checkpoint")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(EaglekitError) as e:
+        atomic_write_bytes(f, b"x" * 1000)
+    assert e.value.code == "E160" and "no space left" in e.value.message and str(tmp_path) in e.value.message
+    assert "run the same command again" in e.value.fix
+    assert f.read_bytes() == b"old checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]

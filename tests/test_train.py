@@ -179,6 +179,12 @@ def test_offline_training_equals_online(model_dirs, tmp_path):
     a = torch.load(tmp_path / "on" / "checkpoint" / "state.pt", weights_only=False)["draft"]
     b = torch.load(tmp_path / "off" / "checkpoint" / "state.pt", weights_only=False)["draft"]
     assert torch.equal(a["d2t"], b["d2t"])
+    # both paths record the feature fingerprint of the same features (issue 14.8c)
+    fa, fb = (json.loads((tmp_path / r / "draft" / "config.json").read_text())["eaglekit"]["features"]
+              for r in ("on", "off"))
+    assert fa["after_layers"] == fb["after_layers"] == [1, 3, 4] and fa["tokens"] == fb["tokens"] > 0
+    for x, y in zip(fa["slots"], fb["slots"]):
+        assert x["rms"] == pytest.approx(y["rms"], rel=1e-4)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
@@ -210,3 +216,80 @@ def test_torchrun_data_parallel_on_cpu(model_dirs, tmp_path):
     state = torch.load(tmp_path / "ddp" / "checkpoint" / "state.pt", weights_only=False)
     assert state["samples_seen"] == 3 * 2 * 2  # steps x ranks x per-rank batch
     assert (tmp_path / "ddp" / "draft" / "model.safetensors").is_file()
+
+
+def test_fingerprint_names_layers_where_adjacent_layers_are_close(tmp_path):
+    """Layers that each change the residual stream by a few percent: acceptance could hardly tell them apart,
+    the fingerprint recorded on one text still names each slot's layer on another text."""
+    from safetensors.torch import load_file, save_file
+
+    from eaglekit.train.fingerprint import FeatureSketch, match, sketch_of
+    from helpers import make_hf_model
+
+    d = tmp_path / "close"
+    make_hf_model(d, "llama", seed=5, layers=8)
+    w = load_file(d / "model.safetensors")
+    for k in w:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            w[k] = w[k] * 0.1
+    save_file(w, d / "model.safetensors", metadata={"format": "pt"})
+    t = load_target(d)
+    L, H = t.info.num_layers, t.info.hidden_size
+
+    def text(seed, n=48, T=40):
+        g = torch.Generator().manual_seed(seed)
+        return [Example(torch.randint(3, 96, (T,), generator=g).tolist(), [1] * T) for _ in range(n)]
+
+    every = CaptureSpec(tuple(range(-1, L)))
+    _, f = t.features(torch.tensor([text(9, 1)[0].input_ids]), None, every)
+    f = f[0].view(-1, L + 1, H)
+    step = [float((f[:, j + 1] - f[:, j]).norm() / f[:, j].norm()) for j in range(1, L)]
+    assert max(step) < 0.25, step  # adjacent layers are close: each moves the residual stream by ~17%
+    spec = CaptureSpec((1, 3, 4))
+    recorded = sketch_of(t, text(1), spec).to_json(spec.after_layers)
+    layers = FeatureSketch(L + 1, H)
+    for e in text(2):
+        _, f = t.features(torch.tensor([e.input_ids]), None, every)
+        layers.add(f[0])
+    m = match(recorded, layers, list(range(-1, L)))
+    assert [x["layer"] for x in m] == [1, 3, 4] and all(x["confident"] for x in m), m
+
+
+def test_resume_drops_a_partial_last_log_line(model_dirs, tmp_path):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    common = ["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--batch-size", "4",
+              "--save-every", "3", "--draft-vocab-size", "64", "--heldout", "0", "--device", "cpu",
+              "--out", str(tmp_path / "r")]
+    r = _cli(common + ["--max-steps", "6"], {"EAGLEKIT_KILL_AT": "train_step:5"}, check=False)
+    assert r.returncode == -9
+    log = tmp_path / "r" / "train_log.jsonl"
+    log.write_text(log.read_text() + '{"step": 5, "loss": 2.7')  # killed mid-append
+    r = _cli(common + ["--max-steps", "6"])
+    assert "dropped 1 partial line" in r.stdout + r.stderr and "resuming at step 3" in r.stdout + r.stderr
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1, 2, 3, 4, 5]
+
+
+def _tmpfs(path, size):
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+
+
+@pytest.mark.parametrize("size", ["600k", "1500k"])
+def test_training_on_a_full_disk_says_what_ran_out_and_keeps_the_checkpoint(model_dirs, tmp_path, size):
+    data = _regen_file(model_dirs, tmp_path / "data.jsonl", n=16)
+    disk = tmp_path / "disk"
+    _tmpfs(disk, size)
+    try:
+        r = _cli(["train", "--target", str(model_dirs["llama"]), "--data", str(data), "--batch-size", "4",
+                  "--save-every", "1", "--max-steps", "40", "--heldout", "0", "--device", "cpu",
+                  "--out", str(disk / "run")], check=False)
+        assert r.returncode == 2 and "[E160]" in r.stderr and "no space left" in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and "resumes from its last checkpoint" in r.stderr
+        ckpt = disk / "run" / "checkpoint" / "state.pt"
+        if ckpt.is_file():  # what is on disk is a whole checkpoint
+            assert torch.load(ckpt, weights_only=False)["step"] >= 1
+        assert not list(disk.rglob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

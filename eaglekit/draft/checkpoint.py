@@ -66,6 +66,7 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None, capture: C
         target_num_layers=target.get("num_layers"),
         target_tokenizer=target.get("tokenizer"),
         vocab_map_sha=block.get("vocab_map_sha256"),
+        features=block.get("features"),
     )
 
 
@@ -109,6 +110,8 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
                 block["target"]["tokenizer"] = c.target_tokenizer
         if c.vocab_map_sha:
             block["vocab_map_sha256"] = c.vocab_map_sha
+        if c.features:  # the feature fingerprint (eaglekit.train.fingerprint): which layer each slot was trained on
+            block["features"] = c.features
         out["eaglekit"] = block
     return out
 

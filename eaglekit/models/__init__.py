@@ -8,7 +8,7 @@ import torch
 
 from ..errors import InputError
 from .base import Target, TargetInfo
-from .config import FAMILIES, TargetConfig, load_target_config, read_json
+from .config import FAMILIES, TargetConfig, check_folder_json, load_target_config, read_json
 
 BACKENDS = ("auto", "ours", "hf")
 
@@ -36,6 +36,7 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
         raise InputError(f"unknown backend {backend!r}", fix=f"use one of {', '.join(BACKENDS)}", code="E108")
     dt = resolve_dtype(dtype, device)
     raw = read_json(folder / "config.json", "target config")
+    check_folder_json(folder)
     if backend == "auto":
         backend = "ours" if raw.get("model_type") in FAMILIES else "hf"
         if backend == "ours":

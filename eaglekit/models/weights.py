@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -35,11 +34,12 @@ def read_folder_tensors(folder: str | Path, what: str) -> dict[str, torch.Tensor
     if single.is_file():
         return _open_file(single, what)
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise InputError(f"{what} index {index} is malformed ({e})", fix="re-export the checkpoint",
-                             code="E105") from None
+        from .config import read_json
+
+        weight_map = read_json(index, f"{what} weights index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise InputError(f"{what} weights index {index} has no weight_map object",
+                             fix="re-export the checkpoint", code="E154")
         tensors: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
             p = folder / shard

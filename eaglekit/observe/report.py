@@ -85,17 +85,21 @@ def doctor_report(res: dict) -> None:
     if res["probe"]:
         t = Table(title=f"probe: acceptance per wiring, teacher-forced over the target's continuations "
                         f"({res.get('probe_prompts')})")
-        for col in ("wiring", "after_layers", "per position", "simulated / decoded accept length"):
+        for col in ("wiring", "after_layers", "per position", "simulated / decoded accept length",
+                    "configured minus this (paired, ± s.e.)"):
             t.add_column(col)
         for r in res["probe"]:
             if "accept_length" in r:
                 dec = f" / {r['decoded_accept_length']:.2f}" if "decoded_accept_length" in r else ""
+                pm = (f"{r['diff']:+.3f} ± {r['se']:.3f} (z {r['z']:.1f})" + ("" if r.get("decided") else ", undecided")
+                      if "diff" in r else "")
                 t.add_row(r["wiring"], str(r["after_layers"]), " ".join(f"{x:.1%}" for x in r["per_position"]),
-                          f"{r['accept_length']:.2f}{dec}")
+                          f"{r['accept_length']:.2f}{dec}", pm)
             else:
-                t.add_row(r["wiring"], str(r["after_layers"]), f"refused [{r['refused']}]", "")
+                t.add_row(r["wiring"], str(r["after_layers"]), f"refused [{r['refused']}]", "", "")
         c.print(t)
     if res.get("profile_ms"):
         c.print(phase_table({k: v / 1e3 for k, v in res["profile_ms"].items()}, title="cycle profile (16 tokens)"))
-    c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold green]OK[/]: ") + res["verdict"])
+    c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold yellow]CANNOT TELL[/]: "
+             if not res.get("conclusive", True) else "[bold green]OK[/]: ") + res["verdict"])
     c.print(f"({res['seconds']}s)")

@@ -8,7 +8,6 @@ always completes.
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -17,9 +16,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..io import atomic_write_bytes, atomic_write_json, save_tensors
+from ..io import atomic_write_json, save_tensors
 from ..models.config import parse_target_config
 from ..models.llama import LlamaModel
+from .loop import StepBudget, load_state, lr_at, save_state
 
 
 def llama_config(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, inter: int, max_pos: int = 2048,
@@ -109,8 +109,8 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
     g = torch.Generator().manual_seed(cfg.seed)
     eval_batch = _windows(heldout_stream, 64, cfg.seq_len, torch.Generator().manual_seed(123)).to(device)
     start, total = 0, cfg.max_steps
-    if ckpt is not None and ckpt.is_file():
-        st = torch.load(ckpt, map_location=device, weights_only=False)
+    st = load_state(ckpt, device) if ckpt is not None else None
+    if st is not None:
         net.load_state_dict(st["net"])
         opt.load_state_dict(st["opt"])
         g.set_state(st["gen"])
@@ -124,34 +124,23 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
             logits = net.lm_head(h)
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
-    def lr_at(step):
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        frac = min((step - cfg.warmup) / max(total - cfg.warmup, 1), 1.0)
-        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=start, desc="pretrain", dynamic_ncols=True)
     t0, history = time.time(), []
     best = (float("inf"), None, 0)  # held-out loss, weights, step: the model kept is the best one seen
     step = start
+    budget = StepBudget(cfg.time_budget_s, start, amp, 10, 40)
     while step < total:
-        if cfg.time_budget_s and start == 0 and step in (10, 40):
-            # time steps 10..40: the first steps carry one-off costs (allocator, cuBLAS heuristics)
-            if amp:
-                torch.cuda.synchronize()
-            if step == 10:
-                t10 = time.time()
-        if cfg.time_budget_s and start == 0 and step == 40:
-            per = (time.time() - t10) / 30
-            total = max(min(cfg.max_steps, int((cfg.time_budget_s - (t10 - t0)) / per)), step + 1)
+        fitted = budget.check(step, total, cfg.max_steps)
+        if fitted is not None:
+            total, per = fitted, budget.per_step
             bar.total = total
             log(f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
                 f"{total} steps fit the {cfg.time_budget_s:.0f}s budget")
         batch = _windows(train_stream, cfg.batch_size, cfg.seq_len, g).to(device, non_blocking=True)
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step)
+            gr["lr"] = lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
         loss = loss_of(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -171,10 +160,8 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
             if ev < best[0]:
                 best = (ev, {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}, step)
             if ckpt is not None:
-                buf = io.BytesIO()
-                torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "gen": g.get_state(), "step": step,
-                            "total": total}, buf)
-                atomic_write_bytes(ckpt, buf.getvalue())
+                save_state(ckpt, {"net": net.state_dict(), "opt": opt.state_dict(), "gen": g.get_state(), "step": step,
+                                  "total": total})
     bar.close()
     if best[1] is not None and best[2] != step:
         net.load_state_dict(best[1])

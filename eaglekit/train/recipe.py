@@ -170,7 +170,8 @@ def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     from ..capture import CaptureSpec
     from ..draft import save_draft
     from .data import Example
-    from .run import _Indexed, prepare_draft
+    from .loop import Indexed, heldout_split
+    from .run import prepare_draft
     from .sources import OnlineSource
     from .trainer import TrainConfig, train_draft
     from .vocab import count_tokens
@@ -179,17 +180,16 @@ def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     if report.is_file() and (out / "draft" / "config.json").is_file():
         return json.loads(report.read_text())
     spec = CaptureSpec.default(target.info.num_layers)
-    held = examples[-max(len(examples) // 32, 2):]
-    train = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]])
-             for e in examples[:-len(held)]]
+    examples = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in examples]
+    train_idx, held_idx = heldout_split(len(examples), 1 / 32, 0)
+    train = [examples[i] for i in train_idx]
     draft, hot, coverage = prepare_draft(target, count_tokens(train, target.info.vocab_size), spec, p["draft_vocab"])
     log(f"draft vocab: {p['draft_vocab']} of {target.info.vocab_size} tokens cover {coverage:.1%} of the data")
     cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
                       lr=p["draft_lr"], warmup=0.05, save_every=max(p["draft_steps"] // 4, 5),
                       time_budget_s=p["draft_budget"])
-    res = train_draft(draft, _Indexed(OnlineSource(target, train + held, spec), list(range(len(train)))),
-                      target.lm_head_weight(), hot, cfg, device,
-                      eval_indices=list(range(len(train), len(train) + len(held))), progress=True)
+    res = train_draft(draft, Indexed(OnlineSource(target, examples, spec), train_idx), target.lm_head_weight(), hot,
+                      cfg, device, eval_indices=held_idx, progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
     res["coverage"] = coverage
     atomic_write_json(report, res)
@@ -292,3 +292,43 @@ def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", 
                "eval": ev}
     atomic_write_json(out / "recipe.json", summary)
     return summary
+
+
+def demo_fingerprint(target_dir, draft_dir, n_prompts: int = 192, log=print) -> dict:
+    """Backfill the feature fingerprint of a demo draft trained before fingerprints were recorded: the recipe's
+    regen stage over again (same windows of the training files, same seeds and settings; the first `n_prompts`
+    of them, cut to the draft stage's max length), features at the draft's capture, FeatureSketch as the trainer
+    records it. Writes only config.json's eaglekit.features; the weights are untouched."""
+    from ..models import load_target
+    from ..models.config import read_json
+    from .data import Example
+    from .fingerprint import sketch_of
+    from .regen import regenerate
+    from transformers import AutoTokenizer
+
+    assets = Path(target_dir).parent
+    corpus = json.loads((assets / "corpus.json").read_text())
+    if not Path(corpus["stdlib_root"]).is_dir():  # the same Python version's library, found here
+        corpus["stdlib_root"] = sysconfig.get_paths()["stdlib"]
+    root = Path(corpus["stdlib_root"])
+    corpus["train"]["files"] = [f for f in corpus["train"]["files"] if (root / f).is_file()]
+    p = PRESETS["gpu"]
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    target = load_target(target_dir)
+    raw = read_json(Path(draft_dir) / "config.json", "draft config")
+    from ..capture import CaptureSpec
+
+    spec = CaptureSpec.from_dict(raw["eaglekit"]["capture"])
+    g = torch.Generator().manual_seed(1)
+    stream = _stream(tok, _texts(corpus, "train"))
+    L = p["prompt_len"]
+    starts = torch.randint(0, stream.numel() - L, (p["prompts"],), generator=g).tolist()[:n_prompts]
+    prompts = [stream[s:s + L].tolist() for s in starts]
+    ex = regenerate(target, prompts, p["gen_len"], batch_size=64, temperature=0.8, greedy_share=0.5, seed=2,
+                    eos_ids=target.info.eos_token_ids, mask_prompt=False)
+    ex = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in ex]
+    sk = sketch_of(target, ex, spec)
+    raw["eaglekit"]["features"] = sk.to_json(spec.after_layers)
+    atomic_write_json(Path(draft_dir) / "config.json", raw)
+    log(f"fingerprint over {sk.n} tokens of {len(ex)} regenerated sequences written to {draft_dir}/config.json")
+    return raw["eaglekit"]["features"]

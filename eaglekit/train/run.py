@@ -21,6 +21,7 @@ from .data import Example, _roles, load_examples, read_records, write_examples
 from .extract import FeatureStore, extract
 from .regen import regenerate
 from .sources import OnlineSource
+from .loop import Indexed, heldout_split
 from .trainer import TrainConfig, dist_info, evaluate_ttt, init_distributed, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
@@ -29,15 +30,6 @@ def _target(target_dir, backend, device, dtype, capture):
     """The target and the CaptureSpec to train or extract with (given, or the default for its depth)."""
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     return target, (capture or CaptureSpec.default(target.info.num_layers)).validate(target.info.num_layers)
-
-
-def _split(examples: list[Example], heldout: float, seed: int):
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    k = int(len(examples) * heldout) if heldout > 0 else 0
-    if heldout > 0 and len(examples) > 1:
-        k = max(k, 1)
-    return [examples[i] for i in order[k:]], [examples[i] for i in order[:k]]
 
 
 def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_vocab_size: int | None,
@@ -65,17 +57,7 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
     return draft, vm.hot.to(target.device), vm.coverage
 
 
-class _Indexed:
-    """Train on `train` indices of a source while evaluation batches may address the rest."""
-
-    def __init__(self, src, train_idx):
-        self.src, self.idx, self.n = src, train_idx, len(train_idx)
-
-    def epoch_order(self, g):
-        return [self.idx[i] for i in torch.randperm(self.n, generator=g).tolist()]
-
-    def batch(self, indices, device):
-        return self.src.batch(indices, device)
+_Indexed = Indexed  # the old private name
 
 
 def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
@@ -94,26 +76,19 @@ def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = 
         capture = capture or store.capture
     target, capture = _target(target_dir, model.backend, device, model.dtype_name, capture)
     if features is not None:
-        store = FeatureStore(features, target.info, capture)
-        counts = store.token_counts()
-        src = store
-        g = torch.Generator().manual_seed(cfg.seed)
-        order = torch.randperm(store.n, generator=g).tolist()
-        k = max(int(store.n * heldout), 1) if heldout > 0 and store.n > 1 else 0
-        train_idx, held_idx = order[k:], order[:k]
+        src = FeatureStore(features, target.info, capture)
+        train_idx, held_idx = heldout_split(src.n, heldout, cfg.seed)
+        counts = src.token_counts()
     else:
-        tok = load_tokenizer(target_dir, required=False)
-        examples = load_examples(data, tok, opts.max_len)
-        train_ex, held_ex = _split(examples, heldout, cfg.seed)
-        counts = count_tokens(train_ex, target.info.vocab_size)
-        src = OnlineSource(target, train_ex + held_ex, capture)
-        train_idx = list(range(len(train_ex)))
-        held_idx = list(range(len(train_ex), len(train_ex) + len(held_ex)))
+        examples = load_examples(data, load_tokenizer(target_dir, required=False), opts.max_len)
+        train_idx, held_idx = heldout_split(len(examples), heldout, cfg.seed)
+        counts = count_tokens([examples[i] for i in train_idx], target.info.vocab_size)
+        src = OnlineSource(target, examples, capture)
     draft, hot, coverage = prepare_draft(target, counts, capture, opts.draft_vocab_size, opts.init_draft, cfg.seed)
     if rank == 0 and coverage is not None:
         log(f"draft vocabulary: {hot.numel()} of {target.info.vocab_size} target tokens, covering {coverage:.1%} "
             f"of the loss-masked training tokens")
-    res = train_draft(draft, _Indexed(src, train_idx), target.lm_head_weight(), hot, cfg, device,
+    res = train_draft(draft, Indexed(src, train_idx), target.lm_head_weight(), hot, cfg, device,
                       eval_indices=held_idx or None)
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)

@@ -8,9 +8,7 @@ in the same order (no sample lost or counted twice; the log is truncated back to
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import os
 import signal
 from dataclasses import asdict, dataclass, field
@@ -19,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..draft import save_draft
-from ..io import atomic_write_bytes
+from ..io import append_line, atomic_write_bytes
 from .ttt import simulated_accept_length, target_distribution, ttt_forward
 
 
@@ -45,6 +43,10 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
+# the feature fingerprint is taken over the first this many training tokens (per-slot sums: cheap)
+FINGERPRINT_TOKENS = 200_000
+
+
 def dist_info() -> tuple[int, int]:
     import torch.distributed as dist
 
@@ -66,14 +68,6 @@ def init_distributed(device: str) -> str:
         torch.cuda.set_device(local)
         return f"cuda:{local}"
     return device
-
-
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    warm = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    frac = (step - warm) / max(total - warm, 1)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 class _Crash:
@@ -124,32 +118,85 @@ def _autocast(device, cfg):
     return contextlib.nullcontext()
 
 
+@dataclass
+class RunState:
+    """What a checkpoint restores: the step, the samples consumed, the (possibly budget-fitted) step count."""
+
+    step: int = 0
+    samples_seen: int = 0
+    total: int = 0
+
+
+def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, device, rank: int) -> RunState:
+    """Load the last checkpoint if there is one, refusing one made with another vocabulary; cut the log back to it."""
+    from .loop import load_state
+
+    state = load_state(ckpt, device)
+    if state is None:
+        return run
+    if not torch.equal(state["hot"].cpu(), hot.cpu()):
+        from ..errors import InputError
+
+        raise InputError(f"the checkpoint in {ckpt.parent} was trained with another draft vocabulary",
+                         fix="resume with the same data and --draft-vocab-size, or use a new --out", code="E120")
+    draft.load_state_dict(state["draft"], strict=False)
+    opt.load_state_dict(state["opt"])
+    if "sketch" in state:
+        sketch.load_state(state["sketch"])
+    run = RunState(state["step"], state["samples_seen"], state.get("total", run.total))
+    if rank == 0 and log_path.is_file():
+        _truncate_log(log_path, run.step)
+    return run
+
+
+def _step(model, opt, params, batch, lm_head_w, hot, lr: float, cfg: "TrainConfig", device, world: int):
+    """One optimiser step on one batch; -> (per-step stats summed over ranks [3L], grad norm)."""
+    p, in_dv = target_distribution(batch, lm_head_w, hot)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with _autocast(device, cfg):
+        loss, losses, correct, counts = model(batch, p, in_dv, cfg.ttt_length, cfg.decay)
+    loss.backward()  # under DDP the gradients are averaged over the ranks here
+    gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    stats = torch.cat([losses.float() * counts.float(), correct.float(), counts.float()])
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(stats)
+    return stats.cpu(), gnorm
+
+
+def _record(stats, step: int, lr: float, gnorm, samples_seen: int, cfg: "TrainConfig") -> dict:
+    L = cfg.ttt_length
+    n = stats[2 * L:].clamp(min=1)
+    acc = (stats[L:2 * L] / n).tolist()
+    return {"step": step, "loss": float((stats[:L] / n * (cfg.decay ** torch.arange(L))).sum()),
+            "acc": [round(a, 4) for a in acc], "lr": lr, "grad_norm": float(gnorm), "samples_seen": samples_seen}
+
+
 def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: TrainConfig, device,
                 eval_indices=None, progress: bool = True) -> dict:
-    """Train `draft` in place on `source` (online or offline batches). Returns the final metrics."""
+    """Train `draft` in place on `source` (online or offline batches). Returns the final metrics.
+    The parts: resume (_resume), schedule (loop.lr_at, loop.StepBudget), step (_step, DDP across ranks),
+    checkpoint (_save), evaluation (evaluate_ttt)."""
+    from .fingerprint import FeatureSketch
+    from .loop import StepBudget, data_parallel, lr_at
+
     world, rank = dist_info()
     out = Path(cfg.out)
     ckpt = out / "checkpoint" / "state.pt"
     log_path = out / "train_log.jsonl"
     global_batch = cfg.batch_size * world
     steps_per_epoch = max(source.n // global_batch, 1)
-    total = cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    start, samples_seen = 0, 0
-    if ckpt.is_file():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        if not torch.equal(state["hot"].cpu(), hot.cpu()):
-            from ..errors import InputError
-
-            raise InputError(f"the checkpoint in {ckpt.parent} was trained with another draft vocabulary",
-                             fix="resume with the same data and --draft-vocab-size, or use a new --out", code="E120")
-        draft.load_state_dict(state["draft"], strict=False)
-        opt.load_state_dict(state["opt"])
-        start, samples_seen, total = state["step"], state["samples_seen"], state.get("total", total)
-        if rank == 0 and log_path.is_file():  # drop log lines written after the checkpoint
-            keep = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] < start]
-            atomic_write_bytes(log_path, ("\n".join(keep) + "\n").encode() if keep else b"")
+    C = draft.config.num_captures
+    sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
+    run = RunState(total=cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1))
+    run = _resume(draft, opt, hot, sketch, ckpt, log_path, run, device, rank)
+    start, total = run.step, run.total
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         print(f"training: {source.n} samples, {steps_per_epoch} steps/epoch at global batch {global_batch}, "
@@ -159,68 +206,40 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
         from tqdm import tqdm
 
         bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
+    model = data_parallel(draft, world, device)
     draft.train()
+    budget = StepBudget(cfg.time_budget_s, start, str(device).startswith("cuda"), 10, 30)
     order_cache: dict[int, list[int]] = {}
     last = {}
-    import time
-
-    t0 = time.time()
-    step = start
+    step, samples_seen = start, run.samples_seen
     while step < total:
-        if cfg.time_budget_s and start == 0 and step in (10, 30):
-            # time steps 10..30: the first steps carry one-off costs (allocator, kernel selection)
-            if str(device).startswith("cuda"):
-                torch.cuda.synchronize()
-            if step == 10:
-                t10 = time.time()
-        if cfg.time_budget_s and start == 0 and step == 30:
-            per = (time.time() - t10) / 20
-            total = max(min(total, int((cfg.time_budget_s - (t10 - t0)) / per)), step + 1)
+        fitted = budget.check(step, total, total)
+        if fitted is not None:
+            total = fitted
             if bar is not None:
                 bar.total = total
             if rank == 0:
-                print(f"\ntraining: {per * 1e3:.1f} ms/step: {total} steps fit the {cfg.time_budget_s:.0f}s budget",
-                      flush=True)
+                print(f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {total} steps fit the "
+                      f"{cfg.time_budget_s:.0f}s budget", flush=True)
         epoch, j = divmod(step, steps_per_epoch)
         if epoch not in order_cache:
             order_cache = {epoch: _epoch_order(source, epoch, cfg.seed)}
-        order = order_cache[epoch]
         base = j * global_batch + rank * cfg.batch_size
-        idx = order[base:base + cfg.batch_size]
-        batch = source.batch(idx, device)
-        p, in_dv = target_distribution(batch, lm_head_w, hot)
-        lr = lr_at(step, total, cfg)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        with _autocast(device, cfg):
-            loss, losses, correct, counts = ttt_forward(draft, batch, p, in_dv, cfg.ttt_length, cfg.decay)
-        loss.backward()
-        if world > 1:
-            _allreduce_grads(params, world)
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        stats = torch.cat([losses.float() * counts.float(), correct.float(), counts.float()])
-        if world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(stats)
-        L = cfg.ttt_length
-        stats = stats.cpu()
-        n = stats[2 * L:].clamp(min=1)
-        acc = (stats[L:2 * L] / n).tolist()
+        batch = source.batch(order_cache[epoch][base:base + cfg.batch_size], device)
+        if rank == 0 and sketch.n < FINGERPRINT_TOKENS:
+            sketch.add(batch.feats, batch.valid)
+        lr = lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
+        stats, gnorm = _step(model, opt, params, batch, lm_head_w, hot, lr, cfg, device, world)
         samples_seen += global_batch
-        last = {"step": step, "loss": float((stats[:L] / n * (cfg.decay ** torch.arange(L))).sum()),
-                "acc": [round(a, 4) for a in acc], "lr": lr, "grad_norm": float(gnorm), "samples_seen": samples_seen}
+        last = _record(stats, step, lr, gnorm, samples_seen, cfg)
         if rank == 0:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(last) + "\n")
+            append_line(log_path, json.dumps(last))
             if bar is not None:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc=" ".join(f"{a:.2f}" for a in acc[:4]))
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc=" ".join(f"{a:.2f}" for a in last["acc"][:4]))
                 bar.update(1)
         done = step + 1 == total
         if rank == 0 and ((step + 1) % cfg.save_every == 0 or done):
-            _save(draft, opt, hot, step + 1, samples_seen, total, cfg, ckpt, out)
+            _save(draft, opt, hot, RunState(step + 1, samples_seen, total), cfg, ckpt, out, sketch)
         if cfg.eval_every and eval_indices and ((step + 1) % cfg.eval_every == 0) and rank == 0 and not done:
             ev = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
             print(f"\nstep {step + 1}: held-out acc {[round(a, 3) for a in ev['per_position_acc']]} "
@@ -235,24 +254,35 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
     return result
 
 
-def _allreduce_grads(params, world: int) -> None:
-    import torch.distributed as dist
+def _truncate_log(log_path: Path, start: int) -> None:
+    """Keep the log lines of the steps before the checkpoint: lines written after it are redone by the resumed
+    run, and a line a crash (or a full disk) cut short is dropped, and said so."""
+    keep, partial = [], []
+    for n, ln in enumerate(log_path.read_text(errors="replace").splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError:
+            partial.append(n)
+            continue
+        if rec.get("step", start) < start:
+            keep.append(ln)
+    if partial:
+        print(f"training: dropped {len(partial)} partial line{'s' if len(partial) > 1 else ''} of {log_path.name} "
+              f"(line {', '.join(map(str, partial))}: cut short by a crash or a full disk); those steps are redone",
+              flush=True)
+    atomic_write_bytes(log_path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world
-    i = 0
-    for g in grads:
-        g.copy_(flat[i:i + g.numel()].view_as(g))
-        i += g.numel()
 
+def _save(draft, opt, hot, run: RunState, cfg, ckpt: Path, out: Path, sketch) -> None:
+    """The checkpoint (atomic: a kill or a full disk leaves the previous one), then the draft folder beside it."""
+    from .loop import save_state
 
-def _save(draft, opt, hot, step, samples_seen, total, cfg, ckpt: Path, out: Path) -> None:
-    state = {"step": step, "samples_seen": samples_seen, "total": total, "hot": hot.cpu(),
-             "draft": {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"},
-             "opt": opt.state_dict(), "config": asdict(cfg)}
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(ckpt, buf.getvalue())
+    if sketch.n:
+        cap = draft.config.capture
+        draft.config.features = sketch.to_json(cap.after_layers if cap is not None else None)
+    save_state(ckpt, {"step": run.step, "samples_seen": run.samples_seen, "total": run.total, "hot": hot.cpu(),
+                      "draft": {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"},
+                      "opt": opt.state_dict(), "config": asdict(cfg), "sketch": sketch.state()})
     save_draft(draft, out / "draft", dtype=torch.bfloat16)

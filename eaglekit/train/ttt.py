@@ -51,9 +51,10 @@ def target_distribution(batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: to
 
 
 def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tensor, length: int = 7,
-                decay: float = 0.8, keep_logits: list | None = None):
+                decay: float = 0.8, keep_logits: list | None = None, keep_correct: list | None = None):
     """-> (weighted loss, per-step losses [length], per-step correct counts [length], per-step counts).
-    `keep_logits`, if a list, receives each step's draft logits [B, T, Vd] (for tests and analysis)."""
+    `keep_logits`, if a list, receives each step's draft logits [B, T, Vd] (for tests and analysis);
+    `keep_correct` each step's (correct [B, T], counted [B, T]) booleans (the doctor's paired test)."""
     B, T = batch.ids.shape
     dev = batch.ids.device
     h = draft.project(batch.feats.to(draft.fc.weight.dtype))
@@ -83,7 +84,10 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
         total = total + (decay ** k) * loss_k
         with torch.no_grad():
             losses.append(loss_k.detach())
-            correct.append(((logits.argmax(-1) == p.argmax(-1)) & w).sum())
+            hit = (logits.argmax(-1) == p.argmax(-1)) & w
+            correct.append(hit.sum())
+            if keep_correct is not None:
+                keep_correct.append((hit, w))
             counts.append(n)
         h = out
     return total, torch.stack(losses), torch.stack(correct), torch.stack(counts)

@@ -1,0 +1,74 @@
+"""Checks of the draft folder and of the pair, before anything runs: each a Finding with a stable code.
+
+The pair's contract (widths, ranges, d2t / t2d, lm_head rows, fingerprints) is checked once, by
+`eaglekit.draft.pair_problems`, the same function that refuses a bad pair at load; the folder's own records
+(declared conventions, missing records) are read here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..capture import CaptureSpec
+from ..models.config import read_json
+from .report import Finding
+
+
+def _tensor_names(folder: Path) -> set[str] | None:
+    """Names stored in the folder's safetensors (header or index only, nothing loaded); None: not readable here."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    try:
+        if single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), "pt") as f:
+                return set(f.keys())
+        if index.is_file():
+            return set(read_json(index, "draft weights index").get("weight_map", {}))
+    except Exception:  # noqa: BLE001 (an unreadable file is reported by the loader, with its own code)
+        return None
+    return None
+
+
+def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
+    """What the draft folder itself says, before loading: declared conventions and missing records."""
+    from ..interop.formats import declared_captures
+
+    out = []
+    raw = read_json(folder / "config.json", "draft config")
+    block = raw.get("eaglekit") or {}
+    declared = declared_captures(folder)
+    if len(set(declared.values())) > 1:
+        parts = "; ".join(f"{k} -> after_layers {list(v)}" for k, v in declared.items())
+        out.append(Finding("E219", "error", f"the folder declares different capture layers in different places: "
+                           f"{parts}", "keep one set of ids, written in each place in that place's convention "
+                           "(eaglekit export does)", {"declared": {k: list(v) for k, v in declared.items()}}))
+    if not declared:
+        d = list(CaptureSpec.default(num_layers).after_layers)
+        out.append(Finding("W301", "warning", f"the folder records no capture layers: eaglekit, SGLang and vLLM all "
+                           f"fall back to their default (after_layers {d}); the probe below checks that this is what "
+                           f"the draft was trained on", "record the layers the draft was trained with "
+                           "(eagle_config.eagle_aux_hidden_state_layer_ids)"))
+    if not (block.get("target") or {}).get("fingerprint"):
+        out.append(Finding("I302", "info", "the folder records no target fingerprint, so a draft made for another "
+                           "target cannot be told apart by its config; the probe's acceptance is the check"))
+    for flag in ("norm_before_residual", "norm_before_fc"):
+        if raw.get(flag):
+            out.append(Finding("I303", "info", f"{flag} is set: engines that ignore it compute another function "
+                               f"(SGLang and vLLM versions differ here)"))
+    names = _tensor_names(folder)
+    if names is not None and any(n.endswith("d2t") for n in names) and not any(n.endswith("t2d") for n in names):
+        out.append(Finding("I305", "info", "the folder stores d2t but no t2d: eaglekit rebuilds t2d from d2t (the "
+                           "target ids the draft vocabulary covers), as SGLang does; an engine that reads t2d from the "
+                           "checkpoint would not find it", "re-save with eaglekit export, which writes both",
+                           {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))}))
+    if not block.get("features"):
+        out.append(Finding("I307", "info", "the folder records no feature fingerprint (drafts trained by eaglekit "
+                           "do): only acceptance can tell neighbouring capture layers apart"))
+    return out
+
+
+def recorded_fingerprint(folder: Path):
+    raw = json.loads((folder / "config.json").read_text())
+    return (raw.get("eaglekit") or {}).get("features")

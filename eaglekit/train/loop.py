@@ -1,0 +1,112 @@
+"""The parts every training loop here shares, written once: the LR schedule, fitting the step count to a time
+budget, the atomic checkpoint, the held-out split, and the data-parallel wrapper.
+
+Used by the draft trainer (trainer.py) and the target pretrainer (pretrain.py).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_bytes
+
+
+def warmup_steps(warmup: float, total: int) -> int:
+    """A fraction of the run (< 1) or a step count."""
+    return int(warmup * total) if warmup < 1 else int(warmup)
+
+
+def lr_at(step: int, total: int, lr: float, warmup: float, min_lr_ratio: float) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at `total`."""
+    warm = warmup_steps(warmup, total)
+    if step < warm:
+        return lr * (step + 1) / warm
+    frac = (step - warm) / max(total - warm, 1)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+class StepBudget:
+    """Fit the step count to a time budget: time steps `first`..`last` (the first steps carry one-off costs:
+    allocator, kernel selection), then cap the total at what the rest of the budget holds, so the cosine
+    schedule always completes. Only for a run that starts at step 0 (a resumed run keeps its fitted total)."""
+
+    def __init__(self, budget_s: float | None, start: int, cuda: bool, first: int = 10, last: int = 30):
+        self.budget_s = budget_s if start == 0 else None
+        self.cuda, self.first, self.last = cuda, first, last
+        self.t0 = time.time()
+        self.t_first = None
+        self.per_step = None
+
+    def check(self, step: int, total: int, cap: int) -> int | None:
+        """Call before each step; returns the new total at step `last`, else None."""
+        if not self.budget_s or step not in (self.first, self.last):
+            return None
+        if self.cuda:
+            torch.cuda.synchronize()
+        if step == self.first:
+            self.t_first = time.time()
+            return None
+        self.per_step = (time.time() - self.t_first) / (self.last - self.first)
+        return max(min(cap, int((self.budget_s - (self.t_first - self.t0)) / self.per_step)), step + 1)
+
+
+def save_state(path: Path, state: dict) -> None:
+    """torch.save to memory, then one atomic write: a killed run (or a full disk) leaves the previous checkpoint."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_state(path: Path, device) -> dict | None:
+    return torch.load(path, map_location=device, weights_only=False) if Path(path).is_file() else None
+
+
+def heldout_split(n: int, share: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices): a seeded permutation, `share` of it held out (at least one sample when
+    share > 0 and there are two or more). The one split of every training path (online, offline, the recipe)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    k = max(int(n * share), 1) if share > 0 and n > 1 else 0
+    return order[k:], order[:k]
+
+
+class Indexed:
+    """Train on `train_idx` of a source while evaluation batches may address the rest."""
+
+    def __init__(self, src, train_idx):
+        self.src, self.idx, self.n = src, list(train_idx), len(train_idx)
+
+    def epoch_order(self, g):
+        return [self.idx[i] for i in torch.randperm(self.n, generator=g).tolist()]
+
+    def batch(self, indices, device):
+        return self.src.batch(indices, device)
+
+
+class TTTModule(torch.nn.Module):
+    """The TTT unroll as one module call, so DistributedDataParallel sees a forward and all-reduces (averages)
+    the gradients in backward, bucketed and overlapped, instead of a hand-written all-reduce."""
+
+    def __init__(self, draft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, batch, p, in_dv, length: int, decay: float):
+        from .ttt import ttt_forward
+
+        return ttt_forward(self.draft, batch, p, in_dv, length, decay)
+
+
+def data_parallel(draft, world: int, device):
+    """The TTT module, under DDP when there is more than one process (gloo on CPU, NCCL on GPU)."""
+    m = TTTModule(draft)
+    if world <= 1:
+        return m
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [torch.device(device).index] if str(device).startswith("cuda") else None
+    return DDP(m, device_ids=ids, broadcast_buffers=False)
