@@ -94,6 +94,8 @@ class Scheduler:
     def submit(self, req) -> Handle:
         if not self.accepting:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
+        if not self.alive:
+            raise ApiError(503, "the engine thread is not running (see the server log)", code="engine_down")
         if len(self.handles) >= self.capacity:
             self.metrics.rejected.labels(self.metrics._lv[0], "queue_full").inc()
             raise ApiError(429, f"the queue is full ({len(self.handles)} requests in flight, at most "
@@ -174,6 +176,23 @@ class Scheduler:
             pass
 
     def _run(self) -> None:
+        import torch
+
+        # inference mode is per thread: the engine's tensors are inference tensors, and cancel() and add()
+        # update them in place too, not only step()
+        try:
+            with torch.inference_mode():
+                self._loop()
+        except BaseException:  # a bug outside the guarded calls: no request may wait forever on a dead thread
+            log.error("the engine thread stopped:\n%s", traceback.format_exc())
+            self._to_loop(self._fail_all, ApiError(500, "the engine thread stopped (see the server log)"))
+            raise
+
+    def _fail_all(self, err: ApiError) -> None:
+        for rid in list(self.handles):
+            self._fail(rid, err)
+
+    def _loop(self) -> None:
         eng, m = self.engine, self.metrics
         live: set[str] = set()  # rids the engine holds (this thread's own view)
         while True:
@@ -188,7 +207,10 @@ class Scheduler:
                 if op == "cancel":
                     if arg in live:
                         live.discard(arg)
-                        eng.cancel(arg)
+                        try:
+                            eng.cancel(arg)
+                        except Exception:
+                            log.error("engine.cancel failed:\n%s", traceback.format_exc())
                     continue
                 try:
                     eng.add(arg)
