@@ -20,6 +20,7 @@ import time
 import traceback
 
 from ..errors import EaglekitError
+from ..observe import trace
 from .protocol import ApiError, from_eaglekit
 
 log = logging.getLogger("eaglekit.serve")
@@ -225,6 +226,8 @@ class Scheduler:
                 m.running.set(eng.num_running)
                 m.waiting.set(eng.num_waiting)
                 continue
+            if trace.ENABLED:  # a server's cycle is an engine step: EAGLE3_DEBUG_STEPS=N traces the first N
+                trace.set_cycle(self.steps)
             try:
                 events = eng.step()
             except Exception as e:
