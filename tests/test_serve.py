@@ -284,6 +284,37 @@ def test_client_disconnect_cancels_in_the_engine(server):
     assert server.client.completions.create(model="demo", prompt="x", max_tokens=2).choices
 
 
+def test_non_streaming_client_disconnect_cancels_too(server):
+    server.wait_idle()
+    cancelled = server.state()["cancelled"]
+    body = json.dumps({"model": "demo", "prompt": "import os", "max_tokens": 1500, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 30
+        while server.state()["num_running"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    s = server.wait_idle(30)
+    assert s["cancelled"] == cancelled + 1
+
+
+def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(server):
+    kw = dict(model="demo", prompt="def parse(text):", max_tokens=12, temperature=0.8, seed=1234)
+    alone = server.client.completions.create(**kw).choices[0].text
+    out = {}
+
+    def one(i):
+        out[i] = server.client.completions.create(**(kw | ({} if i == 0 else {"seed": i}))).choices[0].text
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out[0] == alone and len(set(out.values())) > 1
+
+
 def test_full_queue_gets_429(server):
     server.wait_idle()
     streams = []

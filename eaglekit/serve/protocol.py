@@ -92,6 +92,7 @@ def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
     _unsupported(body, "top_logprobs", lambda v: v == 0, "no logprobs")
     _unsupported(body, "presence_penalty", lambda v: v == 0, "no penalties")
     _unsupported(body, "frequency_penalty", lambda v: v == 0, "no penalties")
+    _unsupported(body, "repetition_penalty", lambda v: v == 1, "no penalties")  # vLLM's extension; bench sends 1.0
     _unsupported(body, "logit_bias", lambda v: not v, "no logit_bias")
     _unsupported(body, "suffix", lambda v: not v, "no suffix")
     _unsupported(body, "tools", lambda v: not v, "no tool calling")
