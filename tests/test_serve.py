@@ -325,6 +325,7 @@ def test_full_queue_gets_429(server):
         with pytest.raises(openai.RateLimitError) as e:
             server.client.completions.create(model="demo", prompt="y", max_tokens=2)
         assert e.value.body["code"] == "queue_full"
+        assert server.metric("eaglekit:requests_rejected_total", reason="queue_full") >= 1
     finally:
         for st in streams:
             st.close()

@@ -88,7 +88,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         if e.status == 400:
-            metrics.rejected.labels(served[0], "bad_request").inc()
+            metrics.reject("bad_request")
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -162,9 +162,8 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
                 "model": p.model}
 
         def usage(h):
-            u = {"prompt_tokens": len(prompt_ids), "completion_tokens": h.tokens,
-                 "total_tokens": len(prompt_ids) + h.tokens}
-            return u
+            return {"prompt_tokens": len(prompt_ids), "completion_tokens": h.tokens,
+                    "total_tokens": len(prompt_ids) + h.tokens}
 
         def spec(h):
             if h.drafts == 0:

@@ -65,6 +65,10 @@ class ServerMetrics:
                                        "decoding (1 + accepted / drafts).", L, registry=r).labels(*lv)
         self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
 
+    def reject(self, reason: str) -> None:
+        """A request refused before the engine saw it: bad_request (400) or queue_full (429)."""
+        self.rejected.labels(self._lv[0], reason).inc()
+
     def finished(self, reason: str) -> None:
         """reason: stop | length | abort (vLLM's FinishReason values)."""
         self._success.labels(*self._lv, reason).inc()

@@ -98,7 +98,7 @@ class Scheduler:
         if not self.alive:
             raise ApiError(503, "the engine thread is not running (see the server log)", code="engine_down")
         if len(self.handles) >= self.capacity:
-            self.metrics.rejected.labels(self.metrics._lv[0], "queue_full").inc()
+            self.metrics.reject("queue_full")
             raise ApiError(429, f"the queue is full ({len(self.handles)} requests in flight, at most "
                                 f"{self.capacity} = max batch + max queue); retry later", code="queue_full")
         h = Handle(self, req)
