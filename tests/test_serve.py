@@ -370,7 +370,8 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
 
 @pytest.mark.slow
 def test_soak_memory_stays_bounded(tmp_path):
-    """Thousands of short requests at concurrency 8 over max_batch 4: peak RSS after a warm-up and at the end."""
+    """Thousands of short requests at concurrency 8 over max_batch 4 (streamed, not, and one in ten cancelled
+    mid-stream): peak RSS after a warm-up and at the end."""
     srv = Server("--draft", DRAFT, "--max-batch", "4", "--max-queue", "16")
 
     def rss():
@@ -383,10 +384,16 @@ def test_soak_memory_stays_bounded(tmp_path):
 
         def worker(k):
             for i in range(k, n, conc):
-                r = srv.client.completions.create(model="demo", prompt=f"n{i} = {i} *", max_tokens=4, temperature=0,
-                                                  stream=i % 2 == 0)
-                if i % 2 == 0:
-                    list(r)
+                if i % 10 == 5:  # a client that goes away after its first chunk
+                    st = srv.client.completions.create(model="demo", prompt=f"m{i} =", max_tokens=64, stream=True,
+                                                       extra_body={"ignore_eos": True})
+                    next(iter(st))
+                    st.close()
+                else:
+                    r = srv.client.completions.create(model="demo", prompt=f"n{i} = {i} *", max_tokens=4,
+                                                      temperature=0, stream=i % 2 == 0)
+                    if i % 2 == 0:
+                        list(r)
                 with lock:
                     done[0] += 1
 
@@ -403,7 +410,8 @@ def test_soak_memory_stays_bounded(tmp_path):
         before = rss()
         assert load(2000) == 2000
         after = rss()
-        srv.wait_idle()
+        s = srv.wait_idle()
+        assert s["cancelled"] > 0
         print(f"\nsoak: 2300 requests in {time.monotonic() - t0:.0f} s; RSS/peak after 300: {before[0]}/{before[1]} MiB, "
               f"after 2300: {after[0]}/{after[1]} MiB")
         assert after[1] - before[1] < 64, (before, after)
