@@ -412,7 +412,8 @@ def test_soak_memory_stays_bounded(tmp_path):
         after = rss()
         s = srv.wait_idle()
         assert s["cancelled"] > 0
-        print(f"\nsoak: 2300 requests in {time.monotonic() - t0:.0f} s; RSS/peak after 300: {before[0]}/{before[1]} MiB, "
+        print(f"\nsoak: 2300 requests in {time.monotonic() - t0:.0f} s; "
+              f"RSS/peak after 300: {before[0]}/{before[1]} MiB, "
               f"after 2300: {after[0]}/{after[1]} MiB")
         assert after[1] - before[1] < 64, (before, after)
     finally:

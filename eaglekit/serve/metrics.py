@@ -57,7 +57,8 @@ class ServerMetrics:
         if speculative:
             self.num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.").labels(*lv)
             self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(*lv)
-            self.num_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(*lv)
+            self.num_accepted = counter("vllm:spec_decode_num_accepted_tokens",
+                                        "Number of accepted tokens.").labels(*lv)
             self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                     "Accepted tokens per draft position.", ["position"])
             self.per_pos = [self._per_pos.labels(*lv, str(i)) for i in range(positions)]
