@@ -620,7 +620,7 @@ def cmd_serve(args) -> int:
                  tree_shape(args) if args.draft else None, args.served_model_name, args.spec_max_batch,
                  capture_override(args), args.allow_other_target, args.backend, args.device,
                  None if args.dtype == "auto" else args.dtype, args.compile, False if args.no_graphs else "auto",
-                 args.chat_template, args.drain_timeout, args.log_level)
+                 args.chat_template, args.drain_timeout, args.log_level, args.threads)
 
 
 def _serve_args(p):
@@ -640,6 +640,8 @@ def _serve_args(p):
                    help="on SIGTERM, wait this many seconds for requests in flight before cancelling them")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; on a shared CPU fewer is often faster)")
     add_tree(p)
     add_capture(p)
     add_runtime(p)

@@ -40,10 +40,10 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "eaglekit.cli", "serve", "--target", TARGET, "--host", "127.0.0.1",
-               "--port", str(self.port), "--served-model-name", "demo", "--log-level", "warning", *extra]
+               "--port", str(self.port), "--served-model-name", "demo", "--log-level", "warning", "--threads", "1", *extra]
         self.log = open(log, "w") if log else subprocess.DEVNULL
-        # one intra-op thread: on a shared 2-core machine two OpenMP threads per process spin against each other
-        e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+        # one intra-op thread (--threads 1): on a shared 2-core machine two per process spin against each other
+        e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 120
         while True:

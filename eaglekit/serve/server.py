@@ -13,7 +13,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           max_batch: int = 8, max_queue: int = 64, shape=None, served_model_name: list[str] | None = None,
           spec_max_batch: int | None = None, capture=None, allow_other_target: bool = False, backend: str = "auto",
           device: str = "auto", dtype: str | None = None, compile: bool = False, graphs="auto",
-          chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info") -> int:
+          chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
+          threads: int | None = None) -> int:
     import uvicorn
 
     from .. import __version__
@@ -29,6 +30,10 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     if chat_template:
         f = Path(chat_template)
         template = f.read_text() if f.is_file() else chat_template  # a file, or the template itself
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
     tok = load_tokenizer(target_dir)
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype, compile=compile)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
