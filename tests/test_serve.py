@@ -470,6 +470,18 @@ def test_protocol_refusals_name_the_param():
         parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, ["m"])
 
 
+def test_chat_without_a_template_is_a_clear_400(tok):
+    from eaglekit.serve.protocol import ApiError, chat_ids
+
+    assert not getattr(tok, "chat_template", None)  # the demo target has none
+    with pytest.raises(ApiError) as e:
+        chat_ids(tok, [{"role": "user", "content": "hi"}], None)
+    assert e.value.status == 400 and e.value.code == "no_chat_template" and "chat template" in e.value.message
+    with pytest.raises(ApiError) as e:  # a template that raises on these messages: 400 too, not a 500
+        chat_ids(tok, [{"role": "user", "content": "hi"}], "{{ raise_exception('roles must alternate') }}")
+    assert e.value.status == 400 and "roles must alternate" in e.value.message
+
+
 @dataclass
 class _Ev:
     rid: str
