@@ -39,8 +39,10 @@ class Server:
     def __init__(self, *extra, env=None, log=None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # CPU, float32 (as the reference decodes), even on a machine with a GPU
         cmd = [sys.executable, "-m", "eaglekit.cli", "serve", "--target", TARGET, "--host", "127.0.0.1",
-               "--port", str(self.port), "--served-model-name", "demo", "--log-level", "warning", "--threads", "1", *extra]
+               "--port", str(self.port), "--served-model-name", "demo", "--log-level", "warning", "--threads", "1",
+               "--device", "cpu", "--dtype", "float32", *extra]
         self.log = open(log, "w") if log else subprocess.DEVNULL
         # one intra-op thread (--threads 1): on a shared 2-core machine two per process spin against each other
         e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
