@@ -549,6 +549,50 @@ def _recipe_args(p):
 cmd_recipe.add_args = _recipe_args
 
 
+# --- serve -----------------------------------------------------------------------------------------
+@command("serve", "an OpenAI-compatible HTTP server over batched EAGLE-3 decoding (FastAPI + uvicorn)")
+def cmd_serve(args) -> int:
+    """Serves /v1/completions, /v1/chat/completions (streaming as SSE), /v1/models, /health, /metrics (Prometheus,
+    vLLM's metric names incl. the spec-decode counters) and /server_info (SGLang's avg_spec_accept_length).
+    Up to --max-batch requests decode together; up to --max-queue more wait; beyond that 429. SIGTERM stops
+    taking requests, finishes the ones in flight, and exits 0. EAGLE3_DEBUG=1 traces requests and cycles."""
+    from .serve.server import serve
+
+    return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue,
+                 tree_shape(args) if args.draft else None, args.served_model_name, args.spec_max_batch,
+                 capture_override(args), args.allow_other_target, args.backend, args.device,
+                 None if args.dtype == "auto" else args.dtype, args.compile, False if args.no_graphs else "auto",
+                 args.chat_template, args.drain_timeout, args.log_level, args.threads)
+
+
+def _serve_args(p):
+    p.add_argument("--target", required=True, help="target model folder (config.json, safetensors, tokenizer)")
+    p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV is held for this many)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
+    p.add_argument("--spec-max-batch", type=int, default=None,
+                   help="above this many running requests decode without the draft (default: the engine's choice)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) accepted in the request's 'model' (default: the --target path as given)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (file or text) for a target whose tokenizer has none")
+    p.add_argument("--drain-timeout", type=float, default=120.0,
+                   help="on SIGTERM, wait this many seconds for requests in flight before cancelling them")
+    p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; on a shared CPU fewer is often faster)")
+    add_tree(p)
+    add_capture(p)
+    add_runtime(p)
+    add_compile(p)
+
+
+cmd_serve.add_args = _serve_args
+
+
 # --- entry point -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__

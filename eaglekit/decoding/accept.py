@@ -68,3 +68,20 @@ def accept(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen=
     if sp.greedy:
         return accept_greedy(tree, logits, size)
     return accept_sampling(tree, logits, size, sp, gen)
+
+
+def accept_greedy_rows(tree: Tree, logits: torch.Tensor, size: int, use_draft: torch.Tensor | None = None):
+    """`accept_greedy` per row of a batched tree (tokens [B, D], mask [B, D, D]; logits [B, D, V]).
+    Rows where `use_draft` is False accept only the root (a plain decode step: the bonus is the argmax after
+    it). -> (path [B, size], n [B], bonus [B]), all on device."""
+    pred = logits.argmax(-1)  # [B, D]
+    B, D = tree.tokens.shape
+    first = torch.arange(D, device=pred.device) == 0
+    match = (tree.tokens == pred.gather(1, tree.parents)) | first[None]
+    if use_draft is not None:
+        match = match & (use_draft[:, None] | first[None])
+    ok = ~(tree.mask & ~match[:, None, :]).any(-1)
+    best = torch.where(ok, tree.depths, -1).argmax(-1)  # [B]
+    row = tree.mask.gather(1, best[:, None, None].expand(B, 1, D))[:, 0]  # [B, D]
+    order = ((~row).long() * D + torch.arange(D, device=row.device)).argsort(-1)
+    return order[:, :size], row.sum(-1), pred.gather(1, best[:, None])[:, 0]

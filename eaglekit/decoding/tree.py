@@ -128,3 +128,76 @@ def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
         depths=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
         mask=anc,
     )
+
+
+# --- batched: one tree per row -------------------------------------------------------------------------
+def expand_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
+                shape: TreeShape, span: int) -> Tree:
+    """`expand` for B sequences at once: h_last [B, H], logits_last [B, Vd], root [B]; `kv` is the draft's
+    RowKV view of those rows (committed lengths kv.length [B]). One draft forward per level for the whole
+    batch. Returns a Tree whose fields carry a leading batch dim: tokens/parents/depths [B, D], mask
+    [B, D, D]. Same selection rule as `expand`, row by row."""
+    K, dev = shape.topk, logits_last.device
+    B = root.shape[0]
+    m = kv.length  # [B]
+    p = torch.softmax(logits_last.float(), -1)
+    top_p, top_i = p.topk(K, dim=-1)  # [B, K]
+    cand_scores, cand_tokens = [top_p], [top_i]
+    cand_parents = [torch.full((B, K), -1, dtype=torch.long, device=dev)]
+    cand_depths = [torch.ones(B, K, dtype=torch.long, device=dev)]
+    f_scores, f_tokens = top_p, top_i
+    f_cand = torch.arange(K, device=dev).expand(B, K)
+    f_hidden = h_last[:, None, :].expand(B, K, h_last.shape[-1])
+    P = max((shape.steps - 1) * K, 1)
+    f_anc = torch.zeros(B, K, P, dtype=torch.bool, device=dev)
+    rel = torch.arange(span, device=dev)[None, :] - m[:, None]  # [B, S]
+    pending = (rel >= 0) & (rel < P)
+    relc = rel.clamp(0, P - 1)[:, None, :].expand(B, K, span)
+    offset = K
+    slot_ids = torch.arange(P, device=dev)
+    for level in range(2, shape.steps + 1):
+        cols = torch.arange((level - 2) * K, (level - 1) * K, device=dev)
+        anc = f_anc | (slot_ids[None, :] == cols[:, None])[None]  # [B, K, P]
+        mask = (rel < 0)[:, None, :] | (pending[:, None, :] & anc.gather(2, relc))  # [B, K, S]
+        pos = (m + (level - 2))[:, None].expand(B, K)
+        h, logits = draft.step_rows(kv, f_hidden, draft.to_target_ids(f_tokens), pos, m[:, None] + cols[None], mask)
+        cp, ci = torch.softmax(logits, -1).topk(K, dim=-1)  # [B, K, K]
+        cs = (f_scores[:, :, None] * cp).reshape(B, K * K)
+        cand_scores.append(cs)
+        cand_tokens.append(ci.reshape(B, K * K))
+        cand_parents.append(f_cand.repeat_interleave(K, dim=1))
+        cand_depths.append(torch.full((B, K * K), level, dtype=torch.long, device=dev))
+        f_scores, pick = cs.topk(K, dim=-1)
+        row = pick // K
+        f_tokens = ci.reshape(B, K * K).gather(1, pick)
+        f_cand = offset + pick
+        f_hidden = h.gather(1, row[:, :, None].expand(B, K, h.shape[-1]))
+        f_anc = anc.gather(1, row[:, :, None].expand(B, K, P))
+        offset += K * K
+    scores = torch.cat(cand_scores, 1)
+    tokens = torch.cat(cand_tokens, 1)
+    parents = torch.cat(cand_parents, 1)
+    depths = torch.cat(cand_depths, 1)
+    n_sel = shape.draft_tokens - 1
+    key = scores * torch.exp(depths.float() * math.log(_DECAY))
+    sel = key.topk(n_sel, dim=-1).indices.sort(dim=-1).values  # [B, n_sel]
+    node_of = torch.full_like(scores, -1, dtype=torch.long)
+    node_of.scatter_(1, sel, torch.arange(1, n_sel + 1, device=dev).expand(B, n_sel))
+    par = parents.gather(1, sel)
+    node_parent = torch.where(par < 0, torch.zeros_like(par), node_of.gather(1, par.clamp(min=0)))
+    D = shape.draft_tokens
+    all_parents = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), node_parent], 1)
+    anc = torch.eye(D, dtype=torch.bool, device=dev).expand(B, D, D)
+    for _ in range(shape.steps):
+        anc = anc | anc.gather(1, all_parents[:, :, None].expand(B, D, D))
+    return Tree(
+        tokens=torch.cat([root[:, None], draft.to_target_ids(tokens.gather(1, sel))], 1),
+        parents=all_parents,
+        depths=torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), depths.gather(1, sel)], 1),
+        mask=anc,
+    )
+
+
+def tree_row(tree: Tree, b: int) -> Tree:
+    """Row b of a batched tree, as a batch-1 Tree (for the per-row sampling rule)."""
+    return Tree(tree.tokens[b], tree.parents[b], tree.depths[b], tree.mask[b])

@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.config import RopeConfig
-from ..models.layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
+from ..models.layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, span_mask, span_mask_rows
 from ..observe import trace
 from .base import Draft
 
@@ -213,3 +213,32 @@ class Eagle3Draft(nn.Module, Draft):
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False)
         return h[0], logits[0].float()
+
+    # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
+    def row_cache(self, batch: int, span: int) -> RowKV:
+        c, p = self.config, self.fc.weight
+        return RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
+
+    @torch.inference_mode()
+    def extend_rows(self, kv: RowKV, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
+        """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b])
+        -> pre-norm hidden [B, H] and logits [B, Vd] (float32) of each row's entry n[b] - 1. A row with n = 0
+        writes only invisible slots and returns junk (padding rows)."""
+        B, E = next_ids.shape
+        m = kv.length
+        slots = m[:, None] + torch.arange(E, device=next_ids.device)
+        causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
+        mask = span_mask_rows(m, causal, span)
+        h, logits, _ = self(feats.to(self.fc.weight.dtype), next_ids, slots, kv.layer(0), slots, mask,
+                            from_target=True)
+        last = (n - 1).clamp(min=0)
+        kv.length += n
+        h = h.gather(1, last[:, None, None].expand(B, 1, h.shape[-1]))[:, 0]
+        logits = logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        return h, logits.float()
+
+    @torch.inference_mode()
+    def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):
+        """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
+        h, logits, _ = self(hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
+        return h, logits.float()

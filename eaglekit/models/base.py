@@ -132,6 +132,23 @@ class Target(ABC):
         batch state: the decode cache of `reset` is left alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched generation")
 
+    # --- batched decoding (eaglekit.decoding.batch.BatchEngine) ----------------------------------
+    batched: bool = False  # True when the target implements row_cache / forward_rows
+
+    def row_cache(self, batch: int, span: int):
+        """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV)."""
+        raise GenerationError(f"the {type(self).__name__} backend does not decode batches",
+                              fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, Qwen3), "
+                              "or serve with a batch size of 1", code="E308")
+
+    def forward_rows(self, kv, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
+                     capture: CaptureSpec | None = None):
+        """Per row b of `kv`: write ids[b] ([B, T]) at slots [length[b], length[b] + T), each token seeing the
+        row's committed prefix and the new tokens block[b] ([B|1, T, T]) allows, at positions length[b] +
+        depths[b]; attention over the first `span` slots. Lengths are not advanced.
+        -> (logits [B, T, V] float32, features [B, T, C*H] or None)"""
+        self.row_cache(0, 0)
+
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod
     def features(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None, capture: CaptureSpec | None = None):

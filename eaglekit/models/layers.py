@@ -122,8 +122,13 @@ class Attention(nn.Module):
         new_kv = (k, v)
         if kv is not None:
             k_cache, v_cache = kv
-            k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
-            v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
+            if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
+                idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
+                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+            else:
+                k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
+                v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
             S = mask.shape[-1]
             k, v = k_cache[:, :, :S], v_cache[:, :, :S]
         elif extra_kv:
@@ -225,3 +230,78 @@ class KVCache:
         self.k.index_copy_(3, dst, self.k.index_select(3, src))
         self.v.index_copy_(3, dst, self.v.index_select(3, src))
         self.length += n
+
+
+def span_mask_rows(length: torch.Tensor, block: torch.Tensor, S: int, sliding_window: int | None = None,
+                   depths: torch.Tensor | None = None) -> torch.Tensor:
+    """span_mask with one committed length per row: length [B], block [B|1, T, T], depths [B, T] -> [B, T, S].
+    Row b's T new tokens sit at slots [length[b], length[b] + T)."""
+    T = block.shape[-1]
+    B = length.shape[0]
+    block = block.expand(B, T, T)
+    cols = torch.arange(S, device=block.device)
+    rel = cols[None, :] - length[:, None]  # [B, S]
+    inside = (rel >= 0) & (rel < T)
+    relc = rel.clamp(0, T - 1)
+    seen = block.gather(2, relc[:, None, :].expand(B, T, S))  # [B, T, S]: block[b, t, rel[b, s]]
+    mask = (rel < 0)[:, None, :] | (inside[:, None, :] & seen)
+    if sliding_window is not None:
+        d = depths if depths is not None else torch.arange(T, device=block.device).expand(B, T)
+        qpos = length[:, None] + d  # [B, T]
+        kpos = torch.where(inside, length[:, None] + d.gather(1, relc), cols[None, :])  # [B, S]
+        mask = mask & ((qpos[:, :, None] - kpos[:, None, :]) < sliding_window)
+    return mask
+
+
+class RowKV:
+    """KV cache with one row per sequence, for batched decoding: k, v [L, B, Hkv, S_max, hd] and a committed
+    length per row (`length`, a [B] device tensor). New entries go to per-row slots (a scatter); `keep`
+    commits each row's accepted path. `rows(lo, hi)` is a view on a block of rows (shares memory), so a
+    batch of b running rows works on rows [0, b) with fixed shapes."""
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch, device="cpu", dtype=torch.float32,
+                 _views=None):
+        if _views is not None:
+            self.k, self.v, self.length = _views
+        else:
+            shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+            self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.max_len = self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def rows(self, lo: int, hi: int) -> "RowKV":
+        return RowKV(0, 0, 0, 0, 0, _views=(self.k[:, lo:hi], self.v[:, lo:hi], self.length[lo:hi]))
+
+    def layer(self, i):
+        return self.k[i], self.v[i]
+
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
+        """Per row b: commit the pending entries at slots length[b] + path[b, :n[b]] (path [B, P] padded)."""
+        L, B, H, _, hd = self.k.shape
+        P = path.shape[1]
+        src = (self.length[:, None] + path)[None, :, None, :, None].expand(L, B, H, P, hd)
+        dst = (self.length[:, None] + torch.arange(P, device=path.device))[None, :, None, :, None].expand(L, B, H, P, hd)
+        self.k.scatter_(3, dst, self.k.gather(3, src))  # gather copies first: overlaps are fine
+        self.v.scatter_(3, dst, self.v.gather(3, src))
+        self.length += n
+
+    def move(self, src: int, dst: int, upto: int | None = None) -> None:
+        """Copy row src onto row dst (its first `upto` slots: the rest is never read)."""
+        u = self.max_len if upto is None else min(upto, self.max_len)
+        self.k[:, dst, :, :u] = self.k[:, src, :, :u]
+        self.v[:, dst, :, :u] = self.v[:, src, :, :u]
+        self.length[dst] = self.length[src]
+
+    def grown(self, max_len: int) -> "RowKV":
+        """A copy with room for `max_len` slots per row (entries and lengths kept)."""
+        L, B, H, S, hd = self.k.shape
+        new = RowKV(L, H, hd, max_len, B, self.k.device, self.k.dtype)
+        new.k[:, :, :, :S] = self.k
+        new.v[:, :, :, :S] = self.v
+        new.length.copy_(self.length)
+        return new

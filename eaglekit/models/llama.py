@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .base import Target, TargetInfo
 from .config import TargetConfig, load_target_config
-from .layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, span_mask
+from .layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, span_mask, span_mask_rows
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -138,6 +138,23 @@ class LlamaTarget(Target):
     @torch.inference_mode()
     def keep(self, path, n) -> None:
         self.cache.keep(path, n)
+
+    # --- batched decoding ----------------------------------------------------------------------------
+    batched = True
+
+    def row_cache(self, batch: int, span: int) -> RowKV:
+        c = self.cfg
+        return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span, batch, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward_rows(self, kv, ids, depths, block, span, capture=None):
+        T = ids.shape[1]
+        L = kv.length
+        slots = L[:, None] + torch.arange(T, device=self.device)
+        mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
+        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
+        h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
+        return self.net.lm_head(h).float(), feats
 
     def compile(self) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared

@@ -1,0 +1,487 @@
+"""Batched EAGLE-3 decoding with continuous batching (the engine behind `eaglekit serve`).
+
+Every running sequence owns one row of the target's and the draft's KV caches (eaglekit.models.layers.RowKV:
+per-row committed lengths on the device, per-row slots). A step admits waiting requests into free rows
+(one prefill each), then runs ONE cycle for all running rows together:
+
+    draft tree (one draft forward per level for the whole batch) -> verify (one target forward for the
+    whole batch, per-row tree masks) -> accept (per row: greedy on the device, or the lossless sampling
+    rule of accept.py for sampled rows) -> keep each row's path -> draft extend on the paths (one forward)
+
+Running rows are kept compact in rows [0, b): a finished or cancelled sequence's row is refilled by the last
+row (its KV copied), so a cycle works on a block of rows padded to the next captured size (1, 2, 4, 8, ...,
+capped at max_batch); padding rows are inactive (their accepted count is forced to 0, so their lengths never
+move) and write only their own pending slots. On a GPU each phase is captured in a CUDA graph per padded
+size; on a CPU the phases run eagerly over the span the rows actually use.
+
+Past `spec_max_batch` running rows, speculation stops paying: the step is a plain batched decode step (one
+token per row, no draft). A row that went through a plain step has no draft state for its new tokens any
+more, so it stays draft-less (it accepts only the root in later cycles: still one exact target token per
+cycle) until it finishes; rows admitted later draft again.
+
+The host reads one small tensor per cycle: each row's accepted count, tree depth and emitted tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..capture import CaptureSpec
+from ..errors import GenerationError
+from ..models.base import Target
+from ..observe import trace
+from .accept import accept_greedy_rows, accept_sampling
+from .sampling import SamplingParams, make_generator, probs, sample
+from .stops import Emitter
+from .tree import TreeShape, expand_rows, tree_row
+
+# Largest running batch that still speculates (above it: plain batched decode steps), measured with
+# benchmarks/batch_suite.py. CPU: the demo pair, chain (3, 1, 4), 2 torch threads -- see the module's JSON.
+SPEC_MAX_BATCH_CPU = 8
+# GPU: 8B shape, bf16, H200, replayed at accept length 2.79 -- speculation paid at every measured size up to
+# 64 in the suite's figures; set to the largest batch measured until a GPU run says otherwise.
+SPEC_MAX_BATCH_CUDA = 64
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()  # its `seed` seeds this request's own generator
+    stop_strings: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] | None = None  # None: the target's own
+
+
+@dataclass
+class Event:
+    rid: str
+    token_ids: list[int]  # emitted for this request in this step (after stop / EOS / max handling)
+    finished: bool
+    stop_reason: str | None  # "stop" (EOS or stop string), "length", "cancelled"; None while running
+    accepted: int | None  # draft tokens accepted in this request's verify this step (None: no draft used)
+    drafted: int | None  # draft tokens proposed to this request this step (None: no draft used)
+
+
+_REASON = {"eos": "stop", "stop_string": "stop", "length": "length"}
+
+
+def padded_size(b: int, max_batch: int) -> int:
+    """The captured batch size that holds b rows: the next power of two, capped at max_batch."""
+    p = 1
+    while p < b:
+        p *= 2
+    return min(p, max_batch)
+
+
+class _Seq:
+    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted")
+
+    def __init__(self, req: Request, em: Emitter, gen):
+        self.req, self.em, self.gen = req, em, gen
+        self.length = 0  # committed target (== draft) entries, host copy
+        self.use_draft = False
+        self.new: list[int] = []  # tokens emitted this step
+        self.accepted = self.drafted = None
+
+
+class _Rows:
+    """One fixed-shape cycle over rows [0, B) of the engine's state, as phases (capturable in CUDA graphs).
+    S, Sd: the attention spans of the target and the draft."""
+
+    def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int):
+        self.e, self.B, self.S, self.Sd = eng, B, S, Sd
+        self.tk = eng.tk.rows(0, B)
+        self.dk = eng.dk.rows(0, B) if eng.dk is not None else None
+        self.root, self.active, self.use_draft = eng.root[:B], eng.active[:B], eng.use_draft[:B]
+        self.h = eng.h[:B] if eng.h is not None else None
+        self.dl = eng.dl[:B] if eng.dl is not None else None
+        dev, P = eng.device, eng.shape.path_len
+        self.path = torch.zeros(B, P, dtype=torch.long, device=dev)
+        self.n = torch.ones(B, dtype=torch.long, device=dev)
+        self.neff = torch.zeros(B, dtype=torch.long, device=dev)
+        self.bonus = torch.zeros(B, dtype=torch.long, device=dev)
+        self.emitted = torch.zeros(B, P, dtype=torch.long, device=dev)
+        self.out = torch.zeros(B, P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
+        self.next = torch.zeros(B, dtype=torch.long, device=dev)
+        self.tree = self.logits = self.feats = self.plogits = None
+        self.graphs: dict[str, torch.cuda.CUDAGraph] | None = None
+
+    # --- speculative phases ----------------------------------------------------------------------
+    def draft_tree(self):
+        e = self.e
+        self.tree = expand_rows(e.draft, self.dk, self.h, self.dl, self.root, e.shape, self.Sd)
+
+    def verify(self):
+        t = self.tree
+        self.logits, self.feats = self.e.target.forward_rows(self.tk, t.tokens, t.depths, t.mask, self.S,
+                                                             self.e.capture)
+
+    def accept(self):
+        path, n, bonus = accept_greedy_rows(self.tree, self.logits, self.e.shape.path_len, self.use_draft)
+        self.path.copy_(path)
+        self.n.copy_(n)
+        self.bonus.copy_(bonus)
+
+    def cache_update(self):
+        self.neff.copy_(self.n * self.active)  # padding rows commit nothing
+        self.tk.keep(self.path, self.neff)
+        # the token after each path node: the next path node, and after the last one the bonus
+        em = torch.cat([self.tree.tokens.gather(1, self.path[:, 1:]), self.bonus[:, None]], 1)
+        em = em.scatter(1, (self.n - 1).clamp(min=0)[:, None], self.bonus[:, None])
+        self.emitted.copy_(em)
+        self.out.copy_(torch.cat([self.n[:, None], self.tree.depths.max(-1).values[:, None], em], 1))
+
+    def draft_extend(self):
+        F = self.feats.shape[-1]
+        feats = self.feats.gather(1, self.path[:, :, None].expand(self.B, self.path.shape[1], F))
+        h, dl = self.e.draft.extend_rows(self.dk, feats, self.emitted, self.neff, self.Sd)
+        self.h.copy_(h)
+        self.dl.copy_(dl)
+        self.root.copy_(self.bonus)
+
+    # --- the plain batched decode step (no draft) ------------------------------------------------
+    def plain(self):
+        B, dev = self.B, self.root.device
+        one = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
+        logits, _ = self.e.target.forward_rows(self.tk, self.root[:, None], torch.zeros(B, 1, dtype=torch.long,
+                                                                                         device=dev), one, self.S)
+        self.plogits = logits[:, 0]
+        self.next.copy_(self.plogits.argmax(-1))
+
+    def plain_commit(self):
+        self.tk.length += self.active.long()  # the one pending token is in place: commit it
+        self.root.copy_(self.next)
+
+    SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
+
+    # --- CUDA graphs -----------------------------------------------------------------------------
+    def capture(self) -> None:
+        """Capture each phase in a CUDA graph (warm-up runs touch only pending slots and the state
+        snapshot below, restored before capture)."""
+        state = [self.tk.length, self.root]
+        if self.dk is not None:
+            state += [self.dk.length, self.h, self.dl]
+        snap = [x.clone() for x in state]
+        names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                for p in names:
+                    getattr(self, p)()
+        torch.cuda.current_stream().wait_stream(s)
+        for x, v in zip(state, snap):
+            x.copy_(v)
+        pool = torch.cuda.graph_pool_handle()
+        self.graphs = {}
+        for p in names:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                getattr(self, p)()
+            self.graphs[p] = g
+        torch.cuda.synchronize()
+
+    def run(self, phase: str) -> None:
+        if self.graphs is not None:
+            self.graphs[phase].replay()
+        else:
+            getattr(self, phase)()
+
+
+class BatchEngine:
+    """Continuous-batching EAGLE-3 decoder over one target (and optionally one draft). Not thread-safe by
+    itself beyond a lock around add / cancel / step: call them from any thread, one at a time."""
+
+    def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
+                 tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
+                 allow_other_target: bool = False, graphs: bool | str = "auto"):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
+                                  code="E307")
+        if not getattr(target, "batched", False):
+            target.row_cache(0, 0)  # raises the backend's clear refusal
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.shape = shape or TreeShape.make()
+        self.max_batch = max_batch
+        self.device = target.device
+        cuda = self.device.type == "cuda"
+        if spec_max_batch is None:
+            spec_max_batch = SPEC_MAX_BATCH_CUDA if cuda else SPEC_MAX_BATCH_CPU
+        self.spec_max_batch = spec_max_batch
+        self.graphs = (cuda and target.static) if graphs == "auto" else bool(graphs)
+        self.pad = self.graphs  # fixed padded shapes pay off only with graphs; eager runs the real rows
+        if draft is not None:
+            from ..draft import check_pair
+
+            self.capture = check_pair(draft, target, capture, allow_other_target)
+        else:
+            self.capture = None
+        dev, B = self.device, max_batch
+        self.tk = self.dk = None
+        self.S = 0  # cache span (slots per row)
+        self.root = torch.zeros(B, dtype=torch.long, device=dev)
+        self.active = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.use_draft = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.h = self.dl = None  # the draft's last hidden and logits per row (made with the caches)
+        self.rows: list[_Seq] = []  # running; index == cache row
+        self.waiting: deque[_Seq] = deque()
+        self._cancelled: list[Event] = []
+        self._cycles: dict = {}
+        self._lock = threading.RLock()
+        P = self.shape.path_len
+        self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                           "accepted_per_pos": [0] * (P - 1)}
+
+    # --- public interface ----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.rows or self.waiting or self._cancelled)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def validate(self, req: Request) -> None:
+        ids = req.prompt_ids
+        if not isinstance(req.max_new_tokens, int) or isinstance(req.max_new_tokens, bool) or req.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}",
+                                  fix="ask for at least one new token", code="E301")
+        if not isinstance(req.sampling, SamplingParams):
+            raise GenerationError("sampling must be a SamplingParams", fix="build it with SamplingParams(...)",
+                                  code="E302")
+        if len(ids) == 0:
+            raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
+        V = self.target.info.vocab_size
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < V for i in ids):
+            raise GenerationError(f"prompt token ids must be integers in 0..{V - 1}",
+                                  fix="tokenize with the target's tokenizer", code="E305")
+        ctx = self.target.info.max_position_embeddings
+        if len(ids) + req.max_new_tokens > ctx:
+            raise GenerationError(
+                f"the prompt ({len(ids)} tokens) plus max_new_tokens ({req.max_new_tokens}) exceeds the target's "
+                f"context of {ctx} positions",
+                fix=f"shorten the prompt or lower max_new_tokens to {max(ctx - len(ids), 0)}", code="E301")
+        if any(s for s in req.stop_strings) and self.tokenizer is None:
+            raise GenerationError("stop strings need a tokenizer to decode the output",
+                                  fix="give the engine the target folder's tokenizer, or use token ids", code="E304")
+
+    def add(self, req: Request) -> None:
+        self.validate(req)
+        with self._lock:
+            if any(s.req.rid == req.rid for s in (*self.rows, *self.waiting)):
+                raise GenerationError(f"request id {req.rid!r} is already in the engine",
+                                      fix="give every request its own id", code="E307")
+            eos = self.target.info.eos_token_ids if req.eos_ids is None else req.eos_ids
+            em = Emitter(req.max_new_tokens, eos, req.stop_strings, self.tokenizer)
+            self.waiting.append(_Seq(req, em, make_generator(req.sampling, self.device)))
+
+    @torch.inference_mode()  # the caches are inference tensors (made inside step)
+    def cancel(self, rid: str) -> None:
+        with self._lock:
+            for s in self.waiting:
+                if s.req.rid == rid:
+                    self.waiting.remove(s)
+                    break
+            else:
+                r = next((i for i, s in enumerate(self.rows) if s.req.rid == rid), None)
+                if r is None:
+                    return  # unknown or already finished
+                self._free(r)
+            self._cancelled.append(Event(rid, [], True, "cancelled", None, None))
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        with self._lock:
+            events, self._cancelled = self._cancelled, []
+            admitted = self._admit()
+            if self.rows:
+                b = len(self.rows)
+                spec = (self.draft is not None and b <= self.spec_max_batch and any(s.use_draft for s in self.rows))
+                if spec:
+                    self._spec_cycle()
+                else:
+                    self._plain_step()
+            # events for every row touched this step (admitted rows that finished at prefill included)
+            done = []
+            for s in admitted + self.rows:
+                if s in done:
+                    continue
+                done.append(s)
+                fin = s.em.done
+                events.append(Event(s.req.rid, s.new, fin, _REASON.get(s.em.reason) if fin else None,
+                                    s.accepted, s.drafted))
+                s.new, s.accepted, s.drafted = [], None, None
+            for r in range(len(self.rows) - 1, -1, -1):
+                if self.rows[r].em.done:
+                    self._free(r)
+            return events
+
+    # --- rows ----------------------------------------------------------------------------------
+    def _ensure_span(self, need: int) -> None:
+        if need <= self.S and self.tk is not None:
+            return
+        q = 256 if self.graphs else 64
+        S = -(-need // q) * q
+        extra = self.shape.steps * self.shape.topk
+        if self.tk is None:
+            self.tk = self.target.row_cache(self.max_batch, S)
+            self.dk = self.draft.row_cache(self.max_batch, S + extra) if self.draft is not None else None
+            if self.draft is not None:
+                d, B = self.draft, self.max_batch
+                self.h = torch.zeros(B, d.config.hidden_size, dtype=d.fc.weight.dtype, device=self.device)
+                self.dl = torch.zeros(B, d.config.draft_vocab_size, dtype=torch.float32, device=self.device)
+        else:
+            self.tk = self.tk.grown(S)
+            self.dk = self.dk.grown(S + extra) if self.dk is not None else None
+        self.S = S
+        self._cycles.clear()  # graphs hold the old caches' addresses
+
+    def _free(self, r: int) -> None:
+        """Drop row r: the last running row moves into it (rows stay compact), the last row is cleared."""
+        last = len(self.rows) - 1
+        if r != last:
+            upto = self.rows[last].length + self.shape.draft_tokens + 1
+            self.tk.move(last, r, upto)
+            if self.dk is not None:
+                self.dk.move(last, r, upto + self.shape.steps * self.shape.topk)
+                self.h[r] = self.h[last]
+                self.dl[r] = self.dl[last]
+            self.root[r] = self.root[last]
+            self.use_draft[r] = self.use_draft[last]
+            self.rows[r] = self.rows[last]
+        self.rows.pop()
+        self.active[last] = False
+        self.use_draft[last] = False
+        self.tk.length[last] = 0
+        if self.dk is not None:
+            self.dk.length[last] = 0
+
+    def _admit(self) -> list[_Seq]:
+        k = min(len(self.waiting), self.max_batch - len(self.rows))
+        if k == 0:
+            return []
+        with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
+        out = []
+        for _ in range(k):
+            s = self.waiting.popleft()
+            n = len(s.req.prompt_ids)
+            self._ensure_span(n + s.req.max_new_tokens + self.shape.draft_tokens + 1)
+            r = len(self.rows)
+            self.rows.append(s)
+            self._prefill(s, r, with_draft)
+            out.append(s)
+        # a request that stopped at its first token leaves before the cycle
+        for r in range(len(self.rows) - 1, -1, -1):
+            if self.rows[r].em.done:
+                self._free(r)
+        return out
+
+    def _pick(self, logits_row, s: _Seq):
+        sp = s.req.sampling
+        return logits_row.argmax(-1) if sp.greedy else sample(probs(logits_row, sp), s.gen)
+
+    def _prefill(self, s: _Seq, r: int, with_draft: bool) -> None:
+        dev = self.device
+        ids = torch.as_tensor(s.req.prompt_ids, dtype=torch.long, device=dev)
+        T = ids.numel()
+        kv = self.tk.rows(r, r + 1)
+        kv.length.zero_()
+        causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
+        capture = self.capture if with_draft else None
+        logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture)
+        kv.length += T
+        tok = self._pick(logits[0, -1], s)
+        s.length = T
+        s.em.push([int(tok)])
+        s.new = list(s.em.tokens)
+        self.root[r] = tok
+        self.active[r] = True
+        if with_draft:
+            dk = self.dk.rows(r, r + 1)
+            dk.length.zero_()
+            nxt = torch.cat([ids[1:], tok.view(1)])[None]
+            h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
+            self.h[r] = h[0]
+            self.dl[r] = dl[0]
+        s.use_draft = with_draft
+        self.use_draft[r] = with_draft
+
+    # --- cycles --------------------------------------------------------------------------------
+    def _use_graphs(self) -> bool:
+        return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
+
+    def _rows(self) -> _Rows:
+        b = len(self.rows)
+        B = padded_size(b, self.max_batch) if self.pad else b
+        P = self.shape.path_len
+        if not self._use_graphs():
+            # eager: attend over the slots the rows actually use
+            top = max(s.length for s in self.rows)
+            pend = max(P, (self.shape.steps - 1) * self.shape.topk)
+            return _Rows(self, B, top + self.shape.draft_tokens, top + pend)
+        key = (B, self.S)
+        if key not in self._cycles:
+            c = _Rows(self, B, self.S, self.dk.max_len if self.dk is not None else 0)
+            c.capture()
+            self._cycles[key] = c
+        return self._cycles[key]
+
+    def _spec_cycle(self) -> None:
+        c = self._rows()
+        P, D = self.shape.path_len, self.shape.draft_tokens
+        for p in ("draft_tree", "verify", "accept"):
+            c.run(p)
+        for b, s in enumerate(self.rows):
+            sp = s.req.sampling
+            if sp.greedy:
+                continue
+            if s.use_draft:  # the lossless sampling rule, on this row's tree and target logits
+                path, n, bonus = accept_sampling(tree_row(c.tree, b), c.logits[b], P, sp, s.gen)
+            else:
+                path, n = torch.zeros(P, dtype=torch.long, device=self.device), 1
+                bonus = sample(probs(c.logits[b, 0], sp), s.gen)
+            c.path[b] = path
+            c.n[b] = n
+            c.bonus[b] = bonus
+        c.run("cache_update")
+        host = c.out[:len(self.rows)].tolist()  # the one read per cycle
+        c.run("draft_extend")
+        st = self.spec_stats
+        for s, row in zip(self.rows, host):
+            n = row[0]
+            if s.use_draft:
+                s.accepted, s.drafted = n - 1, D - 1
+                st["num_drafts"] += 1
+                st["num_draft_tokens"] += D - 1
+                st["num_accepted_tokens"] += n - 1
+                for i in range(n - 1):
+                    st["accepted_per_pos"][i] += 1
+            self._emit(s, row[2:2 + n])
+
+    def _plain_step(self) -> None:
+        c = self._rows()
+        c.run("plain")
+        for b, s in enumerate(self.rows):
+            if not s.req.sampling.greedy:
+                c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
+        c.run("plain_commit")
+        host = c.next[:len(self.rows)].tolist()
+        for r, (s, tok) in enumerate(zip(self.rows, host)):
+            if s.use_draft:  # the draft saw none of this: this row decodes without it from now on
+                s.use_draft = False
+                self.use_draft[r] = False
+            self._emit(s, [tok])
+
+    def _emit(self, s: _Seq, toks: list[int]) -> None:
+        s.length += len(toks)
+        taken = s.em.push(toks)
+        s.new.extend(toks[:taken])

@@ -1,0 +1,249 @@
+"""The OpenAI-compatible routes over one Scheduler (FastAPI).
+
+    POST /v1/completions, /v1/chat/completions   (stream: SSE `data: {chunk}` ... `data: [DONE]`)
+    GET  /v1/models, /health, /metrics (Prometheus, vLLM names), /server_info and /get_server_info (SGLang)
+
+Every refusal is an OpenAI error body {"error": {"message", "type", "param", "code"}}: 400 for bad input
+(checked before the request reaches the engine, and before any streamed byte), 429 when the queue is full,
+503 while shutting down. A client that goes away is cancelled in the engine at once (slot and KV freed).
+Responses carry `usage` and, as an extension, `spec_decode` (this request's accept length on SGLang's
+scale: tokens per verify step, bonus included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..decoding.sampling import SamplingParams
+from ..errors import EaglekitError
+from ..observe import trace
+from ..tokenizer import encode
+from .detok import Detokenizer
+from .metrics import ServerMetrics
+from .protocol import ApiError, bad, chat_ids, from_eaglekit, parse_chat, parse_completion, parse_json
+from .scheduler import Handle, Scheduler
+
+
+def _trace(point: str, **meta) -> None:
+    """EAGLE3_DEBUG request records, beside the engine's tensor records (same stream and file)."""
+    if not trace.ENABLED:
+        return
+    print(f"[EAGLE3_DEBUG] {point:<22} " + " ".join(f"{k}={v}" for k, v in meta.items()), file=sys.stderr)
+    if trace.FILE:
+        with open(trace.FILE, "a") as f:
+            f.write(json.dumps({"point": point, **meta}) + "\n")
+
+
+class _SSE(StreamingResponse):
+    """A stream whose request is cancelled in the engine however the response ends (done, client gone,
+    server shutting down), at once rather than when the generator is garbage-collected."""
+
+    def __init__(self, content, handle: Handle):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.handle = handle
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.handle.cancel()
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int = 8, max_queue: int = 64,
+              chat_template: str | None = None, info: dict | None = None, drain_timeout: float = 120.0,
+              speculative: bool = False, positions: int = 0, vocab_size: int | None = None) -> FastAPI:
+    """`engine`: a BatchEngine (or anything with its interface); `served`: the model names accepted in `model`
+    (the first is the one /v1/models lists first); `context`: the target's context length in tokens."""
+    metrics = ServerMetrics(served[0], speculative, positions)
+
+    def finished(h: Handle) -> None:
+        _trace("serve.request.done", rid=h.rid, reason=h.stop_reason, completion_tokens=h.tokens,
+               accept_length=None if h.accept_length is None else round(h.accept_length, 4))
+
+    sched = Scheduler(engine, metrics, max_batch, max_queue, on_finish=finished)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        sched.start()
+        yield
+        await sched.drain(drain_timeout)  # uvicorn has already waited for open responses (SIGTERM)
+
+    app = FastAPI(title="eaglekit", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics, app.state.engine = sched, metrics, engine
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, e: ApiError):
+        if e.status == 400:
+            metrics.reject("bad_request")
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, e):
+        return JSONResponse(ApiError(e.status_code, str(e.detail), code=str(e.status_code)).body(),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, e):
+        return JSONResponse(ApiError(500, f"internal error: {e!r}", code="internal_error").body(), status_code=500)
+
+    # --- plain routes --------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if not sched.alive:
+            raise ApiError(503, "the engine thread is not running", code="engine_down")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": started, "owned_by": "eaglekit",
+                                            "root": served[0], "max_model_len": context} for name in served]}
+
+    @app.get("/metrics")
+    async def prom():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def server_info():
+        s = dict(getattr(engine, "spec_stats", None) or {})
+        avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
+        return {**(info or {}), "served_model_name": served[0], "max_batch": max_batch, "max_queue": max_queue,
+                "context_length": context,
+                "internal_states": [{"avg_spec_accept_length": avg, "num_running": engine.num_running,
+                                     "num_waiting": engine.num_waiting, "in_flight": len(sched.handles),
+                                     "cancelled": sched.cancelled, "engine_steps": sched.steps,
+                                     "engine_step_errors": sched.step_errors, "spec_stats": s}]}
+
+    app.get("/server_info")(server_info)
+    app.get("/get_server_info")(server_info)
+
+    # --- generation ----------------------------------------------------------------------------------
+    def make_request(p, prompt_ids: list[int], default_max: int, rid: str):
+        from ..decoding.batch import Request
+
+        max_tokens = p.max_tokens if p.max_tokens is not None else default_max
+        if len(prompt_ids) + max_tokens > context:
+            raise bad(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+                      f"context of {context} tokens", "max_tokens" if p.max_tokens is not None else "prompt",
+                      "context_length_exceeded")
+        try:
+            sp = SamplingParams(p.temperature, p.top_p, p.top_k, p.seed)
+            req = Request(rid=rid, prompt_ids=prompt_ids, max_new_tokens=max_tokens, sampling=sp,
+                          stop_strings=p.stop, eos_ids=() if p.ignore_eos else None)
+            engine.validate(req)
+        except EaglekitError as e:
+            raise from_eaglekit(e) from None
+        return req
+
+    async def run(request: Request, p, prompt_ids: list[int], chat: bool):
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        remaining = max(context - len(prompt_ids), 1)
+        req = make_request(p, prompt_ids, remaining if chat else min(16, remaining), rid)
+        h = sched.submit(req)
+        _trace("serve.request", rid=rid, prompt_tokens=len(prompt_ids), max_tokens=req.max_new_tokens,
+               temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, stop=list(p.stop), stream=p.stream)
+        detok = Detokenizer(tokenizer, p.stop)
+        created = int(time.time())
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": p.model}
+
+        def usage(h):
+            return {"prompt_tokens": len(prompt_ids), "completion_tokens": h.tokens,
+                    "total_tokens": len(prompt_ids) + h.tokens}
+
+        def spec(h):
+            if h.drafts == 0:
+                return None
+            return {"accept_length": round(h.accept_length, 4), "num_drafts": h.drafts,
+                    "num_draft_tokens": h.draft_tokens, "num_accepted_tokens": h.accepted}
+
+        def finish_reason(h):
+            return "length" if h.stop_reason == "length" else "stop"
+
+        if p.stream:
+            async def chunks():
+                try:
+                    if chat:
+                        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}]})
+                    async for ev in h:
+                        text = detok.push(ev.token_ids, final=ev.finished)
+                        fr = finish_reason(h) if ev.finished else None
+                        if not text and fr is None:
+                            continue  # a character still incomplete, or text held back for a stop string
+                        choice = ({"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                                   "finish_reason": fr} if chat else
+                                  {"index": 0, "text": text, "logprobs": None, "finish_reason": fr})
+                        body = {**head, "choices": [choice]}
+                        if p.include_usage:
+                            body["usage"] = None
+                        if fr is not None:
+                            body["spec_decode"] = spec(h)
+                        yield _sse(body)
+                        if ev.finished:
+                            break
+                    if p.include_usage:
+                        yield _sse({**head, "choices": [], "usage": usage(h), "spec_decode": spec(h)})
+                except ApiError as e:
+                    yield _sse(e.body())
+                yield "data: [DONE]\n\n"
+
+            return _SSE(chunks(), h)
+
+        async def collect():
+            text = []
+            async for ev in h:
+                text.append(detok.push(ev.token_ids, final=ev.finished))
+                if ev.finished:
+                    break
+            return "".join(text)
+
+        async def disconnected():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+            h.cancel()  # no-op when finished; frees the slot when the client went away
+        if work not in done:
+            return Response(status_code=499)  # nobody is listening
+        text = work.result()
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": finish_reason(h)} if chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(h)})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": p.model, "choices": [choice], "usage": usage(h), "spec_decode": spec(h)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        p = parse_completion(parse_json(await request.body()), served)
+        ids = encode(tokenizer, p.prompt) if isinstance(p.prompt, str) else list(p.prompt)
+        if vocab_size is not None and not all(0 <= i < vocab_size for i in ids):
+            raise bad(f"prompt token ids must lie in 0..{vocab_size - 1}", "prompt", "invalid_token_id")
+        return await run(request, p, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        p = parse_chat(parse_json(await request.body()), served)
+        return await run(request, p, chat_ids(tokenizer, p.messages, chat_template), chat=True)
+
+    return app

@@ -1,0 +1,96 @@
+"""Prometheus metrics under vLLM's names, so that `vllm bench serve` and existing dashboards read them.
+
+Names, label names and buckets follow vllm/v1/metrics/loggers.py and buckets.py (vLLM 0.32): every series
+carries model_name and engine="0"; counters are exposed with the `_total` suffix (prometheus-client adds
+it), which is the form `vllm bench serve` parses for the spec-decode counters:
+
+    vllm:spec_decode_num_drafts_total                 verify steps that used a draft
+    vllm:spec_decode_num_draft_tokens_total           draft tokens proposed
+    vllm:spec_decode_num_accepted_tokens_total        draft tokens accepted
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
+
+mean accept length = 1 + accepted / drafts (SGLang's scale; also exposed as the gauge sglang:spec_accept_length).
+Each server owns its registry (no process-global state), so several apps can live in one test process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # as vLLM does: no `_created` series beside each counter and histogram
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, speculative: bool, positions: int = 0):
+        self.registry = r = CollectorRegistry()
+        L = ["model_name", "engine"]
+        lv = (model_name, "0")
+        self._lv = lv
+
+        def counter(name, doc, extra=()):
+            return Counter(name, doc, L + list(extra), registry=r)
+
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", L,
+                             registry=r).labels(*lv)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L,
+                             registry=r).labels(*lv)
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*lv)
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(*lv)
+        self._success = counter("vllm:request_success", "Count of successfully processed requests.",
+                                ["finished_reason"])
+        self.rejected = Counter("eaglekit:requests_rejected", "Requests refused before reaching the engine.",
+                                ["model_name", "reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", L,
+                              buckets=TTFT_BUCKETS, registry=r).labels(*lv)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", L,
+                             buckets=ITL_BUCKETS, registry=r).labels(*lv)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", L,
+                             buckets=E2E_BUCKETS, registry=r).labels(*lv)
+        self.speculative = speculative
+        if speculative:
+            self.num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.").labels(*lv)
+            self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(*lv)
+            self.num_accepted = counter("vllm:spec_decode_num_accepted_tokens",
+                                        "Number of accepted tokens.").labels(*lv)
+            self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                    "Accepted tokens per draft position.", ["position"])
+            self.per_pos = [self._per_pos.labels(*lv, str(i)) for i in range(positions)]
+            self.accept_length = Gauge("sglang:spec_accept_length", "The average acceptance length of speculative "
+                                       "decoding (1 + accepted / drafts).", L, registry=r).labels(*lv)
+        self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+
+    def reject(self, reason: str) -> None:
+        """A request refused before the engine saw it: bad_request (400) or queue_full (429)."""
+        self.rejected.labels(self._lv[0], reason).inc()
+
+    def finished(self, reason: str) -> None:
+        """reason: stop | length | abort (vLLM's FinishReason values)."""
+        self._success.labels(*self._lv, reason).inc()
+
+    def observe_spec(self, stats: dict) -> None:
+        """Add the growth of the engine's cumulative spec_stats since the last call (engine thread)."""
+        if not self.speculative or not stats:
+            return
+        last = self._last
+        self.num_drafts.inc(stats["num_drafts"] - last["num_drafts"])
+        self.num_draft_tokens.inc(stats["num_draft_tokens"] - last["num_draft_tokens"])
+        self.num_accepted.inc(stats["num_accepted_tokens"] - last["num_accepted_tokens"])
+        pos = list(stats.get("accepted_per_pos") or [])
+        while len(self.per_pos) < len(pos):
+            self.per_pos.append(self._per_pos.labels(*self._lv, str(len(self.per_pos))))
+        for i, v in enumerate(pos):
+            self.per_pos[i].inc(v - (last["accepted_per_pos"][i] if i < len(last["accepted_per_pos"]) else 0))
+        if stats["num_drafts"]:
+            self.accept_length.set(1 + stats["num_accepted_tokens"] / stats["num_drafts"])
+        self._last = {"num_drafts": stats["num_drafts"], "num_draft_tokens": stats["num_draft_tokens"],
+                      "num_accepted_tokens": stats["num_accepted_tokens"], "accepted_per_pos": pos}
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

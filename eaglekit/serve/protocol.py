@@ -1,0 +1,189 @@
+"""OpenAI request bodies -> engine requests, and the error body every refusal uses.
+
+Bodies are read as plain JSON and checked field by field here (not by a pydantic schema), so that each
+refusal names the offending `param` the way OpenAI's API does, and so that fields we ignore harmlessly
+(user, stream_options, ...) never cause a 422.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import EaglekitError
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's body: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_exceeded",
+                             503: "service_unavailable"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def from_eaglekit(e: EaglekitError) -> ApiError:
+    msg = e.message + (f" (fix: {e.fix})" if e.fix else "")
+    return ApiError(400, msg, None, e.code)
+
+
+@dataclass
+class Parsed:
+    """What a route needs after validation; `prompt_ids` is filled by the route (completion or chat)."""
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _num(body, name, default, lo=None, hi=None, integer=False):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
+        raise bad(f"'{name}' must be {'an integer' if integer else 'a number'}, got {v!r}", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise bad(f"'{name}' must be {rng}, got {v!r}", name)
+    return v
+
+
+def _unsupported(body, name, ok, what):
+    if name in body and body[name] is not None and not ok(body[name]):
+        raise bad(f"'{name}'={body[name]!r} is not supported by this server ({what})", name, "unsupported")
+
+
+def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
+    model = body.get("model", served[0])
+    if not isinstance(model, str) or model not in served:
+        raise bad(f"the model {model!r} does not exist; this server serves {served}", "model", "model_not_found")
+    _unsupported(body, "n", lambda v: v == 1, "n=1 only")
+    _unsupported(body, "best_of", lambda v: v == 1, "best_of=1 only")
+    _unsupported(body, "echo", lambda v: v is False, "echo=false only")
+    _unsupported(body, "logprobs", lambda v: v is False or v == 0, "no logprobs")
+    _unsupported(body, "top_logprobs", lambda v: v == 0, "no logprobs")
+    _unsupported(body, "presence_penalty", lambda v: v == 0, "no penalties")
+    _unsupported(body, "frequency_penalty", lambda v: v == 0, "no penalties")
+    _unsupported(body, "repetition_penalty", lambda v: v == 1, "no penalties")  # vLLM's extension; bench sends 1.0
+    _unsupported(body, "logit_bias", lambda v: not v, "no logit_bias")
+    _unsupported(body, "suffix", lambda v: not v, "no suffix")
+    _unsupported(body, "tools", lambda v: not v, "no tool calling")
+    _unsupported(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text", "text only")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad(f"'stream' must be true or false, got {stream!r}", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
+    mt_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _num(body, mt_name, None, lo=1, integer=True)
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop = tuple(stop)
+    else:
+        raise bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise bad("'ignore_eos' must be true or false", "ignore_eos")
+    top_k = _num(body, "top_k", 0, lo=-1, integer=True)
+    return Parsed(
+        model=model, stream=stream, include_usage=bool(opts.get("include_usage")), max_tokens=max_tokens,
+        temperature=float(_num(body, "temperature", 1.0, lo=0, hi=2)),
+        top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1)), top_k=max(top_k, 0),
+        seed=_num(body, "seed", None, integer=True), stop=tuple(s for s in stop if s), ignore_eos=ignore_eos)
+
+
+def parse_completion(body: dict, served: list[str]) -> Parsed:
+    p = parse_common(body, served, chat=False)
+    prompt = body.get("prompt")
+    # OpenAI accepts a string, token ids, or a batch of either; one prompt per request here
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("'prompt' is empty", "prompt")
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        pass
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
+        raise bad(f"a batch of {len(prompt)} prompts was sent; this server takes one prompt per request", "prompt",
+                  "unsupported")
+    else:
+        raise bad("'prompt' must be a non-empty string or a list of token ids", "prompt")
+    p.prompt = prompt
+    return p
+
+
+def parse_chat(body: dict, served: list[str]) -> Parsed:
+    p = parse_common(body, served, chat=True)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content",
+                              "unsupported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+        out.append({"role": m["role"], "content": content})
+    p.messages = out
+    return p
+
+
+def chat_ids(tokenizer, messages: list[dict], template: str | None) -> list[int]:
+    """The target's chat template (or --chat-template) over `messages`, with the assistant prompt opened;
+    tokenized as `eaglekit generate --chat` does, so that server and CLI give the draft the same ids."""
+    template = template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise bad("this model has no chat template, so /v1/chat/completions cannot render messages",
+                  "messages", "no_chat_template")
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            chat_template=template)
+    except Exception as e:  # a jinja error raised by the template itself (e.g. "roles must alternate")
+        raise bad(f"the chat template refused these messages: {e}", "messages", "chat_template_error") from None
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return list(out)

@@ -1,0 +1,305 @@
+"""Batched decoding (eaglekit.decoding.batch): every request's greedy output equals that request decoded alone,
+whatever else is in the batch, with requests joining, leaving and being cancelled mid-way.
+
+The property test draws a scenario per seed: a tree shape (chains and topk > 1 trees), a draft (a real EAGLE-3
+module with random weights, a batched oracle that predicts the target exactly, so runs are long and EOS often
+falls inside an accepted run, or a noisy oracle), a batch size, padding, the switch-off point, and requests
+with their own prompts, lengths, EOS and arrival steps, some cancelled. float32 targets.
+"""
+
+import random
+
+import pytest
+import torch
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.decoding.batch import BatchEngine, Event, Request, padded_size
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.sampling import SamplingParams
+from eaglekit.decoding.tree import TreeShape
+from eaglekit.draft import new_draft
+from eaglekit.errors import GenerationError
+from eaglekit.models import load_target
+from eaglekit.models.layers import RowKV, span_mask_rows
+
+FIRST = 1  # every test prompt starts with this token (a BOS), which the oracle drafts are told
+SHAPES = [(1, 1, 2), (3, 1, 4), (5, 1, 6), (2, 2, 4), (3, 2, 6), (4, 3, 10), (5, 2, 4), (6, 4, 5)]
+_targets: dict = {}
+
+
+def _target(model_dirs, family="llama", dtype="float32"):
+    key = (family, dtype)
+    if key not in _targets:
+        _targets[key] = load_target(model_dirs[family], backend="ours", dtype=dtype)
+    return _targets[key]
+
+
+class RowOracle:
+    """A batched draft that runs the target itself (exact greedy predictions), speaking the row interface the
+    BatchEngine uses (row_cache / extend_rows / step_rows / to_target_ids). Draft entry p lives at the oracle's
+    cache slot p + 1; slot 0 holds the prompt's first token, FIRST for every test prompt."""
+
+    def __init__(self, target, noise: float = 0.0, seed: int = 0):
+        from types import SimpleNamespace
+
+        self.t, self.net, c = target, target.net, target.cfg
+        self.config = SimpleNamespace(hidden_size=1, draft_vocab_size=c.vocab_size)
+        self.fc = SimpleNamespace(weight=torch.zeros(1, dtype=target.dtype))
+        self.noise = noise
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def row_cache(self, batch, span):
+        return self.t.row_cache(batch, span + 1)
+
+    def to_target_ids(self, ids):
+        return ids
+
+    def _run(self, kv, ids, positions, slots, mask):
+        h, _ = self.net(ids, positions, kv, slots, mask, ())
+        logits = self.net.lm_head(h).float()
+        if self.noise:
+            logits = logits + self.noise * torch.randn(logits.shape, generator=self.gen)
+        return logits
+
+    def extend_rows(self, kv, feats, next_ids, n, span):
+        B, E = next_ids.shape
+        m = kv.length
+        if B == 1 and int(m[0]) == 0:  # admission: the prompt's first token goes to slot 0
+            ids = torch.cat([torch.tensor([[FIRST]]), next_ids], 1)
+            pos = torch.arange(E + 1)[None]
+            mask = torch.ones(1, E + 1, E + 1, dtype=torch.bool).tril_()
+            logits = self._run(kv, ids, pos, pos, mask)[:, 1:]
+        else:
+            pos = (m + 1)[:, None] + torch.arange(E)
+            mask = span_mask_rows(m + 1, torch.ones(1, E, E, dtype=torch.bool).tril_(), span + 1)
+            logits = self._run(kv, next_ids, pos, pos, mask)
+        kv.length += n
+        last = (n - 1).clamp(min=0)
+        return torch.zeros(B, 1), logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+
+    def step_rows(self, kv, hidden, ids, positions, slots, mask):
+        B, K = ids.shape
+        full = torch.cat([torch.ones(B, K, 1, dtype=torch.bool), mask], -1)
+        return torch.zeros(B, K, 1), self._run(kv, ids, positions + 1, slots + 1, full)
+
+
+def _engine(target, kind, shape, max_batch, seed, spec_max_batch=None, **kw):
+    if kind == "random":
+        draft = new_draft(target, seed=seed, dtype=torch.float32,
+                          capture=CaptureSpec(tuple(random.Random(seed).sample(range(8), 3))))
+        return BatchEngine(target, draft, shape, max_batch=max_batch, spec_max_batch=spec_max_batch, **kw)
+    eng = BatchEngine(target, None, shape, max_batch=max_batch, spec_max_batch=spec_max_batch, **kw)
+    if kind != "none":
+        eng.draft = RowOracle(target, noise=0.4 if kind == "noisy" else 0.0, seed=seed)
+        eng.capture = CaptureSpec.default(target.info.num_layers)
+        if spec_max_batch is None:
+            eng.spec_max_batch = max_batch
+    return eng
+
+
+_alone_cache: dict = {}
+
+
+def _alone(target, prompt, max_new, eos_ids):
+    key = (id(target), tuple(prompt), max_new, tuple(eos_ids))
+    if key not in _alone_cache:
+        _alone_cache[key] = Decoder(target).generate(prompt, max_new, eos_ids=eos_ids).token_ids
+    return _alone_cache[key]
+
+
+def _drive(eng, arrivals, cancels, max_steps=500):
+    """Run the engine: arrivals {step: [Request]}, cancels {step: [rid]} (applied before that step).
+    -> {rid: [Event]}, checking that nothing follows a finished event."""
+    events: dict[str, list[Event]] = {}
+    step = 0
+    while step < max_steps and (eng.has_work or any(k >= step for k in arrivals)):
+        for req in arrivals.get(step, []):
+            eng.add(req)
+        for rid in cancels.get(step, []):
+            eng.cancel(rid)
+        for ev in eng.step():
+            seen = events.setdefault(ev.rid, [])
+            assert not (seen and seen[-1].finished), f"{ev.rid}: an event after the finished one"
+            seen.append(ev)
+            assert ev.finished == (ev.stop_reason is not None)
+            if ev.accepted is not None:
+                assert 0 <= ev.accepted <= ev.drafted
+        step += 1
+    assert not eng.has_work and eng.num_running == 0 and eng.num_waiting == 0
+    return events
+
+
+def _scenario(model_dirs, seed):
+    rng = random.Random(seed)
+    target = _target(model_dirs, ["llama", "llama", "qwen3", "mistral"][seed % 4])
+    kind = ["oracle", "noisy", "random", "oracle", "noisy", "none"][seed % 6]
+    shape = TreeShape(*SHAPES[rng.randrange(len(SHAPES))])
+    max_batch = rng.choice([1, 2, 3, 4, 8])
+    spec_max = rng.choice([None, None, 1, 2])  # small values exercise the switch-off and draft-less rows
+    eng = _engine(target, kind, shape, max_batch, seed, spec_max_batch=spec_max)
+    eng.pad = rng.random() < 0.5  # padded rows (as with CUDA graphs) must not change anything
+    n_req = rng.randint(2, 7)
+    arrivals, cancels, want, eos_of = {}, {}, {}, {}
+    for i in range(n_req):
+        prompt = [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(0, 20))]
+        max_new = rng.randint(1, 24)
+        base = _alone(target, prompt, max_new, ())
+        eos = ()
+        if rng.random() < 0.5 and len(base) > 3:
+            eos = (base[rng.randrange(1, len(base))],)  # EOS mid-generation, often inside an accepted run
+        rid = f"r{i}"
+        # what Decoder(target).generate(prompt, max_new, eos_ids=eos) returns: base up to the first EOS
+        want[rid] = base[:next((j + 1 for j, t in enumerate(base) if t in eos), len(base))]
+        eos_of[rid] = eos
+        arrivals.setdefault(rng.randrange(0, 8), []).append(Request(rid, prompt, max_new, eos_ids=eos))
+        if rng.random() < 0.2:
+            cancels.setdefault(rng.randrange(0, 10), []).append(rid)
+    events = _drive(eng, arrivals, cancels)
+    for rid, w in want.items():
+        evs = events.get(rid, [])
+        got = [t for e in evs for t in e.token_ids]
+        cancelled = any(rid in v for v in cancels.values())
+        assert evs and evs[-1].finished, f"{rid} never finished"
+        if evs[-1].stop_reason == "cancelled":
+            assert cancelled and got == w[:len(got)], f"{rid}: cancelled output is not a prefix of the alone output"
+            continue
+        assert got == w, f"{rid}: batched output differs from alone (seed {seed}, {kind}, {shape}, B={max_batch})"
+        hit_eos = bool(eos_of[rid]) and w and w[-1] in eos_of[rid]
+        assert evs[-1].stop_reason == ("stop" if hit_eos else "length")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_batched_greedy_equals_alone(model_dirs, seed):
+    _scenario(model_dirs, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(24, 200))
+def test_batched_greedy_equals_alone_more_seeds(model_dirs, seed):
+    _scenario(model_dirs, seed)
+
+
+def test_oracle_chain_accepts_every_drafted_token(model_dirs):
+    """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the
+    batched tree, verify masks and per-row paths, beyond output equality)."""
+    target = _target(model_dirs)
+    eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0)
+    rng = random.Random(0)
+    arrivals = {0: [], 2: []}
+    for i in range(6):
+        prompt = [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(2, 15))]
+        arrivals[0 if i < 4 else 2].append(Request(f"r{i}", prompt, 25, eos_ids=()))
+    events = _drive(eng, arrivals, {})
+    for rid, evs in events.items():
+        for e in evs[:-1]:
+            if e.drafted is not None:
+                assert e.accepted == 3, f"{rid}: an exact draft was rejected"
+    st = eng.spec_stats
+    assert st["num_drafts"] > 0 and st["num_accepted_tokens"] > 0.8 * st["num_draft_tokens"]
+    assert st["accepted_per_pos"][0] >= st["accepted_per_pos"][1] >= st["accepted_per_pos"][2]
+
+
+def test_switch_off_decodes_without_the_draft(model_dirs):
+    target = _target(model_dirs)
+    eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0, spec_max_batch=2)
+    reqs = [Request(f"r{i}", [FIRST, 5 + i, 7], 12, eos_ids=()) for i in range(4)]
+    events = _drive(eng, {0: reqs}, {})
+    for r in reqs:  # four rows > 2: plain steps, one token each, no draft figures; rows stay draft-less after
+        evs = events[r.rid]
+        assert all(e.drafted is None for e in evs)
+        assert [t for e in evs for t in e.token_ids] == _alone(target, r.prompt_ids, 12, ())
+    assert eng.spec_stats["num_drafts"] == 0
+
+
+def test_cancel_frees_the_row_at_once(model_dirs):
+    target = _target(model_dirs)
+    eng = _engine(target, "noisy", TreeShape(3, 1, 4), 2, 0)
+    a, b, c = (Request(x, [FIRST, 9, 4, 11], 10, eos_ids=()) for x in "abc")
+    for r in (a, b, c):
+        eng.add(r)
+    eng.step()
+    assert eng.num_running == 2 and eng.num_waiting == 1
+    eng.cancel("a")
+    assert eng.num_running == 1  # freed before the next step
+    evs = eng.step()
+    first = evs[0]
+    assert (first.rid, first.finished, first.stop_reason, first.token_ids) == ("a", True, "cancelled", [])
+    assert eng.num_running == 2  # c took a's row
+    eng.cancel("c")
+    eng.cancel("nobody")  # unknown ids are ignored
+    out = _drive(eng, {}, {})
+    assert [t for e in out["b"] for t in e.token_ids][-1:] and out["c"][-1].stop_reason == "cancelled"
+
+
+def test_mixed_greedy_and_sampled_rows(model_dirs):
+    """Sampled rows in the batch do not disturb the greedy rows; a seeded sampled request is reproducible when
+    the batch is the same."""
+    target = _target(model_dirs)
+
+    def run():
+        eng = _engine(target, "noisy", TreeShape(3, 2, 6), 4, 3)
+        reqs = [Request("g0", [FIRST, 8, 3], 12, eos_ids=()),
+                Request("s0", [FIRST, 8, 3], 12, SamplingParams(0.8, seed=5), eos_ids=()),
+                Request("g1", [FIRST, 40, 41, 42], 10, eos_ids=()),
+                Request("s1", [FIRST, 6], 12, SamplingParams(1.0, top_k=5, seed=6), eos_ids=())]
+        ev = _drive(eng, {0: reqs[:3], 1: reqs[3:]}, {})
+        return {k: [t for e in v for t in e.token_ids] for k, v in ev.items()}
+
+    a, b = run(), run()
+    assert a["g0"] == _alone(target, [FIRST, 8, 3], 12, ()) and a["g1"] == _alone(target, [FIRST, 40, 41, 42], 10, ())
+    assert a == b and len(a["s0"]) == 12 and len(a["s1"]) == 12
+
+
+def test_stop_strings_and_max_tokens_per_request(model_dirs):
+    from eaglekit.tokenizer import load_tokenizer
+
+    target = _target(model_dirs)
+    tok = load_tokenizer(model_dirs["llama"])
+    prompt = [FIRST] + tok.encode("def add(a, b):")
+    full = _alone(target, prompt, 30, ())
+    text = tok.decode(full, skip_special_tokens=True)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    eng = _engine(target, "oracle", TreeShape(4, 1, 5), 4, 0, tokenizer=tok)
+    want = Decoder(target).generate(prompt, 30, stop_strings=(stop,), tokenizer=tok, eos_ids=()).token_ids
+    ev = _drive(eng, {0: [Request("s", prompt, 30, stop_strings=(stop,), eos_ids=()),
+                          Request("m", prompt, 7, eos_ids=())]}, {})
+    assert [t for e in ev["s"] for t in e.token_ids] == want and ev["s"][-1].stop_reason == "stop"
+    assert [t for e in ev["m"] for t in e.token_ids] == full[:7] and ev["m"][-1].stop_reason == "length"
+
+
+def test_validate_refuses_bad_requests(model_dirs):
+    target = _target(model_dirs)
+    eng = BatchEngine(target, None, max_batch=2)
+    ctx = target.info.max_position_embeddings
+    for req in (Request("a", [], 5), Request("b", [FIRST, 96], 5), Request("c", [FIRST, -1], 5),
+                Request("d", [FIRST], 0), Request("e", [FIRST] * 10, ctx), Request("f", [FIRST], 5, stop_strings=("x",))):
+        with pytest.raises(GenerationError):
+            eng.add(req)
+    assert not eng.has_work
+    eng.add(Request("ok", [FIRST], 2))
+    with pytest.raises(GenerationError):
+        eng.add(Request("ok", [FIRST], 2))  # duplicate id
+
+
+def test_transformers_adapter_is_refused(model_dirs):
+    target = load_target(model_dirs["llama"], backend="hf", dtype="float32")
+    with pytest.raises(GenerationError, match="does not decode batches"):
+        BatchEngine(target, None, max_batch=4)
+
+
+def test_row_cache_keep_and_move():
+    kv = RowKV(2, 1, 2, 8, 3)
+    kv.k.copy_(torch.arange(kv.k.numel(), dtype=torch.float32).view_as(kv.k))
+    before = kv.k.clone()
+    kv.length.copy_(torch.tensor([1, 2, 0]))
+    kv.keep(torch.tensor([[0, 2, 3], [0, 1, 0], [0, 3, 1]]), torch.tensor([3, 1, 0]))
+    assert kv.length.tolist() == [4, 3, 0]
+    assert torch.equal(kv.k[:, 0, :, 1:4], before[:, 0, :, [1, 3, 4]])  # row 0: slots 1 + (0, 2, 3)
+    assert torch.equal(kv.k[:, 1, :, 2], before[:, 1, :, 2])
+    kv.move(0, 2)
+    assert torch.equal(kv.k[:, 2], kv.k[:, 0]) and kv.length.tolist() == [4, 3, 4]
+
+
+def test_padded_sizes():
+    assert [padded_size(b, 8) for b in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert padded_size(5, 6) == 6 and padded_size(1, 1) == 1
