@@ -170,13 +170,15 @@ class _Rows:
         names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
+        groups = ([list(self.SPEC)] if self.e.draft is not None else []) + [["plain", "plain_commit"]]
         with torch.cuda.stream(s):
             for _ in range(2):
-                for p in names:
-                    getattr(self, p)()
+                for group in groups:
+                    for p in group:
+                        getattr(self, p)()
+                    for x, v in zip(state, snap):  # restore after each group: writes stay within one cycle's slots
+                        x.copy_(v)
         torch.cuda.current_stream().wait_stream(s)
-        for x, v in zip(state, snap):
-            x.copy_(v)
         pool = torch.cuda.graph_pool_handle()
         self.graphs = {}
         for p in names:
