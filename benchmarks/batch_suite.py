@@ -221,7 +221,8 @@ def demo(args, device: str, sizes=(1, 4, 8)):
         out.append(row)
         print(f"   demo B={B}: {row['tok_s_no_draft']} tok/s -> {row['tok_s_draft']} tok/s with the draft "
               f"(x{row['speedup']}; per CPU-second {row['tok_per_cpu_s_no_draft']} -> {row['tok_per_cpu_s_draft']}, "
-              f"x{row['speedup_cpu_time']}; accept length {row['accept_length']}), identical outputs: {same}", flush=True)
+              f"x{row['speedup_cpu_time']}; accept length {row['accept_length']}), identical outputs: {same}",
+              flush=True)
     import os
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None

@@ -272,7 +272,8 @@ def test_validate_refuses_bad_requests(model_dirs):
     eng = BatchEngine(target, None, max_batch=2)
     ctx = target.info.max_position_embeddings
     for req in (Request("a", [], 5), Request("b", [FIRST, 96], 5), Request("c", [FIRST, -1], 5),
-                Request("d", [FIRST], 0), Request("e", [FIRST] * 10, ctx), Request("f", [FIRST], 5, stop_strings=("x",))):
+                Request("d", [FIRST], 0), Request("e", [FIRST] * 10, ctx),
+                Request("f", [FIRST], 5, stop_strings=("x",))):
         with pytest.raises(GenerationError):
             eng.add(req)
     assert not eng.has_work
@@ -323,7 +324,7 @@ def test_sampled_rows_follow_target_distribution(tmp_path_factory, shape):
     with torch.no_grad():
         draft.lm_head.weight.copy_(target.net.lm_head.weight)
     sp = SamplingParams(1.0)
-    eng = BatchEngine(target, draft, shape, max_batch=8)
+    eng = BatchEngine(target, draft, shape, max_batch=8, spec_max_batch=8)
     n = 1600
     greedy_want = _alone(target, PROMPT, 3, ())
     arrivals = {}
