@@ -39,11 +39,17 @@ from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
 
-# Largest running batch that still speculates (above it: plain batched decode steps), measured with
-# benchmarks/batch_suite.py. CPU: the demo pair, chain (3, 1, 4), 2 torch threads -- see the module's JSON.
-SPEC_MAX_BATCH_CPU = 8
-# GPU: 8B shape, bf16, H200, replayed at accept length 2.79 -- speculation paid at every measured size up to
-# 64 in the suite's figures; set to the largest batch measured until a GPU run says otherwise.
+# Largest running batch that still speculates (above it: plain batched decode steps). Settable per engine
+# (spec_max_batch=...); these are the defaults.
+# CPU: measured with benchmarks/batch_suite.py --demo-only --threads 1 --waves 1 --demo-new 32 (the demo pair,
+# chain (3, 1, 4), greedy, identical outputs; results/2026-11-30_cpu_batch_demo.json). The machine was NOT
+# quiet (load average ~20 on 2 cores), so the figure is tokens per CPU-second of the one-thread process, not
+# wall time: draft / no draft = x0.98 at batch 1, x1.04 at 4, x0.93 at 8 (accept lengths 1.52, 1.74, 1.77 on
+# those prompts). Speculation stops paying past 4.
+SPEC_MAX_BATCH_CPU = 4
+# GPU: NOT measured yet (this branch had no GPU). SGLang's published ratios (chain of 3, H100) stay above 1 up
+# to batch 64, so speculation stays on up to 64; benchmarks/batch_suite.py reports
+# `recommended_spec_max_batch` for the 8B shape on the GPU it runs on: put that figure here.
 SPEC_MAX_BATCH_CUDA = 64
 
 
@@ -170,13 +176,15 @@ class _Rows:
         names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
+        groups = ([list(self.SPEC)] if self.e.draft is not None else []) + [["plain", "plain_commit"]]
         with torch.cuda.stream(s):
             for _ in range(2):
-                for p in names:
-                    getattr(self, p)()
+                for group in groups:
+                    for p in group:
+                        getattr(self, p)()
+                    for x, v in zip(state, snap):  # restore after each group: writes stay within one cycle's slots
+                        x.copy_(v)
         torch.cuda.current_stream().wait_stream(s)
-        for x, v in zip(state, snap):
-            x.copy_(v)
         pool = torch.cuda.graph_pool_handle()
         self.graphs = {}
         for p in names:

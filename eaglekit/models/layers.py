@@ -1,7 +1,8 @@
 """Building blocks shared by the target decoder and the EAGLE-3 draft.
 
 Shapes: activations are [B, T, D]. A KV cache for one layer is a pair of tensors [B, Hkv, S_max, hd];
-new keys are written at `slots` (one slot per new token, shared across the batch) and attention reads
+new keys are written at `slots` (one slot per new token, shared across the batch; or [B, T], one per row,
+for batched decoding over a RowKV) and attention reads
 the first S slots, S being the width of the boolean `mask` [B|1, T, S] (True = may attend). So the
 caller picks the span: on a CPU it passes S = committed + new (no wasted work), a compiled GPU path
 passes S = S_max (fixed shapes, no recompiles).
