@@ -59,6 +59,17 @@ def add_capture(p):
                    help="run a draft whose recorded target fingerprint differs from this target")
 
 
+def add_tp(p):
+    g = p.add_argument_group("tensor parallelism (also under torchrun --nproc-per-node N -m eaglekit ...)")
+    g.add_argument("--tp", type=int, default=None, help="split the target over N processes (one per GPU, or CPU "
+                   "processes over gloo); the draft runs replicated on each")
+    g.add_argument("--tp-allreduce", default="auto", choices=["auto", "nccl", "symm"],
+                   help="GPU all-reduce: symm (torch symmetric memory, one-shot; auto) or nccl")
+    g.add_argument("--tp-lm-head", default="auto", choices=["auto", "vocab", "replicated"],
+                   help="lm_head split by vocabulary or replicated (auto: split on GPUs, by size on CPUs)")
+    g.add_argument("--tp-timeout", type=float, default=120.0, help="seconds before a silent rank is an error")
+
+
 def tree_shape(args):
     from .decoding.tree import TreeShape
 
@@ -84,7 +95,16 @@ def capture_override(args):
 def sampling_params(args):
     from .decoding.sampling import SamplingParams
 
-    return SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    seed = args.seed
+    if seed is None and args.temperature > 0:
+        from .distributed import current
+
+        tp = current()
+        if tp is not None and tp.world > 1:  # every rank must sample alike: rank 0 draws the seed
+            import random
+
+            seed = tp.broadcast_int(random.randrange(2**62))
+    return SamplingParams(args.temperature, args.top_p, args.top_k, seed)
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -173,6 +193,7 @@ def _generate_args(p):
     add_sampling(p)
     add_capture(p)
     add_runtime(p)
+    add_tp(p)
     add_compile(p)
 
 
@@ -275,6 +296,7 @@ def _doctor_args(p):
     p.add_argument("--capture-layers", default=None,
                    help="the wiring you serve with, if not the draft's own (after_layers ids; 'emb' = the embedding)")
     add_runtime(p)
+    add_tp(p)
 
 
 cmd_doctor.add_args = _doctor_args
@@ -554,6 +576,7 @@ def _eval_args(p):
     add_tree(p)
     add_capture(p)
     add_runtime(p)
+    add_tp(p)
 
 
 cmd_eval.add_args = _eval_args
@@ -628,9 +651,20 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in ("generate", "eval", "doctor"):
+            from .distributed import enter_cli, shutdown
+
+            rc = enter_cli(args, argv)  # --tp N spawns N ranks; under torchrun: joins the group
+            if rc is not None:
+                return rc
+            rc = int(args.func(args) or 0)
+            shutdown()
+            return rc
         return int(args.func(args) or 0)
     except EaglekitError as e:
-        print(f"eaglekit {args.command}: error {e}", file=sys.stderr)
+        from .distributed import error_stream, rank_tag
+
+        print(f"eaglekit {args.command}{rank_tag()}: error {e}", file=error_stream())
         return 2
     except KeyboardInterrupt:
         print(f"eaglekit {args.command}: interrupted", file=sys.stderr)
