@@ -128,6 +128,8 @@ class TPGroup:
 
     def setup_symm(self, numel: int, dtype: torch.dtype) -> None:
         """Symmetric-memory buffers for all-reduces of up to `numel` elements (collective: all ranks call it)."""
+        if self._symm and self._symm_dtype == dtype and self._symm[0].numel() >= numel:
+            return
         if self.device.type != "cuda" or self.allreduce != "symm" or dtype not in (torch.bfloat16, torch.float32):
             if self.allreduce == "symm":
                 self.allreduce, self.note = "nccl", f"symmetric memory unavailable for {dtype} / {self.device}"
@@ -135,6 +137,10 @@ class TPGroup:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)
+                    symm_mem.enable_symm_mem_for_group(self.pg.group_name)
             bufs = []
             for _ in range(2):
                 b = symm_mem.empty(numel, dtype=dtype, device=self.device)
@@ -283,7 +289,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(n: int, argv: list[str], grace_s: float = 30.0) -> int:
+def launch(n: int, argv: list[str], grace_s: float = 30.0, cmd: list[str] | None = None) -> int:
     """`eaglekit ... --tp N` outside torchrun: start N copies of this command with the torchrun environment
     (one per GPU, or N CPU processes), wait, and return the first failure's exit status. A rank that
     fails makes the others fail on their next collective; any still running after `grace_s` are killed."""
@@ -292,7 +298,7 @@ def launch(n: int, argv: list[str], grace_s: float = 30.0) -> int:
     for r in range(n):
         env = dict(os.environ, WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-m", "eaglekit", *argv], env=env))
+        procs.append(subprocess.Popen([*(cmd or [sys.executable, "-m", "eaglekit"]), *argv], env=env))
     rc, failed_at = 0, None
     while any(p.poll() is None for p in procs):
         for p in procs:

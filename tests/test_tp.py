@@ -39,7 +39,7 @@ def _spawn(name, *args, timeout_s=30.0):
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     # heads 4, kv heads 2, MLP 96, vocab 96: all divisible by 2; o and MLP biases on (added once, after the sum)
-    make_hf_model(root / "llama", "llama", seed=3, attention_bias=True, mlp_bias=True)
+    make_hf_model(root / "llama", "llama", seed=3, layers=4, attention_bias=True, mlp_bias=True)
     make_hf_model(root / "kv1", "llama", seed=4, kv_heads=1, layers=2)
     return root
 
@@ -111,3 +111,29 @@ def test_dying_rank_fails_the_others_in_bounded_time(tiny, tmp_path):
     secs, msg = (tmp_path / "die.0").read_text().split(" ", 1)
     assert msg.startswith("E141") and "rank 0 of 2" in msg and "another rank died" in msg, msg
     assert float(secs) < 60
+
+
+@pytest.mark.slow
+def test_cli_tp2_equals_tp1_and_errors_on_every_rank(tiny, tmp_path):
+    """`eaglekit generate --tp 2` (2 CPU processes) prints what the single-process run prints, once."""
+    from eaglekit.draft import new_draft, save_draft
+    from eaglekit.models import load_target
+    from helpers import make_tokenizer
+
+    folder = tiny / "llama"
+    make_tokenizer(folder, 96)
+    save_draft(new_draft(load_target(folder), seed=1), tmp_path / "d")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "eaglekit", "generate", "--target", str(folder), "--draft", str(tmp_path / "d"),
+            "--prompt", "def add(a, b):", "--max-new-tokens", "16", "--json", "--device", "cpu"]
+    one = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    two = subprocess.run(base + ["--tp", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert len(two.stdout.strip().splitlines()) == 1  # rank 1 is silent
+    assert json.loads(two.stdout)["token_ids"] == json.loads(one.stdout)["token_ids"]
+    make_tokenizer(tiny / "kv1", 96)
+    bad = subprocess.run([*base[:5], str(tiny / "kv1"), *base[6:], "--tp", "2"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert bad.returncode == 2
+    assert "[rank 0/2]: error [E144]" in bad.stderr and "[rank 1/2]: error [E144]" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
