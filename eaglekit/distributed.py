@@ -281,6 +281,9 @@ def silence_other_ranks() -> None:
         _REAL_STDERR = sys.stderr
         sys.stdout = open(os.devnull, "w")
         sys.stderr = open(os.devnull, "w")
+        from .observe import trace
+
+        trace._stream = sys.stderr  # EAGLE3_DEBUG lines from rank 0 only (EAGLE3_DEBUG_FILE gets every rank's)
 
 
 def _free_port() -> int:

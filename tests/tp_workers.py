@@ -61,15 +61,20 @@ def equal(group, folder, out_dir):
         ht, ft2 = tpt.features(batch, None, spec)
         assert torch.allclose(ft2, fr2, rtol=0, atol=1e-10) and torch.allclose(ht, hr, rtol=0, atol=1e-10)
         assert torch.allclose(tpt.lm_head_weight(), ref.lm_head_weight())
-        base = Decoder(ref).generate(prompt.tolist(), 24, eos_ids=()).token_ids
-        assert Decoder(tpt).generate(prompt.tolist(), 24, eos_ids=()).token_ids == base
+        # the unsharded references run on rank 0 only (rank 1 decodes in step with it; its own output is
+        # what rank 0 gets, both reading the same all-reduced tensors)
+        me = group.rank == 0
+        base = Decoder(ref).generate(prompt.tolist(), 20, eos_ids=()).token_ids if me else None
+        got = Decoder(tpt).generate(prompt.tolist(), 20, eos_ids=()).token_ids
+        assert not me or got == base
         # every shape with the split lm_head; a chain, a tree and a cut tree with the replicated one
         for i, (s, k, d) in enumerate(SHAPES if mode == "vocab" else [SHAPES[1], SHAPES[6], SHAPES[9]]):
             draft = new_draft(ref, seed=i, dtype=torch.float64, capture=CaptureSpec((0, 2, 3)))
-            want = Decoder(ref, draft, TreeShape(s, k, d)).generate(prompt.tolist(), 24, eos_ids=())
-            got = Decoder(tpt, draft, TreeShape(s, k, d)).generate(prompt.tolist(), 24, eos_ids=())
-            assert got.token_ids == want.token_ids == base, (mode, (s, k, d))
-            assert got.metrics.accepted == want.metrics.accepted
+            got = Decoder(tpt, draft, TreeShape(s, k, d)).generate(prompt.tolist(), 20, eos_ids=())
+            if me:
+                want = Decoder(ref, draft, TreeShape(s, k, d)).generate(prompt.tolist(), 20, eos_ids=())
+                assert got.token_ids == want.token_ids == base, (mode, (s, k, d))
+                assert got.metrics.accepted == want.metrics.accepted
             report.append(sum(got.metrics.accepted))
     Path(out_dir, f"equal.{group.rank}").write_text(f"ok {sum(report)}")
 
