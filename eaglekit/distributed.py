@@ -56,6 +56,7 @@ class TPGroup:
     _symm: list = field(default_factory=list)
     _symm_dtype: torch.dtype | None = None
     _flip: int = 0
+    _copy_op: bool = True
 
     # --- collectives ---------------------------------------------------------------------------
     def _failed(self, what: str, e: Exception) -> DistributedError:
@@ -74,7 +75,10 @@ class TPGroup:
             # the previous one (the op's own end barrier makes this belt and braces)
             buf = self._symm[self._flip].view(-1)[: x.numel()].view(x.shape)
             self._flip ^= 1
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x, "sum", self.pg.group_name)
+            if self._copy_op:
+                return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x, "sum", self.pg.group_name)
+            buf.copy_(x)  # older torch: stage the input in the symmetric buffer ourselves
+            return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", self.pg.group_name)
         import torch.distributed as dist
 
         try:
@@ -147,6 +151,7 @@ class TPGroup:
                 symm_mem.rendezvous(b, self.pg.group_name)
                 bufs.append(b)
             self._symm, self._symm_dtype = bufs, dtype
+            self._copy_op = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy")
         except Exception as e:  # an old torch, no P2P between the GPUs: NCCL does the job, slower
             self.allreduce, self.note = "nccl", f"symmetric memory failed ({type(e).__name__}: {e}); using NCCL"
 
