@@ -58,6 +58,17 @@ def decode_options(args, **over) -> DecodeOptions:
     return DecodeOptions.from_args(args, **over)
 
 
+def add_tp(p):
+    g = p.add_argument_group("tensor parallelism (also under torchrun --nproc-per-node N -m eaglekit ...)")
+    g.add_argument("--tp", type=int, default=None, help="split the target over N processes (one per GPU, or CPU "
+                   "processes over gloo); the draft runs replicated on each")
+    g.add_argument("--tp-allreduce", default="auto", choices=["auto", "nccl", "symm"],
+                   help="GPU all-reduce: symm (torch symmetric memory, one-shot; auto) or nccl")
+    g.add_argument("--tp-lm-head", default="auto", choices=["auto", "vocab", "replicated"],
+                   help="lm_head split by vocabulary or replicated (auto: split on GPUs, by size on CPUs)")
+    g.add_argument("--tp-timeout", type=float, default=120.0, help="seconds before a silent rank is an error")
+
+
 def tree_shape(args):
     return decode_options(args).shape()
 
@@ -67,7 +78,17 @@ def capture_override(args):
 
 
 def sampling_params(args):
-    return decode_options(args).sampling()
+    sp = decode_options(args).sampling()
+    if sp.seed is None and sp.temperature > 0:
+        from .distributed import current
+
+        tp = current()
+        if tp is not None and tp.world > 1:  # every rank must sample alike: rank 0 draws the seed
+            import dataclasses
+            import random
+
+            sp = dataclasses.replace(sp, seed=tp.broadcast_int(random.randrange(2**62)))
+    return sp
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -154,6 +175,7 @@ def _generate_args(p):
     add_sampling(p)
     add_capture(p)
     add_runtime(p)
+    add_tp(p)
     add_compile(p)
 
 
@@ -265,6 +287,7 @@ def _doctor_args(p):
                         "apart or this much time has passed (default 45)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_runtime(p, device=DOCTOR_DEVICE)
+    add_tp(p)
 
 
 cmd_doctor.add_args = _doctor_args
@@ -496,6 +519,7 @@ def _eval_args(p):
     add_tree(p)
     add_capture(p)
     add_runtime(p)
+    add_tp(p)
 
 
 cmd_eval.add_args = _eval_args
@@ -614,9 +638,20 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in ("generate", "eval", "doctor"):
+            from .distributed import enter_cli, shutdown
+
+            rc = enter_cli(args, argv)  # --tp N spawns N ranks; under torchrun: joins the group
+            if rc is not None:
+                return rc
+            rc = int(args.func(args) or 0)
+            shutdown()
+            return rc
         return int(args.func(args) or 0)
     except EaglekitError as e:
-        print(f"eaglekit {args.command}: error {e}", file=sys.stderr)
+        from .distributed import error_stream, rank_tag
+
+        print(f"eaglekit {args.command}{rank_tag()}: error {e}", file=error_stream())
         return 2
     except KeyboardInterrupt:
         print(f"eaglekit {args.command}: interrupted", file=sys.stderr)

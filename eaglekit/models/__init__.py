@@ -34,6 +34,14 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
         raise InputError(f"target folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", fix=f"use one of {', '.join(BACKENDS)}", code="E108")
+    from ..distributed import current
+
+    tp = current()
+    if tp is not None and tp.world > 1:  # inside a tensor-parallel launch: this rank's shards, on its device
+        if backend == "hf":
+            raise InputError("tensor parallelism (--tp / torchrun) runs eaglekit's own decoder only",
+                             fix="leave out --backend hf (or run without --tp)", code="E108")
+        device, backend = str(tp.device), "tp"
     dt = resolve_dtype(dtype, device)
     raw = read_json(folder / "config.json", "target config")
     check_folder_json(folder)
@@ -44,7 +52,11 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
                 load_target_config(folder)
             except InputError:
                 backend = "hf"  # e.g. an unusual rope type: transformers handles it
-    if backend == "ours":
+    if backend == "tp":
+        from .tp import TPLlamaTarget
+
+        target = TPLlamaTarget.from_folder(folder, tp, dt, tp.lm_head)
+    elif backend == "ours":
         from .llama import LlamaTarget
 
         target = LlamaTarget.from_folder(folder, device, dt)

@@ -21,6 +21,7 @@ import os
 import sys
 
 ENABLED: bool = False
+RANK: int | None = None  # set under tensor parallelism (eaglekit.distributed): records name their rank
 STEPS: int | None = None
 FILE: str | None = None
 _sink: list | None = None
@@ -84,9 +85,11 @@ def record(point: str, tensor, **meta) -> dict | None:
     if not active():
         return None
     rec = {"cycle": _cycle, "point": point, **meta, **stats(tensor)}
+    if RANK is not None:
+        rec["rank"] = RANK
     extras = " ".join(f"{k}={v}" for k, v in meta.items())
     print(
-        f"[EAGLE3_DEBUG] cycle {rec['cycle']} {point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} "
+        f"[EAGLE3_DEBUG]{'' if RANK is None else f' rank {RANK}'} cycle {rec['cycle']} {point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} "
         f"device={rec['device']} {extras} mean={rec['mean']:.4g} std={rec['std']:.4g} absmax={rec['absmax']:.4g} "
         f"nan={rec['nan']} inf={rec['inf']} head={rec['head']}",
         file=_stream,
