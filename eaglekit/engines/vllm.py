@@ -154,9 +154,10 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
     raw = json.loads((Path(draft_dir) / "config.json").read_text())
     ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
-    fc_in = draft.fc.in_features if draft is not None else None
+    fc_in = draft.fc.in_features if draft is not None else _fc_width(draft_dir)
     if error is not None:
-        cause = f"vLLM could not run the pair ({error.message.split(': ', 1)[-1]})"
+        cause = (error.message if error.message.startswith("vLLM ran") else
+                 f"vLLM could not run the pair ({error.message.split(': ', 1)[-1]})")
         fix = None
         if ids and fc_in and len(ids) * hidden != fc_in:
             extra = " (id 0 is the embedding output)" if 0 in ids else ""
@@ -166,6 +167,8 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
             good = draft.config.capture if draft is not None and draft.config.capture and \
                 draft.config.capture.width(hidden) == fc_in else None
             ref = _reference_wiring(doctor, good)
+            if ref is None and 0 in ids and (len(ids) - 1) * hidden == fc_in:
+                ref = tuple(i - 1 for i in ids if i != 0)  # the capture without the embedding fits the fc
             if ref is not None:
                 fix = _ids_fix(ref)
             else:
@@ -225,6 +228,17 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
     return out, verdict
 
 
+def _fc_width(draft_dir) -> int | None:
+    """fc's input width read from the weights alone (the draft may not load: that is what is being diagnosed)."""
+    try:
+        from ..interop.formats import normalize
+
+        w = normalize(draft_dir)[1].get("fc.weight")
+        return int(w.shape[1]) if w is not None else None
+    except EaglekitError:
+        return None
+
+
 def _pp(xs) -> str:
     return "/".join(f"{x:.4f}" for x in xs)
 
@@ -268,31 +282,34 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
     engine = {"name": "vllm", "python": python, "chain": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     cmp, err = None, None
     try:
-        if draft is None:
-            raise EaglekitError("eaglekit cannot load the draft (see the findings)", code="E141")
         v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new_tokens, target.info.eos_token_ids, vdtype)
-        resolved = v["config"].get("after_layers")
-        same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
-                                   CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
-        va = vllm_acceptance(v["counters"], k)
-        va["outputs"] = v["outputs"]
-        cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
-               "identical_outputs": va["outputs"] == same["outputs"]}
-        ref = _reference_wiring(res, draft.config.capture)
-        if ref is not None and resolved is not None and list(ref) != list(resolved) and \
-                CaptureSpec(ref).width(H) == draft.fc.in_features:
-            cmp["reference"] = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens, CaptureSpec(ref))
-        engine.update({"vllm_version": v.get("vllm_version"), "vllm_seconds": v["seconds"],
-                       "resolved": v["config"], "vllm_acceptance": _strip(va),
-                       "eaglekit_acceptance_same_wiring": _strip(same),
-                       "identical_outputs": cmp["identical_outputs"]})
-        if "reference" in cmp:
-            engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
     except EaglekitError as e:
         if e.code not in ("E141", "E142"):
             raise
-        err = e
+        v, err = None, e
         engine["error"] = e.message
+    if v is not None:
+        va = vllm_acceptance(v["counters"], k)
+        engine.update({"vllm_version": v.get("vllm_version"), "vllm_seconds": v["seconds"], "resolved": v["config"],
+                       "vllm_acceptance": _strip(va)})
+        if draft is None:  # vLLM ran what eaglekit refuses: report vLLM's figures, the cause comes from the folder
+            err = EaglekitError(f"vLLM ran the draft (acceptance per position {_pp(va['per_position'])}, accept "
+                                f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E141")
+        else:
+            resolved = v["config"].get("after_layers")
+            same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
+                                       CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
+            va["outputs"] = v["outputs"]
+            cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
+                   "identical_outputs": va["outputs"] == same["outputs"]}
+            ref = _reference_wiring(res, draft.config.capture)
+            if ref is not None and resolved is not None and list(ref) != list(resolved) and \
+                    CaptureSpec(ref).width(H) == draft.fc.in_features:
+                cmp["reference"] = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens, CaptureSpec(ref))
+            engine.update({"eaglekit_acceptance_same_wiring": _strip(same),
+                           "identical_outputs": cmp["identical_outputs"]})
+            if "reference" in cmp:
+                engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
     found, text = engine_findings(res, draft_dir, target.info.num_layers, H, draft, cmp, err, k)
     res["findings"] += found
     res["engine"] = engine
@@ -326,8 +343,9 @@ def print_engine(engine: dict) -> None:
         c.print(f"[bold red]vLLM could not run the pair[/]: {engine['error']}")
         return
     r = engine["resolved"]
-    cols = [("vLLM (its own counters)", engine["vllm_acceptance"]),
-            (f"eaglekit, same wiring {r.get('after_layers')}", engine["eaglekit_acceptance_same_wiring"])]
+    cols = [("vLLM (its own counters)", engine["vllm_acceptance"])]
+    if "eaglekit_acceptance_same_wiring" in engine:
+        cols.append((f"eaglekit, same wiring {r.get('after_layers')}", engine["eaglekit_acceptance_same_wiring"]))
     if "eaglekit_acceptance_reference_wiring" in engine:
         ref = engine["eaglekit_acceptance_reference_wiring"]
         cols.append((f"eaglekit, trained wiring {ref['after_layers']}", ref))
@@ -342,5 +360,6 @@ def print_engine(engine: dict) -> None:
     for i in range(engine["chain"]):
         t.add_row(f"acceptance at position {i + 1}", *[f"{a['per_position'][i]:.4f}" if i < len(a["per_position"])
                                                         else "" for _, a in cols])
-    t.add_row("outputs identical", "yes" if engine["identical_outputs"] else "NO", "")
+    if "identical_outputs" in engine:
+        t.add_row("outputs identical", "yes" if engine["identical_outputs"] else "NO")
     c.print(t)
