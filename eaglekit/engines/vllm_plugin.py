@@ -34,7 +34,7 @@ import os
 
 ENGINE = "vllm"
 _done = False
-_state = {"cycle": 0, "dummy": 0, "from_target": False, "layers": None, "config": {}}
+_state = {"cycle": 0, "next": 0, "dummy": 0, "from_target": False, "layers": None, "config": {}}
 
 
 def _on() -> bool:
@@ -157,10 +157,12 @@ def _patch_target() -> None:
         def run(self, *a, **k):
             out = fn(self, *a, **k)
             if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list) and out[1]:
+                if not _state["dummy"]:
+                    # one target forward opens a cycle (0 = the prefill); the draft work after it belongs to it
+                    _state["cycle"] = _state["next"]
+                    _state["next"] += 1
                 if _tracing():
                     _trace_capture(self, out[1])
-                if not _state["dummy"]:
-                    _state["cycle"] += 1  # one target forward = one cycle (0 = the prefill)
             return out
         return run
 
