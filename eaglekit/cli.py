@@ -257,9 +257,16 @@ def cmd_doctor(args) -> int:
 
     try:
         model, decode, _ = model_options(args), decode_options(args), PromptSetOptions.from_args(args)
-        res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
-                         model.capture, model.backend, model.device_name, model.dtype_name,
-                         time_budget=args.time_budget, progress=not args.no_progress)
+        if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
+            from .engines.vllm import run_engine_doctor
+
+            res = run_engine_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
+                                    model.capture, model.backend, model.device_name, model.dtype_name, args.steps,
+                                    args.engine_python)
+        else:
+            res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
+                             model.capture, model.backend, model.device_name, model.dtype_name,
+                             time_budget=args.time_budget, progress=not args.no_progress)
     except EaglekitError as e:
         if args.json:
             print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
@@ -271,6 +278,10 @@ def cmd_doctor(args) -> int:
         print(json.dumps(res))
     else:
         doctor_report(res)
+        if res.get("engine"):
+            from .engines.vllm import print_engine
+
+            print_engine(res["engine"])
     return 1 if res["fault"] else 0
 
 
@@ -288,6 +299,14 @@ def _doctor_args(p):
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_runtime(p, device=DOCTOR_DEVICE)
     add_tp(p)
+    p.add_argument("--engine", choices=["vllm"], default=None,
+                   help="also run the pair inside this engine (vLLM's offline LLM API, eager, greedy) and compare its "
+                        "own per-position acceptance with eaglekit's on the same prompts")
+    p.add_argument("--engine-python", default=None,
+                   help="python of a venv with the engine (default: this one if it imports vllm, else "
+                        "$EAGLEKIT_VLLM_PYTHON)")
+    p.add_argument("--steps", type=int, default=3, help="chain length k (vLLM num_speculative_tokens; eaglekit "
+                                                         "TreeShape(k, 1, k+1)); default 3")
 
 
 cmd_doctor.add_args = _doctor_args
@@ -317,6 +336,11 @@ def cmd_export(args) -> int:
     print(f"wrote {args.to} draft to {args.out}: capture ids {ids} ("
           f"{'input of layer' if args.to == 'vllm' else 'output of layer'}) = after_layers {list(spec.after_layers)}",
           file=sys.stderr)
+    if args.to == "vllm":
+        from .interop.export import verifier_name
+
+        name, kind = verifier_name(args.target)
+        print(f"speculators_config.verifier.name_or_path = {name} ({kind})", file=sys.stderr)
     return 0
 
 
@@ -333,6 +357,31 @@ def _export_args(p):
 
 
 cmd_export.add_args = _export_args
+
+
+@command("trace", "trace diff A B: put two EAGLE3_DEBUG traces side by side (e.g. vLLM's and eaglekit's), name where they part")
+def cmd_trace(args) -> int:
+    """Compares two trace files (JSON lines from EAGLE3_DEBUG_FILE, written by eaglekit or by the eaglekit plugin
+    inside vLLM) record by record at matching (cycle, point) and names the first point where they part: layers,
+    shape, widths, or statistics beyond the tolerance. Says what was compared (engines batch the draft work
+    differently). Exit status 0: they agree; 1: they part; 2: a file could not be read."""
+    from .observe.tracediff import diff, format_diff
+
+    res = diff(args.a, args.b, args.rtol, args.atol)
+    print(json.dumps(res) if args.json else format_diff(res))
+    return 0 if res["agree"] else 1
+
+
+def _trace_args(p):
+    p.add_argument("action", choices=["diff"])
+    p.add_argument("a", help="trace file A (JSON lines)")
+    p.add_argument("b", help="trace file B (JSON lines)")
+    p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance on mean / std / absmax (default 1e-3)")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    p.add_argument("--json", action="store_true")
+
+
+cmd_trace.add_args = _trace_args
 
 
 @command("inspect", "what a draft folder says, in plain words: format, convention, layers, vocab, tensors")

@@ -73,6 +73,20 @@ def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype:
     return out
 
 
+def verifier_name(folder) -> tuple[str, str]:
+    """What speculators' `verifier.name_or_path` should hold for a local target folder, and which kind it is.
+
+    The field is read from wherever the loader runs (speculators, `vllm serve DRAFT` from another folder), so a
+    relative path breaks there: write the absolute path, or the hub id when the folder is a Hugging Face cache
+    snapshot (.../models--ORG--NAME/snapshots/REV), which any machine can resolve."""
+    p = Path(folder).expanduser().resolve()
+    parts = p.parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots" and part.count("--") >= 2:
+            return part[len("models--"):].replace("--", "/", 1), "hub id (the folder is a Hugging Face cache snapshot)"
+    return str(p), "absolute path"
+
+
 def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = torch.bfloat16,
            with_embedding: bool | None = None) -> list[str]:
     """Write `draft` for engine `to`; returns warnings (empty when every engine version reads it the same)."""
@@ -101,7 +115,7 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
         save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "layers.0."), metadata={"format": "pt"})
         name = arch = None
         if target is not None and getattr(target, "folder", None):
-            name = str(target.folder)
+            name, _ = verifier_name(target.folder)
             archs = json.loads((Path(target.folder) / "config.json").read_text()).get("architectures") or [None]
             arch = archs[0]
         atomic_write_json(out / "config.json", _vllm_config(draft, name, arch, dname))

@@ -1,0 +1,1 @@
+"""What runs inside other engines (the vLLM plugin) and the code that drives them (the live doctor)."""

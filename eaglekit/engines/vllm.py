@@ -1,0 +1,365 @@
+"""The live doctor on vLLM: run the pair in vLLM and in eaglekit on the same prompts, compare, name the cause.
+
+    vLLM side      eaglekit.engines.vllm_run in a subprocess with a python that has vLLM (the offline LLM API,
+                   enforce_eager, greedy, a chain of k = num_speculative_tokens); acceptance per position from
+                   vLLM's own counters: num_accepted_tokens_per_pos[i] / num_drafts.
+    eaglekit side  our Decoder with TreeShape(k, 1, k + 1) on the same token ids, twice: under the wiring vLLM
+                   resolved (the aux layer ids it logged, "input of layer i" = after_layers i - 1) and under the
+                   reference wiring (the draft's own capture, or the probe's best when the probe finds a fault).
+
+The first must equal vLLM (same function, same wiring: if not, vLLM computes something else, and the fc width,
+vocab mapping and norm options it reports are compared with ours). The second is what the draft can do: vLLM
+below it beyond NOISE is a wiring fault inside the engine, named with the ids vLLM resolved and the ids to write.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..capture import CaptureSpec
+from ..errors import EaglekitError, InputError
+
+# acceptance is deterministic under greedy decoding; what remains is float rounding flipping an argmax now and
+# then (fp32 on a CPU: none seen on the demo pair). Mean per-position acceptance, absolute.
+NOISE = 0.02
+REPO = Path(__file__).resolve().parents[2]
+
+
+def engine_python(given: str | None = None) -> str:
+    """--engine-python, else this interpreter if it imports vllm, else $EAGLEKIT_VLLM_PYTHON."""
+    if given:
+        if not Path(given).exists():
+            raise InputError(f"--engine-python {given} does not exist", fix="pass the python of a venv with vLLM",
+                             code="E101")
+        return given
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    env = os.environ.get("EAGLEKIT_VLLM_PYTHON")
+    if env:
+        return engine_python(env)
+    raise InputError("no python with vLLM was found: this interpreter cannot import vllm and EAGLEKIT_VLLM_PYTHON is "
+                     "not set", fix="pass --engine-python PATH (a venv with vllm; on a CPU: bash "
+                     "tests/engine/setup_venv.sh VENV builds one) or set EAGLEKIT_VLLM_PYTHON", code="E140")
+
+
+def run_vllm(python: str, target, draft, prompts: list[list[int]], k: int, max_tokens: int, eos_ids=(),
+             dtype: str = "float32", trace_file: str | None = None, trace_steps: int | None = None,
+             max_model_len: int | None = None, timeout: float = 1800) -> dict:
+    """One vLLM run in a subprocess; returns vllm_run's result, or raises EaglekitError(E141) with vLLM's own
+    last error lines when vLLM refuses or crashes (a mis-wired draft can do either)."""
+    longest = max(len(p) for p in prompts) + max_tokens + k + 8
+    job = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None, "k": k,
+           "prompts": prompts, "max_tokens": max_tokens, "eos_ids": list(eos_ids), "dtype": dtype,
+           "max_model_len": max_model_len or max(256, -(-longest // 64) * 64),
+           "trace_file": str(Path(trace_file).resolve()) if trace_file else None, "trace_steps": trace_steps}
+    with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as tmp:
+        jp, op = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        jp.write_text(json.dumps(job))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        t0 = time.time()
+        try:
+            p = subprocess.run([python, "-m", "eaglekit.engines.vllm_run", str(jp), str(op)], cwd=tmp, env=env,
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise EaglekitError(f"vLLM did not finish within {timeout:.0f}s", code="E142",
+                                fix="fewer --prompts or a smaller --max-new-tokens") from None
+        if p.returncode != 0 or not op.is_file():
+            raise EaglekitError(f"vLLM could not run the pair: {_last_error(p.stderr + p.stdout)}", code="E141",
+                                fix="see the findings below for the cause eaglekit can see in the draft folder")
+        res = json.loads(op.read_text())
+        res["seconds"] = round(time.time() - t0, 1)
+        return res
+
+
+def _last_error(text: str) -> str:
+    """vLLM's own reason, from the end of its log: the last exception line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if any(w in ln for w in ("Error", "error:", "Exception", "assert")) and not ln.startswith("File "):
+            return ln[-400:]
+    return (lines[-1] if lines else "no output")[-400:]
+
+
+def vllm_acceptance(counters: dict, k: int) -> dict:
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0) or 0
+    per_pos = list(counters.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [0] * k)
+    acc = counters.get("vllm:spec_decode_num_accepted_tokens", sum(per_pos)) or 0
+    return {"verify_count": int(drafts), "accepted": int(acc),
+            "accept_length": 1 + acc / drafts if drafts else 0.0,
+            "per_position": [a / drafts if drafts else 0.0 for a in per_pos]}
+
+
+def eaglekit_acceptance(target, draft, prompts, k: int, max_new: int, capture: CaptureSpec) -> dict:
+    from ..decoding.engine import Decoder
+    from ..decoding.tree import TreeShape
+    from ..observe.metrics import aggregate
+
+    dec = Decoder(target, draft, TreeShape.make(k, 1, k + 1), capture=capture, allow_other_target=True)
+    runs = [dec.generate(p, max_new) for p in prompts]
+    m = aggregate([r.metrics for r in runs])
+    return {"verify_count": m.verify_count, "accepted": sum(m.accepted), "accept_length": m.accept_length,
+            "per_position": m.per_position, "outputs": [r.token_ids for r in runs],
+            "after_layers": list(capture.after_layers)}
+
+
+def compare(target_dir, draft_dir, prompts, k: int, max_new: int, python: str, target=None, draft=None,
+            dtype: str = "float32") -> dict:
+    """vLLM and eaglekit on the same prompts and chain: per-position acceptance side by side, identical outputs.
+    eaglekit runs under the wiring vLLM resolved (so any difference is not the wiring)."""
+    from ..pair import load_pair
+
+    if target is None:
+        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype)
+    v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, dtype)
+    resolved = v["config"].get("after_layers")
+    spec = CaptureSpec(tuple(resolved)) if resolved else draft.config.capture
+    ours = eaglekit_acceptance(target, draft, prompts, k, max_new, spec)
+    va = vllm_acceptance(v["counters"], k)
+    va["outputs"] = v["outputs"]
+    diff = max((abs(a - b) for a, b in zip(va["per_position"], ours["per_position"])), default=0.0)
+    return {"k": k, "vllm": va, "eaglekit": ours, "engine_config": v["config"],
+            "identical_outputs": va["outputs"] == ours["outputs"], "max_per_position_diff": diff,
+            "vllm_seconds": v["seconds"], "vllm_version": v.get("vllm_version")}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _finding(code, severity, message, fix=None) -> dict:
+    return {"code": code, "severity": severity, "message": message, "fix": fix}
+
+
+def _ids_fix(after_layers) -> str:
+    ids = [i + 1 for i in after_layers]
+    return (f"write eagle_aux_hidden_state_layer_ids = {ids} in the draft's config.json, at the top level and in "
+            f"eagle_config (vLLM reads them as 'input of layer i' = eaglekit after_layers {list(after_layers)} + 1; "
+            f"SGLang config ids and SpecForge mean 'output of layer i', which vLLM reads one layer low), or "
+            f"re-export: eaglekit export OUT --to vllm --draft D --target T")
+
+
+def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft, cmp: dict | None,
+                    error: EaglekitError | None, k: int) -> tuple[list[dict], str | None]:
+    """Findings of the engine comparison, and a verdict sentence when it found a fault."""
+    out = []
+    raw = json.loads((Path(draft_dir) / "config.json").read_text())
+    ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    fc_in = draft.fc.in_features if draft is not None else _fc_width(draft_dir)
+    if error is not None:
+        cause = (error.message if error.message.startswith("vLLM ran") else
+                 f"vLLM could not run the pair ({error.message.split(': ', 1)[-1]})")
+        fix = None
+        if ids and fc_in and len(ids) * hidden != fc_in:
+            extra = " (id 0 is the embedding output)" if 0 in ids else ""
+            cause += (f"; the cause visible in the folder: its config lists {len(ids)} aux layer ids {list(ids)}"
+                      f"{extra}, so vLLM captures {len(ids)} x {hidden} = {len(ids) * hidden} features, but the "
+                      f"draft's fc was trained on {fc_in} = {fc_in // hidden} x {hidden}")
+            good = draft.config.capture if draft is not None and draft.config.capture and \
+                draft.config.capture.width(hidden) == fc_in else None
+            ref = _reference_wiring(doctor, good)
+            if ref is None and 0 in ids and (len(ids) - 1) * hidden == fc_in:
+                ref = tuple(i - 1 for i in ids if i != 0)  # the capture without the embedding fits the fc
+            if ref is not None:
+                fix = _ids_fix(ref)
+            else:
+                fix = f"list exactly {fc_in // hidden} ids, the layers the draft was trained on"
+        out.append(_finding("E293", "error", cause, fix))
+        return out, cause
+    conf = cmp["engine_config"]
+    resolved = conf.get("after_layers")
+    if conf.get("fc_in") is not None and fc_in is not None and conf["fc_in"] != fc_in:
+        out.append(_finding("E294", "error", f"vLLM built the draft's fc for {conf['fc_in']} input features, "
+                            f"eaglekit reads {fc_in} from the weights", "make num_aux_hidden_states / the number of "
+                            "ids in config.json agree with fc.weight's width"))
+    d2t = conf.get("d2t") or {}
+    if draft is not None and d2t.get("sha256"):
+        from ..draft.checkpoint import vocab_map_sha
+
+        ours = vocab_map_sha(draft.d2t)
+        if ours != d2t["sha256"]:
+            out.append(_finding("E295", "error", f"vLLM's vocabulary mapping (d2t hash {d2t['sha256']}) differs from "
+                                f"eaglekit's ({ours})", "write d2t as offsets (target id = i + d2t[i]) in "
+                                "model.safetensors; eaglekit export does"))
+    elif draft is not None and draft.config.draft_vocab_size != draft.config.vocab_size and not d2t:
+        out.append(_finding("E295", "error", "vLLM has no vocabulary mapping for a reduced draft vocabulary",
+                            "store d2t in model.safetensors"))
+    v, same = cmp["vllm"], cmp["eaglekit"]
+    dv = _mean(v["per_position"]) - _mean(same["per_position"])
+    if abs(dv) > NOISE or not cmp["identical_outputs"]:
+        out.append(_finding("E292", "error", f"under the same wiring (after_layers {resolved}) vLLM accepts "
+                            f"{_pp(v['per_position'])} per position and eaglekit {_pp(same['per_position'])}"
+                            + ("" if cmp["identical_outputs"] else "; the decoded outputs differ")
+                            + ": vLLM computes another draft function (norm options, fc_norm, vocabulary mapping, "
+                            f"dtype); vLLM reports {json.dumps({x: conf.get(x) for x in ('fc_in', 'norm_before_fc', 'fc_norm', 'norm_before_residual', 'draft_vocab_size')})}",
+                            "check the draft's norm options and d2t against what vLLM reports"))
+    ref = cmp.get("reference")
+    verdict = None
+    if ref is not None and resolved is not None and list(ref["after_layers"]) != list(resolved):
+        # the engine captures other layers than the draft was trained on: a fault whatever the size of the gap on
+        # these few prompts (the teacher-forced probe, over every position, is what says which wiring is right)
+        gap = _mean(ref["per_position"]) - _mean(v["per_position"])
+        given = conf.get("aux_layer_ids")
+        verdict = (f"inside vLLM the draft accepts {_pp(v['per_position'])} per position (accept length "
+                   f"{v['accept_length']:.4f}, chain of {k}), {gap:+.4f} below what it accepts fed the layers it was "
+                   f"trained on ({_pp(ref['per_position'])}, accept length {ref['accept_length']:.4f}): vLLM resolved "
+                   f"aux layer ids {given} ({conf.get('ids_source', '')}; read as 'input of layer i') = after_layers "
+                   f"{resolved}, the draft was trained at after_layers {list(ref['after_layers'])} = vLLM ids "
+                   f"{[i + 1 for i in ref['after_layers']]}")
+        if given and list(given) != sorted(set(given)):
+            verdict += f"; vLLM sorts and de-duplicates the ids ({list(given)} -> {sorted(set(given))})"
+        if ids and len(ids) == len(ref["after_layers"]):
+            off = {a - (b + 1) for a, b in zip(ids, ref["after_layers"])}
+            if off == {-1}:
+                verdict += ("; the config's ids are one layer low: they look written in the 'output of layer' "
+                            "convention (SGLang config ids, SpecForge) where vLLM reads 'input of layer'")
+            elif off == {1}:
+                verdict += "; the config's ids are one layer high"
+        out.append(_finding("E291", "error", verdict, _ids_fix(ref["after_layers"])))
+    return out, verdict
+
+
+def _fc_width(draft_dir) -> int | None:
+    """fc's input width read from the weights alone (the draft may not load: that is what is being diagnosed)."""
+    try:
+        from ..interop.formats import normalize
+
+        w = normalize(draft_dir)[1].get("fc.weight")
+        return int(w.shape[1]) if w is not None else None
+    except EaglekitError:
+        return None
+
+
+def _pp(xs) -> str:
+    return "/".join(f"{x:.4f}" for x in xs)
+
+
+def _reference_wiring(doctor: dict, fallback: CaptureSpec | None):
+    """The wiring the draft was trained on, as far as eaglekit can tell: the probe's best (teacher-forced), which
+    is the configured one unless the probe found a fault; else the draft's own recorded capture."""
+    ran = [r for r in doctor.get("probe") or [] if "per_position" in r]
+    if ran:
+        conf = next((r for r in ran if r["wiring"] == "configured"), ran[0])
+        best = max(ran, key=lambda r: (sum(r["per_position"]), r is conf))
+        from ..doctor import MARGIN
+
+        gain = (sum(best["per_position"]) - sum(conf["per_position"])) / len(conf["per_position"])
+        return tuple(best["after_layers"] if gain > MARGIN else conf["after_layers"])
+    return tuple(fallback.after_layers) if fallback is not None else None
+
+
+def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
+                      capture=None, backend="auto", device="cpu", dtype=None, k: int = 3,
+                      python: str | None = None) -> dict:
+    """`eaglekit doctor --engine vllm`: the doctor's own report (checks, trace, probe) extended with the engine run.
+    Same JSON shape as `doctor`, plus an `engine` object; `fault` covers both."""
+    from ..decoding.tree import TreeShape
+    from ..doctor import _probe_prompts, run_doctor
+    from ..draft import load_draft
+    from ..models import load_target
+
+    python = engine_python(python)  # before anything slow: exit 2 at once without vLLM
+    t0 = time.time()
+    res = run_doctor(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
+                     shape=TreeShape.make(k, 1, k + 1))
+    target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
+    H = target.info.hidden_size
+    try:
+        draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
+    except EaglekitError:
+        draft = None
+    prompts, _ = _probe_prompts(target_dir, prompt_file, n_prompts, target.info.vocab_size)
+    vdtype = str(target.dtype).replace("torch.", "")
+    engine = {"name": "vllm", "python": python, "chain": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    cmp, err = None, None
+    try:
+        v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new_tokens, target.info.eos_token_ids, vdtype)
+    except EaglekitError as e:
+        if e.code not in ("E141", "E142"):
+            raise
+        v, err = None, e
+        engine["error"] = e.message
+    if v is not None:
+        va = vllm_acceptance(v["counters"], k)
+        engine.update({"vllm_version": v.get("vllm_version"), "vllm_seconds": v["seconds"], "resolved": v["config"],
+                       "vllm_acceptance": _strip(va)})
+        if draft is None:  # vLLM ran what eaglekit refuses: report vLLM's figures, the cause comes from the folder
+            err = EaglekitError(f"vLLM ran the draft (acceptance per position {_pp(va['per_position'])}, accept "
+                                f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E141")
+        else:
+            resolved = v["config"].get("after_layers")
+            same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
+                                       CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
+            va["outputs"] = v["outputs"]
+            cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
+                   "identical_outputs": va["outputs"] == same["outputs"]}
+            ref = _reference_wiring(res, draft.config.capture)
+            if ref is not None and resolved is not None and list(ref) != list(resolved) and \
+                    CaptureSpec(ref).width(H) == draft.fc.in_features:
+                cmp["reference"] = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens, CaptureSpec(ref))
+            engine.update({"eaglekit_acceptance_same_wiring": _strip(same),
+                           "identical_outputs": cmp["identical_outputs"]})
+            if "reference" in cmp:
+                engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
+    found, text = engine_findings(res, draft_dir, target.info.num_layers, H, draft, cmp, err, k)
+    res["findings"] += found
+    res["engine"] = engine
+    errors = [f for f in found if f["severity"] == "error"]
+    if errors:
+        res["fault"] = True
+        lead = text or "; ".join(f"[{f['code']}] {f['message']}" for f in errors)
+        res["verdict"] = f"engine vLLM: {lead}. eaglekit alone: {res['verdict']}"
+    elif cmp is not None:
+        va = cmp["vllm"]
+        res["verdict"] = (f"engine vLLM: acceptance per position {_pp(va['per_position'])} (accept length "
+                          f"{va['accept_length']:.4f}, {va['verify_count']} verifies, chain of {k}) equals eaglekit's "
+                          f"under the same wiring (after_layers {cmp['engine_config'].get('after_layers')}); "
+                          f"outputs identical. eaglekit alone: {res['verdict']}")
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+def _strip(a: dict) -> dict:
+    return {k: (round(v, 6) if isinstance(v, float) else [round(x, 6) for x in v] if k == "per_position" else v)
+            for k, v in a.items() if k != "outputs"}
+
+
+def print_engine(engine: dict) -> None:
+    """Per-position acceptance side by side: vLLM's counters, eaglekit under vLLM's wiring, and the reference."""
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    if "error" in engine:
+        c.print(f"[bold red]vLLM could not run the pair[/]: {engine['error']}")
+        return
+    r = engine["resolved"]
+    cols = [("vLLM (its own counters)", engine["vllm_acceptance"])]
+    if "eaglekit_acceptance_same_wiring" in engine:
+        cols.append((f"eaglekit, same wiring {r.get('after_layers')}", engine["eaglekit_acceptance_same_wiring"]))
+    if "eaglekit_acceptance_reference_wiring" in engine:
+        ref = engine["eaglekit_acceptance_reference_wiring"]
+        cols.append((f"eaglekit, trained wiring {ref['after_layers']}", ref))
+    t = Table(title=f"vLLM {engine.get('vllm_version')} vs eaglekit: chain of {engine['chain']}, {engine['prompts']} "
+                    f"prompts, {engine['max_new_tokens']} new tokens; vLLM resolved aux ids {r.get('aux_layer_ids')} "
+                    f"({r.get('ids_source')}), fc {r.get('fc_in')} -> {r.get('fc_out')}")
+    t.add_column("")
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    t.add_row("verifies", *[str(a["verify_count"]) for _, a in cols])
+    t.add_row("accept length", *[f"{a['accept_length']:.4f}" for _, a in cols])
+    for i in range(engine["chain"]):
+        t.add_row(f"acceptance at position {i + 1}", *[f"{a['per_position'][i]:.4f}" if i < len(a["per_position"])
+                                                        else "" for _, a in cols])
+    if "identical_outputs" in engine:
+        t.add_row("outputs identical", "yes" if engine["identical_outputs"] else "NO")
+    c.print(t)
