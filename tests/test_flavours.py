@@ -10,6 +10,7 @@ SpecForge, vLLM speculators) with the names each engine reads.
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +240,42 @@ def test_speculators_norm_before_residual_defaults_as_vllm_reads_it(target, tmp_
     del cfg["norm_before_residual"]
     (tmp_path / "v" / "config.json").write_text(json.dumps(cfg))
     assert load_draft(tmp_path / "v", embed_weight=target.embed_weight()).config.norm_before_residual
+
+
+# --- folders written by speculators' and SpecForge's own code (tests/fixtures/make_thirdparty.py) ---------
+FIX = Path(__file__).parent / "fixtures"
+THIRD = {  # folder: (layout eaglekit reports, its ids convention, key prefix in thirdparty_ref.safetensors)
+    "speculators_eagle3": ("vllm", "input_of", "speculators"),
+    "specforge_eagle3": ("sglang", "output_of", "specforge"),
+}
+
+
+@pytest.mark.parametrize("name", THIRD)
+def test_thirdparty_folder_computes_what_its_library_computed(target, name):
+    """The library's own modules produced these logits when the fixture was written; our forward on the
+    loaded folder must give the same (float32 there, float64 here)."""
+    fmt, conv, key = THIRD[name]
+    d = load_draft(FIX / name, dtype=torch.float64, embed_weight=target.embed_weight())
+    assert (d.source_format.name, d.source_format.ids_convention) == (fmt, conv)
+    assert d.config.capture == CaptureSpec((1, 3, 6)) and d.config.fc_norm
+    if name.startswith("speculators"):  # one llama layer, "sliding_attention", window 4; norm_before_residual
+        assert d.config.sliding_window == 4 and d.config.norm_before_residual
+    ref = load_file(FIX / "thirdparty_ref.safetensors")
+    feats, ids = ref[f"{key}.feats"].double(), ref[f"{key}.ids"]
+    with torch.no_grad():
+        _, logits, _ = d(feats, ids, torch.arange(ids.shape[1]))
+    torch.testing.assert_close(logits.float(), ref[f"{key}.logits"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", THIRD)
+def test_thirdparty_folder_decodes_losslessly_and_exports_back(target, tmp_path, name):
+    d = load_draft(FIX / name, dtype=torch.float64, embed_weight=target.embed_weight())
+    for prompt in ([3, 9, 27, 81, 5, 7], [11] * 9):
+        want = Decoder(target).generate(prompt, 20, eos_ids=()).token_ids
+        assert Decoder(target, d, TreeShape(3, 1, 4)).generate(prompt, 20, eos_ids=()).token_ids == want
+    feats, ids = torch.randn(1, 9, 192, dtype=torch.float64), torch.randint(3, 96, (1, 9))
+    for fmt in ("vllm", "sglang", "specforge"):
+        export(d, tmp_path / fmt, fmt, target=target, dtype=torch.float32)
+        back = load_draft(tmp_path / fmt, dtype=torch.float64, embed_weight=target.embed_weight())
+        assert back.config.capture == d.config.capture and back.config.sliding_window == d.config.sliding_window
+        torch.testing.assert_close(_logits(back, feats, ids), _logits(d, feats, ids), rtol=1e-5, atol=1e-5)

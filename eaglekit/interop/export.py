@@ -74,6 +74,16 @@ def _vllm_config(c, target_name: str | None, target_arch: str | None, dtype: str
     return out
 
 
+def _own_embedding(draft, target) -> bool:
+    """The draft embeds tokens with weights of its own (SpecForge and speculators store and may train them):
+    written out, since the engine would otherwise substitute the target's and change the draft."""
+    if target is None:
+        return False
+    t = target.embed_weight()
+    w = draft.embed_tokens.weight
+    return w.shape != t.shape or not torch.allclose(w.float().cpu(), t.float().cpu())
+
+
 def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = torch.bfloat16,
            with_embedding: bool | None = None) -> list[str]:
     """Write `draft` for engine `to`; returns warnings (empty when every engine version reads it the same)."""
@@ -89,7 +99,7 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
     out.mkdir(parents=True, exist_ok=True)
     dname = str(dtype).replace("torch.", "")
     if to in ("sglang", "specforge"):
-        emb = (to == "specforge") if with_embedding is None else with_embedding
+        emb = (to == "specforge" or _own_embedding(draft, target)) if with_embedding is None else with_embedding
         save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "midlayer."), metadata={"format": "pt"})
         atomic_write_json(out / "config.json", config_to_json(c, dname))
         w = sglang_rule_warning(c.capture)

@@ -1,0 +1,1 @@
+"""Serving: an OpenAI-compatible load client (bench)."""
