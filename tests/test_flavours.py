@@ -279,3 +279,16 @@ def test_thirdparty_folder_decodes_losslessly_and_exports_back(target, tmp_path,
         back = load_draft(tmp_path / fmt, dtype=torch.float64, embed_weight=target.embed_weight())
         assert back.config.capture == d.config.capture and back.config.sliding_window == d.config.sliding_window
         torch.testing.assert_close(_logits(back, feats, ids), _logits(d, feats, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_draft_of_several_layers_is_refused_by_name(target, tmp_path):
+    """speculators trains drafts of num_layers > 1 (layers.1.*); eaglekit's draft has one layer: say so."""
+    import shutil
+
+    shutil.copytree(FIX / "speculators_eagle3", tmp_path / "d")
+    w = load_file(tmp_path / "d" / "model.safetensors")
+    w["layers.1.post_attention_layernorm.weight"] = torch.ones(64)
+    save_file(w, tmp_path / "d" / "model.safetensors")
+    with pytest.raises(ContractError) as e:
+        load_draft(tmp_path / "d", embed_weight=target.embed_weight())
+    assert e.value.code == "E218" and "several decoder layers" in e.value.message

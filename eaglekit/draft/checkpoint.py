@@ -293,6 +293,8 @@ def declared_captures(folder: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def _unused_hint(extra: list[str]) -> str:
+    if any(k.startswith("layers.") for k in extra):  # layers.1.* and on: speculators' num_layers > 1
+        return " (a draft of several decoder layers: eaglekit's EAGLE-3 draft has one, as SGLang's and SpecForge's)"
     if any(k.startswith("fc_norm.") and k != "fc_norm.weight" for k in extra):
         return " (fc_norm.{i}.weight means one RMSNorm per captured layer before fc: fc_norm)"
     if "fc_norm.weight" in extra or "input_norm.weight" in extra:

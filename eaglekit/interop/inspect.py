@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from ..capture import CaptureSpec
-from ..errors import EaglekitError
+from ..draft import load_draft, pair_problems
 from ..draft.checkpoint import CONVENTIONS, FORMATS, OPTIONS, declared_captures, read_folder, sliding_window_of
+from ..errors import EaglekitError
 
 EXPECTED = ("fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
             "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
@@ -80,8 +81,6 @@ def inspect_folder(folder, target=None) -> dict:
         out["target"] = {"layers": info.num_layers, "hidden_size": info.hidden_size, "vocab_size": info.vocab_size,
                          "fingerprint": info.fingerprint, "fingerprint_matches": rec == info.fingerprint if rec else None}
         try:
-            from ..draft import load_draft, pair_problems
-
             d = load_draft(folder, embed_weight=target.embed_weight())
             out["problems"] = [f"[{p.code}] {p.message}" for p in pair_problems(d, target)[1]]
         except EaglekitError as e:
