@@ -292,3 +292,23 @@ def test_a_draft_of_several_layers_is_refused_by_name(target, tmp_path):
     with pytest.raises(ContractError) as e:
         load_draft(tmp_path / "d", embed_weight=target.embed_weight())
     assert e.value.code == "E218" and "several decoder layers" in e.value.message
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", THIRD)
+def test_thirdparty_folder_in_vllm_matches_eaglekit(tmp_path, name):
+    """The fixture exported for vLLM: vLLM's greedy output and per-position acceptance equal eaglekit's."""
+    import os
+    import subprocess
+
+    py = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(Path.home() / ".cache/eaglekit/vllm-venv/bin/python")
+    if not Path(py).exists():
+        pytest.skip("no vLLM python: set EAGLEKIT_VLLM_PYTHON (tests/engine/setup_venv.sh builds one)")
+    repo = Path(__file__).resolve().parents[1]
+    p = subprocess.run([py, str(FIX / "vllm_check_thirdparty.py"), name, str(tmp_path)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(repo)})
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    r = json.loads(lines[-1])
+    assert r["outputs_equal"] and r["vllm_drafts"] == r["eaglekit_cycles"]
+    assert r["vllm_per_pos"] == pytest.approx(r["eaglekit_per_pos"], abs=1e-9)
