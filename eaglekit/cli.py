@@ -666,6 +666,59 @@ def _serve_args(p):
 cmd_serve.add_args = _serve_args
 
 
+# --- bench ------------------------------------------------------------------------------------------
+@command("bench", "load an OpenAI-compatible server: TTFT, TPOT, ITL, latency, tok/s, spec-decode acceptance")
+def cmd_bench(args) -> int:
+    """Streams the prompt set (the demo prompts, or --prompts FILE) to --endpoint's /v1/completions or
+    /v1/chat/completions at each --concurrency level, arrivals Poisson at --request-rate (inf: all at once),
+    bounded by --num-prompts and --max-seconds. Reports completed/failed, request and output throughput,
+    TTFT, TPOT, ITL and end-to-end latency (mean, median, p99), and the server's spec-decode acceptance where
+    it exposes it (vLLM /metrics counters over the run, SGLang /server_info)."""
+    from .serve.bench import BenchOptions, options_dict, render, run_bench
+
+    try:
+        levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+        rate = float(args.request_rate)
+    except ValueError:
+        raise InputError(f"--concurrency {args.concurrency!r} / --request-rate {args.request_rate!r} are not numbers",
+                         fix="e.g. --concurrency 1,4,16 --request-rate inf", code="E108") from None
+    if not levels or min(levels) < 1 or rate <= 0 or args.num_prompts < 1:
+        raise InputError("concurrency levels, --num-prompts and --request-rate must be positive",
+                         fix="e.g. --concurrency 1,4 --num-prompts 32", code="E108")
+    opts = BenchOptions(endpoint=args.endpoint, api=args.api, model=args.model, prompts=args.prompts,
+                        num_prompts=args.num_prompts, max_tokens=args.max_tokens, concurrency=levels,
+                        request_rate=rate, max_seconds=args.max_seconds, ignore_eos=args.ignore_eos, seed=args.seed)
+    res = run_bench(opts)
+    render(res)
+    if args.json:
+        doc = json.dumps({"options": options_dict(opts), "levels": res}, indent=1)
+        if args.json == "-":
+            print(doc)
+        else:
+            with open(args.json, "w") as f:
+                f.write(doc + "\n")
+    return 0 if all(lv["failed"] == 0 for lv in res) else 1
+
+
+def _bench_args(p):
+    p.add_argument("--endpoint", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api", default="completions", choices=["completions", "chat"])
+    p.add_argument("--model", help="the served model name (default: the first of /v1/models)")
+    p.add_argument("--prompts", help="a prompt file (.jsonl with \"prompt\", or text separated by ---); default: "
+                   "the demo prompts")
+    p.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16")
+    p.add_argument("--request-rate", default="inf", help="requests per second, Poisson arrivals (inf: all at once)")
+    p.add_argument("--max-seconds", type=float, help="stop each level after this long (unfinished requests fail)")
+    p.add_argument("--ignore-eos", action="store_true", help="fixed-length outputs (vLLM / SGLang extension)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
+    p.add_argument("--json", help="write the results as JSON to this path ('-': stdout)")
+
+
+cmd_bench.add_args = _bench_args
+
+
 # --- entry point -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__

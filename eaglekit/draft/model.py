@@ -1,9 +1,15 @@
 """The EAGLE-3 draft: fc + one decoder layer over [embedding, hidden] + norm + lm_head on a draft vocab.
 
     features (C x H_t) --fc--> h (H)          only for target features; later steps feed h back
+      norm_before_fc: input_norm (one RMSNorm over all C x H_t) first          (vLLM, speculators: gpt-oss)
+      fc_norm:        fc_norm.i (one RMSNorm per captured layer, H_t each) first (SpecForge, speculators,
+                      SGLang, vLLM); with both, input_norm runs first, as in vLLM
     e = input_layernorm(embed(token)), h' = hidden_norm(h), x = cat([e, h'])   (2H wide)
     h = h (or h' with norm_before_residual) + o_proj(attn(x));  h = h + mlp(post_attention_layernorm(h))
-    logits = lm_head(norm(h)) over draft_vocab;  the pre-norm h is what the next step receives.
+    logits = lm_head(norm(h)) over draft_vocab;  the pre-norm h is what the next step receives
+      (norm_output, "EAGLE 3.1" in speculators and vLLM: the normed one is).
+    sliding_window: the draft layer's query at position q sees keys at positions k with q - k < window
+      (vLLM / transformers' rule), set when the layer config marks it "sliding_attention".
 
 Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
 """
@@ -39,7 +45,10 @@ class DraftConfig:
     capture: CaptureSpec | None = None  # None: not recorded; resolved to the target's default when paired
     num_captures: int = 3
     norm_before_residual: bool = False
-    norm_before_fc: bool = False
+    norm_before_fc: bool = False  # one RMSNorm over the whole fc input (weight input_norm.weight)
+    fc_norm: bool = False  # one RMSNorm per captured layer before fc (weights fc_norm.{i}.weight)
+    norm_output: bool = False  # EAGLE 3.1: the hidden fed to the next draft step is the post-norm one
+    sliding_window: int | None = None  # the draft layer's attention window (None: full attention)
     attention_bias: bool = False
     fc_bias: bool = False
     target_fingerprint: str | None = None
@@ -99,7 +108,9 @@ class Eagle3Draft(nn.Module, Draft):
         self.embed_tokens = nn.Embedding(c.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
         self.fc = nn.Linear(c.fc_in, H, bias=c.fc_bias)
-        self.fc_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
+        self.input_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(RMSNorm(c.t_hidden, c.rms_norm_eps) for _ in range(c.num_captures))
+                        if c.fc_norm else None)
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
@@ -108,6 +119,8 @@ class Eagle3Draft(nn.Module, Draft):
                              else torch.zeros(c.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
+        self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
+        self.source_format = None  # the FolderFormat it was read from (set by load_draft)
         self.compiled_layer = None  # set by compile()
 
     # --- the network -------------------------------------------------------------------------------
@@ -123,7 +136,9 @@ class Eagle3Draft(nn.Module, Draft):
         if trace.ENABLED:
             layers = list(self.config.capture.after_layers) if self.config.capture else None
             trace.record("draft.input.features", feats, layers=layers)
-        x = self.fc_norm(feats) if self.fc_norm is not None else feats
+        x = self.input_norm(feats) if self.input_norm is not None else feats
+        if self.fc_norm is not None:
+            x = torch.cat([n(chunk) for n, chunk in zip(self.fc_norm, x.chunk(len(self.fc_norm), dim=-1))], dim=-1)
         h = self.fc(x)
         if trace.ENABLED:
             trace.record("draft.input.fc", h)
@@ -143,11 +158,30 @@ class Eagle3Draft(nn.Module, Draft):
         if trace.ENABLED:
             trace.record("draft.input.embedding", emb)
         cos, sin = self.rotary(positions, h.dtype)
+        if self.config.sliding_window is not None:
+            mask = self._window(positions, slots, mask, extra_kv)
         if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
             h, new_kv = self.compiled_layer(self.midlayer, emb, h, cos, sin, kv, slots, mask)
         else:
             h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
-        return h, self.lm_head(self.norm(h)), new_kv
+        hn = self.norm(h)
+        return (hn if self.config.norm_output else h), self.lm_head(hn), new_kv
+
+    def _window(self, positions, slots, mask, extra_kv):
+        """`mask` narrowed to keys less than sliding_window positions behind each query. With a cache the
+        keys' positions come from `slot_pos` (written here for the new slots: a tree node's slot is not its
+        position); without one the keys are the new tokens (and each earlier block of extra_kv)."""
+        W = self.config.sliding_window
+        if slots is not None and self.slot_pos is not None:
+            self.slot_pos.index_copy_(0, slots, positions.reshape(-1))
+            kpos = self.slot_pos[: mask.shape[-1]]
+        else:
+            kpos = torch.cat([positions] * (1 + len(extra_kv or ())), dim=-1)
+            if mask is None:  # causal over the new tokens
+                T = positions.shape[-1]
+                mask = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril_()[None]
+        near = (positions[..., :, None] - kpos[..., None, :]) < W
+        return mask & (near if near.dim() == 3 else near[None])
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -176,6 +210,8 @@ class Eagle3Draft(nn.Module, Draft):
         c, p = self.config, self.fc.weight
         if self.cache is None or self.cache.max_len < span or self.cache.k.dtype != p.dtype:
             self.cache = KVCache(1, c.num_kv_heads, c.head_dim, span, 1, p.device, p.dtype)
+        if c.sliding_window is not None and (self.slot_pos is None or self.slot_pos.numel() < self.cache.max_len):
+            self.slot_pos = torch.zeros(self.cache.max_len, dtype=torch.long, device=p.device)
         self.cache.length.zero_()
         self.span = span
 

@@ -46,13 +46,13 @@ def engine_python(given: str | None = None) -> str:
         return engine_python(env)
     raise InputError("no python with vLLM was found: this interpreter cannot import vllm and EAGLEKIT_VLLM_PYTHON is "
                      "not set", fix="pass --engine-python PATH (a venv with vllm; on a CPU: bash "
-                     "tests/engine/setup_venv.sh VENV builds one) or set EAGLEKIT_VLLM_PYTHON", code="E140")
+                     "tests/engine/setup_venv.sh VENV builds one) or set EAGLEKIT_VLLM_PYTHON", code="E170")
 
 
 def run_vllm(python: str, target, draft, prompts: list[list[int]], k: int, max_tokens: int, eos_ids=(),
              dtype: str = "float32", trace_file: str | None = None, trace_steps: int | None = None,
              max_model_len: int | None = None, timeout: float = 1800) -> dict:
-    """One vLLM run in a subprocess; returns vllm_run's result, or raises EaglekitError(E141) with vLLM's own
+    """One vLLM run in a subprocess; returns vllm_run's result, or raises EaglekitError(E171) with vLLM's own
     last error lines when vLLM refuses or crashes (a mis-wired draft can do either)."""
     longest = max(len(p) for p in prompts) + max_tokens + k + 8
     job = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None, "k": k,
@@ -70,10 +70,10 @@ def run_vllm(python: str, target, draft, prompts: list[list[int]], k: int, max_t
             p = subprocess.run([python, "-m", "eaglekit.engines.vllm_run", str(jp), str(op)], cwd=tmp, env=env,
                                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise EaglekitError(f"vLLM did not finish within {timeout:.0f}s", code="E142",
+            raise EaglekitError(f"vLLM did not finish within {timeout:.0f}s", code="E172",
                                 fix="fewer --prompts or a smaller --max-new-tokens") from None
         if p.returncode != 0 or not op.is_file():
-            raise EaglekitError(f"vLLM could not run the pair: {_last_error(p.stderr + p.stdout)}", code="E141",
+            raise EaglekitError(f"vLLM could not run the pair: {_last_error(p.stderr + p.stdout)}", code="E171",
                                 fix="see the findings below for the cause eaglekit can see in the draft folder")
         res = json.loads(op.read_text())
         res["seconds"] = round(time.time() - t0, 1)
@@ -284,7 +284,7 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
     try:
         v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new_tokens, target.info.eos_token_ids, vdtype)
     except EaglekitError as e:
-        if e.code not in ("E141", "E142"):
+        if e.code not in ("E171", "E172"):
             raise
         v, err = None, e
         engine["error"] = e.message
@@ -294,7 +294,7 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
                        "vllm_acceptance": _strip(va)})
         if draft is None:  # vLLM ran what eaglekit refuses: report vLLM's figures, the cause comes from the folder
             err = EaglekitError(f"vLLM ran the draft (acceptance per position {_pp(va['per_position'])}, accept "
-                                f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E141")
+                                f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E171")
         else:
             resolved = v["config"].get("after_layers")
             same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,

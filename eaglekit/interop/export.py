@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..capture import CaptureSpec
-from ..draft.checkpoint import config_to_json, t2d_from_d2t, vocab_map_sha
+from ..draft.checkpoint import OPTIONS, config_to_json, saved_config, t2d_from_d2t
 from ..errors import InputError
 from ..io import atomic_write_json, save_tensors
 
@@ -48,8 +48,7 @@ def _state(draft, dtype, with_embedding: bool, layer_prefix: str) -> dict:
     return out
 
 
-def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype: str) -> dict:
-    c = draft.config
+def _vllm_config(c, target_name: str | None, target_arch: str | None, dtype: str) -> dict:
     inputs = list(c.capture.input_of())
     sg = config_to_json(c, dtype)  # the SGLang config: its Llama fields are the speculators layer config
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -57,6 +56,8 @@ def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype:
             "rope_scaling", "tie_word_embeddings")
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **{k: sg[k] for k in keys if k in sg},
              "attention_bias": c.attention_bias, "mlp_bias": False}
+    if c.sliding_window is not None:  # the layer's own fields, where vLLM and speculators look for them
+        layer.update(sliding_window=c.sliding_window, layer_types=["sliding_attention"])
     out = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
            "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
            "norm_before_residual": c.norm_before_residual,
@@ -69,7 +70,7 @@ def _vllm_config(draft, target_name: str | None, target_arch: str | None, dtype:
                                                "architectures": [target_arch] if target_arch else []}},
            "torch_dtype": dtype}
     # the optional fields are spelled the same in both layouts: take them from the SGLang config
-    out.update({k: sg[k] for k in ("target_hidden_size", "norm_before_fc", "bias", "eaglekit") if k in sg})
+    out.update({k: sg[k] for k in ("target_hidden_size", *OPTIONS[1:], "bias", "eaglekit") if k in sg})
     return out
 
 
@@ -87,24 +88,32 @@ def verifier_name(folder) -> tuple[str, str]:
     return str(p), "absolute path"
 
 
+def _own_embedding(draft, target) -> bool:
+    """The draft embeds tokens with weights of its own (SpecForge and speculators store and may train them):
+    written out, since the engine would otherwise substitute the target's and change the draft."""
+    if target is None:
+        return False
+    t = target.embed_weight()
+    w = draft.embed_tokens.weight
+    return w.shape != t.shape or not torch.allclose(w.float().cpu(), t.float().cpu())
+
+
 def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = torch.bfloat16,
            with_embedding: bool | None = None) -> list[str]:
     """Write `draft` for engine `to`; returns warnings (empty when every engine version reads it the same)."""
     if to not in TARGETS:
         raise InputError(f"unknown export format {to!r}", fix=f"use one of {', '.join(TARGETS)}", code="E108")
-    c = draft.config
-    if c.capture is None:
-        if target is None:
-            raise InputError("the draft records no capture layers and no target was given to take the default from",
-                             fix="pass --target", code="E130")
-        c.capture = CaptureSpec.default(target.info.num_layers)
+    if draft.config.capture is None and target is None:
+        raise InputError("the draft records no capture layers and no target was given to take the default from",
+                         fix="pass --target", code="E130")
+    # what is written is a copy of the config (the default capture, the d2t hash): the draft is left as it was
+    c = saved_config(draft, CaptureSpec.default(target.info.num_layers) if target is not None else None)
     warnings = []
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dname = str(dtype).replace("torch.", "")
-    c.vocab_map_sha = vocab_map_sha(draft.d2t)
     if to in ("sglang", "specforge"):
-        emb = (to == "specforge") if with_embedding is None else with_embedding
+        emb = (to == "specforge" or _own_embedding(draft, target)) if with_embedding is None else with_embedding
         save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "midlayer."), metadata={"format": "pt"})
         atomic_write_json(out / "config.json", config_to_json(c, dname))
         w = sglang_rule_warning(c.capture)
@@ -118,5 +127,5 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
             name, _ = verifier_name(target.folder)
             archs = json.loads((Path(target.folder) / "config.json").read_text()).get("architectures") or [None]
             arch = archs[0]
-        atomic_write_json(out / "config.json", _vllm_config(draft, name, arch, dname))
+        atomic_write_json(out / "config.json", _vllm_config(c, name, arch, dname))
     return warnings

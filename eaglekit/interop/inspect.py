@@ -7,20 +7,25 @@ from pathlib import Path
 import torch
 
 from ..capture import CaptureSpec
+from ..draft import load_draft, pair_problems
+from ..draft.checkpoint import CONVENTIONS, FORMATS, OPTIONS, declared_captures, read_folder, sliding_window_of
 from ..errors import EaglekitError
-from .formats import CONVENTIONS, NAMES, declared_captures, normalize
 
 EXPECTED = ("fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
             "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
             "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "midlayer.input_layernorm.weight",
             "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight", "norm.weight",
             "lm_head.weight", "d2t", "t2d")
-OPTIONAL = ("embed_tokens.weight", "fc.bias", "fc_norm.weight")
+OPTIONAL = ("embed_tokens.weight", "fc.bias", "input_norm.weight")  # + fc_norm.{i}.weight
+
+
+def _optional(name: str) -> bool:
+    return name in OPTIONAL or (name.startswith("fc_norm.") and name.split(".")[1].isdigit())
 
 
 def inspect_folder(folder, target=None) -> dict:
     folder = Path(folder)
-    cfg, tensors, fmt = normalize(folder)
+    cfg, tensors, fmt = read_folder(folder)
     info = target.info if target is not None else None
     block = cfg.get("eaglekit") or {}
     n_layers = info.num_layers if info else (block.get("target") or {}).get("num_layers")
@@ -28,7 +33,7 @@ def inspect_folder(folder, target=None) -> dict:
     Ht = int(cfg.get("target_hidden_size") or (info.hidden_size if info else H))
     vocab = int(cfg.get("vocab_size", 0))
     dvocab = int(cfg.get("draft_vocab_size") or vocab)
-    out: dict = {"folder": str(folder), "format": fmt.name, "format_name": NAMES[fmt.name],
+    out: dict = {"folder": str(folder), "format": fmt.name, "format_name": FORMATS[fmt.name],
                  "ids_convention": fmt.ids_convention, "ids": fmt.ids, "weights_file": fmt.weights,
                  "notes": list(fmt.notes)}
     spec = fmt.capture
@@ -50,8 +55,7 @@ def inspect_folder(folder, target=None) -> dict:
         out["fc_captures"] = fc.shape[1] / Ht
     out.update(hidden_size=H, target_hidden_size=Ht, vocab_size=vocab, draft_vocab_size=dvocab,
                target_vocab_coverage=round(dvocab / vocab, 4) if vocab else None,
-               norm_before_residual=bool(cfg.get("norm_before_residual")), norm_before_fc=bool(cfg.get("norm_before_fc")),
-               fc_bias=bool(cfg.get("bias")))
+               **{k: bool(cfg.get(k)) for k in OPTIONS}, sliding_window=sliding_window_of(cfg), fc_bias=bool(cfg.get("bias")))
     d2t = tensors.get("d2t")
     if d2t is None:
         out["d2t"] = "missing: draft id i is read as target id i" + (" (fine: full vocabulary)" if dvocab == vocab
@@ -69,7 +73,7 @@ def inspect_folder(folder, target=None) -> dict:
             out["d2t"] = "offsets" + (f", but {dup} target ids repeat" if dup else "")
     names = set(tensors)
     out["missing_tensors"] = [k for k in EXPECTED if k not in names and not (k == "t2d" and "d2t" in names)]
-    out["extra_tensors"] = sorted(names - set(EXPECTED) - set(OPTIONAL))
+    out["extra_tensors"] = sorted(n for n in names - set(EXPECTED) if not _optional(n))
     out["has_embedding"] = "embed_tokens.weight" in names
     rec = (block.get("target") or {}).get("fingerprint")
     out["target_fingerprint"] = rec
@@ -77,8 +81,6 @@ def inspect_folder(folder, target=None) -> dict:
         out["target"] = {"layers": info.num_layers, "hidden_size": info.hidden_size, "vocab_size": info.vocab_size,
                          "fingerprint": info.fingerprint, "fingerprint_matches": rec == info.fingerprint if rec else None}
         try:
-            from ..draft import load_draft, pair_problems
-
             d = load_draft(folder, embed_weight=target.embed_weight())
             out["problems"] = [f"[{p.code}] {p.message}" for p in pair_problems(d, target)[1]]
         except EaglekitError as e:
@@ -106,7 +108,9 @@ def summary(r: dict, n_layers) -> list[str]:
     cov = r["target_vocab_coverage"]
     lines.append(f"draft vocabulary: {r['draft_vocab_size']} of {r['vocab_size']} target tokens "
                  f"({cov:.1%} of the target vocabulary); d2t: {r['d2t']}")
-    flags = [f for f in ("norm_before_residual", "norm_before_fc", "fc_bias") if r[f]]
+    flags = [f for f in (*OPTIONS, "fc_bias") if r[f]]
+    if r.get("sliding_window"):
+        flags.append(f"sliding_window {r['sliding_window']}")
     if flags:
         lines.append("options: " + ", ".join(flags))
     lines.append("embedding: stored" if r["has_embedding"] else "embedding: not stored (the target's is used)")

@@ -26,4 +26,4 @@ def test_doctor_engine_without_vllm_exits_2(monkeypatch, capsys):
     code = main(["doctor", "--engine", "vllm", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"),
                  "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 2 and out["findings"][0]["code"] == "E140"
+    assert code == 2 and out["findings"][0]["code"] == "E170"
