@@ -159,14 +159,14 @@ def baseline(target, ctx_len, reps):
     prompt = torch.randint(0, target.cfg.vocab_size, (ctx_len,), generator=torch.Generator().manual_seed(0)).to(dev)
     logits, _ = target.prefill(prompt)
     tok = logits[-1].argmax()
-    L = target.cache.length.clone()
+    L = target.committed.clone()
     if dev.type == "cuda":
         g, _ = dec._graphed_step(tok)
         fn = g.replay
     else:
         def fn():
             target.step(tok.view(1))
-    ms = timed_ms(lambda: (target.cache.length.copy_(L), fn()), reps)
+    ms = timed_ms(lambda: (target.committed.copy_(L), fn()), reps)
     return ms
 
 
@@ -183,15 +183,15 @@ def cycles(target, draft, ctx_len, reps, base_ms, spec):
         draft.reset(ctx_len + 512 + 64)
         _, feats = target.prefill(prompt, spec)
         h, dl = draft.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
-        L = target.cache.length.clone()
+        L = target.committed.clone()
         c = Cycle(target, draft, shape, spec)
         c.start(prompt[0], h, dl)
         if dev.type == "cuda":
-            c.capture(greedy=True)
+            c.record(greedy=True)
 
         def one():
-            target.cache.length.copy_(L)
-            draft.cache.length.copy_(L)
+            target.committed.copy_(L)
+            draft.committed.copy_(L)
             for p in PHASES:
                 c.run(p)
 
@@ -199,8 +199,8 @@ def cycles(target, draft, ctx_len, reps, base_ms, spec):
         phases = {}
         for p in PHASES:
             def ph():
-                target.cache.length.copy_(L)
-                draft.cache.length.copy_(L)
+                target.committed.copy_(L)
+                draft.committed.copy_(L)
                 c.run(p)
             phases[p] = round(timed_ms(ph, max(reps // 3, 3)), 4)
         rows.append({"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
@@ -224,10 +224,12 @@ def copy_bw(group):
     ms = timed_ms(lambda: y.copy_(x), 10 if ARGS.tiny else 20)
     bw = 2 * n / (ms / 1e3)
     del x, y
-    got = [None] * group.world
-    import torch.distributed as dist
+    got = [bw]
+    if group.world > 1:
+        import torch.distributed as dist
 
-    dist.all_gather_object(got, bw, group=group.pg)
+        got = [None] * group.world
+        dist.all_gather_object(got, bw, group=group.pg)
     R["copy_bandwidth_bytes_per_s_per_rank"] = got
     log(f"   {[f'{b / 1e12:.2f} TB/s' for b in got]} (read + write)")
     return min(got)
@@ -296,7 +298,8 @@ def tp1_8b(group, bw):
         res["cycles"] = cycles(t, d, ARGS.ctx, ARGS.reps // 4 + 3, base, CaptureSpec.default(t.cfg.num_layers))
         R["tp1_8b"] = res
         del t, d
-    dist.barrier(group=group.pg)
+    if group.world > 1:
+        dist.barrier(group=group.pg)
 
 
 def tp_section(size, group, bw, key, allreduces=("symm", "nccl"), lm_heads=("vocab", "replicated")):
@@ -379,14 +382,19 @@ def main():
     ap.add_argument("--ctx", type=int, default=512, help="context length of the timed steps")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--budget-s", type=float, default=330, help="skip the 70B section past this")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="a 1-GPU machine: one process, the TP1 section only (the TP code path at world 1)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: tp1,tp2,70b,micro")
     ARGS = ap.parse_args()
     if ARGS.tiny:
         ARGS.ctx, ARGS.reps = min(ARGS.ctx, 64), min(ARGS.reps, 6)
-    if "WORLD_SIZE" not in os.environ:  # not under torchrun: start the 2 ranks ourselves
+    world = 1 if ARGS.one_gpu else 2
+    if ARGS.one_gpu:
+        ARGS.skip += ",tp2,70b,micro"
+    elif "WORLD_SIZE" not in os.environ:  # not under torchrun: start the 2 ranks ourselves
         sys.exit(distributed.launch(2, sys.argv[1:], cmd=[sys.executable, str(Path(__file__).resolve())]))
     torch.set_num_threads(1) if ARGS.tiny else None
-    group = distributed.init_tp(2, "cpu" if ARGS.tiny else "cuda", "symm", timeout_s=60 if ARGS.tiny else 600)
+    group = distributed.init_tp(world, "cpu" if ARGS.tiny else "cuda", "symm", timeout_s=60 if ARGS.tiny else 600)
     import transformers
 
     R.update(date=datetime.date.today().isoformat(), tiny=ARGS.tiny, torch=torch.__version__,

@@ -46,7 +46,7 @@ def clean():
     return run_doctor(TARGET, ASSETS / "draft")
 
 
-def test_correct_pair_gets_a_clean_bill_in_under_a_minute(clean):
+def test_correct_pair_gets_a_clean_bill(clean):
     assert not clean["fault"], clean["verdict"]
     assert not [f for f in clean["findings"] if f["severity"] == "error"]
     assert "no wiring fault found" in clean["verdict"] and clean["conclusive"]
@@ -242,7 +242,8 @@ def test_an_untrained_draft_is_a_finding(tmp_path):
 def test_two_sequences_decide_nothing(tmp_path):
     """Two prompts: a clustered standard error from two sequences is no basis for a verdict (it called the true
     wiring a fault at z -19 before the guard)."""
-    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)
+    res = run_doctor(TARGET, ASSETS / "draft", **QUICK, time_budget=0)  # one round: the probe may not grow
+    assert len(res["rounds"]) == 1 and res["rounds"][0]["sequences"] == 2
     assert not res["fault"] and not any(r.get("decided") for r in res["probe"])
 
 

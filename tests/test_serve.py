@@ -8,8 +8,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -17,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from eaglekit.serve.local import LocalServer, free_port
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -29,40 +29,14 @@ TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% e
 
 
 # --- a server in a subprocess --------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(LocalServer):
     def __init__(self, *extra, env=None, log=None):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # CPU, float32 (as the reference decodes), even on a machine with a GPU
-        cmd = [sys.executable, "-m", "eaglekit.cli", "serve", "--target", TARGET, "--host", "127.0.0.1",
-               "--port", str(self.port), "--served-model-name", "demo", "--log-level", "warning", "--threads", "1",
-               "--device", "cpu", "--dtype", "float32", *extra]
-        self.log = open(log, "w") if log else subprocess.DEVNULL
-        # one intra-op thread (--threads 1): on a shared 2-core machine two per process spin against each other
-        e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}"
-            try:
-                if self.get("/health")["status"] == "ok":
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up in 120 s"
-            time.sleep(0.2)
+        # CPU, float32 (as the reference decodes), even on a machine with a GPU; one intra-op thread
+        # (--threads 1): on a shared 2-core machine two per process spin against each other
+        super().__init__(["--target", TARGET, "--served-model-name", "demo", "--log-level", "warning", "--threads",
+                          "1", "--device", "cpu", "--dtype", "float32", *extra], log=log,
+                         env=dict(env or {}, PYTHONPATH=str(ROOT)), cwd=ROOT)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-    def get(self, path):
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
-            body = r.read().decode()
-        return body if path == "/metrics" else json.loads(body)
 
     def post(self, path, raw: bytes):
         """(status, body) for a raw POST: malformed bodies cannot go through the openai client."""
@@ -90,17 +64,6 @@ class Server:
             assert time.monotonic() < deadline, f"the server is still busy: {s}"
             time.sleep(0.05)
         return s
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if self.log is not subprocess.DEVNULL:
-            self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -527,7 +490,7 @@ def test_a_failing_engine_step_is_a_500_and_the_server_keeps_serving(tok):
     from eaglekit.serve.app import build_app
 
     app = build_app(_Scripted(), tok, ["m"], 2048, 1, 1)
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()

@@ -9,9 +9,9 @@ per-row committed lengths on the device, per-row slots). A step admits waiting r
     rule of accept.py for sampled rows) -> keep each row's path -> draft extend on the paths (one forward)
 
 Running rows are kept compact in rows [0, b): a finished or cancelled sequence's row is refilled by the last
-row (its KV copied), so a cycle works on a block of rows padded to the next captured size (1, 2, 4, 8, ...,
+row (its KV copied), so a cycle works on a block of rows padded to the next recorded size (1, 2, 4, 8, ...,
 capped at max_batch); padding rows are inactive (their accepted count is forced to 0, so their lengths never
-move) and write only their own pending slots. On a GPU each phase is captured in a CUDA graph per padded
+move) and write only their own pending slots. On a GPU each phase is recorded in a CUDA graph per padded
 size; on a CPU the phases run eagerly over the span the rows actually use.
 
 Past `spec_max_batch` running rows, speculation stops paying: the step is a plain batched decode step (one
@@ -35,21 +35,23 @@ from ..errors import GenerationError
 from ..models.base import Target
 from ..observe import trace
 from .accept import accept_greedy_rows, accept_sampling
+from .engine import record_graphs
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
 
 # Largest running batch that still speculates (above it: plain batched decode steps). Settable per engine
 # (spec_max_batch=...); these are the defaults.
-# CPU: measured with benchmarks/batch_suite.py --demo-only --threads 1 --waves 1 --demo-new 32 (the demo pair,
-# chain (3, 1, 4), greedy, identical outputs; results/2026-11-30_cpu_batch_demo.json). The machine was NOT
-# quiet (load average ~20 on 2 cores), so the figure is tokens per CPU-second of the one-thread process, not
-# wall time: draft / no draft = x0.98 at batch 1, x1.04 at 4, x0.93 at 8 (accept lengths 1.52, 1.74, 1.77 on
-# those prompts). Speculation stops paying past 4.
+# CPU: measured with benchmarks/batch_suite.py --demo-only (the demo pair, chain (3, 1, 4), greedy, identical
+# outputs). On a loaded 2-core machine (results/2026-11-30_cpu_batch_demo.json, tokens per CPU-second) draft /
+# no draft was x0.98 at batch 1, x1.04 at 4, x0.93 at 8; on a quiet one (2026-12-01, wall time) x0.81 / x0.83 /
+# x0.75 with one thread and x0.89 / x0.82 / x0.82 with two. The demo target is so small that its draft costs
+# nearly a target step on a CPU: whether speculation pays there depends on the pair, so --spec-max-batch is
+# the user's to set; 4 keeps the draft on where it was measured to break even.
 SPEC_MAX_BATCH_CPU = 4
-# GPU: NOT measured yet (this branch had no GPU). SGLang's published ratios (chain of 3, H100) stay above 1 up
-# to batch 64, so speculation stays on up to 64; benchmarks/batch_suite.py reports
-# `recommended_spec_max_batch` for the 8B shape on the GPU it runs on: put that figure here.
+# GPU: benchmarks/batch_suite.py on one H200 (results/2026-12-01_h200_batch.json): the 8B shape, graphs, chain
+# (3, 1, 4) replayed at accept length 2.79: x1.99 at batch 1, x2.00 at 4, x1.74 at 16, x1.45 at 32, x1.10 at
+# 64 (cycle / step 1.40 at batch 1, 2.53 at 64). Speculation pays at every measured size up to 64.
 SPEC_MAX_BATCH_CUDA = 64
 
 
@@ -96,7 +98,7 @@ class _Seq:
 
 
 class _Rows:
-    """One fixed-shape cycle over rows [0, B) of the engine's state, as phases (capturable in CUDA graphs).
+    """One fixed-shape cycle over rows [0, B) of the engine's state, as phases (recordable in CUDA graphs).
     S, Sd: the attention spans of the target and the draft."""
 
     def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int):
@@ -115,7 +117,7 @@ class _Rows:
         self.out = torch.zeros(B, P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.next = torch.zeros(B, dtype=torch.long, device=dev)
         self.tree = self.logits = self.feats = self.plogits = None
-        self.graphs: dict[str, torch.cuda.CUDAGraph] | None = None
+        self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
 
     # --- speculative phases ----------------------------------------------------------------------
     def draft_tree(self):
@@ -166,37 +168,20 @@ class _Rows:
     SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 
     # --- CUDA graphs -----------------------------------------------------------------------------
-    def capture(self) -> None:
-        """Capture each phase in a CUDA graph (warm-up runs touch only pending slots and the state
-        snapshot below, restored before capture)."""
+    def record(self) -> None:
+        """Record each phase in a CUDA graph. Warm-up runs the speculative group and the plain group, each
+        restoring the state below after it (both write the same pending slots)."""
         state = [self.tk.length, self.root]
         if self.dk is not None:
             state += [self.dk.length, self.h, self.dl]
-        snap = [x.clone() for x in state]
+        groups = ([[getattr(self, p) for p in self.SPEC]] if self.e.draft is not None else []) + \
+            [[self.plain, self.plain_commit]]
         names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        groups = ([list(self.SPEC)] if self.e.draft is not None else []) + [["plain", "plain_commit"]]
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                for group in groups:
-                    for p in group:
-                        getattr(self, p)()
-                    for x, v in zip(state, snap):  # restore after each group: writes stay within one cycle's slots
-                        x.copy_(v)
-        torch.cuda.current_stream().wait_stream(s)
-        pool = torch.cuda.graph_pool_handle()
-        self.graphs = {}
-        for p in names:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                getattr(self, p)()
-            self.graphs[p] = g
-        torch.cuda.synchronize()
+        self.recorded = record_graphs(groups, {p: getattr(self, p) for p in names}, state)
 
     def run(self, phase: str) -> None:
-        if self.graphs is not None:
-            self.graphs[phase].replay()
+        if self.recorded is not None:
+            self.recorded[phase].replay()
         else:
             getattr(self, phase)()
 
@@ -439,7 +424,7 @@ class BatchEngine:
         key = (B, self.S)
         if key not in self._cycles:
             c = _Rows(self, B, self.S, self.dk.max_len if self.dk is not None else 0)
-            c.capture()
+            c.record()
             self._cycles[key] = c
         return self._cycles[key]
 

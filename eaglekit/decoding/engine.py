@@ -39,21 +39,24 @@ SPAN_ROUNDING = 256
 WARMUP_RUNS = 2
 
 
-def record_graphs(warmup, record: dict, state: list[torch.Tensor]) -> dict[str, torch.cuda.CUDAGraph]:
-    """The one way the engine makes CUDA graphs: run every callable of `warmup` in order WARMUP_RUNS times
-    on a side stream, put back the `state` tensors those runs advanced (lengths, persistent inputs: the
-    runs write only pending slots besides), then record each callable of `record` in a graph, all graphs
-    sharing one memory pool (they run one after the other, never at once). Recording executes nothing."""
+def record_graphs(warmup: list[list], record: dict, state: list[torch.Tensor]) -> dict[str, torch.cuda.CUDAGraph]:
+    """The one way eaglekit makes CUDA graphs (the single-sequence Decoder and the BatchEngine both use it).
+    `warmup` is a list of groups of callables, each group one cycle's worth of work: every group runs in
+    order WARMUP_RUNS times on a side stream, and after each group the `state` tensors it advanced (lengths,
+    persistent inputs) are put back, so warm-up writes stay inside one cycle's pending slots. Then each
+    callable of `record` is recorded in a graph, all graphs sharing one memory pool (they run one after the
+    other, never at once). Recording executes nothing."""
     snap = [x.clone() for x in state]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(WARMUP_RUNS):
-            for fn in warmup:
-                fn()
+            for group in warmup:
+                for fn in group:
+                    fn()
+                for x, v in zip(state, snap):
+                    x.copy_(v)
     torch.cuda.current_stream().wait_stream(s)
-    for x, v in zip(state, snap):
-        x.copy_(v)
     pool = torch.cuda.graph_pool_handle()
     graphs = {}
     for name, fn in record.items():
@@ -125,7 +128,7 @@ class Cycle:
     def record(self, greedy: bool) -> None:
         """Record each phase in a CUDA graph (sampling keeps its accept on the host side: not recorded)."""
         phases = {p: getattr(self, p) for p in PHASES}
-        self.recorded = record_graphs(list(phases.values()),
+        self.recorded = record_graphs([list(phases.values())],
                                       {p: fn for p, fn in phases.items() if greedy or p != "accept"},
                                       [self.t.committed, self.d.committed, self.root, self.h, self.dl])
 
@@ -238,7 +241,7 @@ class Decoder:
             def step():
                 buf.copy_(t.step(buf.view(1)).argmax(-1))
 
-            self._steps[key] = (record_graphs([step], {"step": step}, [t.committed])["step"], buf)
+            self._steps[key] = (record_graphs([[step]], {"step": step}, [t.committed])["step"], buf)
         g, buf = self._steps[key]
         buf.copy_(tok)
         return g, buf
