@@ -21,7 +21,6 @@ Goals (issue 11): TP2 >= 1.7x TP1 on the 8B shape; the 70B shape at >= 75% of th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os

@@ -661,6 +661,7 @@ def _serve_args(p):
     add_capture(p)
     add_runtime(p)
     add_compile(p)
+    add_tp(p)
 
 
 cmd_serve.add_args = _serve_args
@@ -740,7 +741,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command in ("generate", "eval", "doctor"):
+        if args.command in ("generate", "eval", "doctor", "serve"):
             from .distributed import enter_cli, shutdown
 
             rc = enter_cli(args, argv)  # --tp N spawns N ranks; under torchrun: joins the group

@@ -307,6 +307,7 @@ def launch(n: int, argv: list[str], grace_s: float = 30.0, cmd: list[str] | None
         env = dict(os.environ, WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen([*(cmd or [sys.executable, "-m", "eaglekit"]), *argv], env=env))
+    _forward_signals(procs[0])
     rc, failed_at = 0, None
     while any(p.poll() is None for p in procs):
         for p in procs:
@@ -321,6 +322,23 @@ def launch(n: int, argv: list[str], grace_s: float = 30.0, cmd: list[str] | None
         if p.returncode and not rc:
             rc = p.returncode
     return rc if rc >= 0 else 1
+
+
+def _forward_signals(rank0: subprocess.Popen) -> None:
+    """The launcher stands for the launch: SIGTERM goes on to rank 0 (a server drains, then stops the other
+    ranks itself; any other command ends and the others fail on their next collective). Ctrl-C reaches every
+    rank from the terminal already: the launcher only keeps waiting for them."""
+    import signal
+
+    def term(sig, frame):
+        if rank0.poll() is None:
+            rank0.send_signal(signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGINT, lambda sig, frame: None)
+    except ValueError:  # not the main thread: leave the handlers alone
+        pass
 
 
 def enter_cli(args, argv: list[str] | None) -> int | None:

@@ -137,3 +137,55 @@ def test_cli_tp2_equals_tp1_and_errors_on_every_rank(tiny, tmp_path):
     assert bad.returncode == 2
     assert "[rank 0/2]: error [E144]" in bad.stderr and "[rank 1/2]: error [E144]" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_serve_tp2_answers_as_tp1_and_drains_on_sigterm(tiny, tmp_path):
+    """`eaglekit serve --tp 2` (2 CPU processes, rank 0 serves HTTP, rank 1 follows in lockstep): concurrent
+    greedy completions equal those of the single-process server, an unseeded sampled request in the same
+    batch keeps the ranks together, and SIGTERM to the launcher drains and stops every rank with exit 0."""
+    import threading
+    import urllib.request
+
+    pytest.importorskip("fastapi")
+    from eaglekit.draft import new_draft, save_draft
+    from eaglekit.models import load_target
+    from eaglekit.serve.local import LocalServer
+    from helpers import make_tokenizer
+
+    folder = tiny / "llama"
+    make_tokenizer(folder, 96)
+    save_draft(new_draft(load_target(folder), seed=1), tmp_path / "d")
+    args = ["--target", str(folder), "--draft", str(tmp_path / "d"), "--device", "cpu", "--threads", "1",
+            "--max-batch", "4", "--served-model-name", "m", "--log-level", "warning"]
+    prompts = ["def add(a, b):", "import os", "class A:", "x = [1, 2"]
+
+    def complete(url, prompt, **extra):
+        body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 12, "temperature": 0, **extra}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())["choices"][0]["text"]
+
+    def run_all(srv):
+        out, threads = {}, []
+        for i, p in enumerate(prompts):
+            threads.append(threading.Thread(target=lambda i=i, p=p: out.__setitem__(i, complete(srv.url, p))))
+        threads.append(threading.Thread(target=lambda: out.__setitem__("s", complete(srv.url, "def", temperature=1.0))))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        return out
+
+    env = {"PYTHONPATH": str(ROOT)}
+    with LocalServer(args, env=env, cwd=ROOT) as one:
+        want = run_all(one)
+    two = LocalServer([*args, "--tp", "2"], log=tmp_path / "tp2.log", env=env, cwd=ROOT)
+    try:
+        got = run_all(two)
+        assert two.get("/server_info")["tp_size"] == 2
+        again = complete(two.url, prompts[0])  # after the sampled row: the ranks still agree
+    finally:
+        rc = two.stop(timeout_s=90)
+    assert all(got[i] == want[i] for i in range(len(prompts))), (got, want)
+    assert again == want[0] and isinstance(got["s"], str)
+    assert rc == 0, (tmp_path / "tp2.log").read_text()[-2000:]

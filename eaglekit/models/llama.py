@@ -105,7 +105,7 @@ class LlamaTarget(Target):
     static = True
 
     def reset(self, span: int) -> None:
-        c = self.cfg
+        c = self.net.config  # the KV heads this process holds (a tensor-parallel rank: its share)
         if self.cache is None or self.cache.max_len < span:
             self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, span, 1, self.device, self.dtype)
         self.cache.length.zero_()
@@ -143,7 +143,7 @@ class LlamaTarget(Target):
     batched = True
 
     def row_cache(self, batch: int, span: int) -> RowKV:
-        c = self.cfg
+        c = self.net.config  # the KV heads this process holds (a tensor-parallel rank: its share)
         return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span, batch, self.device, self.dtype)
 
     @torch.inference_mode()
@@ -171,7 +171,7 @@ class LlamaTarget(Target):
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
         from ..decoding.sampling import probs
 
-        net, c, dev = self.net, self.cfg, self.device
+        net, c, dev = self.net, self.net.config, self.device  # net.config: this process's KV heads
         B, P = ids.shape
         S = P + max_new
         cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, S, B, dev, self.dtype)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..distributed import TPGroup, check_divisible, pick_lm_head, shard
 from ..errors import InputError
 from .config import TargetConfig, load_target_config
-from .layers import KVCache, Rotary
+from .layers import Rotary
 from .llama import LlamaModel, LlamaTarget
 
 
@@ -214,13 +214,6 @@ class TPLlamaTarget(LlamaTarget):
         target = cls(net, cfg, group, group.device, dtype)
         target.fuse()
         return target
-
-    def reset(self, span: int) -> None:
-        c = self.net.config  # local: this rank's kv heads
-        if self.cache is None or self.cache.max_len < span:
-            self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, span, 1, self.device, self.dtype)
-        self.cache.length.zero_()
-        self.span = span
 
     def lm_head_weight(self):
         """The whole [V, H] matrix (gathered once when split: the doctor and training read it, decoding never)."""

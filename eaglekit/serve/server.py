@@ -38,6 +38,16 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype, compile=compile)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs)
+    from ..distributed import current
+
+    tp, lockstep = current(), None
+    if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
+        from .lockstep import Lockstep, follow
+
+        lockstep = Lockstep(engine, tp)
+        if tp.rank != 0:
+            return follow(lockstep)
+        engine = lockstep
     shape = getattr(engine, "shape", shape)
     served = served_model_name or [target_dir]
     info = {"version": f"eaglekit {__version__}", "model_path": str(target_dir),
@@ -47,7 +57,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
             "speculative_eagle_topk": shape.topk if draft is not None and shape else None,
             "speculative_num_draft_tokens": shape.draft_tokens if draft is not None and shape else None,
             "spec_max_batch": getattr(engine, "spec_max_batch", spec_max_batch),
-            "device": str(target.device), "dtype": str(target.dtype).replace("torch.", "")}
+            "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+            "tp_size": tp.world if tp is not None else 1}
     app = build_app(engine, tok, served, target.info.max_position_embeddings, max_batch, max_queue, template, info,
                     drain_timeout, speculative=draft is not None,
                     positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size)
@@ -59,6 +70,10 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     drained = lambda sig, frame: None  # noqa: E731
     signal.signal(signal.SIGTERM, drained)
     signal.signal(signal.SIGINT, drained)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if lockstep is not None:
+            lockstep.close()
     print("eaglekit serve: drained and stopped", file=sys.stderr)
     return 0
