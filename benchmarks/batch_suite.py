@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -33,31 +32,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
+
 # SGLang's published EAGLE-3 speedups over no draft (chain of 3, H100), by batch size
 SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
 RESULTS: dict = {}
 
 
 def timer(cuda: bool):
-    def median_ms(fn, reps, warm=2):
-        for _ in range(warm):
-            fn()
-        out = []
-        for _ in range(reps):
-            if cuda:
-                torch.cuda.synchronize()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                out.append(a.elapsed_time(b))
-            else:
-                t = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(out)
-    return median_ms
+    return lambda fn, reps, warm=2: median_ms(fn, reps, warm, cuda=cuda)
 
 
 def build_pair(tiny: bool, device: str):

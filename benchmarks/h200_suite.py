@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -29,6 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 RESULTS: dict = {}
 T0 = time.time()
@@ -52,18 +53,7 @@ def section(name):
 
 
 def events_ms(fn, reps=50, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    return median_ms(fn, reps, warm, cuda=True)
 
 
 @section("copy bandwidth")

@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -34,6 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 from eaglekit import distributed  # noqa: E402
 
@@ -68,23 +69,7 @@ def section(name):
 
 def timed_ms(fn, reps, warm=2):
     """Median per-call milliseconds: CUDA events on a GPU, perf_counter on a CPU."""
-    cuda = torch.cuda.is_available() and not ARGS.tiny
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
+    return median_ms(fn, reps, warm, cuda=torch.cuda.is_available() and not ARGS.tiny)
 
 
 # --- shapes ----------------------------------------------------------------------------------------

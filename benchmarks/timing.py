@@ -1,0 +1,32 @@
+"""The one timer of the benchmark scripts: median milliseconds per call of `fn`, after `warm` untimed calls.
+On a GPU each call sits between two CUDA events (device time of what the call enqueued, synchronised after
+each call); on a CPU, perf_counter around the call."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None) -> float:
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    for _ in range(warm):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
