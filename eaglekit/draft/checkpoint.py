@@ -42,7 +42,7 @@ from .. import __version__
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..io import atomic_write_json, save_tensors
-from ..models.config import _rope_from, read_json, rope_json
+from ..models.config import read_json, rope_from, rope_json
 from ..models.layers import Rotary
 from ..models.weights import load_state_dict_into, read_folder_tensors
 from .model import DraftConfig, Eagle3Draft
@@ -106,7 +106,7 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None, capture: C
         draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
         target_hidden_size=int(t_hidden) if t_hidden and int(t_hidden) != H else None,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope=_rope_from(raw),
+        rope=rope_from(raw),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         capture=capture,
         num_captures=num_captures,

@@ -104,7 +104,7 @@ def config_fingerprint(raw: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _rope_from(raw: dict) -> RopeConfig:
+def rope_from(raw: dict) -> RopeConfig:
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
@@ -175,7 +175,7 @@ def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope=_rope_from(raw),
+            rope=rope_from(raw),
             # qwen2 always has q/k/v biases; llama and qwen3 put `attention_bias` on q, k, v and o
             qkv_bias=family == "qwen2" or (family in ("llama", "qwen3") and bool(raw.get("attention_bias", False))),
             o_bias=family in ("llama", "qwen3") and bool(raw.get("attention_bias", False)),

@@ -27,7 +27,7 @@ class Example:
         return len(self.input_ids)
 
 
-def _roles(messages: list) -> list[dict]:
+def roles(messages: list) -> list[dict]:
     """Normalise ShareGPT-style {'from', 'value'} turns to {'role', 'content'}."""
     out = []
     for m in messages:
@@ -45,7 +45,7 @@ def chat_example(tokenizer, messages: list[dict]) -> Example:
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("chat data needs a tokenizer with a chat template",
                          fix="add chat_template to tokenizer_config.json, or give plain text data", code="E109")
-    messages = _roles(messages)
+    messages = roles(messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans, pos = [], 0
     for m in messages:

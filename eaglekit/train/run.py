@@ -17,7 +17,7 @@ from ..models import load_target
 from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
 from ..pair import load_pair
 from ..tokenizer import encode, load_tokenizer, read_prompts
-from .data import Example, _roles, load_examples, read_records, write_examples
+from .data import Example, load_examples, read_records, roles, write_examples
 from .extract import FeatureStore, extract
 from .regen import regenerate
 from .sources import OnlineSource
@@ -55,9 +55,6 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
         draft.d2t.copy_(vm.d2t)
         draft.t2d.copy_(vm.t2d(V))
     return draft, vm.hot.to(target.device), vm.coverage
-
-
-_Indexed = Indexed  # the old private name
 
 
 def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
@@ -146,7 +143,7 @@ def run_regenerate(target_dir, data, out, opts: RegenOptions | None = None, mode
     text_prompts, chat_prompts = [], []
     for kind, rec in read_records(data):
         if kind == "chat":
-            msgs = _roles(rec)
+            msgs = roles(rec)
             first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
             ids = tok.apply_chat_template(msgs[:first], add_generation_prompt=True, tokenize=True)
             chat_prompts.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
