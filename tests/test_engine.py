@@ -150,3 +150,45 @@ def test_decoders_sharing_a_target_keep_their_own_capture():
     shifted = run(other)
     assert run(first) == before
     assert first.capture != other.capture and shifted != before  # the shift is real: it changes acceptance
+
+
+def test_row_padded_baseline_step_keeps_its_token_and_commits_one(model_dirs):
+    """Target.step(token, rows): the token is row 0 of a `rows`-token chain, the other rows are never committed.
+    In float32 on a CPU the logits match the one-row step and the greedy outputs are the same."""
+    t = load_target(model_dirs["llama"], backend="ours")
+    prompt = torch.tensor([1, 5, 9, 14, 3])
+    out = {}
+    for rows in (1, 4, 6):
+        t.reset(32)
+        logits, _ = t.prefill(prompt)
+        tok, seq = logits[-1].argmax(), []
+        for _ in range(8):
+            before = t.length
+            step_logits = t.step(tok.view(1), rows)
+            assert t.length == before + 1 and step_logits.shape == (t.info.vocab_size,)
+            seq.append(step_logits)
+            tok = step_logits.argmax()
+        out[rows] = torch.stack(seq)
+    assert torch.allclose(out[4], out[1], atol=1e-5) and torch.allclose(out[6], out[1], atol=1e-5)
+    d = new_draft(t, seed=0)
+    base = Decoder(t, d, TreeShape(3, 1, 4)).generate([1, 5, 9], 12, baseline=True).token_ids
+    assert Decoder(t, d, TreeShape(3, 1, 4), baseline_rows=4).generate([1, 5, 9], 12, baseline=True).token_ids == base
+
+
+def test_baseline_rows_resolution_and_the_comparison_it_makes(model_dirs):
+    from eaglekit.decoding.compare import compare
+    from eaglekit.errors import GenerationError
+
+    t = load_target(model_dirs["llama"], backend="ours")
+    d = new_draft(t, seed=0)
+    assert Decoder(t, d, TreeShape(5, 1, 6)).baseline_rows == 1  # float32 on a CPU: one row is the verify's
+    assert Decoder(t, d, TreeShape(5, 1, 6), baseline_rows=6).baseline_rows == 6
+    with pytest.raises(GenerationError) as e:
+        Decoder(t, d, baseline_rows=0)
+    assert e.value.code == "E300"
+    dec = Decoder(t, d, TreeShape(3, 1, 4), baseline_rows=4)
+    c = compare(dec, [[1, 5, 9], [2, 7]], 8)
+    s = c.summary()
+    # identity against the 4-row reference, speed against the plain one-row decode (decoded too)
+    assert s["baseline_rows"] == 4 and c.plain is not None and s["identical_one_row"] == 2 and c.identical
+    assert s["baseline_tokens_per_s"] == round(c.plain.metrics.tokens_per_s, 2)

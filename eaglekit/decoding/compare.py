@@ -7,6 +7,10 @@ behind `eaglekit demo`, `eval`, `sweep`, the recipe's evaluation and the doctor'
 
 Greedy speculative output must equal the baseline's token for token (losslessness), so `identical`
 is the check; under sampling the two modes draw differently and `identical` is not expected.
+
+Where the decoder's baseline steps through verify-shaped kernels (`Decoder.baseline_rows` > 1: bf16 on a
+GPU), `identical` is checked against that baseline, and the speed is compared with the plain one-row
+baseline, decoded too (the faster of the two: a speedup over a slowed-down baseline would flatter the draft).
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class Comparison:
     eagle: RunSet
     baseline: RunSet
     same: list[bool]  # per prompt: the draft's output equals the target's
+    baseline_rows: int = 1  # rows per step of `baseline` (see Decoder.baseline_rows)
+    plain: RunSet | None = None  # the one-row baseline, decoded for the timing when baseline_rows > 1
+
+    @property
+    def timing_baseline(self) -> RunSet:
+        return self.plain if self.plain is not None else self.baseline
 
     @property
     def identical(self) -> bool:
@@ -55,16 +65,21 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        b = self.baseline.metrics.tokens_per_s
+        b = self.timing_baseline.metrics.tokens_per_s
         return self.eagle.metrics.tokens_per_s / b if b else 0.0
 
     def summary(self) -> dict:
-        E, B = self.eagle.metrics, self.baseline.metrics
-        return {"accept_length": rounded(E.accept_length, 3), "accept_rate": rounded(E.accept_rate, 4),
-                "per_position": [round(x, 4) for x in E.per_position], "histogram": E.histogram,
-                "baseline_tokens_per_s": round(B.tokens_per_s, 2), "eagle_tokens_per_s": round(E.tokens_per_s, 2),
-                "speedup": round(self.speedup, 3), "identical": self.identical, "prompts": len(self.same),
-                "new_tokens": E.new_tokens}
+        E, B = self.eagle.metrics, self.timing_baseline.metrics
+        out = {"accept_length": rounded(E.accept_length, 3), "accept_rate": rounded(E.accept_rate, 4),
+               "per_position": [round(x, 4) for x in E.per_position], "histogram": E.histogram,
+               "baseline_tokens_per_s": round(B.tokens_per_s, 2), "eagle_tokens_per_s": round(E.tokens_per_s, 2),
+               "speedup": round(self.speedup, 3), "identical": self.identical, "prompts": len(self.same),
+               "new_tokens": E.new_tokens, "baseline_rows": self.baseline_rows}
+        if self.plain is not None:
+            out["identical_one_row"] = sum(e.token_ids == b.token_ids
+                                           for e, b in zip(self.eagle.results, self.plain.results))
+            out["baseline_rows_tokens_per_s"] = round(self.baseline.metrics.tokens_per_s, 2)
+        return out
 
     def rows(self) -> list[dict]:
         return [{"prompt_tokens": n, "new_tokens": e.metrics.new_tokens, "identical": same,
@@ -86,12 +101,18 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
         from tqdm import tqdm
 
         it = tqdm(prompts, desc=progress, unit="prompt", leave=False)
-    eagle, base = [], []
+    rows = getattr(dec, "baseline_rows", 1)
+    if prompts and warmup and rows > 1:  # the one-row baseline records its own CUDA graph
+        dec.generate(prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
+    eagle, base, plain = [], [], []
     for i, p in enumerate(it):
         order = (True, False) if (alternate and i % 2 == 0) else (False, True)
         res = {b: dec.generate(p, max_new_tokens, sampling, baseline=b) for b in order}
         base.append(res[True])
         eagle.append(res[False])
+        if rows > 1:
+            plain.append(dec.generate(p, max_new_tokens, sampling, baseline=True, baseline_rows=1))
     return Comparison([len(p) for p in prompts], RunSet(eagle, aggregate([r.metrics for r in eagle])),
                       RunSet(base, aggregate([r.metrics for r in base])),
-                      [e.token_ids == b.token_ids for e, b in zip(eagle, base)])
+                      [e.token_ids == b.token_ids for e, b in zip(eagle, base)], rows,
+                      RunSet(plain, aggregate([r.metrics for r in plain])) if plain else None)

@@ -68,6 +68,19 @@ def record_graphs(warmup: list[list], record: dict, state: list[torch.Tensor]) -
     return graphs
 
 
+def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeShape) -> int:
+    """How many rows the baseline step computes (its token is row 0; see Target.step). "auto": the tree's
+    draft_tokens where one row and a tree of rows round differently (reduced precision on a GPU) and there is a
+    draft to compare with, else 1. In float32, and on a CPU, one row already agrees with the verify."""
+    if rows == "auto":
+        low = target.dtype in (torch.bfloat16, torch.float16)
+        return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low) else 1
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise GenerationError(f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",
+                              fix="e.g. --baseline-rows auto", code="E300")
+    return rows
+
+
 @dataclass
 class GenerationResult:
     token_ids: list[int]
@@ -142,9 +155,10 @@ class Cycle:
 class Decoder:
     def __init__(self, target: Target, draft: Draft | None = None, shape: TreeShape | None = None,
                  capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
-                 graphs: bool | str = "auto", profile_ranges: bool = False):
+                 graphs: bool | str = "auto", profile_ranges: bool = False, baseline_rows: int | str = "auto"):
         self.target, self.draft = target, draft
         self.shape = shape or TreeShape.make()
+        self.baseline_rows = resolve_baseline_rows(baseline_rows, target, draft, self.shape)
         self.profiler = Profiler(profile, target.device, ranges=profile_ranges)
         self.graphs = (target.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
         self._cycles: dict = {}  # recorded cycles by (shape, greedy, target and draft storage)
@@ -187,7 +201,9 @@ class Decoder:
 
     # --- entry point -----------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop_strings=(), tokenizer=None, baseline: bool = False, eos_ids=None) -> GenerationResult:
+                 stop_strings=(), tokenizer=None, baseline: bool = False, eos_ids=None,
+                 baseline_rows: int | None = None) -> GenerationResult:
+        """`baseline_rows` (with baseline=True): this call's rows per baseline step instead of the decoder's."""
         sp = sampling or SamplingParams()
         ids = self._prompt(prompt_ids, max_new_tokens)
         eos = self.target.info.eos_token_ids if eos_ids is None else eos_ids
@@ -196,7 +212,7 @@ class Decoder:
         self.profiler.reset()
         t0 = time.perf_counter()
         if baseline or self.draft is None:
-            m = self._baseline(ids, em, sp, gen)
+            m = self._baseline(ids, em, sp, gen, self.baseline_rows if baseline_rows is None else baseline_rows)
         else:
             m = self._speculative(ids, em, sp, gen)
         if self.target.device.type == "cuda":
@@ -207,16 +223,16 @@ class Decoder:
         m.phases = self.profiler.totals()
         return GenerationResult(em.tokens, em.text(), em.reason or "length", m)
 
-    def _baseline(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:
+    def _baseline(self, ids, em: Emitter, sp, gen, rows: int = 1) -> GenerationMetrics:
         t, ph = self.target, self.profiler.phase
         # the baseline captures no hidden states (no capture argument)
-        t.reset(self._span(ids.numel() + em.max_new_tokens + 1))
+        t.reset(self._span(ids.numel() + em.max_new_tokens + rows))
         trace.set_cycle(0)
         with ph("prefill"):
             logits, _ = t.prefill(ids)
             tok = self._pick(logits[-1], sp, gen)
         em.push([int(tok)])
-        step = self._graphed_step(tok) if (self._use_graphs() and sp.greedy) else None
+        step = self._graphed_step(tok, rows) if (self._use_graphs() and sp.greedy) else None
         while not em.done:
             if step is not None:
                 with ph("decode"):
@@ -225,21 +241,21 @@ class Decoder:
                     nxt = int(step[1])
             else:
                 with ph("decode"):
-                    tok = self._pick(t.step(tok.view(1)), sp, gen)
+                    tok = self._pick(t.step(tok.view(1), rows), sp, gen)
                 with ph("host_sync"):
                     nxt = int(tok)
             em.push([nxt])
         return GenerationMetrics()
 
-    def _graphed_step(self, tok):
+    def _graphed_step(self, tok, rows: int = 1):
         """A CUDA graph of one greedy decode step: feeds `buf` and writes the next token back into it."""
         t = self.target
-        key = t.storage_key()
+        key = (t.storage_key(), rows)
         if key not in self._steps:
             buf = torch.zeros((), dtype=torch.long, device=t.device)
 
             def step():
-                buf.copy_(t.step(buf.view(1)).argmax(-1))
+                buf.copy_(t.step(buf.view(1), rows).argmax(-1))
 
             self._steps[key] = (record_graphs([[step]], {"step": step}, [t.committed])["step"], buf)
         g, buf = self._steps[key]

@@ -115,11 +115,14 @@ class Target(ABC):
             check_finite(feats, capture, self.info.hidden_size)
         return logits, feats
 
-    def step(self, token: torch.Tensor):
-        """One plain decode step (the baseline loop): -> logits [V]."""
-        one = torch.ones(1, 1, dtype=torch.bool, device=token.device)
-        zero = torch.zeros(1, dtype=torch.long, device=token.device)
-        logits, _ = self.verify(token.view(1), zero, one)
+    def step(self, token: torch.Tensor, rows: int = 1):
+        """One plain decode step (the baseline loop): -> logits [V]. With rows > 1 the token is row 0 of a chain
+        of `rows` pending tokens (the others copies of it, written past it and never committed): the forward
+        then has the shapes of a verify of a `rows`-token chain, so a kernel that rounds differently for 1 row
+        and for k rows (bf16 matmuls on a GPU) gives the token the arithmetic the speculative verify gives it."""
+        dev = token.device
+        block = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril_()
+        logits, _ = self.verify(token.view(1).expand(rows).contiguous(), torch.arange(rows, device=dev), block)
         self._advance(1)  # the one pending token is already in place: commit it without a KV copy
         return logits[0]
 
