@@ -101,7 +101,7 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
         from tqdm import tqdm
 
         it = tqdm(prompts, desc=progress, unit="prompt", leave=False)
-    rows = getattr(dec, "baseline_rows", 1)
+    rows = dec.baseline_rows
     if prompts and warmup and rows > 1:  # the one-row baseline records its own CUDA graph
         dec.generate(prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
     eagle, base, plain = [], [], []

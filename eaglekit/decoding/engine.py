@@ -77,7 +77,7 @@ def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeSha
         return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low) else 1
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise GenerationError(f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",
-                              fix="e.g. --baseline-rows auto", code="E300")
+                              fix="pass baseline_rows=\"auto\" (the default) or an integer >= 1", code="E300")
     return rows
 
 
