@@ -37,6 +37,27 @@ def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]
     return t, d, p
 
 
+def processor_name(device: torch.device) -> str:
+    """What ran the demo, for its table: the GPU's name, or the CPU model (the speedup depends on it: see the
+    README) with the instruction sets that decide which kernels torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:  # not Linux: the platform's word for it
+        pass
+    isa = next((x for x, f in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if f in flags), None)
+    return f"{name}{f' ({isa})' if isa else ''}"
+
+
 def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
              model: ModelOptions | None = None, progress: bool = True) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
@@ -54,7 +75,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
     return {**cmp.summary(),
             "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens},
-            "device": str(tgt.device), "threads": torch.get_num_threads(), "per_prompt": cmp.rows()}
+            "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
+            "per_prompt": cmp.rows()}
 
 
 def print_demo(res: dict) -> None:
@@ -64,7 +86,8 @@ def print_demo(res: dict) -> None:
     c = Console()
     tr = res["tree"]
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
-                    f"{res['device']}, {res['threads']} threads; tree steps {tr['steps']}, topk {tr['topk']}, "
+                    f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "
+                    f"topk {tr['topk']}, "
                     f"draft tokens {tr['draft_tokens']}")
     t.add_column("")
     t.add_column("target alone", justify="right")

@@ -22,7 +22,8 @@ def test_demo_json(capsys):
     res = json.loads(capsys.readouterr().out)
     assert {"accept_length", "per_position", "baseline_tokens_per_s", "eagle_tokens_per_s", "speedup",
             "identical"} <= res.keys()
-    assert res["identical"] is True
+    assert res["identical"] is True and res["baseline_rows"] == 1  # float32 on a CPU: the plain decode is the check
+    assert res["processor"] and res["processor"] != "?"  # the CPU model: the speedup depends on it
     assert res["accept_length"] > 1.5  # a trained draft, not random weights
     assert len(res["per_position"]) == res["tree"]["steps"]
 
