@@ -39,10 +39,6 @@ SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
 RESULTS: dict = {}
 
 
-def timer(cuda: bool):
-    return lambda fn, reps, warm=2: median_ms(fn, reps, warm, cuda=cuda)
-
-
 def build_pair(tiny: bool, device: str):
     from eaglekit.capture import CaptureSpec
     from eaglekit.draft.model import DraftConfig, Eagle3Draft
@@ -90,7 +86,6 @@ def cycles(args, cuda: bool, device: str):
 
     t, d, raw = build_pair(args.tiny, device)
     shape = TreeShape(3, 1, 4)
-    median_ms = timer(cuda)
     acc = args.accept_length
     rows = []
     g = torch.Generator().manual_seed(1)
@@ -121,9 +116,9 @@ def cycles(args, cuda: bool, device: str):
             c.run("plain_commit")
 
         reps = args.reps
-        cyc = median_ms(cycle, reps)
-        base = median_ms(step, reps)
-        rst = median_ms(restore, reps)  # both timings include one state restore: report it, do not subtract
+        cyc = median_ms(cycle, reps, cuda=cuda)
+        base = median_ms(step, reps, cuda=cuda)
+        rst = median_ms(restore, reps, cuda=cuda)  # both timings include one state restore: report it, do not subtract
         ratio = cyc / base
         row = {"batch": B, "running": n, "step_ms": round(base, 4), "cycle_ms": round(cyc, 4),
                "cycle_over_step": round(ratio, 4), "restore_ms": round(rst, 4),
@@ -176,9 +171,7 @@ def demo(args, device: str, sizes=(1, 4, 8)):
                 got: dict[str, list[int]] = {}
                 for i in range(B * args.waves):
                     eng.add(Request(f"r{i}", prompts[i % len(prompts)], args.demo_new, eos_ids=()))
-                if rep == 1:
-                    eng.spec_stats = {k: (0 if not isinstance(v, list) else [0] * len(v))
-                                      for k, v in eng.spec_stats.items()}
+                drafts0, accepted0 = eng.spec_stats["num_drafts"], eng.spec_stats["num_accepted_tokens"]
                 t0, c0 = time.perf_counter(), time.process_time()
                 steps = 0
                 while eng.has_work:
@@ -189,13 +182,13 @@ def demo(args, device: str, sizes=(1, 4, 8)):
                 torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             ntok = sum(len(v) for v in got.values())
-            st = eng.spec_stats
+            st = eng.spec_stats  # cumulative: the timed wave's share is its growth
+            drafts, accepted = st["num_drafts"] - drafts0, st["num_accepted_tokens"] - accepted0
             # CPU time as well: on a loaded machine wall time measures the neighbours; with one torch thread,
             # tokens per CPU-second is what an idle core would give
             res[name] = {"tok_s": round(ntok / dt, 2), "tok_per_cpu_s": round(ntok / cpu, 2), "tokens": ntok,
                          "seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "steps": steps,
-                         "accept_length": (round(1 + st["num_accepted_tokens"] / st["num_drafts"], 3)
-                                           if st["num_drafts"] else None), "outputs": got}
+                         "accept_length": round(1 + accepted / drafts, 3) if drafts else None, "outputs": got}
         same = res["draft"]["outputs"] == res["no_draft"]["outputs"]
         row = {"batch": B, "tok_s_draft": res["draft"]["tok_s"], "tok_s_no_draft": res["no_draft"]["tok_s"],
                "speedup": round(res["draft"]["tok_s"] / res["no_draft"]["tok_s"], 3),

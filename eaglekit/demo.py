@@ -44,16 +44,15 @@ def processor_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     import platform
 
-    name, flags = platform.processor() or platform.machine(), set()
+    info = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:  # not Linux: the platform's word for it
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # Linux; elsewhere the platform's word
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
+    name = info.get("model name") or platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
     isa = next((x for x, f in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if f in flags), None)
     return f"{name}{f' ({isa})' if isa else ''}"
 

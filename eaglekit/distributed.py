@@ -291,7 +291,8 @@ def silence_other_ranks() -> None:
         trace._stream = sys.stderr  # EAGLE3_DEBUG lines from rank 0 only (EAGLE3_DEBUG_FILE gets every rank's)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous of `--tp N`, servers started by tests and benchmarks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -301,7 +302,7 @@ def launch(n: int, argv: list[str], grace_s: float = 30.0, cmd: list[str] | None
     """`eaglekit ... --tp N` outside torchrun: start N copies of this command with the torchrun environment
     (one per GPU, or N CPU processes), wait, and return the first failure's exit status. A rank that
     fails makes the others fail on their next collective; any still running after `grace_s` are killed."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(n):
         env = dict(os.environ, WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),

@@ -14,7 +14,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
+from eaglekit.distributed import free_port
 from eaglekit.serve.bench import (BenchOptions, RequestResult, bench, chunk_text, parse_prometheus, parse_sse,
                                   percentile, spec_figures, summarize, vllm_spec_counters)
 
@@ -172,12 +172,6 @@ def _vllm_python() -> str | None:
     return py if Path(py).exists() else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.engine
 def test_bench_against_a_real_vllm_serve(tmp_path):
     """The demo pair exported for vLLM, served on 127.0.0.1, benched at concurrency 1 and 2: every request
@@ -190,7 +184,7 @@ def test_bench_against_a_real_vllm_serve(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-m", "eaglekit.cli", "export", "--draft", str(demo / "draft"), "--target",
                     str(demo / "target"), "--to", "vllm", str(tmp_path / "d")], check=True, env=env)
-    port = _free_port()
+    port = free_port()
     spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "d"), "num_speculative_tokens": 3})
     log = open(tmp_path / "serve.log", "w")
     srv = subprocess.Popen([py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(demo / "target"),

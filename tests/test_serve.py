@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglekit.serve.local import LocalServer, free_port
+from eaglekit.distributed import free_port
+from eaglekit.serve.local import LocalServer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")

@@ -7,7 +7,6 @@ mid-generation makes the survivor fail with a DistributedError within a bounded 
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,21 +16,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from eaglekit.distributed import free_port
 from helpers import make_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(name, *args, timeout_s=30.0):
     import tp_workers
 
-    mp.start_processes(tp_workers.run, args=(2, _port(), name, args, timeout_s), nprocs=2, join=True,
+    mp.start_processes(tp_workers.run, args=(2, free_port(), name, args, timeout_s), nprocs=2, join=True,
                        start_method="spawn")
 
 
@@ -95,7 +89,7 @@ def test_dying_rank_fails_the_others_in_bounded_time(tiny, tmp_path):
     import tp_workers
 
     ctx = mp.get_context("spawn")
-    port = _port()
+    port = free_port()
     procs = [ctx.Process(target=tp_workers.run, args=(r, 2, port, "die", (str(tiny / "llama"), str(tmp_path)), 20.0))
              for r in (0, 1)]
     t0 = time.time()

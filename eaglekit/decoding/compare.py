@@ -30,11 +30,12 @@ class RunSet:
     metrics: GenerationMetrics
 
 
-def warm_up(dec: Decoder, prompt, tokens: int, sampling: SamplingParams | None = None, baseline: bool = False):
+def warm_up(dec: Decoder, prompt, tokens: int, sampling: SamplingParams | None = None, baseline: bool = False,
+            baseline_rows: int | None = None):
     """One short generation whose first-call costs (allocations, CUDA-graph recording, compiles) stay out
     of the timings that follow."""
     if tokens > 0:
-        dec.generate(prompt, tokens, sampling, baseline=baseline)
+        dec.generate(prompt, tokens, sampling, baseline=baseline, baseline_rows=baseline_rows)
 
 
 def decode_set(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams | None = None,
@@ -93,17 +94,17 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
             alternate: bool = True, progress: str | None = None) -> Comparison:
     """Each prompt decoded with the draft and with the target alone. `alternate` swaps the order on every
     other prompt so that neither mode always runs on a warmer cache; `progress` names a tqdm bar."""
+    rows = dec.baseline_rows
     if prompts and warmup:
         warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling)
         warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True)
+        if rows > 1:  # the one-row baseline records its own CUDA graph
+            warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
     it = prompts
     if progress:
         from tqdm import tqdm
 
         it = tqdm(prompts, desc=progress, unit="prompt", leave=False)
-    rows = dec.baseline_rows
-    if prompts and warmup and rows > 1:  # the one-row baseline records its own CUDA graph
-        dec.generate(prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
     eagle, base, plain = [], [], []
     for i, p in enumerate(it):
         order = (True, False) if (alternate and i % 2 == 0) else (False, True)

@@ -32,10 +32,10 @@ IDLE_TIMEOUT = datetime.timedelta(days=365)
 class Lockstep:
     """The engine interface of BatchEngine (reads pass through) whose state changes reach every rank."""
 
-    def __init__(self, engine, group):
+    def __init__(self, engine):
         import torch.distributed as dist
 
-        self._engine, self._group = engine, group
+        self._engine = engine
         self._pending: list[tuple[str, object]] = []
         # collective: every rank creates it, in the same order as the other groups
         self._ctl = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)

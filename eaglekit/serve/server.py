@@ -44,7 +44,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
         from .lockstep import Lockstep, follow
 
-        lockstep = Lockstep(engine, tp)
+        lockstep = Lockstep(engine)
         if tp.rank != 0:
             return follow(lockstep)
         engine = lockstep
