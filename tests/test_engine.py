@@ -123,10 +123,18 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
     d = new_draft(t, seed=3)
     prompt = list(range(5, 20))
     ref = Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids
+    long_prompt = [5 + i % 80 for i in range(90)]
+    long_ref = Decoder(t, d, TreeShape(3, 2, 6)).generate(long_prompt, 40, eos_ids=()).token_ids
     t.compile()
     d.compile()
     assert Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids == ref
     assert Decoder(t).generate(prompt, 24, eos_ids=()).token_ids == ref
+    # a longer generation (another span; its prompt runs the plain layers) compiles nothing new: the span is symbolic
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    assert Decoder(t, d, TreeShape(3, 2, 6)).generate(long_prompt, 40, eos_ids=()).token_ids == long_ref
+    assert counters["stats"]["unique_graphs"] == before
 
 
 def test_decoders_sharing_a_target_keep_their_own_capture():

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ..capture import CaptureSpec
 from ..errors import ContractError
+from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
 from ..models.layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, span_mask, span_mask_rows
 from ..observe import trace
@@ -161,9 +162,14 @@ class Eagle3Draft(nn.Module, Draft):
         if self.config.sliding_window is not None:
             mask = self._window(positions, slots, mask, extra_kv)
         if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
-            h, new_kv = self.compiled_layer(self.midlayer, emb, h, cos, sin, kv, slots, mask)
-        else:
-            h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
+            kv = span_dynamic(mask, kv)
+            return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask)
+        return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv)
+
+    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
+        """The layer, the norm and the lm_head: what compile() compiles (the head's product, the largest weight the
+        draft reads per step, then becomes one kernel with the norm)."""
+        h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
         hn = self.norm(h)
         return (hn if self.config.norm_output else h), self.lm_head(hn), new_kv
 
@@ -219,9 +225,11 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.fuse()
         self.midlayer.mlp.fuse()
 
-    def compile(self) -> None:
-        """torch.compile the draft layer for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""
-        self.compiled_layer = torch.compile(DraftLayer.forward, dynamic=False)
+    def compile(self, options: dict | None = None) -> None:
+        """torch.compile the draft layer and head for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""
+        from ..models.compiling import compile_decode
+
+        self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):

@@ -211,7 +211,9 @@ class KVCache:
     """
 
     def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch=1, device="cpu", dtype=torch.float32):
-        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        # one spare slot, never used: a span S <= max_len is then always shorter than the allocation, so compiled
+        # layers see one layout for every span (compiling.span_dynamic)
+        shape = (num_layers, batch, num_kv_heads, max_len + 1, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
@@ -265,11 +267,11 @@ class RowKV:
         if _views is not None:
             self.k, self.v, self.length = _views
         else:
-            shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+            shape = (num_layers, batch, num_kv_heads, max_len + 1, head_dim)  # + a spare slot, as in KVCache
             self.k = torch.zeros(shape, device=device, dtype=dtype)
             self.v = torch.zeros(shape, device=device, dtype=dtype)
             self.length = torch.zeros(batch, dtype=torch.long, device=device)
-        self.max_len = self.k.shape[3]
+        self.max_len = self.k.shape[3] - 1
 
     @property
     def batch(self) -> int:
@@ -293,7 +295,7 @@ class RowKV:
 
     def move(self, src: int, dst: int, upto: int | None = None) -> None:
         """Copy row src onto row dst (its first `upto` slots: the rest is never read)."""
-        u = self.max_len if upto is None else min(upto, self.max_len)
+        u = self.k.shape[3] if upto is None else min(upto, self.max_len)
         self.k[:, dst, :, :u] = self.k[:, src, :, :u]
         self.v[:, dst, :, :u] = self.v[:, src, :, :u]
         self.length[dst] = self.length[src]
@@ -302,7 +304,7 @@ class RowKV:
         """A copy with room for `max_len` slots per row (entries and lengths kept)."""
         L, B, H, S, hd = self.k.shape
         new = RowKV(L, H, hd, max_len, B, self.k.device, self.k.dtype)
-        new.k[:, :, :, :S] = self.k
+        new.k[:, :, :, :S] = self.k  # (the spare slot too: never read)
         new.v[:, :, :, :S] = self.v
         new.length.copy_(self.length)
         return new

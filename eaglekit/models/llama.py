@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from .base import Target, TargetInfo
+from .compiling import span_dynamic
 from .config import TargetConfig, load_target_config
 from .layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, span_mask, span_mask_rows
 from .weights import load_state_dict_into, read_folder_tensors
@@ -66,6 +67,8 @@ class LlamaModel(nn.Module):
         fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
+            if fast:
+                kv = span_dynamic(mask, kv)
             x = fast(layer, x, cos, sin, kv, slots, mask) if fast else layer(x, cos, sin, kv, slots, mask)
             if i in capture:
                 caught[i] = x
@@ -156,10 +159,13 @@ class LlamaTarget(Target):
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
         return self.net.lm_head(h).float(), feats
 
-    def compile(self) -> None:
+    def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
-        by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only."""
-        self.net.compiled_layer = torch.compile(DecoderLayer.forward, dynamic=False)
+        by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only.
+        `options`: inductor options (None: eaglekit.models.compiling.DECODE_OPTIONS)."""
+        from .compiling import compile_decode
+
+        self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""

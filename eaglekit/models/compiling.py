@@ -1,0 +1,54 @@
+"""torch.compile for the decode shapes: one place that says how, with which inductor options, and where the
+compiled kernels are cached (so a second run of the same model on the same machine does not compile again).
+
+The engine records the compiled kernels inside its own CUDA graphs, so inductor's own cudagraphs stay off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+# inductor options for the decode-time layers, chosen on the H200 (benchmarks/NOTES.md, "Fast v2")
+DECODE_OPTIONS: dict = {"coordinate_descent_tuning": True}
+
+
+def cache_dir() -> Path:
+    """Where inductor keeps compiled kernels: $TORCHINDUCTOR_CACHE_DIR if set, else ~/.cache/eaglekit/inductor
+    (inductor's own default lies under /tmp, which many machines clear on reboot)."""
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not d:
+        d = str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eaglekit" / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    return Path(d)
+
+
+def compile_decode(fn, options: dict | None = None):
+    """`fn` compiled for fixed shapes: one graph per token count, the span dimensions left symbolic (span_dynamic),
+    so generations of other lengths reuse it instead of compiling again. `options` overrides DECODE_OPTIONS
+    ({} = inductor's defaults)."""
+    cache_dir()
+    from torch import _dynamo
+
+    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)  # one graph per token count
+    return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
+
+
+
+def span_dynamic(mask: torch.Tensor | None, kv):
+    """Before a compiled call: the span (mask [.., T, S]) becomes a symbolic size, so a new span does not compile
+    again (the token count, which picks the GEMV kernels, stays static). The KV cache [B, Hkv, S_max, hd] is
+    passed narrowed to [.., :S] (new entries always land below S): were its allocation S_max visible too, the
+    compiled code would guard on S == S_max or S < S_max and compile once more for the other case."""
+    from torch._dynamo import maybe_mark_dynamic
+
+    if mask is None or kv is None:
+        return kv
+    S = mask.shape[-1]
+    kv = tuple(t[:, :, :S] for t in kv)
+    maybe_mark_dynamic(mask, mask.dim() - 1)
+    for t in kv:
+        maybe_mark_dynamic(t, 2)
+    return kv
