@@ -34,7 +34,7 @@ def add_runtime(p, **defaults):
 
 
 def add_compile(p):
-    ModelOptions.add_args(p, only=("compile",))
+    ModelOptions.add_args(p, only=("compile", "no_compile"))
 
 
 def add_tree(p):
@@ -113,7 +113,7 @@ def cmd_generate(args) -> int:
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
-                              model.dtype_name, compile=model.compile)
+                              model.dtype_name, compile=model.compile_mode)
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
@@ -209,7 +209,7 @@ def cmd_sweep(args) -> int:
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
-                              compile=model.compile)
+                              compile=model.compile_mode)
     res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
                 model.allow_other_target)
     paths = write_results(res, args.out)
@@ -440,6 +440,7 @@ def _demo_args(p):
     p.add_argument("--draft", default=None, help="another draft folder instead of the shipped one")
     ModelOptions.add_args(p, only=("device", "dtype"), device=DEMO_DEVICE)
     add_tree(p)
+    add_compile(p)
 
 
 cmd_demo.add_args = _demo_args
@@ -634,7 +635,8 @@ def cmd_serve(args) -> int:
     return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue,
                  tree_shape(args) if args.draft else None, args.served_model_name, args.spec_max_batch,
                  capture_override(args), args.allow_other_target, args.backend, args.device,
-                 None if args.dtype == "auto" else args.dtype, args.compile, False if args.no_graphs else "auto",
+                 None if args.dtype == "auto" else args.dtype, model_options(args).compile_mode,
+                 False if args.no_graphs else "auto",
                  args.chat_template, args.drain_timeout, args.log_level, args.threads)
 
 

@@ -17,12 +17,17 @@ from .decoding.tree import TreeShape
 from .errors import InputError
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
-from .pair import load_pair
+from .pair import compiled, load_pair
 from .tokenizer import encode, load_tokenizer, read_prompts
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
-# chosen on the 2-core CPU machine over the 32 held-out prompts (benchmarks/NOTES.md): the chain of 5 gave the
-# best tokens/s of (3,1,4), (4,1,5), (5,1,6), (3,2,6)
+# On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
+# length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: the chain of 5,
+# 1.65-1.79x; a 2-core Sapphire Rapids: the chain of 2, 1.32x against 1.22x for the chain of 5; benchmarks/NOTES.md).
+# A short sweep of these chains on the first PICK_PROMPTS prompts, PICK_TOKENS new tokens each, picks the fastest.
+PICK_STEPS = (2, 3, 4, 5, 6)
+PICK_PROMPTS, PICK_TOKENS = 4, 48
+# On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)
 
 
@@ -57,24 +62,50 @@ def processor_name(device: torch.device) -> str:
     return f"{name}{f' ({isa})' if isa else ''}"
 
 
+def pick_chain(target, draft, prompts) -> tuple[TreeShape, dict]:
+    """The chain (steps in PICK_STEPS) with the most tokens/s on this machine, by a short greedy sweep (see
+    PICK_STEPS) -> (shape, what was measured)."""
+    import time
+
+    from .observe.sweep import sweep
+
+    t0 = time.perf_counter()
+    res = sweep(target, draft, prompts[:PICK_PROMPTS], {"steps": PICK_STEPS, "topk": (1,), "draft_tokens": ()},
+                max_new_tokens=PICK_TOKENS, progress=False)
+    b = res["best"]
+    return TreeShape.make(b["steps"], 1), {
+        "by": "sweep", "seconds": round(time.perf_counter() - t0, 1), "prompts": res["prompts"],
+        "max_new_tokens": PICK_TOKENS,
+        "candidates": [{"steps": r["steps"], "tokens_per_s": r["tokens_per_s"], "accept_length": r["accept_length"]}
+                       for r in res["rows"]]}
+
+
 def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
              model: ModelOptions | None = None, progress: bool = True) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
-    length and the tree (default: DEFAULT_SHAPE); `model` the device (default cpu: see DEMO_DEVICE) and dtype."""
+    length and the tree (default: picked on a CPU by pick_chain, DEFAULT_SHAPE on a GPU); `model` the device (default cpu: see DEMO_DEVICE) and dtype."""
     opts, decode = opts or DemoOptions(), decode or DecodeOptions()
     model = model or ModelOptions(device=DEMO_DEVICE)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
-    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name)
+    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode)
     tok = load_tokenizer(tdir)
-    shape = decode.shape() if decode.tree_given else TreeShape.make(*DEFAULT_SHAPE)
-    dec = Decoder(tgt, drf, shape)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
+    picked = None
+    if decode.tree_given:
+        shape = decode.shape()
+    elif tgt.device.type == "cpu":
+        shape, picked = pick_chain(tgt, drf, ids)
+    else:
+        shape = TreeShape.make(*DEFAULT_SHAPE)
+    dec = Decoder(tgt, drf, shape)
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
     return {**cmp.summary(),
-            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens},
+            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
+                     "picked": picked},
             "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
+            "compiled": compiled(tgt),
             "per_prompt": cmp.rows()}
 
 
@@ -84,10 +115,12 @@ def print_demo(res: dict) -> None:
 
     c = Console()
     tr = res["tree"]
+    picked = tr.get("picked")
+    how = (f" (picked on this machine: the fastest of chains {', '.join(str(c['steps']) for c in picked['candidates'])}"
+           f" in a {picked['seconds']:.0f} s sweep)" if picked else "")
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
                     f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "
-                    f"topk {tr['topk']}, "
-                    f"draft tokens {tr['draft_tokens']}")
+                    f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}")
     t.add_column("")
     t.add_column("target alone", justify="right")
     t.add_column("with EAGLE-3", justify="right")
@@ -103,4 +136,7 @@ def print_demo(res: dict) -> None:
         t.add_row("identical to the plain 1-row decode", "", f"{res['identical_one_row']}/{res['prompts']} prompts")
     else:
         t.add_row("output identical to the target's (greedy)", "", same)
+    if "warm_up_s" in res:
+        how = "compiled layers" if res.get("compiled") else "uncompiled layers"
+        t.caption = f"{how}; warm-up before the timings {res['warm_up_s']:.1f} s"
     c.print(t)

@@ -144,8 +144,10 @@ class ModelOptions(Options):
         "[1, n//2-1, n-4]): comma-separated after_layers ids (output of layer i; 'emb' = the embedding, or write "
         "--capture-layers=-1,...)")
     allow_other_target: bool = opt(False, "run a draft whose recorded target fingerprint differs from this target")
-    compile: bool = opt(False, "torch.compile the decoder layers (GPU: fused kernels inside the CUDA graphs; the "
-                               "first generation pays the compile)")
+    compile: bool = opt(False, "torch.compile the decoder layers, on any device (default: compiled on a GPU with "
+                               "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
+                               "kernels from ~/.cache/eaglekit/inductor)")
+    no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -173,6 +175,13 @@ class ModelOptions(Options):
         return resolve_device(self.device)
 
     @property
+    def compile_mode(self) -> str:
+        """'on' (--compile), 'off' (--no-compile) or 'auto' (compiled on a GPU with eaglekit's decoder)."""
+        if self.compile and self.no_compile:
+            raise InputError("--compile and --no-compile contradict each other", fix="pass one of them", code="E108")
+        return "on" if self.compile else "off" if self.no_compile else "auto"
+
+    @property
     def dtype_name(self) -> str | None:
         return None if self.dtype == "auto" else self.dtype
 
@@ -181,7 +190,7 @@ class ModelOptions(Options):
         """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
         --compile. --target and --draft are declared by each command (required or not, its own help)."""
         skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else {"compile"})
+            set() if compile else {"compile", "no_compile"})
         cls.add_args(parser, skip=skip, **defaults)
 
 

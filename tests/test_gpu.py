@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def pair32():
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32")  # compiled: the GPU default
+    assert t.net.compiled_layer is not None and d.compiled_layer is not None
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:6]]
     return t, d, prompts
@@ -34,6 +35,23 @@ def test_graphs_equal_eager_and_baseline(pair32, shape):
         base = fast.generate(p, 64, baseline=True)
         assert a.token_ids == b.token_ids == base.token_ids
         assert a.metrics.accepted == b.metrics.accepted
+
+
+def test_compiled_equals_uncompiled_and_a_new_span_does_not_compile(pair32):
+    """The default GPU path (compiled layers in CUDA graphs) gives the uncompiled eager tokens (float32), and a
+    generation with a longer span replays the compiled code instead of compiling again (span_dynamic)."""
+    from torch._dynamo.utils import counters
+
+    t, d, prompts = pair32
+    pt, pd = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32", compile="off")
+    fast = Decoder(t, d, TreeShape(3, 1, 4), graphs=True)
+    plain = Decoder(pt, pd, TreeShape(3, 1, 4), graphs=False)
+    for p in prompts[:4]:
+        assert fast.generate(p, 64).token_ids == plain.generate(p, 64).token_ids
+        assert fast.generate(p, 64, baseline=True).token_ids == plain.generate(p, 64, baseline=True).token_ids
+    before = counters["stats"]["unique_graphs"]
+    assert fast.generate(prompts[0], 400).token_ids == plain.generate(prompts[0], 400).token_ids  # span 512 > 256
+    assert counters["stats"]["unique_graphs"] == before
 
 
 def test_sampling_on_the_gpu_is_seeded(pair32):

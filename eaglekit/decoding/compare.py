@@ -15,6 +15,7 @@ baseline, decoded too (the faster of the two: a speedup over a slowed-down basel
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ..observe.metrics import GenerationMetrics, aggregate, rounded
@@ -55,6 +56,7 @@ class Comparison:
     same: list[bool]  # per prompt: the draft's output equals the target's
     baseline_rows: int = 1  # rows per step of `baseline` (see Decoder.baseline_rows)
     plain: RunSet | None = None  # the one-row baseline, decoded for the timing when baseline_rows > 1
+    warmup_s: float = 0.0  # wall time of the warm-up generations (graph recording, compiles), outside the timings
 
     @property
     def timing_baseline(self) -> RunSet:
@@ -75,7 +77,7 @@ class Comparison:
                "per_position": [round(x, 4) for x in E.per_position], "histogram": E.histogram,
                "baseline_tokens_per_s": round(B.tokens_per_s, 2), "eagle_tokens_per_s": round(E.tokens_per_s, 2),
                "speedup": round(self.speedup, 3), "identical": self.identical, "prompts": len(self.same),
-               "new_tokens": E.new_tokens, "baseline_rows": self.baseline_rows}
+               "new_tokens": E.new_tokens, "baseline_rows": self.baseline_rows, "warm_up_s": round(self.warmup_s, 2)}
         if self.plain is not None:
             out["identical_one_row"] = sum(e.token_ids == b.token_ids
                                            for e, b in zip(self.eagle.results, self.plain.results))
@@ -95,11 +97,13 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
     """Each prompt decoded with the draft and with the target alone. `alternate` swaps the order on every
     other prompt so that neither mode always runs on a warmer cache; `progress` names a tqdm bar."""
     rows = dec.baseline_rows
+    t0 = time.perf_counter()
     if prompts and warmup:
         warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling)
         warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True)
         if rows > 1:  # the one-row baseline records its own CUDA graph
             warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
+    warmup_s = time.perf_counter() - t0
     it = prompts
     if progress:
         from tqdm import tqdm
@@ -116,4 +120,4 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
     return Comparison([len(p) for p in prompts], RunSet(eagle, aggregate([r.metrics for r in eagle])),
                       RunSet(base, aggregate([r.metrics for r in base])),
                       [e.token_ids == b.token_ids for e, b in zip(eagle, base)], rows,
-                      RunSet(plain, aggregate([r.metrics for r in plain])) if plain else None)
+                      RunSet(plain, aggregate([r.metrics for r in plain])) if plain else None, warmup_s)

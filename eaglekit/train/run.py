@@ -111,7 +111,8 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
     if opts.data is None and opts.prompt_file is None:
         raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
                          "decode)", code="E130")
-    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name)
+    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name,
+                              compile=model.compile_mode)
     spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}
     tok = load_tokenizer(target_dir, required=False)
