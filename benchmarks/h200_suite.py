@@ -34,6 +34,8 @@ from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this s
 RESULTS: dict = {}
 T0 = time.time()
 COMPILE = False
+COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglekit's DECODE_OPTIONS)
+SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
 
 
 def section(name):
@@ -91,10 +93,7 @@ def llama8b():
     t = LlamaTarget(net, "cuda", torch.bfloat16)
     t.fuse()
     if COMPILE:
-        from torch import _dynamo
-
-        _dynamo.config.cache_size_limit = 64
-        t.compile()
+        t.compile(COMPILE_OPTIONS)
     return t, raw
 
 
@@ -147,11 +146,11 @@ def cycles_8b(ctx):
         d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
     d.fuse()
     if COMPILE:
-        d.compile()
+        d.compile(COMPILE_OPTIONS)
     ctx["draft8b"] = d
     prompt = torch.randint(0, 128000, (512,), device="cuda")
     rows = []
-    for steps, topk, dt in [(3, 1, 4), (5, 4, 8), (6, 8, 48)]:
+    for steps, topk, dt in SHAPES:
         shape = TreeShape(steps, topk, dt)
         t.reset(1024)
         d.reset(1024 + 64)

@@ -1,0 +1,104 @@
+"""Where the time of a decode step goes, per variant of how the layers are compiled (Fast v2 probe).
+
+One variant per process (dynamo and inductor state do not carry over), on the Llama-3.1-8B shape of
+h200_suite (random bf16 weights): compile + capture time, the graphed step, its fraction of the copy
+bandwidth, the GPU kernel time by kind (from torch.profiler over eager calls of the same compiled step), and
+the EAGLE-3 cycle over the baseline step for a few shapes.
+
+    python benchmarks/fast_probe.py --variant cdt --options '{"coordinate_descent_tuning": true}' --out DIR
+    python benchmarks/fast_probe.py --variant graphs --no-compile --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import h200_suite as S  # noqa: E402
+
+KINDS = (("gemm", ("gemv", "gemm", "nvjet", "cutlass", "sm90_", "splitk", "matmul")),
+         ("attention", ("fmha", "flash", "attention", "attn")),
+         ("triton", ("triton_",)))
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    for k, keys in KINDS:
+        if any(x in low for x in keys):
+            return k
+    return "other"
+
+
+def kernel_table(fn, reps=5) -> dict:
+    """GPU time per kernel kind for `reps` calls of fn (ms per call), and the number of kernels per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    by_kind = collections.defaultdict(float)
+    count = collections.Counter()
+    top = collections.defaultdict(float)
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t <= 0 or "CUDA" not in str(e.device_type):
+            continue
+        k = kind(e.key)
+        by_kind[k] += t / 1e3 / reps
+        count[k] += e.count // reps
+        top[e.key[:90]] += t / 1e3 / reps
+    return {"ms_per_call": {k: round(v, 4) for k, v in by_kind.items()},
+            "kernels_per_call": dict(count),
+            "top": [[k, round(v, 4)] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--options", default=None, help="inductor options as JSON (default: eaglekit's)")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--shapes", default="3,1,4;5,1,6;5,4,8")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    S.COMPILE = not args.no_compile
+    S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
+    S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
+    res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS}
+    S.copy_bandwidth()
+    ctx: dict = {}
+    t0 = time.time()
+    S.baseline_8b(ctx)
+    res["baseline_section_s"] = round(time.time() - t0, 1)  # build + compile + capture + timing
+    res.update({k: S.RESULTS[k] for k in ("copy_bandwidth_bytes_per_s", "baseline_8b", "weight_bytes_non_embedding")
+                if k in S.RESULTS})
+    t = ctx["target"]
+    tok = torch.zeros(1, dtype=torch.long, device="cuda")
+    t.reset(1024)
+    t.prefill(torch.randint(0, 128000, (512,), device="cuda"))
+    with torch.inference_mode():
+        res["step_kernels"] = kernel_table(lambda: t.step(tok))
+        res["verify6_kernels"] = kernel_table(lambda: t.step(tok, 6))
+    print(json.dumps(res["step_kernels"], indent=1))
+    t1 = time.time()
+    S.cycles_8b(ctx)
+    res["cycles_section_s"] = round(time.time() - t1, 1)
+    res["cycles"] = S.RESULTS.get("cycles")
+    res["errors"] = S.RESULTS.get("errors")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"probe_{args.variant}.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: res[k] for k in ("baseline_8b", "cycles") if k in res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
