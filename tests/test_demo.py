@@ -26,12 +26,35 @@ def test_demo_json(capsys):
     assert res["processor"] and res["processor"] != "?"  # the CPU model: the speedup depends on it
     assert res["accept_length"] > 1.5  # a trained draft, not random weights
     assert len(res["per_position"]) == res["tree"]["steps"]
+    # on a CPU, with no tree given, the chain is picked here: the fastest of the measured candidates
+    picked = res["tree"]["picked"]
+    assert [c["steps"] for c in picked["candidates"]] == [2, 3, 4, 5, 6] and res["tree"]["topk"] == 1
+    best = max(picked["candidates"], key=lambda c: c["tokens_per_s"])
+    assert res["tree"]["steps"] == best["steps"] and res["tree"]["draft_tokens"] == best["steps"] + 1
+    assert res["compiled"] is False and res["warm_up_s"] >= 0  # the CPU default: uncompiled
 
 
 def test_demo_table(capsys):
     assert main(["demo", "--prompts", "1", "--max-new-tokens", "16", "--steps", "3", "--topk", "1"]) == 0
     out = capsys.readouterr().out
     assert "with EAGLE-3" in out and "speedup" in out and "identical" in out
+    assert "picked" not in out and "uncompiled layers" in out  # a given tree is run as given
+
+
+def test_compile_flags_are_checked():
+    import pytest
+
+    from eaglekit.errors import InputError
+    from eaglekit.options import ModelOptions
+    from eaglekit.pair import compiled, load_pair
+
+    assert ModelOptions().compile_mode == "auto" and ModelOptions(no_compile=True).compile_mode == "off"
+    with pytest.raises(InputError, match="contradict"):
+        ModelOptions(compile=True, no_compile=True).compile_mode
+    with pytest.raises(InputError, match="not one of auto, on, off"):
+        load_pair(ASSETS / "target", None, device="cpu", compile="maybe")
+    t, _ = load_pair(ASSETS / "target", None, device="cpu")
+    assert not compiled(t)  # 'auto' compiles on a GPU only
 
 
 def test_recipe_tiny_end_to_end(tmp_path, capsys):
