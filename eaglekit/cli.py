@@ -761,6 +761,14 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"eaglekit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        from .distributed import error_stream
+
+        if error_stream() is not sys.stderr:  # a silenced tensor-parallel rank: its traceback must still show
+            import traceback
+
+            traceback.print_exc(file=error_stream())
+        raise
 
 
 if __name__ == "__main__":
