@@ -156,7 +156,8 @@ def demo(args, device: str, sizes=(1, 4, 8)):
 
     # float32: greedy output identical with and without the draft is then a real check (in bf16 one row and a
     # tree of rows round differently; issue "Fast v2")
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32")[:2]
+    # uncompiled, as `eaglekit serve` runs its batched engine by default (and as results/2026-12-01_* were measured)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off")[:2]
     tok = load_tokenizer(ASSETS / "target")
     lines = (ASSETS / "prompts.jsonl").read_text().splitlines()
     prompts = [tok.encode(json.loads(x)["prompt"]) for x in lines]

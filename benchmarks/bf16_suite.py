@@ -39,7 +39,8 @@ def demo_identity(n_prompts: int, max_new: int) -> list[dict]:
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16")
+    # uncompiled, as results/2026-12-01_h200_bf16.json was measured (the compiled default: `eaglekit demo --device cuda`)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile="off")
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n_prompts]]
     rows = []

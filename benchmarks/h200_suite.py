@@ -6,7 +6,8 @@ in this run; medians of CUDA-event timings; each section is guarded so one failu
     b. the EAGLE-3 cycle at that shape (draft: 1 layer, hidden 4096, draft vocab 32000) for (3,1,4), (5,4,8),
        (6,8,48): cycle time over the baseline step, per-phase times, and tokens/s at the demo pair's accept
        length for that shape (labelled replayed)
-    c. the shipped demo pair end to end: accept length, tokens/s, speedup over our baseline, identity
+    c. the shipped demo pair end to end: accept length, tokens/s, speedup over our baseline, identity (the default
+       GPU path since 2026-12-01: compiled layers)
     d. peers: transformers generate (eager) and transformers assisted generation by prompt lookup on the
        demo target; transformers generate at the 8B shape
 
