@@ -26,15 +26,14 @@ def cache_dir() -> Path:
 
 
 def compile_decode(fn, options: dict | None = None):
-    """`fn` compiled for fixed shapes: one graph per token count, the span dimensions left symbolic (span_dynamic),
-    so generations of other lengths reuse it instead of compiling again. `options` overrides DECODE_OPTIONS
+    """`fn` compiled for fixed shapes: one graph per token count; its callers pass the span dimensions through
+    span_dynamic, so generations of other lengths reuse it instead of compiling again. `options` overrides DECODE_OPTIONS
     ({} = inductor's defaults)."""
     cache_dir()
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)  # one graph per token count
     return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
-
 
 
 def span_dynamic(mask: torch.Tensor | None, kv):
