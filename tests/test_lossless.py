@@ -92,3 +92,26 @@ def test_cases_covered_eos_inside_accepted_runs():
     print(_stats)
     assert _stats["eos_inside_run"] >= 10
     assert _stats["accepted_tokens"] >= 500
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 5, 7])
+def test_chain_fast_path_builds_the_general_tree(model_dirs, steps):
+    """`expand` sends topk = 1 to a short path (no scores, no selection): it must give the tree the general code
+    gives, field by field, from many draft states (random hidden and logits; float64 and float32 drafts)."""
+    from eaglekit.decoding import tree as T
+
+    target = load_target(model_dirs["llama"], backend="ours")
+    g = torch.Generator().manual_seed(steps)
+    for dtype in (torch.float32, torch.float64):
+        draft = new_draft(target, seed=steps, dtype=dtype)
+        shape = TreeShape.make(steps, 1)
+        for n in (5, 13):
+            Decoder(target, draft, shape).generate(list(range(3, 3 + n)), 9, eos_ids=())
+            for _ in range(4):
+                h = torch.randn(draft.hidden_size, generator=g, dtype=torch.float64).to(dtype)
+                dl = torch.randn(draft.draft_vocab_size, generator=g) * 4
+                with torch.inference_mode():
+                    a = T._chain(draft, h, dl, torch.tensor(7), steps)
+                    b = T._tree(draft, h, dl, torch.tensor(7), shape)
+                for f in ("tokens", "parents", "depths", "mask"):
+                    assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f

@@ -69,6 +69,14 @@ def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
 
     Fixed shapes, no host synchronisation: the draft's committed length is a device tensor and every
     draft step attends over the draft's whole span (committed slots + this tree's pending slots)."""
+    if shape.topk == 1:
+        return _chain(draft, h_last, logits_last, root_token, shape.steps)
+    return _tree(draft, h_last, logits_last, root_token, shape)
+
+
+def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
+          shape: TreeShape) -> Tree:
+    """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree)."""
     K, dev = shape.topk, logits_last.device
     m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
     S = draft.span
@@ -127,6 +135,32 @@ def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
         parents=all_parents,
         depths=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
         mask=anc,
+    )
+
+
+def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
+           steps: int) -> Tree:
+    """`expand` for topk = 1, the same tree with a fraction of the operations (what a chain's cycle pays for in
+    small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no selection, since every node is
+    kept; the mask, parents and depths of a chain are fixed. Picks tokens by the same rule (top 1 of the softmax)."""
+    dev = logits_last.device
+    m = draft.committed
+    cols = torch.arange(draft.span, device=dev)
+    tok = torch.softmax(logits_last.float(), -1).topk(1).indices
+    toks, h = [tok], h_last.view(1, -1)
+    for level in range(2, steps + 1):
+        # the node at depth level - 1 sees the committed slots and the chain's pending slots up to its own
+        mask = (cols < m + (level - 1))[None]
+        slot = (m + (level - 2)).view(1)
+        h, logits = draft.step(h, draft.to_target_ids(tok), slot, slot, mask)
+        tok = torch.softmax(logits, -1).topk(1, dim=-1).indices[0]
+        toks.append(tok)
+    D = steps + 1
+    return Tree(
+        tokens=torch.cat([root_token.view(1), draft.to_target_ids(torch.cat(toks))]),
+        parents=torch.arange(-1, steps, device=dev).clamp_(min=0),
+        depths=torch.arange(D, device=dev),
+        mask=torch.ones(D, D, dtype=torch.bool, device=dev).tril_(),
     )
 
 
