@@ -23,7 +23,7 @@ from .tokenizer import encode, load_tokenizer, read_prompts
 ASSETS = Path(__file__).parent / "assets" / "demo"
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: the chain of 5,
-# 1.65-1.79x; a 2-core Sapphire Rapids: the chain of 2, 1.32x against 1.22x for the chain of 5; benchmarks/NOTES.md).
+# 1.65-1.79x; a 2-core Sapphire Rapids: the chain of 2, 1.39x against 1.28-1.32x for the chain of 5; NOTES.md).
 # A short sweep of these chains on the first PICK_PROMPTS prompts, PICK_TOKENS new tokens each, picks the fastest.
 PICK_STEPS = (2, 3, 4, 5, 6)
 PICK_PROMPTS, PICK_TOKENS = 4, 48
