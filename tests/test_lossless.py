@@ -115,3 +115,28 @@ def test_chain_fast_path_builds_the_general_tree(model_dirs, steps):
                     b = T._tree(draft, h, dl, torch.tensor(7), shape)
                 for f in ("tokens", "parents", "depths", "mask"):
                     assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4, 6])
+def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
+    """expand_rows' chain path (`_chain_rows`) against its general code, rows with different committed lengths."""
+    from eaglekit.decoding import tree as T
+
+    target = load_target(model_dirs["llama"], backend="ours")
+    draft = new_draft(target, seed=steps)
+    g = torch.Generator().manual_seed(steps)
+    B, span = 3, 48
+    kv = draft.row_cache(B, span)
+    kv.k.normal_(generator=g)
+    kv.v.normal_(generator=g)
+    shape = TreeShape.make(steps, 1)
+    for lengths in ([5, 9, 0], [20, 1, 33]):
+        kv.length.copy_(torch.tensor(lengths))
+        h = torch.randn(B, draft.hidden_size, generator=g)
+        dl = torch.randn(B, draft.draft_vocab_size, generator=g) * 4
+        root = torch.tensor([7, 8, 9])
+        with torch.inference_mode():
+            a = T._chain_rows(draft, kv, h, dl, root, steps, span)
+            b = T._tree_rows(draft, kv, h, dl, root, shape, span)
+        for f in ("tokens", "parents", "depths", "mask"):
+            assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f

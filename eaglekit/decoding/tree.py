@@ -171,6 +171,36 @@ def expand_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root
     RowKV view of those rows (committed lengths kv.length [B]). One draft forward per level for the whole
     batch. Returns a Tree whose fields carry a leading batch dim: tokens/parents/depths [B, D], mask
     [B, D, D]. Same selection rule as `expand`, row by row."""
+    if shape.topk == 1:
+        return _chain_rows(draft, kv, h_last, logits_last, root, shape.steps, span)
+    return _tree_rows(draft, kv, h_last, logits_last, root, shape, span)
+
+
+def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> Tree:
+    """`_chain` for B rows (see expand_rows): the same trees as `_tree_rows` for topk = 1, with fewer operations."""
+    dev, B = logits_last.device, root.shape[0]
+    m = kv.length  # [B]
+    cols = torch.arange(span, device=dev)
+    tok = torch.softmax(logits_last.float(), -1).topk(1, dim=-1).indices  # [B, 1]
+    toks, h = [tok], h_last[:, None, :]
+    for level in range(2, steps + 1):
+        mask = (cols[None, :] < (m + (level - 1))[:, None])[:, None, :]  # [B, 1, S]: as in _chain, per row
+        slot = (m + (level - 2))[:, None]
+        h, logits = draft.step_rows(kv, h, draft.to_target_ids(tok), slot, slot, mask)
+        tok = torch.softmax(logits, -1).topk(1, dim=-1).indices[:, 0]  # [B, 1]
+        toks.append(tok)
+    D = steps + 1
+    return Tree(
+        tokens=torch.cat([root[:, None], draft.to_target_ids(torch.cat(toks, 1))], 1),
+        parents=torch.arange(-1, steps, device=dev).clamp_(min=0).repeat(B, 1),
+        depths=torch.arange(D, device=dev).repeat(B, 1),
+        mask=torch.ones(D, D, dtype=torch.bool, device=dev).tril_().repeat(B, 1, 1),
+    )
+
+
+def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
+               shape: TreeShape, span: int) -> Tree:
+    """The general batched expansion (expand_rows sends chains to `_chain_rows`)."""
     K, dev = shape.topk, logits_last.device
     B = root.shape[0]
     m = kv.length  # [B]
