@@ -276,33 +276,20 @@ def peers(ctx):
 
 @section("e. compiled decoder layers (torch.compile inside our CUDA graph)")
 def compiled_step(ctx, budget_s):
-    import functools
-
     from eaglekit.decoding.engine import Decoder
-    from eaglekit.models.llama import DecoderLayer
 
     left = budget_s - (time.time() - T0)
     if left < 150 or "target" not in ctx:
         print(f"   skipped: {left:.0f}s left of the budget")
         RESULTS["compiled_8b"] = {"skipped": f"{left:.0f}s left"}
         return
-    from torch import _dynamo
-
-    _dynamo.config.cache_size_limit = 64
     t = ctx["target"]
-    fn = torch.compile(DecoderLayer.forward, dynamic=False)
-    for layer in t.net.model.layers:
-        layer.forward = functools.partial(fn, layer)
+    t.compile(COMPILE_OPTIONS)  # eaglekit's own compile path (prompts longer than COMPILE_MAX_TOKENS run plain)
     t0 = time.time()
     dec = Decoder(t)
     t.reset(1024)
     prompt = torch.randint(0, 128000, (512,), device="cuda")
-    with torch.no_grad():
-        for layer in t.net.model.layers:  # the prefill (512 rows) runs the plain layers
-            layer.forward = functools.partial(DecoderLayer.forward, layer)
-        logits, _ = t.prefill(prompt)
-        for layer in t.net.model.layers:
-            layer.forward = functools.partial(fn, layer)
+    logits, _ = t.prefill(prompt)
     g, buf = dec._graphed_step(logits[-1].argmax())
     compile_s = time.time() - t0
     ms = events_ms(g.replay, reps=200, warm=5)

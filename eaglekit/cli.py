@@ -117,7 +117,7 @@ def cmd_generate(args) -> int:
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
-        shape = auto_shape(target, draft, [ids], sp, capture=capture, allow_other_target=model.allow_other_target)
+        shape, _ = auto_shape(target, draft, [ids], sp, capture=capture, allow_other_target=model.allow_other_target)
     dec = Decoder(target, draft, shape, capture=capture, allow_other_target=model.allow_other_target,
                   profile=args.profile, profile_ranges=bool(args.profile_trace),
                   graphs=False if args.no_graphs else "auto")

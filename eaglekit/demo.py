@@ -67,13 +67,12 @@ def pick_chain(target, draft, prompts) -> tuple[TreeShape, dict]:
     PICK_STEPS) -> (shape, what was measured)."""
     import time
 
-    from .observe.sweep import sweep
+    from .observe.sweep import auto_shape
 
     t0 = time.perf_counter()
-    res = sweep(target, draft, prompts[:PICK_PROMPTS], {"steps": PICK_STEPS, "topk": (1,), "draft_tokens": ()},
-                max_new_tokens=PICK_TOKENS, progress=False)
-    b = res["best"]
-    return TreeShape.make(b["steps"], 1), {
+    shape, res = auto_shape(target, draft, prompts, grid={"steps": PICK_STEPS, "topk": (1,), "draft_tokens": ()},
+                            n_prompts=PICK_PROMPTS, tokens=PICK_TOKENS)
+    return shape, {
         "by": "sweep", "seconds": round(time.perf_counter() - t0, 1), "prompts": res["prompts"],
         "max_new_tokens": PICK_TOKENS,
         "candidates": [{"steps": r["steps"], "tokens_per_s": r["tokens_per_s"], "accept_length": r["accept_length"]}
@@ -83,7 +82,8 @@ def pick_chain(target, draft, prompts) -> tuple[TreeShape, dict]:
 def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
              model: ModelOptions | None = None, progress: bool = True) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
-    length and the tree (default: picked on a CPU by pick_chain, DEFAULT_SHAPE on a GPU); `model` the device (default cpu: see DEMO_DEVICE) and dtype."""
+    length and the tree (default: picked on a CPU by pick_chain, DEFAULT_SHAPE on a GPU); `model` the device
+    (default cpu: see DEMO_DEVICE), dtype and compile mode."""
     opts, decode = opts or DemoOptions(), decode or DecodeOptions()
     model = model or ModelOptions(device=DEMO_DEVICE)
     if opts.threads:
@@ -116,7 +116,7 @@ def print_demo(res: dict) -> None:
     c = Console()
     tr = res["tree"]
     picked = tr.get("picked")
-    how = (f" (picked on this machine: the fastest of chains {', '.join(str(c['steps']) for c in picked['candidates'])}"
+    how = (f" (picked on this machine: the fastest of chains {', '.join(str(x['steps']) for x in picked['candidates'])}"
            f" in a {picked['seconds']:.0f} s sweep)" if picked else "")
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
                     f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "

@@ -94,6 +94,11 @@ def test_cases_covered_eos_inside_accepted_runs():
     assert _stats["accepted_tokens"] >= 500
 
 
+def _assert_same_tree(a, b):
+    for f in ("tokens", "parents", "depths", "mask"):
+        assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f
+
+
 @pytest.mark.parametrize("steps", [1, 2, 3, 5, 7])
 def test_chain_fast_path_builds_the_general_tree(model_dirs, steps):
     """`expand` sends topk = 1 to a short path (no scores, no selection): it must give the tree the general code
@@ -113,8 +118,7 @@ def test_chain_fast_path_builds_the_general_tree(model_dirs, steps):
                 with torch.inference_mode():
                     a = T._chain(draft, h, dl, torch.tensor(7), steps)
                     b = T._tree(draft, h, dl, torch.tensor(7), shape)
-                for f in ("tokens", "parents", "depths", "mask"):
-                    assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f
+                _assert_same_tree(a, b)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4, 6])
@@ -138,5 +142,4 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
         with torch.inference_mode():
             a = T._chain_rows(draft, kv, h, dl, root, steps, span)
             b = T._tree_rows(draft, kv, h, dl, root, shape, span)
-        for f in ("tokens", "parents", "depths", "mask"):
-            assert getattr(a, f).dtype == getattr(b, f).dtype and torch.equal(getattr(a, f), getattr(b, f)), f
+        _assert_same_tree(a, b)

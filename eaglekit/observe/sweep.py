@@ -69,12 +69,14 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
             "device": str(target.device)}
 
 
-def auto_shape(target, draft, prompts, sp=None, capture=None, allow_other_target=False) -> TreeShape:
-    """A short sweep (AUTO_PROMPTS prompts, AUTO_TOKENS tokens) over AUTO_GRID; the fastest setting."""
-    res = sweep(target, draft, prompts[:AUTO_PROMPTS], AUTO_GRID, sp, AUTO_TOKENS, capture, allow_other_target,
+def auto_shape(target, draft, prompts, sp=None, capture=None, allow_other_target=False, grid: dict | None = None,
+               n_prompts: int = AUTO_PROMPTS, tokens: int = AUTO_TOKENS) -> tuple[TreeShape, dict]:
+    """A short sweep (the first n_prompts prompts, `tokens` new tokens each) over `grid` (default AUTO_GRID)
+    -> (the fastest setting, the sweep's result)."""
+    res = sweep(target, draft, prompts[:n_prompts], grid or AUTO_GRID, sp, tokens, capture, allow_other_target,
                 progress=False)
     b = res["best"]
-    return TreeShape(b["steps"], b["topk"], b["draft_tokens"])
+    return TreeShape(b["steps"], b["topk"], b["draft_tokens"]), res
 
 
 def write_results(res: dict, out: str | Path) -> dict[str, Path]:
