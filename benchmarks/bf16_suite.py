@@ -31,7 +31,7 @@ from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this s
 SHAPES = [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)]
 
 
-def demo_identity(n_prompts: int, max_new: int) -> list[dict]:
+def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, compile: str = "off") -> list[dict]:
     from eaglekit.decoding.compare import compare
     from eaglekit.decoding.engine import Decoder
     from eaglekit.decoding.tree import TreeShape
@@ -39,8 +39,10 @@ def demo_identity(n_prompts: int, max_new: int) -> list[dict]:
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
-    # uncompiled, as results/2026-12-01_h200_bf16.json was measured (the compiled default: `eaglekit demo --device cuda`)
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile="off")
+    # uncompiled by default, as results/2026-12-01_h200_bf16.json was measured
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile)
+    t.set_small_m(small_m)
+    d.set_small_m(small_m)
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n_prompts]]
     rows = []
@@ -87,14 +89,18 @@ def main():
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--small-m", type=int, default=None, help="products of this many rows on use models.smallm")
+    ap.add_argument("--compile", default="off", choices=("auto", "on", "off"))
+    ap.add_argument("--no-steps", action="store_true", help="leave out the 8B-shape step timing")
     args = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompts": args.prompts,
-           "max_new_tokens": args.max_new}
+           "max_new_tokens": args.max_new, "small_m": args.small_m, "compile": args.compile}
     print("== a. demo pair, bf16", flush=True)
-    res["demo_bf16"] = demo_identity(args.prompts, args.max_new)
-    print("== b. 8B-shape step at k rows", flush=True)
-    res["step_rows_8b"] = step_cost(512, args.reps)
+    res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.small_m, args.compile)
+    if not args.no_steps:
+        print("== b. 8B-shape step at k rows", flush=True)
+        res["step_rows_8b"] = step_cost(512, args.reps)
     res["wall_s"] = round(time.time() - t0, 1)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out} ({res['wall_s']} s)")

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_suite as S  # noqa: E402
 
-KINDS = (("gemm", ("gemv", "gemm", "nvjet", "cutlass", "sm90_", "splitk", "matmul")),
+KINDS = (("smallm", ("smallm_",)),
+         ("gemm", ("gemv", "gemm", "nvjet", "cutlass", "sm90_", "splitk", "matmul")),
          ("attention", ("fmha", "flash", "attention", "attn")),
          ("triton", ("triton_",)))
 
@@ -68,12 +69,14 @@ def main():
     ap.add_argument("--options", default=None, help="inductor options as JSON (default: eaglekit's)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--shapes", default="3,1,4;5,1,6;5,4,8")
+    ap.add_argument("--small-m", type=int, default=None, help="rows from which products use eaglekit.models.smallm")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    S.SMALL_M = args.small_m
     S.COMPILE = not args.no_compile
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
-    res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS}
+    res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M}
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()

@@ -36,6 +36,7 @@ RESULTS: dict = {}
 T0 = time.time()
 COMPILE = False
 COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglekit's DECODE_OPTIONS)
+SMALL_M = None  # rows from which products go through eaglekit.models.smallm (None: F.linear)
 SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
 
 
@@ -93,6 +94,7 @@ def llama8b():
             p.normal_(0, 0.02, generator=g)  # timing does not depend on the values, but never time zeros
     t = LlamaTarget(net, "cuda", torch.bfloat16)
     t.fuse()
+    t.set_small_m(SMALL_M)
     if COMPILE:
         t.compile(COMPILE_OPTIONS)
     return t, raw
@@ -146,6 +148,7 @@ def cycles_8b(ctx):
         d.embed_tokens.weight.copy_(t.embed_weight())
         d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
     d.fuse()
+    d.set_small_m(SMALL_M)
     if COMPILE:
         d.compile(COMPILE_OPTIONS)
     ctx["draft8b"] = d

@@ -15,13 +15,16 @@ from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+def _prompts(n=6):
+    tok = load_tokenizer(ASSETS / "target")
+    return [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n]]
+
+
 @pytest.fixture(scope="module")
 def pair32():
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32")  # compiled: the GPU default
-    assert t.net.compiled_layer is not None and d.compiled_layer is not None
-    tok = load_tokenizer(ASSETS / "target")
-    prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:6]]
-    return t, d, prompts
+    """Uncompiled (graphs against eager: quick to record for every shape); the compiled default has its own test."""
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32", compile="off")
+    return t, d, _prompts()
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)])
@@ -42,8 +45,9 @@ def test_compiled_equals_uncompiled_and_a_new_span_does_not_compile(pair32):
     generation with a longer span replays the compiled code instead of compiling again (span_dynamic)."""
     from torch._dynamo.utils import counters
 
-    t, d, prompts = pair32
-    pt, pd = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32", compile="off")
+    pt, pd, prompts = pair32
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32")  # the default: compiled
+    assert t.net.compiled_layer is not None and d.compiled_layer is not None
     fast = Decoder(t, d, TreeShape(3, 1, 4), graphs=True)
     plain = Decoder(pt, pd, TreeShape(3, 1, 4), graphs=False)
     for p in prompts[:4]:
@@ -110,15 +114,45 @@ def test_batched_graphs_equal_alone(pair32, shape):
     assert eng.spec_stats["num_drafts"] > 0
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 4), (5, 1, 6)])
-def test_bf16_chains_equal_the_verify_shaped_baseline(shape):
+@pytest.mark.parametrize("shape,compile", [((3, 1, 4), "off"), ((5, 1, 6), "auto")])
+def test_bf16_chains_equal_the_verify_shaped_baseline(shape, compile):
     """bf16: the one-row baseline and a k-row verify round differently (about 11 of 32 demo prompts part), but a
     baseline stepping through k-row chains (Decoder.baseline_rows, 'auto' here) gives the chain's arithmetic:
     greedy speculative output equals it on every prompt (benchmarks/bf16_suite.py: 32/32 for both chains)."""
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile)
     tok = load_tokenizer(ASSETS / "target")
     dec = Decoder(t, d, TreeShape(*shape), graphs=True)
     assert dec.baseline_rows == shape[2]
     for p in read_prompts(ASSETS / "prompts.jsonl")[:12]:
         ids = encode(tok, p)
         assert dec.generate(ids, 96).token_ids == dec.generate(ids, 96, baseline=True).token_ids
+
+
+@pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 14336), (32000, 4096), (1000, 512)])
+def test_small_m_kernel_is_right_and_batch_invariant_in_bf16(N, K):
+    """eaglekit.models.smallm on the GPU in bf16: near the fp64 product, and each row's bits the same for 1..16 rows
+    (the tile is 16 rows whatever M is; its config depends on the weight only)."""
+    from eaglekit.models import smallm
+
+    g = torch.Generator(device="cuda").manual_seed(N)
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.02
+    x = torch.randn(16, K, device="cuda", generator=g).bfloat16()
+    full = smallm.linear(x, w)
+    ref = torch.nn.functional.linear(x.double(), w.double())
+    assert (full.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    for M in (1, 2, 3, 6, 8, 16):
+        assert torch.equal(smallm.linear(x[:M], w), full[:M])
+
+
+def test_small_m_compiled_graphs_equal_eager_bf16():
+    """The smallm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
+    layers called without graphs (bf16)."""
+    prompts = _prompts(4)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16")
+    t.set_small_m(1)
+    d.set_small_m(1)
+    fast = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
+    plain = Decoder(t, d, TreeShape(5, 1, 6), graphs=False)
+    for p in prompts:
+        assert fast.generate(p, 48).token_ids == plain.generate(p, 48).token_ids
+        assert fast.generate(p, 48, baseline=True).token_ids == plain.generate(p, 48, baseline=True).token_ids

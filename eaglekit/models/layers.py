@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import smallm
 from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
@@ -95,6 +96,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
+        self.small_m: int | None = None  # from this many rows on, products go through smallm (set_small_m)
 
     def fuse(self) -> None:
         """Inference only: q/k/v weights become row views of one [q; k; v] matrix (no extra memory)."""
@@ -112,7 +114,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+            qkv = small_m_linear(x, self.qkv_weight, self.qkv_bias, self.small_m)
+            q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
@@ -145,7 +148,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
                                              enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return self.o_proj(out), new_kv
+        return small_m_module(self.o_proj, out, self.small_m), new_kv
 
 
 class MLP(nn.Module):
@@ -156,6 +159,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
         self.gate_up_weight = None  # set by fuse()
+        self.small_m: int | None = None  # see Attention.small_m
 
     def fuse(self) -> None:
         if self.gate_proj.bias is None:
@@ -163,9 +167,29 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_weight is not None:
-            g, u = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-            return self.down_proj(F.silu(g) * u)
+            g, u = small_m_linear(x, self.gate_up_weight, None, self.small_m).chunk(2, dim=-1)
+            return small_m_module(self.down_proj, F.silu(g) * u, self.small_m)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def small_m_linear(x, w, b, from_rows: int | None):
+    """F.linear, or eaglekit.models.smallm's kernel where `from_rows` is set and x has from_rows..16 rows."""
+    rows = x.numel() // x.shape[-1]
+    return smallm.linear(x, w, b, enabled=from_rows is not None and rows >= from_rows)
+
+
+def small_m_module(m: nn.Module, x, from_rows: int | None):
+    """m(x), through small_m_linear when m is a plain nn.Linear (tensor-parallel linears keep their own forward)."""
+    if from_rows is None or type(m) is not nn.Linear:
+        return m(x)
+    return small_m_linear(x, m.weight, m.bias, from_rows)
+
+
+def set_small_m(modules, from_rows: int | None) -> None:
+    """Route the products of these Attention/MLP modules through smallm from `from_rows` rows on (None: never)."""
+    for m in modules:
+        if isinstance(m, (Attention, MLP)):
+            m.small_m = from_rows
 
 
 def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:

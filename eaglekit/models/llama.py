@@ -14,7 +14,8 @@ import torch.nn as nn
 from .base import Target, TargetInfo
 from .compiling import span_dynamic
 from .config import TargetConfig, load_target_config
-from .layers import COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, span_mask, span_mask_rows
+from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, set_small_m,
+                     small_m_module, span_mask, span_mask_rows)
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -53,6 +54,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(c.head_dim, c.rope)
         self.compiled_layer = None  # set by LlamaTarget.compile()
+        self.small_m: int | None = None  # the lm_head's; set by LlamaTarget.set_small_m()
 
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
                 capture: tuple[int, ...] = ()):
@@ -132,7 +134,7 @@ class LlamaTarget(Target):
         mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
         h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
-        logits = self.net.lm_head(h[0]).float()
+        logits = small_m_module(self.net.lm_head, h[0], self.net.small_m).float()
         return logits, (feats[0] if feats is not None else None)
 
     def _advance(self, n: int) -> None:
@@ -157,7 +159,7 @@ class LlamaTarget(Target):
         mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
-        return self.net.lm_head(h).float(), feats
+        return small_m_module(self.net.lm_head, h, self.net.small_m).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
@@ -166,6 +168,12 @@ class LlamaTarget(Target):
         from .compiling import compile_decode
 
         self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
+
+    def set_small_m(self, from_rows: int | None) -> None:
+        """The layers' products of from_rows..16 rows go through eaglekit.models.smallm (one pass over each
+        weight, the same rounding for a row alone and in a tree); None: F.linear everywhere."""
+        set_small_m(self.net.modules(), from_rows)
+        self.net.small_m = from_rows
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""

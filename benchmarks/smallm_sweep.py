@@ -1,0 +1,86 @@
+"""Products of 1..8 rows by the Llama-3.1-8B weights (and its EAGLE-3 draft's): cuBLAS (F.linear) against
+eaglekit.models.smallm's kernel over a grid of tile configs, each timed inside a CUDA graph (a graph of R calls
+over R different weights, so the timing is launch-free and the weights come from HBM, not L2).
+
+    python benchmarks/smallm_sweep.py --out DIR        # one H200: ~2 minutes
+
+Writes DIR/smallm_sweep.json: per (N, K, rows) the cuBLAS time, the best config and its time, the default
+config's (smallm.config: tuned if the table has it) time, and bytes/s for each; prints a table. With --tune it
+first runs smallm.tune (every config of smallm.GRID at 6 rows, cuBLAS too) and stores the winners for this GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from eaglekit.models import smallm
+
+SHAPES = {  # name: (N, K)
+    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+    "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096), "draft_fc": (4096, 12288),
+}
+ROWS = (1, 6, 8)
+GRID = list(itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (4,))) + [(16, 256, s, 4, 4) for s in (1, 2, 4)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tune", action="store_true", help="instead: smallm.tune() over its GRID at 6 rows, written to "
+                    "this GPU's table (smallm.table_path()), then the sweep with the tuned configs as 'default'")
+    args = ap.parse_args()
+    names = args.shapes.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.tune:
+        t0 = time.time()
+        tuned = smallm.tune([SHAPES[n] for n in names])
+        tuned["wall_s"] = round(time.time() - t0, 1)
+        (out / "smallm_tune.json").write_text(json.dumps(tuned, indent=1))
+    graph_ms = smallm.graph_ms
+    run = smallm.kernels().run
+    results = []
+    for name in names:
+        N, K = SHAPES[name]
+        nbytes = N * K * 2
+        copies = max(2, -(-600_000_000 // nbytes))  # > 10x the L2
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        default = smallm.config(N, K) or GRID[0]  # (None: tuned to cuBLAS)
+        for M in ROWS:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x.float(), ws[0].float())
+            cublas = graph_ms(lambda i: F.linear(x, ws[i]), copies)
+            timed = {}
+            for cfg in ([] if args.tune else GRID) + [default]:
+                if cfg in timed or K % (cfg[1] * cfg[2]):
+                    continue
+                y = run(x, ws[0], cfg)
+                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
+                if err > 2e-2:
+                    raise SystemExit(f"{name} rows={M} cfg={cfg}: relative error {err:.3g}")
+                timed[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c), copies)
+            best = min(timed, key=timed.get)
+            row = {"name": name, "N": N, "K": K, "rows": M, "cublas_ms": round(cublas, 5),
+                   "best_cfg": list(best), "best_ms": round(timed[best], 5), "default_cfg": list(default),
+                   "default_ms": round(timed[default], 5),
+                   "cublas_tb_s": round(nbytes / cublas / 1e9, 3), "best_tb_s": round(nbytes / timed[best] / 1e9, 3),
+                   "default_tb_s": round(nbytes / timed[default] / 1e9, 3),
+                   "top5": [[list(c), round(t, 5)] for c, t in sorted(timed.items(), key=lambda kv: kv[1])[:5]]}
+            results.append(row)
+            print(f"{name:14s} N={N:6d} K={K:5d} rows={M}: cuBLAS {row['cublas_tb_s']:.2f} TB/s, "
+                  f"best {row['best_tb_s']:.2f} {best}, default {row['default_tb_s']:.2f} {default}", flush=True)
+        del ws
+    (out / "smallm_sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": results},
+                                                      indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Products of a few rows by a large weight (decode and verify shapes): one pass over the weight, whatever the row
+count, and the same arithmetic for a row whether it comes alone or with up to 15 others.
+
+Why: at 1 row inductor emits GEMV kernels near copy bandwidth, but 2..16 rows go to cuBLAS's small-M GEMMs, which
+stream the weight ~25% slower (benchmarks/NOTES.md, "Fast v2"): a 6-row verify cost 1.24 steps where its bytes
+allow ~1.02. And cuBLAS picks other kernels (other reduction orders) for 1 row and for k rows, so in bf16 a token
+verified in a tree rounds differently from the same token stepped alone.
+
+How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 with a Triton kernel whose tile is always 16 rows (rows past M are
+masked zeros). The grid covers N in blocks and K in `split` slices; each program accumulates its slice in fp32 with
+the tensor cores, partial sums land in [split, M, N] fp32 and a second kernel adds them in a fixed order. The tile
+config depends on (N, K) only, never on M, so each row's result is bit-identical for every M: the batch invariance
+that bf16 losslessness needs (tests/test_smallm.py checks it, in Triton's interpreter on a CPU and on the GPU).
+
+Runs where Triton runs (CUDA); elsewhere, and for fp32 (tensor-core tiles would round fp32 inputs to tf32), `linear`
+is F.linear.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import json
+import os
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+MAX_ROWS = 16  # the tile's row count: more rows than this go to F.linear
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `linear` takes the Triton path for this input (CUDA, or Triton's interpreter in tests; bf16/fp16;
+    at most MAX_ROWS rows)."""
+    if not HAVE_TRITON or x.dtype not in _DTYPES or w.dtype != x.dtype or w.stride(-1) != 1:
+        return False
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    return x.numel() // x.shape[-1] <= MAX_ROWS
+
+
+def config(N: int, K: int) -> tuple[int, int, int, int, int] | None:
+    """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
+    (None where tuning found cuBLAS faster), else a rule from the H200 sweep (benchmarks/NOTES.md, "Fast v2": one
+    slice of K up to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more). A function of the weight's shape only:
+    that is what makes a row's rounding independent of M."""
+    key = f"{N}x{K}"
+    table = tuned_table()
+    if key in table:
+        return tuple(table[key]) if table[key] != "cublas" else None
+    if N >= 16384:
+        return 128, 128, 1, 4, 4
+    block_k = 256 if K % 256 == 0 else 128
+    split = 2 if K > 8192 and K % (2 * block_k) == 0 else 1
+    return 64, block_k, split, 4, 4
+
+
+# tile configs `tune` tries: (block_n, block_k, split, warps, stages)
+GRID = [c for c in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4), (4, 8), (3, 5))
+        if c[4] * (16 + c[0]) * c[1] * 2 <= 200 * 1024]  # the stages' tiles fit an H100/H200's shared memory
+
+
+def table_path() -> Path:
+    """Where tuned configs are kept, per GPU model: $EAGLEKIT_SMALLM_TABLE, else beside the inductor cache."""
+    from .compiling import cache_dir
+
+    return Path(os.environ.get("EAGLEKIT_SMALLM_TABLE") or cache_dir().parent / "smallm.json")
+
+
+@functools.lru_cache(maxsize=None)
+def tuned_table() -> dict:
+    """This GPU's entries of the tuned table ({} without a GPU or a table)."""
+    p = table_path()
+    if not torch.cuda.is_available() or not p.exists():
+        return {}
+    return json.loads(p.read_text()).get(torch.cuda.get_device_name(), {})
+
+
+def graph_ms(fn, calls: int, reps: int = 7) -> float:
+    """Median ms per call of fn(i), i in range(calls), recorded once into a CUDA graph (no launch gaps; give fn
+    `calls` different weights whose bytes exceed the L2 cache, so they stream from HBM as in a model)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(calls):
+            fn(i)  # warm-up: Triton compiles here, outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return statistics.median(times)
+
+
+def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
+    """Time every GRID config and cuBLAS for each [N, K] weight at `rows` rows (bf16, inside CUDA graphs) and keep
+    the fastest, "cublas" where cuBLAS wins, in this GPU's table (atomically merged into table_path())."""
+    from ..io import atomic_write_json
+
+    run = kernels().run
+    found, report = {}, []
+    for N, K in shapes:
+        copies = max(2, -(-600_000_000 // (N * K * 2)))  # > 10x an H200's L2
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
+        times = {"cublas": graph_ms(lambda i: F.linear(x, ws[i]), copies)}
+        for cfg in GRID:
+            if K % (cfg[1] * cfg[2]) == 0 and K // cfg[2] >= cfg[1]:
+                times[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c), copies)
+        best = min(times, key=times.get)
+        found[f"{N}x{K}"] = "cublas" if best == "cublas" else list(best)
+        gb = N * K * 2 / 1e9
+        report.append({"N": N, "K": K, "rows": rows, "best": found[f"{N}x{K}"], "best_tb_s": gb / times[best],
+                       "cublas_tb_s": gb / times["cublas"]})
+        log(f"smallm tune {N}x{K} at {rows} rows: {found[f'{N}x{K}']} {gb / times[best]:.2f} TB/s "
+            f"(cuBLAS {gb / times['cublas']:.2f})")
+        del ws
+    if write:
+        p = table_path()
+        whole = json.loads(p.read_text()) if p.exists() else {}
+        whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(p, whole)
+        tuned_table.cache_clear()
+    return {"table": found, "report": report}
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True) -> torch.Tensor:
+    """F.linear(x, w, b), through the small-M kernel where `enabled`, `usable` and not tuned to cuBLAS."""
+    if not (enabled and usable(x, w)) or config(*w.shape) is None:
+        return F.linear(x, w, b)
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+    return y if b is None else y + b
+
+
+_KERNELS = None
+
+
+def kernels():
+    """`.op`, the registered op (torch.library.triton_op: torch.compile sees its kernels, CUDA graphs record them),
+    and `.run(x, w, cfg)`, the same with a given config (benchmarks/smallm_sweep.py). Built on first use, so that
+    importing eaglekit never needs Triton."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _build()
+    return _KERNELS
+
+
+def _build():
+    import triton
+    import triton.language as tl
+    from torch.library import triton_op, wrap_triton
+
+    @triton.jit
+    def smallm_partial(x_ptr, w_ptr, part_ptr, M, N, K, stride_xm, stride_wn, k_slice,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = tl.arange(0, 16)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        k0 = pid_k * k_slice
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, k_slice, BLOCK_K):
+            rk = k0 + kk + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                         mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
+            acc = tl.dot(xt, tl.trans(wt), acc)
+        out = part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
+        if DIRECT:  # one slice of K: part_ptr is the output itself
+            tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+        else:
+            tl.store(out, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit
+    def smallm_sum(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < MN
+        acc = tl.load(part_ptr + offs, mask=m, other=0.0)
+        for s in tl.static_range(1, SPLIT):  # in order: the same sum for every M
+            acc += tl.load(part_ptr + s * MN + offs, mask=m, other=0.0)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
+
+    def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k) -> torch.Tensor:
+        M, K = x.shape
+        N = w.shape[0]
+        x = x.contiguous()
+        block_n, block_k, split, warps, stages = cfg
+        k_slice = triton_cdiv(triton_cdiv(K, split), block_k) * block_k
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        part = y if split == 1 else torch.empty((split, M, N), device=x.device, dtype=torch.float32)
+        wrap(smallm_partial)[(triton_cdiv(N, block_n), split)](
+            x, w, part, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
+            DIRECT=split == 1, num_warps=warps, num_stages=stages)
+        if split > 1:
+            wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, y, M * N, SPLIT=split, BLOCK=1024)
+        return y
+
+    @triton_op("eaglekit::small_m_linear", mutates_args=())
+    def small_m_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return run(x, w, config(w.shape[0], x.shape[1]), wrap_triton)
+
+    return SimpleNamespace(op=small_m_linear, run=run)

@@ -1,0 +1,87 @@
+"""The small-M product kernel (eaglekit.models.smallm) in Triton's interpreter on the CPU: right products, and
+the same bits for a row whether it comes alone or among up to 15 others (what makes bf16 verify lossless).
+fp16 here: the interpreter computes through numpy, which has no bfloat16 (the GPU tests cover bf16)."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("needs triton (the dev extra installs it)", allow_module_level=True)
+if torch.cuda.is_available():  # the interpreter would take over the GPU's kernels in this process
+    pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernel on the GPU",
+                allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when imported: set it first
+
+from eaglekit.models import smallm  # noqa: E402
+from eaglekit.models.layers import MLP, set_small_m  # noqa: E402
+
+CONFIGS = [(64, 128, 1, 4, 4), (32, 128, 2, 4, 4), (16, 64, 4, 4, 4), (128, 64, 8, 4, 4)]
+
+
+def _ref(x, w):
+    return F.linear(x.double(), w.double())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("N,K", [(96, 512), (200, 1024), (130, 512)])  # 130, 200: blocks past N are masked
+def test_products_are_right_and_rows_do_not_interact(cfg, N, K):
+    if K % (cfg[1] * cfg[2]):
+        pytest.skip("the slices must tile K")
+    g = torch.Generator().manual_seed(N + K + cfg[0])
+    w = (torch.randn(N, K, generator=g) * 0.05).half()
+    x = torch.randn(16, K, generator=g).half()
+    run = smallm.kernels().run
+    full = run(x, w, cfg)
+    ref = _ref(x, w)
+    assert full.dtype == torch.float16 and full.shape == (16, N)
+    assert (full.double() - ref).abs().max() <= 2e-3 * ref.abs().max()
+    for M in (1, 2, 5, 16):
+        part = run(x[:M], w, cfg)
+        assert torch.equal(part, full[:M]), f"rows 0..{M - 1} round differently next to {16 - M} other rows"
+    other = x.clone()
+    other[1:] = torch.randn(15, K, generator=g).half()  # row 0 again, with other neighbours
+    assert torch.equal(run(other, w, cfg)[0], full[0])
+
+
+def test_linear_routes_by_dtype_rows_and_flag():
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(64, 256, generator=g) * 0.05).half()
+    b = torch.randn(64, generator=g).half()
+    x = torch.randn(2, 3, 256, generator=g).half()
+    assert smallm.usable(x, w)
+    y = smallm.linear(x, w, b)
+    assert y.shape == (2, 3, 64)
+    assert (y.double() - (_ref(x, w) + b.double())).abs().max() < 5e-2
+    assert not smallm.usable(torch.randn(17, 256).half(), w)  # more rows than the tile
+    assert not smallm.usable(x.float(), w.float())  # fp32: tensor cores would round to tf32
+    assert not smallm.usable(x, w.t().contiguous().t())  # columns not contiguous
+    assert torch.equal(smallm.linear(x.float(), w.float()), F.linear(x.float(), w.float()))
+    assert torch.equal(smallm.linear(x, w, enabled=False), F.linear(x, w))
+
+
+def test_mlp_rows_are_batch_invariant_with_small_m():
+    """An MLP (fused gate/up, down) routed through smallm gives each row the same bits alone or among 6 rows;
+    routed through F.linear on the CPU that is not promised, so the test is about the routing, not luck."""
+    torch.manual_seed(0)
+    m = MLP(128, 256).half()
+    m.fuse()
+    set_small_m([m], 1)
+    x = torch.randn(1, 6, 128).half()
+    with torch.no_grad():
+        many = m(x)
+        for i in range(6):
+            assert torch.equal(m(x[:, i:i + 1]), many[:, i:i + 1])
+    set_small_m([m], None)
+    with torch.no_grad():
+        assert (m(x).double() - many.double()).abs().max() < 1e-2
+
+
+def test_config_depends_on_the_weight_only_and_tiles_k():
+    for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (32000, 4096),
+                 (4096, 12288), (96, 512)]:
+        block_n, block_k, split, warps, stages = smallm.config(N, K)
+        assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
