@@ -34,7 +34,7 @@ def add_runtime(p, **defaults):
 
 
 def add_compile(p):
-    ModelOptions.add_args(p, only=("compile", "no_compile"))
+    ModelOptions.add_args(p, only=("compile", "no_compile", "products"))
 
 
 def add_tree(p):
@@ -113,7 +113,7 @@ def cmd_generate(args) -> int:
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
-                              model.dtype_name, compile=model.compile_mode)
+                              model.dtype_name, compile=model.compile_mode, products=model.products)
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
@@ -209,7 +209,7 @@ def cmd_sweep(args) -> int:
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
-                              compile=model.compile_mode)
+                              compile=model.compile_mode, products=model.products)
     res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
                 model.allow_other_target)
     paths = write_results(res, args.out)
@@ -637,7 +637,7 @@ def cmd_serve(args) -> int:
                  capture_override(args), args.allow_other_target, args.backend, args.device,
                  None if args.dtype == "auto" else args.dtype, model_options(args).compile_mode,
                  False if args.no_graphs else "auto",
-                 args.chat_template, args.drain_timeout, args.log_level, args.threads)
+                 args.chat_template, args.drain_timeout, args.log_level, args.threads, model_options(args).products)
 
 
 def _serve_args(p):

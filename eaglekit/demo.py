@@ -89,7 +89,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     if opts.threads:
         torch.set_num_threads(opts.threads)
     tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
-    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode)
+    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode,
+                         products=model.products)
     tok = load_tokenizer(tdir)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
     picked = None
@@ -105,7 +106,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
             "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
                      "picked": picked},
             "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
-            "compiled": compiled(tgt),
+            "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
+            "products_pick": getattr(tgt, "products_pick", None),
             "per_prompt": cmp.rows()}
 
 
@@ -118,9 +120,13 @@ def print_demo(res: dict) -> None:
     picked = tr.get("picked")
     how = (f" (picked on this machine: the fastest of chains {', '.join(str(x['steps']) for x in picked['candidates'])}"
            f" in a {picked['seconds']:.0f} s sweep)" if picked else "")
+    pp = res.get("products_pick")
+    prod = f"; products: {res.get('products', 'aten')}" + (
+        " (the faster here; ms for a step + a 6-row verify: "
+        + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
                     f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "
-                    f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}")
+                    f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
     t.add_column("")
     t.add_column("target alone", justify="right")
     t.add_column("with EAGLE-3", justify="right")

@@ -148,6 +148,9 @@ class ModelOptions(Options):
                                "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
                                "kernels from ~/.cache/eaglekit/inductor)")
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
+    products: str = opt("auto", "how the decode products run: auto (on a CPU the faster of aten and onednn, timed "
+                                "at load; F.linear elsewhere), aten (F.linear), onednn (prepacked, CPU), smallm "
+                                "(Triton, GPU)", choices=("auto", "aten", "onednn", "smallm"), group="runtime")
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,7 +193,7 @@ class ModelOptions(Options):
         """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
         --compile. --target and --draft are declared by each command (required or not, its own help)."""
         skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else {"compile", "no_compile"})
+            set() if compile else {"compile", "no_compile", "products"})
         cls.add_args(parser, skip=skip, **defaults)
 
 

@@ -13,12 +13,20 @@ def pick_device(name: str | None = "auto") -> str:
     return resolve_device(name)
 
 
+PRODUCTS = ("auto", "aten", "onednn", "smallm")
+
+
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
-              compile: str | bool = "auto") -> tuple[Target, Eagle3Draft | None]:
+              compile: str | bool = "auto", products: str = "auto") -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/NOTES.md); 'on' / True everywhere, 'off' / False never. The first generation pays the
-    compile; eaglekit.models.compiling keeps the kernels for the next run."""
+    compile; eaglekit.models.compiling keeps the kernels for the next run.
+
+    `products`: how the decode products run (eaglekit.models.products). 'auto': on a CPU with eaglekit's decoder,
+    the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s; `products_pick` on the
+    target says what was timed); elsewhere F.linear (inductor compiles them on a GPU). 'aten', 'onednn' (CPU) or
+    'smallm' (GPU, Triton) force one."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -37,7 +45,35 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile()
         if draft is not None:
             draft.compile()
+    _set_products(target, draft, products, device)
     return target, draft
+
+
+def _set_products(target, draft, products, device) -> None:
+    from .models.products import onednn_available, pick_cpu
+
+    if products not in PRODUCTS:
+        raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
+                         fix="pass auto, aten, onednn or smallm")
+    ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
+    cpu = str(device) == "cpu"
+    if products == "auto":
+        if not (ours and cpu):
+            return
+        target.products_pick = pick_cpu(target)
+        products = target.products_pick["products"]
+    elif not ours:
+        raise InputError(f"--products {products} needs eaglekit's own decoder on one device", code="E108",
+                         fix="leave out --products for transformers-backed or tensor-parallel targets")
+    elif products == "onednn" and not (cpu and onednn_available()):
+        raise InputError("--products onednn runs on a CPU whose torch has oneDNN", code="E108",
+                         fix="use --products aten (or auto) here")
+    elif products == "smallm" and not str(device).startswith("cuda"):
+        raise InputError("--products smallm is a GPU kernel (Triton)", code="E108", fix="use it with --device cuda")
+    else:
+        target.set_products(products)
+    if draft is not None and hasattr(draft, "set_products"):
+        draft.set_products(products)
 
 
 def compiled(target) -> bool:

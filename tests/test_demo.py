@@ -32,6 +32,10 @@ def test_demo_json(capsys):
     best = max(picked["candidates"], key=lambda c: c["tokens_per_s"])
     assert res["tree"]["steps"] == best["steps"] and res["tree"]["draft_tokens"] == best["steps"] + 1
     assert res["compiled"] is False and res["warm_up_s"] >= 0  # the CPU default: uncompiled
+    # and the products' path is chosen here too, by timing a step and a verify with each candidate
+    pick = res["products_pick"]
+    assert res["products"] == pick["products"] == min(pick["ms"], key=lambda k: sum(pick["ms"][k]))
+    assert "aten" in pick["ms"] and all(a > 0 and b > 0 for a, b in pick["ms"].values())
 
 
 def test_demo_table(capsys):
@@ -39,6 +43,7 @@ def test_demo_table(capsys):
     out = capsys.readouterr().out
     assert "with EAGLE-3" in out and "speedup" in out and "identical" in out
     assert "picked" not in out and "uncompiled layers" in out  # a given tree is run as given
+    assert "products: " in out and "a 6-row verify" in out  # the products' path, and what chose it
 
 
 def test_compile_flags_are_checked():

@@ -143,3 +143,36 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
             a = T._chain_rows(draft, kv, h, dl, root, steps, span)
             b = T._tree_rows(draft, kv, h, dl, root, shape, span)
         _assert_same_tree(a, b)
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_greedy_speculative_equals_baseline_with_onednn_products(model_dirs, case):
+    """float32 on the CPU with the products through oneDNN's prepacked linear (the CPU default where it is faster,
+    eaglekit.models.products): speculative output equals the baseline decoded with the same products."""
+    from eaglekit.models.products import onednn_available
+
+    if not onednn_available():
+        pytest.skip("this torch has no oneDNN")
+    rng = random.Random(1000 + case)
+    family = FAMILIES[case % 4]
+    key = ("onednn", family)
+    if key not in _cache:
+        t = load_target(model_dirs[family], backend="ours", dtype="float32")
+        t.set_products("onednn")
+        assert len(t.net.products.packed) >= 3 * 8  # q/k/v, o, gate/up, down per layer: the packs are used
+        _cache[key] = t
+    target = _cache[key]
+    prompt = [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))]
+    max_new = rng.randint(8, 40)
+    want = Decoder(target).generate(prompt, max_new, eos_ids=()).token_ids
+    steps, topk, dt = SHAPES[case % len(SHAPES)]
+    if case % 2:
+        draft = new_draft(target, seed=case, capture=CaptureSpec(tuple(rng.sample(range(8), 3))))
+        draft.fuse()
+        draft.set_products("onednn")
+        dec = Decoder(target, draft, TreeShape(steps, topk, dt))
+    else:
+        dec = Decoder(target, None, TreeShape(steps, topk, dt))
+        dec.capture = CaptureSpec.default(8)
+        dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.4, seed=case)
+    assert dec.generate(prompt, max_new, eos_ids=()).token_ids == want

@@ -17,7 +17,8 @@ if torch.cuda.is_available():  # the interpreter would take over the GPU's kerne
 os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when imported: set it first
 
 from eaglekit.models import smallm  # noqa: E402
-from eaglekit.models.layers import MLP, set_small_m  # noqa: E402
+from eaglekit.models.layers import MLP, set_products  # noqa: E402
+from eaglekit.models.products import SmallM  # noqa: E402
 
 CONFIGS = [(64, 128, 1, 4, 4), (32, 128, 2, 4, 4), (16, 64, 4, 4, 4), (128, 64, 8, 4, 4)]
 
@@ -69,13 +70,13 @@ def test_mlp_rows_are_batch_invariant_with_small_m():
     torch.manual_seed(0)
     m = MLP(128, 256).half()
     m.fuse()
-    set_small_m([m], 1)
+    set_products([m], SmallM(1))
     x = torch.randn(1, 6, 128).half()
     with torch.no_grad():
         many = m(x)
         for i in range(6):
             assert torch.equal(m(x[:, i:i + 1]), many[:, i:i + 1])
-    set_small_m([m], None)
+    set_products([m], None)
     with torch.no_grad():
         assert (m(x).double() - many.double()).abs().max() < 1e-2
 

@@ -25,8 +25,8 @@ from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
-from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, set_small_m,
-                             small_m_module, span_mask, span_mask_rows)
+from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
+                             set_products, span_mask, span_mask_rows)
 from ..observe import trace
 from .base import Draft
 
@@ -124,7 +124,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
         self.compiled_layer = None  # set by compile()
-        self.small_m: int | None = None  # the lm_head's; set by set_small_m()
+        self.products = None  # the fc's and lm_head's policy; set by set_products()
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ class Eagle3Draft(nn.Module, Draft):
         x = self.input_norm(feats) if self.input_norm is not None else feats
         if self.fc_norm is not None:
             x = torch.cat([n(chunk) for n, chunk in zip(self.fc_norm, x.chunk(len(self.fc_norm), dim=-1))], dim=-1)
-        h = self.fc(x)
+        h = product_module(self.products, self.fc, x)
         if trace.ENABLED:
             trace.record("draft.input.fc", h)
         return h
@@ -173,7 +173,7 @@ class Eagle3Draft(nn.Module, Draft):
         draft reads per step, then becomes one kernel with the norm)."""
         h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
         hn = self.norm(h)
-        return (hn if self.config.norm_output else h), small_m_module(self.lm_head, hn, self.small_m), new_kv
+        return (hn if self.config.norm_output else h), product_module(self.products, self.lm_head, hn), new_kv
 
     def _window(self, positions, slots, mask, extra_kv):
         """`mask` narrowed to keys less than sliding_window positions behind each query. With a cache the
@@ -227,10 +227,16 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.fuse()
         self.midlayer.mlp.fuse()
 
+    def set_products(self, kind: str | None, from_rows: int = 2) -> None:
+        """See LlamaTarget.set_products (the fc, the layer and the lm_head)."""
+        from ..models.products import make
+
+        policy = make(kind, [self.fc, self.lm_head, *self.midlayer.modules()], from_rows)
+        set_products(self.midlayer.modules(), policy)
+        self.products = policy
+
     def set_small_m(self, from_rows: int | None) -> None:
-        """See LlamaTarget.set_small_m."""
-        set_small_m(self.midlayer.modules(), from_rows)
-        self.small_m = from_rows
+        self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the draft layer and head for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""

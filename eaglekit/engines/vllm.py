@@ -118,7 +118,8 @@ def compare(target_dir, draft_dir, prompts, k: int, max_new: int, python: str, t
     from ..pair import load_pair
 
     if target is None:
-        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype)
+        # F.linear's products, as when vLLM was first matched against us (onednn rounds fp32 differently)
+        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype, products="aten")
     v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, dtype)
     resolved = v["config"].get("after_layers")
     spec = CaptureSpec(tuple(resolved)) if resolved else draft.config.capture

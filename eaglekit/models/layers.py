@@ -17,7 +17,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import smallm
 from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
@@ -96,7 +95,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
-        self.small_m: int | None = None  # from this many rows on, products go through smallm (set_small_m)
+        self.products = None  # a policy of eaglekit.models.products (set_products); None: F.linear
 
     def fuse(self) -> None:
         """Inference only: q/k/v weights become row views of one [q; k; v] matrix (no extra memory)."""
@@ -114,7 +113,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_weight is not None:
-            qkv = small_m_linear(x, self.qkv_weight, self.qkv_bias, self.small_m)
+            qkv = product(self.products, x, self.qkv_weight, self.qkv_bias)
             q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -148,7 +147,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
                                              enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return small_m_module(self.o_proj, out, self.small_m), new_kv
+        return product_module(self.products, self.o_proj, out), new_kv
 
 
 class MLP(nn.Module):
@@ -159,7 +158,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
         self.gate_up_weight = None  # set by fuse()
-        self.small_m: int | None = None  # see Attention.small_m
+        self.products = None  # see Attention.products
 
     def fuse(self) -> None:
         if self.gate_proj.bias is None:
@@ -167,29 +166,28 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_weight is not None:
-            g, u = small_m_linear(x, self.gate_up_weight, None, self.small_m).chunk(2, dim=-1)
-            return small_m_module(self.down_proj, F.silu(g) * u, self.small_m)
+            g, u = product(self.products, x, self.gate_up_weight).chunk(2, dim=-1)
+            return product_module(self.products, self.down_proj, F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def small_m_linear(x, w, b, from_rows: int | None):
-    """F.linear, or eaglekit.models.smallm's kernel where `from_rows` is set and x has from_rows..16 rows."""
-    rows = x.numel() // x.shape[-1]
-    return smallm.linear(x, w, b, enabled=from_rows is not None and rows >= from_rows)
+def product(policy, x, w, b=None):
+    """F.linear(x, w, b), or as `policy` (eaglekit.models.products) runs it."""
+    return F.linear(x, w, b) if policy is None else policy.linear(x, w, b)
 
 
-def small_m_module(m: nn.Module, x, from_rows: int | None):
-    """m(x), through small_m_linear when m is a plain nn.Linear (tensor-parallel linears keep their own forward)."""
-    if from_rows is None or type(m) is not nn.Linear:
+def product_module(policy, m: nn.Module, x):
+    """m(x), through `policy` when m is a plain nn.Linear (tensor-parallel linears keep their own forward)."""
+    if policy is None or type(m) is not nn.Linear:
         return m(x)
-    return small_m_linear(x, m.weight, m.bias, from_rows)
+    return policy.linear(x, m.weight, m.bias)
 
 
-def set_small_m(modules, from_rows: int | None) -> None:
-    """Route the products of these Attention/MLP modules through smallm from `from_rows` rows on (None: never)."""
+def set_products(modules, policy) -> None:
+    """Run the products of these Attention/MLP modules as `policy` says (None: F.linear)."""
     for m in modules:
         if isinstance(m, (Attention, MLP)):
-            m.small_m = from_rows
+            m.products = policy
 
 
 def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch.nn as nn
 from .base import Target, TargetInfo
 from .compiling import span_dynamic
 from .config import TargetConfig, load_target_config
-from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, set_small_m,
-                     small_m_module, span_mask, span_mask_rows)
+from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
+                     set_products, span_mask, span_mask_rows)
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -54,7 +54,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(c.head_dim, c.rope)
         self.compiled_layer = None  # set by LlamaTarget.compile()
-        self.small_m: int | None = None  # the lm_head's; set by LlamaTarget.set_small_m()
+        self.products = None  # the lm_head's policy; set by LlamaTarget.set_products()
 
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
                 capture: tuple[int, ...] = ()):
@@ -134,7 +134,7 @@ class LlamaTarget(Target):
         mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
         h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
-        logits = small_m_module(self.net.lm_head, h[0], self.net.small_m).float()
+        logits = product_module(self.net.products, self.net.lm_head, h[0]).float()
         return logits, (feats[0] if feats is not None else None)
 
     def _advance(self, n: int) -> None:
@@ -159,7 +159,7 @@ class LlamaTarget(Target):
         mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
-        return small_m_module(self.net.lm_head, h, self.net.small_m).float(), feats
+        return product_module(self.net.products, self.net.lm_head, h).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
@@ -169,11 +169,22 @@ class LlamaTarget(Target):
 
         self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
 
+    def set_products(self, kind: str | None, from_rows: int = 2) -> None:
+        """How the decode products run (eaglekit.models.products): None/"aten" F.linear, "onednn" prepacked
+        weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU). Call after fuse()."""
+        from .products import make
+
+        policy = make(kind, list(self.net.modules()), from_rows)
+        set_products(self.net.modules(), policy)
+        self.net.products = policy
+
+    @property
+    def products(self) -> str:
+        return getattr(self.net.products, "name", "aten")
+
     def set_small_m(self, from_rows: int | None) -> None:
-        """The layers' products of from_rows..16 rows go through eaglekit.models.smallm (one pass over each
-        weight, the same rounding for a row alone and in a tree); None: F.linear everywhere."""
-        set_small_m(self.net.modules(), from_rows)
-        self.net.small_m = from_rows
+        """set_products("smallm", from_rows), or plain F.linear for None."""
+        self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""

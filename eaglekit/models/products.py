@@ -1,0 +1,127 @@
+"""How the decode-time products (q/k/v, o, gate/up, down, lm_head) run: one policy object per model, set on its
+modules by `set_products`; None means plain F.linear (training, features, and the default on a GPU, where inductor
+compiles the products).
+
+- Aten: F.linear, said explicitly (so a machine's pick can name it).
+- OneDNN (CPU): each weight packed once into oneDNN's blocked layout, products through its prepacked linear. On the
+  CPUs measured, a 6-row product costs a fraction of F.linear's (which falls back to slow paths for small M: the
+  demo's lm_head at 6 rows 260 vs 950 us here, 3.2x a row on AMD EPYC per issue 12), and one row's result does not
+  depend on how many rows come with it (F.linear's does, in fp32 too: other kernels for 1 and for k rows).
+- SmallM (GPU): eaglekit.models.smallm's Triton kernel from `from_rows` rows on (opt-in; benchmarks/NOTES.md).
+
+`pick_cpu` chooses between Aten and OneDNN on the machine it runs on by timing real forwards (a one-row step and a
+six-row verify), not microbenchmarks: hot-cache timings of single products mislead (NOTES, "The demo on another CPU").
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from . import smallm
+
+
+class Aten:
+    name = "aten"
+
+    def linear(self, x, w, b=None):
+        return F.linear(x, w, b)
+
+    def __repr__(self):
+        return self.name
+
+
+class SmallM(Aten):
+    name = "smallm"
+
+    def __init__(self, from_rows: int = 2):
+        self.from_rows = from_rows
+
+    def linear(self, x, w, b=None):
+        return smallm.linear(x, w, b, enabled=x.numel() // x.shape[-1] >= self.from_rows)
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class OneDNN(Aten):
+    """Products over weights packed for oneDNN at construction (fp32, bf16; fp16/fp64 weights are not packed). A
+    weight it has not packed, one modified since (its version counter moved), an input of another dtype, or a
+    product that needs gradients falls back to F.linear: a stale pack is never used."""
+
+    name = "onednn"
+
+    def __init__(self, weights):
+        self.packed: dict[int, tuple] = {}
+        with torch.no_grad():
+            for w in weights:
+                if (id(w) not in self.packed and w.device.type == "cpu" and w.dim() == 2
+                        and w.dtype in (torch.float32, torch.bfloat16)):
+                    self.packed[id(w)] = (weakref.ref(w), w._version,
+                                          torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+
+    def linear(self, x, w, b=None):
+        e = self.packed.get(id(w))
+        if (e is None or e[0]() is not w or e[1] != w._version or x.dtype != w.dtype or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+            return F.linear(x, w, b)
+        return torch.ops.mkldnn._linear_pointwise(x, e[2], b, "none", [], "")
+
+
+def product_weights(modules) -> list[torch.Tensor]:
+    """The weights the policies see: what the Attention/MLP modules and lm_heads among `modules` multiply by."""
+    from .layers import MLP, Attention
+
+    out = []
+    for m in modules:
+        if isinstance(m, Attention):
+            out += [w for w in (m.qkv_weight, m.q_proj.weight, m.k_proj.weight, m.v_proj.weight) if w is not None]
+            out.append(m.o_proj.weight)
+        elif isinstance(m, MLP):
+            out += [w for w in (m.gate_up_weight, m.gate_proj.weight, m.up_proj.weight) if w is not None]
+            out.append(m.down_proj.weight)
+    return out
+
+
+def make(kind: str | None, modules, from_rows: int = 2):
+    """A policy by name for these modules' weights (lm_heads included by the caller's module list)."""
+    if kind in (None, "none"):
+        return None
+    if kind == "aten":
+        return Aten()
+    if kind == "smallm":
+        return SmallM(from_rows)
+    if kind == "onednn":
+        if not onednn_available():
+            raise RuntimeError("this torch build has no oneDNN prepacked linear")
+        return OneDNN(product_weights(modules) + [m.weight for m in modules if isinstance(m, torch.nn.Linear)])
+    raise ValueError(f"unknown products kind {kind!r}")
+
+
+def pick_cpu(target, reps: int = 7, rows: int = 6) -> dict:
+    """Time a one-row step and a `rows`-row verify of `target` (our decoder, on a CPU) with each policy; set the one
+    with the smaller sum and return {"products": name, "ms": {name: [step, verify]}}. ~0.1 s on the demo pair."""
+    candidates = ["aten"] + (["onednn"] if onednn_available() else [])
+    dev = target.device
+    prompt = torch.arange(1, 65, device=dev) % max(2, target.info.vocab_size - 1)
+    tok = prompt[-1:]
+    ms = {}
+    for kind in candidates:  # (no inference_mode here: the cache that reset() allocates must stay a normal tensor)
+        target.set_products(kind)
+        target.reset(prompt.numel() + 2 * reps * (rows + 1) + 8)
+        target.prefill(prompt)
+        times = {1: [], rows: []}
+        for _ in range(reps):
+            for r in (1, rows):
+                t0 = time.perf_counter()
+                target.step(tok, r)
+                times[r].append((time.perf_counter() - t0) * 1e3)
+        ms[kind] = [round(statistics.median(times[1][1:]), 3), round(statistics.median(times[rows][1:]), 3)]
+    best = min(ms, key=lambda k: sum(ms[k]))
+    target.set_products(best)
+    return {"products": best, "ms": ms, "rows": rows}

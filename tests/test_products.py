@@ -1,0 +1,54 @@
+"""eaglekit.models.products: the CPU's oneDNN products are right, never use a stale pack, and the pick at load
+times real forwards and says what it chose."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eaglekit.demo import ASSETS
+from eaglekit.errors import InputError
+from eaglekit.models.products import OneDNN, onednn_available, pick_cpu
+from eaglekit.pair import load_pair
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+
+
+@needs_onednn
+def test_onednn_products_match_f_linear_and_fall_back_when_they_must():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g)
+    b = torch.randn(96, generator=g)
+    x = torch.randn(2, 6, 64, generator=g)
+    p = OneDNN([w])
+    assert id(w) in p.packed
+    y = p.linear(x, w, b)
+    assert y.shape == (2, 6, 96) and torch.allclose(y, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        w.mul_(2)  # changed in place after packing: the pack is stale and must not be used
+    assert torch.equal(p.linear(x, w, b), F.linear(x, w, b))
+    other = torch.randn(96, 64, generator=g)
+    assert torch.equal(p.linear(x, other), F.linear(x, other))  # never packed
+    w64 = torch.randn(8, 4, dtype=torch.float64)
+    assert id(w64) not in OneDNN([w64]).packed  # oneDNN has no fp64: F.linear
+    v = torch.randn(96, 64, requires_grad=True)
+    y = OneDNN([v]).linear(x, v)
+    y.sum().backward()  # a product that needs gradients takes F.linear, so training through it works
+    assert v.grad is not None
+
+
+def test_pick_cpu_times_both_paths_and_sets_the_faster():
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
+    assert t.products == "aten" and t.net.products.name == "aten"
+    res = pick_cpu(t, reps=3)
+    want = ["aten", "onednn"] if onednn_available() else ["aten"]
+    assert sorted(res["ms"]) == want and res["rows"] == 6
+    assert res["products"] == min(res["ms"], key=lambda k: sum(res["ms"][k])) == t.products
+
+
+def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32")
+    assert t.products == t.products_pick["products"] and d.products.name == t.products
+    with pytest.raises(InputError, match="products"):
+        load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="fast")
+    with pytest.raises(InputError, match="GPU kernel"):
+        load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="smallm")
