@@ -45,11 +45,12 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile()
         if draft is not None:
             draft.compile()
-    _set_products(target, draft, products, device)
+    set_pair_products(target, draft, products, device)
     return target, draft
 
 
-def _set_products(target, draft, products, device) -> None:
+def set_pair_products(target, draft, products: str = "auto", device="cpu") -> None:
+    """load_pair's `products` for a target and draft loaded some other way (see load_pair)."""
     from .models.products import onednn_available, pick_cpu
 
     if products not in PRODUCTS:

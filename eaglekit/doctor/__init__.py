@@ -88,6 +88,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
     from ..models import load_target
     from ..observe import trace
     from ..observe.metrics import aggregate
+    from ..pair import set_pair_products
     from ..train.fingerprint import match, usable
 
     t0 = time.time()
@@ -107,6 +108,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         except EaglekitError as e:
             findings.append(Finding.of(e))
             return _conclude(findings, None, None, t0)
+        draft.fuse()
+        set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products here (load_pair's)
         configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
         _, problems = pair_problems(draft, target, configured)
         findings += [Finding.of(p) for p in problems]
