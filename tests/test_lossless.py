@@ -159,7 +159,8 @@ def test_greedy_speculative_equals_baseline_with_onednn_products(model_dirs, cas
     if key not in _cache:
         t = load_target(model_dirs[family], backend="ours", dtype="float32")
         t.set_products("onednn")
-        assert len(t.net.products.packed) >= 3 * 8  # q/k/v, o, gate/up, down per layer: the packs are used
+        n_layers = t.info.num_layers
+        assert len(t.net.products.packed) == 4 * n_layers + 1  # q/k/v, o, gate/up, down per layer, the lm_head
         _cache[key] = t
     target = _cache[key]
     prompt = [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))]

@@ -229,9 +229,9 @@ class Eagle3Draft(nn.Module, Draft):
 
     def set_products(self, kind: str | None, from_rows: int = 2) -> None:
         """See LlamaTarget.set_products (the fc, the layer and the lm_head)."""
-        from ..models.products import make
+        from ..models.products import make, product_weights
 
-        policy = make(kind, [self.fc, self.lm_head, *self.midlayer.modules()], from_rows)
+        policy = make(kind, product_weights(self.midlayer.modules(), [self.fc, self.lm_head]), from_rows)
         set_products(self.midlayer.modules(), policy)
         self.products = policy
 

@@ -172,9 +172,9 @@ class LlamaTarget(Target):
     def set_products(self, kind: str | None, from_rows: int = 2) -> None:
         """How the decode products run (eaglekit.models.products): None/"aten" F.linear, "onednn" prepacked
         weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU). Call after fuse()."""
-        from .products import make
+        from .products import make, product_weights
 
-        policy = make(kind, list(self.net.modules()), from_rows)
+        policy = make(kind, product_weights(self.net.modules(), [self.net.lm_head]), from_rows)
         set_products(self.net.modules(), policy)
         self.net.products = policy
 

@@ -73,23 +73,22 @@ class OneDNN(Aten):
         return torch.ops.mkldnn._linear_pointwise(x, e[2], b, "none", [], "")
 
 
-def product_weights(modules) -> list[torch.Tensor]:
-    """The weights the policies see: what the Attention/MLP modules and lm_heads among `modules` multiply by."""
+def product_weights(modules, heads=()) -> list[torch.Tensor]:
+    """The weights a policy is asked to multiply by: the fused q/k/v and o of each Attention, the fused gate/up and
+    down of each MLP (unfused modules call their own linears), and the `heads` (lm_head, fc)."""
     from .layers import MLP, Attention
 
     out = []
     for m in modules:
         if isinstance(m, Attention):
-            out += [w for w in (m.qkv_weight, m.q_proj.weight, m.k_proj.weight, m.v_proj.weight) if w is not None]
-            out.append(m.o_proj.weight)
-        elif isinstance(m, MLP):
-            out += [w for w in (m.gate_up_weight, m.gate_proj.weight, m.up_proj.weight) if w is not None]
-            out.append(m.down_proj.weight)
-    return out
+            out += [w for w in (m.qkv_weight, m.o_proj.weight) if w is not None]
+        elif isinstance(m, MLP) and m.gate_up_weight is not None:
+            out += [m.gate_up_weight, m.down_proj.weight]
+    return out + [h.weight for h in heads if type(h) is torch.nn.Linear]
 
 
-def make(kind: str | None, modules, from_rows: int = 2):
-    """A policy by name for these modules' weights (lm_heads included by the caller's module list)."""
+def make(kind: str | None, weights=(), from_rows: int = 2):
+    """A policy by name; `weights` (product_weights) are what OneDNN packs."""
     if kind in (None, "none"):
         return None
     if kind == "aten":
@@ -99,7 +98,7 @@ def make(kind: str | None, modules, from_rows: int = 2):
     if kind == "onednn":
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN prepacked linear")
-        return OneDNN(product_weights(modules) + [m.weight for m in modules if isinstance(m, torch.nn.Linear)])
+        return OneDNN(weights)
     raise ValueError(f"unknown products kind {kind!r}")
 
 
