@@ -39,6 +39,8 @@ SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
 RESULTS: dict = {}
 
 
+PRODUCTS = "auto"  # --products
+
 def build_pair(tiny: bool, device: str):
     from eaglekit.capture import CaptureSpec
     from eaglekit.draft.model import DraftConfig, Eagle3Draft
@@ -157,7 +159,8 @@ def demo(args, device: str, sizes=(1, 4, 8)):
     # float32: greedy output identical with and without the draft is then a real check (in bf16 one row and a
     # tree of rows round differently; issue "Fast v2")
     # uncompiled, as `eaglekit serve` runs its batched engine by default (and as results/2026-12-01_* were measured)
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off")[:2]
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
+                     products=PRODUCTS)[:2]
     tok = load_tokenizer(ASSETS / "target")
     lines = (ASSETS / "prompts.jsonl").read_text().splitlines()
     prompts = [tok.encode(json.loads(x)["prompt"]) for x in lines]
@@ -207,7 +210,8 @@ def demo(args, device: str, sizes=(1, 4, 8)):
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     RESULTS.setdefault("demo_pair", {})[device] = {
-        "rows": out, "dtype": "float32", "threads": torch.get_num_threads(), "new_tokens": args.demo_new, "waves": args.waves,
+        "rows": out, "dtype": "float32", "threads": torch.get_num_threads(), "products": t.products,
+        "new_tokens": args.demo_new, "waves": args.waves,
         "load_average_1_5_15": load, "cpu_count": os.cpu_count()}
 
 
@@ -222,6 +226,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    ap.add_argument("--products", default="auto", choices=("auto", "aten", "onednn", "smallm"),
+                    help="how the demo pair's products run (eaglekit.models.products)")
     ap.add_argument("--demo-only", action="store_true", help="only section b (the demo pair)")
     ap.add_argument("--no-demo", action="store_true")
     ap.add_argument("--demo-new", type=int, default=48, help="new tokens per demo request")
@@ -229,6 +235,8 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    global PRODUCTS
+    PRODUCTS = args.products
     cuda = torch.cuda.is_available() and not args.tiny
     device = "cuda" if cuda else "cpu"
     args.sizes = [int(x) for x in args.sizes.split(",")]
