@@ -27,7 +27,8 @@ SHAPES = {  # name: (N, K)
     "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096), "draft_fc": (4096, 12288),
 }
 ROWS = (1, 6, 8)
-GRID = list(itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (4,))) + [(16, 256, s, 4, 4) for s in (1, 2, 4)]
+GRID = (list(itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (4,)))
+        + [(16, 256, s, 4, 4) for s in (1, 2, 4)])
 
 
 def main():

@@ -52,3 +52,13 @@ def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
         load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="fast")
     with pytest.raises(InputError, match="GPU kernel"):
         load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="smallm")
+
+
+def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
+    """The packs are a second copy of the weights: a machine without the memory for it keeps F.linear."""
+    from eaglekit.models import products
+
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
+    monkeypatch.setattr(products, "available_memory", lambda: 1024)
+    res = pick_cpu(t, reps=2, again=True)
+    assert list(res["ms"]) == ["aten"] and t.products == "aten" and "free memory" in res["onednn_skipped"]

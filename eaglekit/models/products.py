@@ -49,6 +49,17 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (Linux's MemAvailable), or None where it cannot say."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class OneDNN(Aten):
     """Products over weights packed for oneDNN at construction (fp32, bf16; fp16/fp64 weights are not packed). A
     weight it has not packed, one modified since (its version counter moved), an input of another dtype, or a
@@ -109,14 +120,19 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     """Time a one-row step and a `rows`-row verify of `target` (our decoder, on a CPU) with each policy; set the one
     with the smaller sum and return {"products": name, "ms": {name: [step, verify]}} (~0.5 s on the demo pair). A
     model of the same shapes loaded again in this process (same dtype and thread count) reuses the result unless
-    `again`."""
+    `again`. oneDNN is not tried where its packed copy of the weights would take over half the free memory."""
     c = target.cfg
     key = (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size, target.dtype,
            torch.get_num_threads(), reps, rows)
     if key in _PICKED and not again:
         target.set_products(_PICKED[key]["products"])
         return _PICKED[key]
-    candidates = ["aten"] + (["onednn"] if onednn_available() else [])
+    # the packs are a second copy of the weights: only a candidate where that copy leaves half the free memory free
+    weights = product_weights(target.net.modules(), [target.net.lm_head])
+    need = sum({id(w): w.numel() * w.element_size() for w in weights}.values())
+    free = available_memory()
+    fits = free is None or need <= free // 2
+    candidates = ["aten"] + (["onednn"] if onednn_available() and fits else [])
     dev = target.device
     prompt = torch.arange(1, 65, device=dev) % max(2, target.info.vocab_size - 1)
     tok = prompt[-1:]
@@ -135,4 +151,7 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     best = min(ms, key=lambda k: sum(ms[k]))
     target.set_products(best)
     _PICKED[key] = {"products": best, "ms": ms, "rows": rows}
+    if not fits:
+        _PICKED[key]["onednn_skipped"] = (f"its packed weights ({need / 2**30:.1f} GiB) would take over half the free "
+                                          "memory")
     return _PICKED[key]

@@ -48,8 +48,8 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
 def config(N: int, K: int) -> tuple[int, int, int, int, int] | None:
     """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
     (None where tuning found cuBLAS faster), else a rule from the H200 sweep (benchmarks/NOTES.md, "Fast v2": one
-    slice of K up to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more). A function of the weight's shape only:
-    that is what makes a row's rounding independent of M."""
+    slice of K up to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more). A function of the weight's
+    shape only: that is what makes a row's rounding independent of M."""
     key = f"{N}x{K}"
     table = tuned_table()
     if key in table:
