@@ -51,6 +51,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
 
 def set_pair_products(target, draft, products: str = "auto", device="cpu") -> None:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair)."""
+    from .models import smallm
     from .models.products import onednn_available, pick_cpu
 
     if products not in PRODUCTS:
@@ -69,8 +70,9 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     elif products == "onednn" and not (cpu and onednn_available()):
         raise InputError("--products onednn runs on a CPU whose torch has oneDNN", code="E108",
                          fix="use --products aten (or auto) here")
-    elif products == "smallm" and not str(device).startswith("cuda"):
-        raise InputError("--products smallm is a GPU kernel (Triton)", code="E108", fix="use it with --device cuda")
+    elif products == "smallm" and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
+        raise InputError("--products smallm is a GPU kernel (Triton)", code="E108",
+                         fix="use it with --device cuda and triton installed")
     else:
         target.set_products(products)
     if draft is not None and hasattr(draft, "set_products"):
