@@ -224,6 +224,13 @@ def shutdown() -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            # every rank done with its collectives before any tears the connections down: without it a rank
+            # still finishing the last exchange (a server's "stop") could lose its peer mid-read and abort at exit
+            # ("terminate called without an active exception", exit status 1; seen under load)
+            try:
+                dist.barrier()
+            except Exception:  # noqa: BLE001 - a rank already gone: tear down anyway
+                pass
             dist.destroy_process_group()
     _TP = None
 
