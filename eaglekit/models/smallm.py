@@ -79,8 +79,10 @@ def table_path() -> Path:
 @functools.lru_cache(maxsize=None)
 def tuned_table() -> dict:
     """This GPU's entries of the tuned table ({} without a GPU or a table)."""
+    if not torch.cuda.is_available():
+        return {}
     p = table_path()
-    if not torch.cuda.is_available() or not p.exists():
+    if not p.exists():
         return {}
     return json.loads(p.read_text()).get(torch.cuda.get_device_name(), {})
 
