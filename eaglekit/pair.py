@@ -24,8 +24,8 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     compile; eaglekit.models.compiling keeps the kernels for the next run.
 
     `products`: how the decode products run (eaglekit.models.products). 'auto': on a CPU with eaglekit's decoder,
-    the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s; `products_pick` on the
-    target says what was timed); elsewhere F.linear (inductor compiles them on a GPU). 'aten', 'onednn' (CPU) or
+    uncompiled, the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s;
+    `products_pick` on the target says what was timed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or
     'smallm' (GPU, Triton) force one."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
@@ -60,7 +60,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
     cpu = str(device) == "cpu"
     if products == "auto":
-        if not (ours and cpu):
+        if not (ours and cpu) or compiled(target):  # compiled layers: inductor does the products its own way
             return
         target.products_pick = pick_cpu(target)
         products = target.products_pick["products"]
@@ -70,6 +70,9 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     elif products == "onednn" and not (cpu and onednn_available()):
         raise InputError("--products onednn runs on a CPU whose torch has oneDNN", code="E108",
                          fix="use --products aten (or auto) here")
+    elif products == "onednn" and compiled(target):
+        raise InputError("--products onednn cannot run inside torch.compile'd layers", code="E108",
+                         fix="leave out --compile, or use --products aten")
     elif products == "smallm" and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
         raise InputError("--products smallm is a GPU kernel (Triton)", code="E108",
                          fix="use it with --device cuda and triton installed")

@@ -62,3 +62,13 @@ def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
     monkeypatch.setattr(products, "available_memory", lambda: 1024)
     res = pick_cpu(t, reps=2, again=True)
     assert list(res["ms"]) == ["aten"] and t.products == "aten" and "free memory" in res["onednn_skipped"]
+
+
+def test_onednn_and_compiled_layers_do_not_mix():
+    """torch.compile cannot trace oneDNN's packed weights: auto keeps F.linear for compiled layers, and asking for
+    both is refused with the fix instead of failing inside inductor at the first step."""
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on")
+    assert t.products == "aten" and not hasattr(t, "products_pick")
+    if onednn_available():
+        with pytest.raises(InputError, match="--compile"):
+            load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on", products="onednn")
