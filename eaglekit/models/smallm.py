@@ -90,16 +90,13 @@ def tuned_table() -> dict:
 def graph_ms(fn, calls: int, reps: int = 7) -> float:
     """Median ms per call of fn(i), i in range(calls), recorded once into a CUDA graph (no launch gaps; give fn
     `calls` different weights whose bytes exceed the L2 cache, so they stream from HBM as in a model)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(calls):
-            fn(i)  # warm-up: Triton compiles here, outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    from ..decoding.engine import record_graphs  # eaglekit's one way to record (warm-up on a side stream first)
+
+    def all_calls():
         for i in range(calls):
             fn(i)
+
+    g = record_graphs([[all_calls]], {"all": all_calls}, [])["all"]  # Triton compiles in the warm-up
     g.replay()
     torch.cuda.synchronize()
     times = []
