@@ -31,7 +31,8 @@ from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this s
 SHAPES = [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)]
 
 
-def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, compile: str = "off") -> list[dict]:
+def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, compile: str = "off",
+                  products: str = "auto") -> list[dict]:
     from eaglekit.decoding.compare import compare
     from eaglekit.decoding.engine import Decoder
     from eaglekit.decoding.tree import TreeShape
@@ -40,9 +41,11 @@ def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, comp
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     # uncompiled by default, as results/2026-12-01_h200_bf16.json was measured
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile)
-    t.set_small_m(small_m)
-    d.set_small_m(small_m)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
+                     products=products)
+    if small_m is not None:
+        t.set_small_m(small_m)
+        d.set_small_m(small_m)
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n_prompts]]
     rows = []
@@ -91,13 +94,15 @@ def main():
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--small-m", type=int, default=None, help="products of this many rows on use models.smallm")
     ap.add_argument("--compile", default="off", choices=("auto", "on", "off"))
+    ap.add_argument("--products", default="auto", help="load_pair's products (invariant: batch-invariant kernels)")
     ap.add_argument("--no-steps", action="store_true", help="leave out the 8B-shape step timing")
     args = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompts": args.prompts,
-           "max_new_tokens": args.max_new, "small_m": args.small_m, "compile": args.compile}
+           "max_new_tokens": args.max_new, "small_m": args.small_m, "compile": args.compile,
+           "products": args.products}
     print("== a. demo pair, bf16", flush=True)
-    res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.small_m, args.compile)
+    res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.small_m, args.compile, args.products)
     if not args.no_steps:
         print("== b. 8B-shape step at k rows", flush=True)
         res["step_rows_8b"] = step_cost(512, args.reps)

@@ -2,8 +2,9 @@
 
 Demo pair target, bf16, uncompiled, on the GPU: after a prompt, the same token is stepped as 1 row and as row 0 of a
 k-row chain (Target.step(token, rows=k)); forward hooks record every module's output, and the first module (in
-execution order) whose row 0 differs is where the rounding parts. Run with products through cuBLAS and through
-eaglekit.models.smallm (batch-invariant products), so what is left over is visible.
+execution order) whose row 0 differs is where the rounding parts. Run with products through cuBLAS, through
+eaglekit.models.smallm (batch-invariant products), and with products "invariant" (smallm and the batch-invariant
+attention of eaglekit.models.attend), so what is left over is visible.
 
     python benchmarks/bf16_where.py OUT.json [--rows 6]
 """
@@ -50,8 +51,8 @@ def main():
     t, _ = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype="bfloat16", compile="off")
     tok = load_tokenizer(ASSETS / "target")
     res = {}
-    for small_m in (None, 1):
-        t.set_small_m(small_m)
+    for key in ("cublas", "smallm", "invariant"):  # F.linear; smallm from 1 row; smallm + attend (all invariant)
+        t.set_products({"cublas": None, "smallm": "smallm"}.get(key, key), from_rows=1)
         first: dict[str, int] = {}
         same_logits = 0
         for p in read_prompts(ASSETS / "prompts.jsonl")[:args.prompts]:
@@ -66,7 +67,6 @@ def main():
                 if not torch.equal(a, b):
                     first[name] = first.get(name, 0) + 1
                     break
-        key = "cublas" if small_m is None else "smallm"
         res[key] = {"first_module_that_differs": first, "identical_logits": same_logits, "prompts": args.prompts}
         print(f"{key}: logits identical on {same_logits}/{args.prompts}; first module that parts: {first}", flush=True)
     Path(args.out).write_text(json.dumps(res, indent=1))

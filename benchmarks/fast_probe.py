@@ -70,13 +70,16 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--shapes", default="3,1,4;5,1,6;5,4,8")
     ap.add_argument("--small-m", type=int, default=None, help="rows from which products use eaglekit.models.smallm")
+    ap.add_argument("--products", default=None, help="the target's products kind (e.g. invariant)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     S.SMALL_M = args.small_m
+    S.PRODUCTS = args.products
     S.COMPILE = not args.no_compile
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
-    res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M}
+    res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
+           "products": S.PRODUCTS}
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()

@@ -37,6 +37,7 @@ T0 = time.time()
 COMPILE = False
 COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglekit's DECODE_OPTIONS)
 SMALL_M = None  # rows from which products go through eaglekit.models.smallm (None: F.linear)
+PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
 SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
 
 
@@ -95,6 +96,8 @@ def llama8b():
     t = LlamaTarget(net, "cuda", torch.bfloat16)
     t.fuse()
     t.set_small_m(SMALL_M)
+    if PRODUCTS:
+        t.set_products(PRODUCTS)
     if COMPILE:
         t.compile(COMPILE_OPTIONS)
     return t, raw

@@ -25,6 +25,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from .capture import CaptureSpec
 from .errors import InputError
 
+PRODUCTS = ("auto", "aten", "onednn", "smallm", "invariant")  # --products (eaglekit.models.products)
+
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
     """A field with what its flag needs: help, bounds, choices, an explicit argparse type (list fields)."""
@@ -150,7 +152,8 @@ class ModelOptions(Options):
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
     products: str = opt("auto", "how the decode products run: auto (on a CPU the faster of aten and onednn, timed "
                                 "at load; F.linear elsewhere), aten (F.linear), onednn (prepacked, CPU), smallm "
-                                "(Triton, GPU)", choices=("auto", "aten", "onednn", "smallm"), group="runtime")
+                                "(Triton, GPU), invariant (Triton, GPU: batch-invariant products and attention, bf16 "
+                                "output identical to the baseline's)", choices=PRODUCTS, group="runtime")
 
     def __post_init__(self):
         super().__post_init__()

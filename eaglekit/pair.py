@@ -5,15 +5,12 @@ from __future__ import annotations
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target
-from .options import resolve_device
+from .options import PRODUCTS, resolve_device
 
 
 def pick_device(name: str | None = "auto") -> str:
     """--device's one meaning in every command: auto = cuda if a CUDA device is visible, else cpu."""
     return resolve_device(name)
-
-
-PRODUCTS = ("auto", "aten", "onednn", "smallm")
 
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
@@ -26,7 +23,8 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     `products`: how the decode products run (eaglekit.models.products). 'auto': on a CPU with eaglekit's decoder,
     uncompiled, the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s;
     `products_pick` on the target says what was timed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or
-    'smallm' (GPU, Triton) force one."""
+    'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every decode product and the decode attention
+    batch-invariant, so bf16 speculative output is identical to the bf16 baseline (the draft keeps F.linear)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -56,7 +54,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
 
     if products not in PRODUCTS:
         raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
-                         fix="pass auto, aten, onednn or smallm")
+                         fix="pass auto, aten, onednn, smallm or invariant")
     ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
     cpu = str(device) == "cpu"
     if products == "auto":
@@ -73,13 +71,14 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     elif products == "onednn" and compiled(target):
         raise InputError("--products onednn cannot run inside torch.compile'd layers", code="E108",
                          fix="leave out --compile, or use --products aten")
-    elif products == "smallm" and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
-        raise InputError("--products smallm is a GPU kernel (Triton)", code="E108",
+    elif products in ("smallm", "invariant") and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
+        raise InputError(f"--products {products} is a GPU kernel (Triton)", code="E108",
                          fix="use it with --device cuda and triton installed")
     else:
         target.set_products(products)
     if draft is not None and hasattr(draft, "set_products"):
-        draft.set_products(products)
+        # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
+        draft.set_products(products if products != "invariant" else None)
 
 
 def compiled(target) -> bool:

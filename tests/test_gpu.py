@@ -158,3 +158,58 @@ def test_small_m_compiled_graphs_equal_eager_bf16():
     for p in prompts:
         assert fast.generate(p, 48).token_ids == plain.generate(p, 48).token_ids
         assert fast.generate(p, 48, baseline=True).token_ids == plain.generate(p, 48, baseline=True).token_ids
+
+
+def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
+    """eaglekit.models.attend on the GPU in bf16: a tree row's bits equal the same token attended alone with its
+    keys in consecutive slots (the baseline's layout), over prefixes that cross chunk boundaries."""
+    import random
+
+    from eaglekit.models import attend
+
+    for seed, P in [(0, 40), (1, 255), (2, 700), (3, 1500)]:
+        rng = random.Random(seed)
+        T, H, Hkv, hd = 10, 32, 8, 128
+        S = P + T + 5
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q, k, v = (torch.randn(1, h, n, hd, device="cuda", generator=g).bfloat16()
+                   for h, n in ((H, T), (Hkv, S), (Hkv, S)))
+        parents = [-1] + [rng.randrange(0, i) for i in range(1, T)]
+        paths = []
+        for t in range(T):
+            path, a = [], t
+            while a >= 0:
+                path.append(a)
+                a = parents[a]
+            paths.append(path[::-1])
+        mask = torch.zeros(1, T, S, dtype=torch.bool, device="cuda")
+        mask[..., :P] = True
+        for t, path in enumerate(paths):
+            mask[0, t, [P + a for a in path]] = True
+        tree = attend.attend(q, k, v, *attend.visible(mask))
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double().repeat_interleave(4, 1), v.double().repeat_interleave(4, 1), attn_mask=mask[:, None])
+        assert (tree.double() - ref).abs().max() < 2e-2
+        for t, path in enumerate(paths):
+            k1, v1 = k.clone(), v.clone()
+            k1[:, :, P:P + len(path)] = k[:, :, [P + a for a in path]]
+            v1[:, :, P:P + len(path)] = v[:, :, [P + a for a in path]]
+            m1 = torch.zeros(1, 1, S, dtype=torch.bool, device="cuda")
+            m1[..., :P + len(path)] = True
+            alone = attend.attend(q[:, :, t:t + 1], k1, v1, *attend.visible(m1))
+            assert torch.equal(alone[:, :, 0], tree[:, :, t]), (P, t)
+
+
+@pytest.mark.parametrize("compile", ["off", "auto"])
+def test_invariant_bf16_speculative_equals_the_one_row_baseline(compile):
+    """bf16 with products "invariant" (batch-invariant products and attention): greedy speculative output equals
+    the plain one-row baseline on the demo prompts, for chains and trees, graphed (compiled or not)."""
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
+                     products="invariant")
+    assert t.products == "invariant"
+    prompts = _prompts(12)
+    for shape in [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]:
+        dec = Decoder(t, d, TreeShape(*shape), graphs=True)
+        assert dec.baseline_rows == 1
+        for p in prompts:
+            assert dec.generate(p, 96).token_ids == dec.generate(p, 96, baseline=True).token_ids, shape

@@ -46,6 +46,8 @@ def test_products_are_right_and_rows_do_not_interact(cfg, N, K):
     other = x.clone()
     other[1:] = torch.randn(15, K, generator=g).half()  # row 0 again, with other neighbours
     assert torch.equal(run(other, w, cfg)[0], full[0])
+    more = torch.cat([x, torch.randn(21, K, generator=g).half()])  # 37 rows: three 16-row tiles
+    assert torch.equal(run(more, w, cfg)[:16], full)
 
 
 def test_linear_routes_by_dtype_rows_and_flag():
@@ -57,7 +59,8 @@ def test_linear_routes_by_dtype_rows_and_flag():
     y = smallm.linear(x, w, b)
     assert y.shape == (2, 3, 64)
     assert (y.double() - (_ref(x, w) + b.double())).abs().max() < 5e-2
-    assert not smallm.usable(torch.randn(17, 256).half(), w)  # more rows than the tile
+    assert smallm.usable(torch.randn(17, 256).half(), w)  # two tiles
+    assert not smallm.usable(torch.randn(65, 256).half(), w)  # more rows than MAX_ROWS
     assert not smallm.usable(x.float(), w.float())  # fp32: tensor cores would round to tf32
     assert not smallm.usable(x, w.t().contiguous().t())  # columns not contiguous
     assert torch.equal(smallm.linear(x.float(), w.float()), F.linear(x.float(), w.float()))

@@ -36,11 +36,12 @@ def compile_decode(fn, options: dict | None = None):
     return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
 
 
-def span_dynamic(mask: torch.Tensor | None, kv):
+def span_dynamic(mask: torch.Tensor | None, kv, visible=None):
     """Before a compiled call: the span (mask [.., T, S]) becomes a symbolic size, so a new span does not compile
     again (the token count, which picks the GEMV kernels, stays static). The KV cache [B, Hkv, S_max, hd] is
     passed narrowed to [.., :S] (new entries always land below S): were its allocation S_max visible too, the
-    compiled code would guard on S == S_max or S < S_max and compile once more for the other case."""
+    compiled code would guard on S == S_max or S < S_max and compile once more for the other case. `visible`
+    (eaglekit.models.attend's slots [B, T, S], count) spans S too."""
     from torch._dynamo import maybe_mark_dynamic
 
     if mask is None or kv is None:
@@ -50,4 +51,6 @@ def span_dynamic(mask: torch.Tensor | None, kv):
     maybe_mark_dynamic(mask, mask.dim() - 1)
     for t in kv:
         maybe_mark_dynamic(t, 2)
+    if visible is not None:
+        maybe_mark_dynamic(visible[0], 2)
     return kv

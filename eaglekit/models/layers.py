@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import attend
 from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
@@ -103,8 +104,9 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse_rows([self.q_proj, self.k_proj, self.v_proj], "bias")
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
-        """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None.
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None):
+        """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`: eaglekit.models.attend's
+        (slots, count) for `mask`: then the batch-invariant attention kernel runs instead of SDPA.
 
         Without a cache, attention is over the T new tokens with `mask` [B|1, T, T] (None = causal).
         `extra_kv` (training only) is a list of earlier (k, v) blocks the queries may also see; the
@@ -134,6 +136,9 @@ class Attention(nn.Module):
                 v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
             S = mask.shape[-1]
             k, v = k_cache[:, :, :S], v_cache[:, :, :S]
+            if visible is not None:
+                out = attend.attend(q, k, v, *visible).transpose(1, 2).reshape(B, T, H * hd)
+                return product_module(self.products, self.o_proj, out), new_kv
         elif extra_kv:
             k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
             v = torch.cat([e[1] for e in extra_kv] + [v], dim=2)

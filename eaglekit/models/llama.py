@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from . import attend
 from .base import Target, TargetInfo
 from .compiling import span_dynamic
 from .config import TargetConfig, load_target_config
@@ -28,8 +29,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None):
-        a, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, visible=None):
+        a, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask, visible=visible)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -67,11 +68,17 @@ class LlamaModel(nn.Module):
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
         fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
+        # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
+        vis = None
+        if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
+                and attend.usable(x, self.config.head_dim)):
+            vis = attend.visible(mask)
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast:
-                kv = span_dynamic(mask, kv)
-            x = fast(layer, x, cos, sin, kv, slots, mask) if fast else layer(x, cos, sin, kv, slots, mask)
+                kv = span_dynamic(mask, kv, vis)
+            x = (fast(layer, x, cos, sin, kv, slots, mask, vis) if fast
+                 else layer(x, cos, sin, kv, slots, mask, vis))
             if i in capture:
                 caught[i] = x
         feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None

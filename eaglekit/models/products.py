@@ -8,6 +8,8 @@ compiles the products).
   demo's lm_head at 6 rows 260 vs 950 us here, 3.2x a row on AMD EPYC per issue 12), and one row's result does not
   depend on how many rows come with it (F.linear's does, in fp32 too: other kernels for 1 and for k rows).
 - SmallM (GPU): eaglekit.models.smallm's Triton kernel from `from_rows` rows on (opt-in; benchmarks/NOTES.md).
+- Invariant (GPU): smallm for every product and eaglekit.models.attend for the decode attention: a row's bits do
+  not depend on the rows beside it, so bf16 speculative output is identical to the bf16 baseline's.
 
 `pick_cpu` chooses between Aten and OneDNN on the machine it runs on by timing real forwards (a one-row step and a
 six-row verify), not microbenchmarks: hot-cache timings of single products mislead (NOTES, "The demo on another CPU").
@@ -27,6 +29,7 @@ from . import smallm
 
 class Aten:
     name = "aten"
+    attention = False  # decode attention through SDPA (Invariant: eaglekit.models.attend)
 
     def linear(self, x, w, b=None):
         return F.linear(x, w, b)
@@ -43,6 +46,21 @@ class SmallM(Aten):
 
     def linear(self, x, w, b=None):
         return smallm.linear(x, w, b, enabled=x.numel() // x.shape[-1] >= self.from_rows)
+
+
+class Invariant(SmallM):
+    """Batch-invariant decode (GPU, Triton): every product of a decode call through smallm from one row on (never
+    cuBLAS, even where it was tuned faster) and the attention through eaglekit.models.attend, so a token's arithmetic
+    is the same bits stepped alone or verified in a tree: bf16 greedy output identical to the bf16 baseline."""
+
+    name = "invariant"
+    attention = True
+
+    def __init__(self):
+        super().__init__(1)
+
+    def linear(self, x, w, b=None):
+        return smallm.linear(x, w, b, exact=True)
 
 
 def onednn_available() -> bool:
@@ -106,6 +124,8 @@ def make(kind: str | None, weights=(), from_rows: int = 2):
         return Aten()
     if kind == "smallm":
         return SmallM(from_rows)
+    if kind == "invariant":
+        return Invariant()
     if kind == "onednn":
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN prepacked linear")

@@ -9,8 +9,8 @@ in isolation, no gain inside the 8B verify, slower than inductor's GEMVs at 1 ro
 attention. So it is opt-in (`--products smallm`, Target.set_small_m), kept as the batch-invariant product that a
 bf16-exact verify will need next to an invariant attention.
 
-How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 with a Triton kernel whose tile is always 16 rows (rows past M are
-masked zeros). The grid covers N in blocks and K in `split` slices; each program accumulates its slice in fp32 with
+How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile is always 16 rows (rows past M are
+masked zeros; more rows, more tiles, each its own program). The grid covers N in blocks and K in `split` slices; each program accumulates its slice in fp32 with
 the tensor cores, partial sums land in [split, M, N] fp32 and a second kernel adds them in a fixed order. The tile
 config depends on (N, K) only, never on M, so each row's result is bit-identical for every M: the batch invariance
 that bf16 losslessness needs (tests/test_smallm.py checks it, in Triton's interpreter on a CPU and on the GPU).
@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 16  # the tile's row count: more rows than this go to F.linear
+MAX_ROWS = 64  # more rows than this go to F.linear (rows come in 16-row tiles, each reads the weight once)
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -48,15 +48,19 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.numel() // x.shape[-1] <= MAX_ROWS
 
 
-def config(N: int, K: int) -> tuple[int, int, int, int, int] | None:
+def config(N: int, K: int, exact: bool = False) -> tuple[int, int, int, int, int] | None:
     """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
-    (None where tuning found cuBLAS faster), else a rule from the H200 sweep (benchmarks/NOTES.md, "Fast v2": one
-    slice of K up to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more). A function of the weight's
-    shape only: that is what makes a row's rounding independent of M."""
-    key = f"{N}x{K}"
-    table = tuned_table()
-    if key in table:
-        return tuple(table[key]) if table[key] != "cublas" else None
+    (None where tuning found cuBLAS faster, unless `exact`: batch-invariant products never leave the kernel), else
+    `rule`. A function of the weight's shape only: that is what makes a row's rounding independent of M."""
+    entry = tuned_table().get(f"{N}x{K}")
+    if entry == "cublas":
+        return rule(N, K) if exact else None
+    return tuple(entry) if entry is not None else rule(N, K)
+
+
+def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
+    """The untuned config, from the H200 sweep (benchmarks/NOTES.md, "Fast v2"): one slice of K up to 8192, two
+    beyond; 128 x 128 tiles for weights of 16384 rows or more."""
     if N >= 16384:
         return 128, 128, 1, 4, 4
     block_k = 256 if K % 256 == 0 else 128
@@ -147,11 +151,13 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True) -> torch.Tensor:
-    """F.linear(x, w, b), through the small-M kernel where `enabled`, `usable` and not tuned to cuBLAS."""
-    if not (enabled and usable(x, w)) or config(*w.shape) is None:
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
+           exact: bool = False) -> torch.Tensor:
+    """F.linear(x, w, b), through the small-M kernel where `enabled`, `usable` and not tuned to cuBLAS (`exact`:
+    through the kernel even where cuBLAS was faster, so every product of the model is batch-invariant)."""
+    if not (enabled and usable(x, w)) or config(*w.shape, exact) is None:
         return F.linear(x, w, b)
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, exact).view(*x.shape[:-1], w.shape[0])
     return y if b is None else y + b
 
 
@@ -178,7 +184,7 @@ def _build():
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rm = tl.arange(0, 16)
+        rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         k0 = pid_k * k_slice
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
@@ -212,7 +218,7 @@ def _build():
         k_slice = triton_cdiv(triton_cdiv(K, split), block_k) * block_k
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         part = y if split == 1 else torch.empty((split, M, N), device=x.device, dtype=torch.float32)
-        wrap(smallm_partial)[(triton_cdiv(N, block_n), split)](
+        wrap(smallm_partial)[(triton_cdiv(N, block_n), split, triton_cdiv(M, 16))](
             x, w, part, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
             DIRECT=split == 1, num_warps=warps, num_stages=stages)
         if split > 1:
@@ -220,7 +226,7 @@ def _build():
         return y
 
     @triton_op("eaglekit::small_m_linear", mutates_args=())
-    def small_m_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return run(x, w, config(w.shape[0], x.shape[1]), wrap_triton)
+    def small_m_linear(x: torch.Tensor, w: torch.Tensor, exact: bool) -> torch.Tensor:
+        return run(x, w, config(w.shape[0], x.shape[1], exact), wrap_triton)
 
     return SimpleNamespace(op=small_m_linear, run=run)

@@ -1,0 +1,186 @@
+"""Decode attention whose result for a query row is the same bits whether the row comes alone (a baseline step) or
+as one of k rows of a verify tree: the attention half of bf16 losslessness (issue "Fast v2", item 4).
+
+Why: SDPA picks other kernels and other key splits for 1 query row and for k, so a token verified in a tree rounds
+differently from the same token stepped alone (benchmarks/NOTES.md, "bf16: where 1 row and k rows part"); in bf16
+that flips a greedy choice now and then. Batch-invariant products (eaglekit.models.smallm) are the other half.
+
+How: each (query row, KV head) is its own program, so rows never share a reduction. A row's visible keys are taken
+in *logical* order: the committed prefix, then its tree ancestors and itself (`visible`: the True slots of its mask
+row, ascending), so a tree token at depth d walks the same key sequence as the baseline token at that position,
+whose keys sit in consecutive slots. Keys go in chunks of CHUNK logical positions (one program per chunk: a long
+context still spreads over the GPU), each chunk by blocks of BLOCK_N with an online softmax, and `attend_merge` adds
+the chunks of a row in order. Chunk and block boundaries are logical positions, the tile shapes depend on the
+model's heads only: nothing depends on how many rows there are or where a row's keys lie in the cache. Masked keys
+of a partial block contribute exact zeros, which leaves every sum's bits unchanged.
+
+GPU (or Triton's interpreter in tests) only; fp32 inputs use IEEE products (no tf32 rounding).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from types import SimpleNamespace
+
+import torch
+
+from .smallm import HAVE_TRITON
+
+CHUNK = 256  # logical keys per program: fixed, so a row's split does not depend on the rows beside it
+BLOCK_N = 64  # keys per inner step
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def usable(x: torch.Tensor, head_dim: int) -> bool:
+    """Whether `attend` can run a model whose activations look like x (Triton on CUDA, or its interpreter in tests;
+    bf16/fp16/fp32; a head_dim up to 256)."""
+    if not HAVE_TRITON or x.dtype not in _DTYPES or head_dim > 256:
+        return False
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def visible(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mask [B, T, S] bool -> (slots [B, T, S] int32: each row's visible slots first, ascending; count [B, T] int32).
+    Fixed shapes, no host sync (CUDA graphs record it). Compute it once per forward: every layer shares it."""
+    B, T, S = mask.shape
+    rank = mask.cumsum(-1, dtype=torch.int32)
+    dst = torch.where(mask, rank.long() - 1, S)  # hidden slots land in a spare column, dropped below
+    slots = torch.zeros(B, T, S + 1, dtype=torch.int32, device=mask.device)
+    slots.scatter_(-1, dst, torch.arange(S, dtype=torch.int32, device=mask.device).expand(B, T, S))
+    return slots[..., :S], rank[..., -1].contiguous()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of q [B, H, T, hd] over k, v [B, Hkv, S, hd] (H a multiple of Hkv), each row t reading the
+    keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count may have batch 1 for all rows).
+    Returns [B, H, T, hd] in q's dtype."""
+    return kernels().op(q, k, v, slots, count)
+
+
+_KERNELS = None
+
+
+def kernels():
+    """`.op` (torch.library.triton_op: torch.compile sees its kernels, CUDA graphs record them); built on first use,
+    so importing eaglekit never needs Triton."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _build()
+    return _KERNELS
+
+
+def _build():
+    import triton
+    import triton.language as tl
+    from torch.library import triton_op, wrap_triton
+
+    @triton.jit
+    def attend_chunk(q_ptr, k_ptr, v_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr,
+                     T, H, HD, NCH, scale,
+                     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, ssb, sst, scb,
+                     REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CHUNK: tl.constexpr, IEEE: tl.constexpr):
+        row = tl.program_id(0)  # b * T + t
+        g = tl.program_id(1)  # KV head: its REP query heads are the tile's rows
+        c = tl.program_id(2)  # chunk of logical keys
+        b = row // T
+        t = row % T
+        n = tl.load(count_ptr + b * scb + t)
+        lo = c * CHUNK
+        if lo < n:
+            rm = tl.arange(0, BLOCK_M)
+            rd = tl.arange(0, BLOCK_D)
+            heads = g * REP + rm
+            qmask = (rm[:, None] < REP) & (rd[None, :] < HD)
+            q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + t * sqt + rd[None, :], mask=qmask, other=0.0)
+            m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            l_i = tl.zeros((BLOCK_M,), tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            hi = tl.minimum(lo + CHUNK, n)
+            for j0 in range(lo, hi, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N)
+                ok = j < hi
+                s_idx = tl.load(slot_ptr + b * ssb + t * sst + j, mask=ok, other=0)
+                kv_mask = ok[:, None] & (rd[None, :] < HD)
+                kt = tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=kv_mask, other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(kt))
+                s = tl.where(ok[None, :], s * scale, float("-inf"))  # scale carries log2(e): exp2 below
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                vt = tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=kv_mask, other=0.0)
+                if IEEE:
+                    acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+                m_i = m_new
+            # partials [B*T, H, NCH, hd] and (max, sum) [B*T, H, NCH, 2], fp32
+            hm = rm < REP
+            base = (row * H + heads) * NCH + c
+            tl.store(acc_ptr + base[:, None] * BLOCK_D + rd[None, :], acc, mask=hm[:, None])
+            tl.store(ml_ptr + base * 2, m_i, mask=hm)
+            tl.store(ml_ptr + base * 2 + 1, l_i, mask=hm)
+
+    @triton.jit
+    def attend_merge(acc_ptr, ml_ptr, count_ptr, o_ptr, T, H, HD, NCH, sob, soh, sot, scb,
+                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+        row = tl.program_id(0)
+        h = tl.program_id(1)
+        b = row // T
+        t = row % T
+        n = tl.load(count_ptr + b * scb + t)
+        used = (n + CHUNK - 1) // CHUNK
+        rd = tl.arange(0, BLOCK_D)
+        base = (row * H + h) * NCH
+        m = tl.load(ml_ptr + base * 2)
+        for c in range(1, used):
+            m = tl.maximum(m, tl.load(ml_ptr + (base + c) * 2))
+        acc = tl.zeros((BLOCK_D,), tl.float32)
+        l = m * 0.0
+        for c in range(0, used):  # in chunk order: the same sum for every row count
+            w = tl.exp2(tl.load(ml_ptr + (base + c) * 2) - m)
+            l += tl.load(ml_ptr + (base + c) * 2 + 1) * w
+            acc += tl.load(acc_ptr + (base + c) * BLOCK_D + rd) * w
+        out = acc / l
+        tl.store(o_ptr + b * sob + h * soh + t * sot + rd, out.to(o_ptr.dtype.element_ty), mask=rd < HD)
+
+    def run(q, k, v, slots, count, wrap=lambda f: f):
+        B, H, T, hd = q.shape
+        Hkv = k.shape[1]
+        rep = H // Hkv
+        S = slots.shape[-1]
+        nch = max(1, triton.cdiv(S, CHUNK))
+        block_d = max(16, triton.next_power_of_2(hd))
+        block_m = max(16, triton.next_power_of_2(rep))
+        # q/k/v/out need unit stride in head_dim; partials are indexed [row, head, chunk, BLOCK_D]
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        k = k if k.stride(-1) == 1 else k.contiguous()
+        v = v if v.stride(-1) == 1 else v.contiguous()
+        slots = slots if slots.stride(-1) == 1 else slots.contiguous()
+        count = count.contiguous()
+        acc = torch.empty(B * T, H, nch, block_d, device=q.device, dtype=torch.float32)
+        ml = torch.empty(B * T, H, nch, 2, device=q.device, dtype=torch.float32)
+        out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
+        ssb = slots.stride(0) if slots.shape[0] > 1 else 0
+        scb = count.stride(0) if count.shape[0] > 1 else 0
+        wrap(attend_chunk)[(B * T, Hkv, nch)](
+            q, k, v, slots, count, acc, ml, T, H, hd, nch, (1.0 / math.sqrt(hd)) * 1.4426950408889634,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), ssb, slots.stride(1), scb,
+            REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
+            num_warps=4)
+        wrap(attend_merge)[(B * T, H)](acc, ml, count, out, T, H, hd, nch, out.stride(0), out.stride(1),
+                                       out.stride(2), scb, BLOCK_D=block_d, CHUNK=CHUNK, num_warps=1)
+        return out
+
+    @triton_op("eaglekit::invariant_attention", mutates_args=())
+    def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                            count: torch.Tensor) -> torch.Tensor:
+        return run(q, k, v, slots, count, wrap_triton)
+
+    return SimpleNamespace(op=invariant_attention, run=run)

@@ -1,0 +1,163 @@
+"""Batch-invariant decode attention (eaglekit.models.attend) and the "invariant" products policy, in Triton's
+interpreter on the CPU: right results against float64 SDPA, a tree row's bits equal to the same token attended
+alone with its keys in consecutive slots (what the baseline step sees), and a model whose decode runs every
+product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/test_gpu.py
+runs bf16 on the GPU)."""
+
+import importlib.util
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("needs triton (the dev extra installs it)", allow_module_level=True)
+if torch.cuda.is_available():  # the interpreter would take over the GPU's kernels in this process
+    pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernels on the GPU",
+                allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when imported: set it first
+
+from eaglekit.models import attend  # noqa: E402
+
+
+def _tree(rng, T):
+    """Random parents (node 0 the root, a parent before its child), as the engine lays trees out."""
+    return [-1] + [rng.randrange(0, i) for i in range(1, T)]
+
+
+def _ancestry(parents, t):
+    path = []
+    while t >= 0:
+        path.append(t)
+        t = parents[t]
+    return path[::-1]
+
+
+def _case(seed, T, P, S, H, Hkv, hd, dtype, B=1):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, hd, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, S + 1, hd, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, S + 1, hd, generator=g).to(dtype)
+    parents = [_tree(rng, T) for _ in range(B)]
+    mask = torch.zeros(B, T, S, dtype=torch.bool)
+    mask[:, :, :P] = True
+    for b in range(B):
+        for t in range(T):
+            mask[b, t, [P + a for a in _ancestry(parents[b], t)]] = True
+    return q, k, v, mask, parents
+
+
+def _ref(q, k, v, mask):
+    rep = q.shape[1] // k.shape[1]
+    S = mask.shape[-1]
+    kk = k[:, :, :S].double().repeat_interleave(rep, 1)
+    vv = v[:, :, :S].double().repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=mask[:, None])
+
+
+def test_visible_lists_each_rows_slots_in_order():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(2, 5, 37, generator=g) < 0.4
+    mask[..., 0] = True
+    slots, count = attend.visible(mask)
+    for b in range(2):
+        for t in range(5):
+            want = mask[b, t].nonzero().flatten()
+            assert int(count[b, t]) == want.numel()
+            assert torch.equal(slots[b, t, :want.numel()].long(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("H,Hkv,hd,P", [(4, 2, 64, 5), (4, 4, 32, 300), (8, 2, 80, 600)])  # 80: head_dim padded
+def test_attention_is_right(dtype, H, Hkv, hd, P):
+    T, S = 7, P + 20
+    q, k, v, mask, _ = _case(P + hd, T, P, S, H, Hkv, hd, dtype, B=2)
+    out = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    assert (out.double() - _ref(q, k, v, mask)).abs().max() < tol
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
+    """Row t of a verify tree sees the prefix, its ancestors and itself at scattered slots; the baseline sees the
+    same keys in consecutive slots, one query row. The kernel must give both the same bits, also across
+    chunk boundaries (prefixes past 256 keys) and with a mask of batch 1 shared by every row."""
+    rng = random.Random(seed)
+    T, P = rng.randint(2, 12), rng.choice([3, 250, 255, 300, 520])
+    S = P + T + rng.randint(0, 40)
+    q, k, v, mask, parents = _case(seed, T, P, S, 8, 2, 64, dtype)
+    tree = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
+    for t in range(T):
+        path = _ancestry(parents[0], t)
+        k1, v1 = k.clone(), v.clone()
+        k1[:, :, P:P + len(path)] = k[:, :, [P + a for a in path]]
+        v1[:, :, P:P + len(path)] = v[:, :, [P + a for a in path]]
+        m1 = torch.zeros(1, 1, S, dtype=torch.bool)
+        m1[..., :P + len(path)] = True
+        alone = attend.attend(q[:, :, t:t + 1], k1[:, :, :S], v1[:, :, :S], *attend.visible(m1))
+        assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
+
+
+def _invariant_target(model_dirs, family):
+    from eaglekit.models import load_target
+
+    t = load_target(model_dirs[family], backend="ours", dtype="float16")
+    t.set_products("invariant")
+    return t
+
+
+def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch):
+    """Every product and attention of a decode call goes through the Triton kernels (none falls back to F.linear
+    or SDPA), and a token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
+    from eaglekit.models import smallm
+
+    t = _invariant_target(model_dirs, "llama")
+    calls = {"attend": 0, "linear": 0}
+    attend_op, linear_op = attend.kernels().op, smallm.kernels().op
+
+    def count(name, fn):
+        def f(*a):
+            calls[name] += 1
+            return fn(*a)
+        return f
+
+    monkeypatch.setattr(attend.kernels(), "op", count("attend", attend_op))
+    monkeypatch.setattr(smallm.kernels(), "op", count("linear", linear_op))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("SDPA in a decode call"))
+    monkeypatch.setattr(F, "linear", lambda *a, **k: pytest.fail("F.linear in a decode call"))
+    t.reset(64)
+    t.prefill(torch.tensor([5, 9, 14, 3, 7]))  # (a prompt of up to 64 tokens takes the kernels too)
+    n = t.info.num_layers
+    assert calls == {"attend": n, "linear": 4 * n + 1}
+    calls.update(attend=0, linear=0)
+    tok = torch.tensor([11])
+    alone = t.step(tok, 1)
+    assert calls == {"attend": n, "linear": 4 * n + 1}
+    t.committed.fill_(5)
+    chain = t.step(tok, 5)
+    assert torch.equal(alone, chain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(6))
+def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model_dirs, case):
+    """fp16, every decode product and attention batch-invariant: speculative output equals the baseline's."""
+    from eaglekit.capture import CaptureSpec
+    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.tree import TreeShape
+    from helpers import NoisyOracleDraft
+
+    rng = random.Random(2000 + case)
+    family = ["llama", "mistral", "qwen2", "qwen3"][case % 4]
+    target = _invariant_target(model_dirs, family)
+    prompt = [rng.randrange(3, 96) for _ in range(rng.randint(1, 20))]
+    want = Decoder(target).generate(prompt, 12, eos_ids=()).token_ids
+    dec = Decoder(target, None, TreeShape(*[(3, 1, 4), (3, 2, 6), (4, 3, 10)][case % 3]))
+    dec.capture = CaptureSpec.default(8)
+    dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.4, seed=case)
+    assert dec.generate(prompt, 12, eos_ids=()).token_ids == want
