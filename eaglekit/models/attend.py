@@ -8,11 +8,12 @@ that flips a greedy choice now and then. Batch-invariant products (eaglekit.mode
 How: each (query row, KV head) is its own program, so rows never share a reduction. A row's visible keys are taken
 in *logical* order: the committed prefix, then its tree ancestors and itself (`visible`: the True slots of its mask
 row, ascending), so a tree token at depth d walks the same key sequence as the baseline token at that position,
-whose keys sit in consecutive slots. Keys go in chunks of CHUNK logical positions (one program per chunk: a long
-context still spreads over the GPU), each chunk by blocks of BLOCK_N with an online softmax, and `attend_merge` adds
-the chunks of a row in order. Chunk and block boundaries are logical positions, the tile shapes depend on the
-model's heads only: nothing depends on how many rows there are or where a row's keys lie in the cache. Masked keys
-of a partial block contribute exact zeros, which leaves every sum's bits unchanged.
+whose keys sit in consecutive slots. Keys go in chunks of CHUNK logical positions dealt round-robin to PARTS
+programs (a long context still spreads over the GPU), each by blocks of BLOCK_N with an online softmax, and
+`attend_merge` adds a row's parts in order. Chunk and block boundaries are logical positions, the tile shapes depend
+on the model's heads only: nothing depends on how many rows there are or where a row's keys lie in the cache. Masked
+keys of a partial block contribute exact zeros, which leaves every sum's bits unchanged. Grids and buffers do not
+depend on the span either (under torch.compile it is a symbolic size, and CUDA graphs keep a launch's grid).
 
 GPU (or Triton's interpreter in tests) only; fp32 inputs use IEEE products (no tf32 rounding).
 """
@@ -27,7 +28,8 @@ import torch
 
 from .smallm import HAVE_TRITON
 
-CHUNK = 256  # logical keys per program: fixed, so a row's split does not depend on the rows beside it
+CHUNK = 128  # logical keys per chunk: fixed, so a row's split does not depend on the rows beside it
+PARTS = 16  # programs per (row, KV head): part p takes chunks p, p + PARTS, ...; the parts are merged in order
 BLOCK_N = 64  # keys per inner step
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -76,27 +78,26 @@ def _build():
     from torch.library import triton_op, wrap_triton
 
     @triton.jit
-    def attend_chunk(q_ptr, k_ptr, v_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr,
-                     T, H, HD, NCH, scale,
-                     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, ssb, sst, scb,
-                     REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CHUNK: tl.constexpr, IEEE: tl.constexpr):
+    def attend_part(q_ptr, k_ptr, v_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr, T, H, HD,
+                    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, ssb, sst, scb,
+                    SCALE: tl.constexpr, REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr, IEEE: tl.constexpr):
+        # (SCALE is a constexpr: inductor would pass a float argument as fp64)
         row = tl.program_id(0)  # b * T + t
         g = tl.program_id(1)  # KV head: its REP query heads are the tile's rows
-        c = tl.program_id(2)  # chunk of logical keys
+        part = tl.program_id(2)  # takes chunks part, part + PARTS, ... of the row's logical keys
         b = row // T
         t = row % T
         n = tl.load(count_ptr + b * scb + t)
-        lo = c * CHUNK
-        if lo < n:
-            rm = tl.arange(0, BLOCK_M)
-            rd = tl.arange(0, BLOCK_D)
-            heads = g * REP + rm
-            qmask = (rm[:, None] < REP) & (rd[None, :] < HD)
-            q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + t * sqt + rd[None, :], mask=qmask, other=0.0)
-            m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            l_i = tl.zeros((BLOCK_M,), tl.float32)
-            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        rm = tl.arange(0, BLOCK_M)
+        rd = tl.arange(0, BLOCK_D)
+        heads = g * REP + rm
+        q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + t * sqt + rd[None, :],
+                    mask=(rm[:, None] < REP) & (rd[None, :] < HD), other=0.0)
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        for lo in range(part * CHUNK, n, PARTS * CHUNK):
             hi = tl.minimum(lo + CHUNK, n)
             for j0 in range(lo, hi, BLOCK_N):
                 j = j0 + tl.arange(0, BLOCK_N)
@@ -108,7 +109,7 @@ def _build():
                     s = tl.dot(q, tl.trans(kt), input_precision="ieee")
                 else:
                     s = tl.dot(q, tl.trans(kt))
-                s = tl.where(ok[None, :], s * scale, float("-inf"))  # scale carries log2(e): exp2 below
+                s = tl.where(ok[None, :], s * SCALE, float("-inf"))  # SCALE carries log2(e): exp2 below
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
@@ -119,31 +120,29 @@ def _build():
                 else:
                     acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
                 m_i = m_new
-            # partials [B*T, H, NCH, hd] and (max, sum) [B*T, H, NCH, 2], fp32
-            hm = rm < REP
-            base = (row * H + heads) * NCH + c
-            tl.store(acc_ptr + base[:, None] * BLOCK_D + rd[None, :], acc, mask=hm[:, None])
-            tl.store(ml_ptr + base * 2, m_i, mask=hm)
-            tl.store(ml_ptr + base * 2 + 1, l_i, mask=hm)
+        # partials [B*T, H, PARTS, BLOCK_D] and (max, sum) [B*T, H, PARTS, 2], fp32 (an idle part: -inf, 0, 0)
+        hm = rm < REP
+        base = (row * H + heads) * PARTS + part
+        tl.store(acc_ptr + base[:, None] * BLOCK_D + rd[None, :], acc, mask=hm[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=hm)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=hm)
 
     @triton.jit
-    def attend_merge(acc_ptr, ml_ptr, count_ptr, o_ptr, T, H, HD, NCH, sob, soh, sot, scb,
-                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+    def attend_merge(acc_ptr, ml_ptr, o_ptr, T, H, HD, sob, soh, sot,
+                     BLOCK_D: tl.constexpr, PARTS: tl.constexpr):
         row = tl.program_id(0)
         h = tl.program_id(1)
         b = row // T
         t = row % T
-        n = tl.load(count_ptr + b * scb + t)
-        used = (n + CHUNK - 1) // CHUNK
         rd = tl.arange(0, BLOCK_D)
-        base = (row * H + h) * NCH
-        m = tl.load(ml_ptr + base * 2)
-        for c in range(1, used):
+        base = (row * H + h) * PARTS
+        m = tl.load(ml_ptr + base * 2)  # part 0 always has keys (a row sees at least itself)
+        for c in tl.static_range(1, PARTS):
             m = tl.maximum(m, tl.load(ml_ptr + (base + c) * 2))
         acc = tl.zeros((BLOCK_D,), tl.float32)
         l = m * 0.0
-        for c in range(0, used):  # in chunk order: the same sum for every row count
-            w = tl.exp2(tl.load(ml_ptr + (base + c) * 2) - m)
+        for c in tl.static_range(0, PARTS):  # in part order: the same sum for every row count
+            w = tl.exp2(tl.load(ml_ptr + (base + c) * 2) - m)  # an idle part: exp2(-inf) = 0
             l += tl.load(ml_ptr + (base + c) * 2 + 1) * w
             acc += tl.load(acc_ptr + (base + c) * BLOCK_D + rd) * w
         out = acc / l
@@ -153,29 +152,26 @@ def _build():
         B, H, T, hd = q.shape
         Hkv = k.shape[1]
         rep = H // Hkv
-        S = slots.shape[-1]
-        nch = max(1, triton.cdiv(S, CHUNK))
         block_d = max(16, triton.next_power_of_2(hd))
         block_m = max(16, triton.next_power_of_2(rep))
-        # q/k/v/out need unit stride in head_dim; partials are indexed [row, head, chunk, BLOCK_D]
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        k = k if k.stride(-1) == 1 else k.contiguous()
-        v = v if v.stride(-1) == 1 else v.contiguous()
+        # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
+        q = q.contiguous()
         slots = slots if slots.stride(-1) == 1 else slots.contiguous()
         count = count.contiguous()
-        acc = torch.empty(B * T, H, nch, block_d, device=q.device, dtype=torch.float32)
-        ml = torch.empty(B * T, H, nch, 2, device=q.device, dtype=torch.float32)
+        assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
+        acc = torch.empty(B * T, H, PARTS, block_d, device=q.device, dtype=torch.float32)
+        ml = torch.empty(B * T, H, PARTS, 2, device=q.device, dtype=torch.float32)
         out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
         ssb = slots.stride(0) if slots.shape[0] > 1 else 0
         scb = count.stride(0) if count.shape[0] > 1 else 0
-        wrap(attend_chunk)[(B * T, Hkv, nch)](
-            q, k, v, slots, count, acc, ml, T, H, hd, nch, (1.0 / math.sqrt(hd)) * 1.4426950408889634,
+        wrap(attend_part)[(B * T, Hkv, PARTS)](
+            q, k, v, slots, count, acc, ml, T, H, hd,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), ssb, slots.stride(1), scb,
-            REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
-            num_warps=4)
-        wrap(attend_merge)[(B * T, H)](acc, ml, count, out, T, H, hd, nch, out.stride(0), out.stride(1),
-                                       out.stride(2), scb, BLOCK_D=block_d, CHUNK=CHUNK, num_warps=1)
+            SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+            BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, num_warps=4)
+        wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
+                                       BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
         return out
 
     @triton_op("eaglekit::invariant_attention", mutates_args=())

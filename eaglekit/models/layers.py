@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import attend
+from . import attend, norms
 from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
@@ -30,8 +30,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.invariant = False  # products "invariant": one Triton program per row (eaglekit.models.norms)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.invariant and norms.runs(x):
+            return norms.rms_norm(x, self.weight, self.eps)
         # statistics in float32, as the reference implementations do; weight applied in the input dtype
         dtype = x.dtype
         xf = x.float()
@@ -189,10 +192,13 @@ def product_module(policy, m: nn.Module, x):
 
 
 def set_products(modules, policy) -> None:
-    """Run the products of these Attention/MLP modules as `policy` says (None: F.linear)."""
+    """Run the products of these Attention/MLP modules as `policy` says (None: F.linear); a batch-invariant policy
+    (`policy.attention`) takes the RMSNorms along."""
     for m in modules:
         if isinstance(m, (Attention, MLP)):
             m.products = policy
+        elif isinstance(m, RMSNorm):
+            m.invariant = bool(getattr(policy, "attention", False))
 
 
 def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:
