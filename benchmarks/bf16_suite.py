@@ -96,11 +96,14 @@ def main():
     ap.add_argument("--compile", default="off", choices=("auto", "on", "off"))
     ap.add_argument("--products", default="auto", help="load_pair's products (invariant: batch-invariant kernels)")
     ap.add_argument("--no-steps", action="store_true", help="leave out the 8B-shape step timing")
+    ap.add_argument("--shapes", default=None, help="tree shapes in order, e.g. '5,1,6;3,1,4' (default: SHAPES)")
     args = ap.parse_args()
+    if args.shapes:
+        SHAPES[:] = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompts": args.prompts,
            "max_new_tokens": args.max_new, "small_m": args.small_m, "compile": args.compile,
-           "products": args.products}
+           "products": args.products, "shapes": SHAPES}
     print("== a. demo pair, bf16", flush=True)
     res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.small_m, args.compile, args.products)
     if not args.no_steps:
