@@ -29,6 +29,7 @@ _KERNELS = None
 
 
 def kernels():
+    """`.op(x, weight, eps)`, built on first use like smallm.kernels (products.Invariant builds it before compiling)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _build()
