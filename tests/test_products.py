@@ -50,8 +50,10 @@ def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
     assert t.products == t.products_pick["products"] and d.products.name == t.products
     with pytest.raises(InputError, match="products"):
         load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="fast")
-    with pytest.raises(InputError, match="GPU kernel"):
-        load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="smallm")
+    for kind in ("smallm", "invariant"):
+        with pytest.raises(InputError, match="GPU kernel") as e:
+            load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products=kind)
+        assert e.value.code == "E108" and "--device cuda" in e.value.fix
 
 
 def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
