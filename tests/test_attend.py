@@ -103,6 +103,13 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
         assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
 
 
+@pytest.fixture
+def few_parts(monkeypatch):
+    """Model-level tests run the attention with 2 parts instead of 16: the interpreter runs programs one by one, and
+    the kernel tests above cover the 16 parts (the arithmetic of a part does not depend on how many there are)."""
+    monkeypatch.setattr(attend, "PARTS", 2)
+
+
 def _invariant_target(model_dirs, family):
     from eaglekit.models import load_target
 
@@ -111,7 +118,7 @@ def _invariant_target(model_dirs, family):
     return t
 
 
-def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch):
+def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch, few_parts):
     """Every product, attention and norm of a decode call goes through the Triton kernels (none falls back to
     F.linear or SDPA), and a token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
     from eaglekit.models import norms, smallm
@@ -147,7 +154,7 @@ def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(6))
-def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model_dirs, case):
+def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model_dirs, case, few_parts):
     """fp16, every decode product and attention batch-invariant: speculative output equals the baseline's."""
     from eaglekit.capture import CaptureSpec
     from eaglekit.decoding.engine import Decoder
@@ -163,3 +170,31 @@ def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model
     dec.capture = CaptureSpec.default(8)
     dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.4, seed=case)
     assert dec.generate(prompt, 12, eos_ids=()).token_ids == want
+
+
+def test_invariant_rows_of_a_batch_equal_the_row_alone(model_dirs, few_parts):
+    """Batched decoding (RowKV, one mask row per sequence, products over B x T rows): with products "invariant" a
+    sequence's verify logits are the same bits in a batch of 3 sequences of other lengths as alone."""
+    t = _invariant_target(model_dirs, "qwen2")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 96, (n,), generator=g) for n in (9, 5, 13)]
+    T = 4
+    # a tree: node 0 the root, 1 and 2 its children, 3 the child of 1
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    depths = torch.tensor([[0, 1, 1, 2]])
+    span = 32
+
+    def verify(rows):
+        kv = t.row_cache(len(rows), span)
+        for b, p in enumerate(rows):  # each row's prompt on its own (prompts of other lengths)
+            one = kv.rows(b, b + 1)
+            n = p.numel()
+            t.forward_rows(one, p[None], torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril()[None], span)
+            one.length += n
+        ids = torch.stack([p[-T:].flip(0) for p in rows])
+        logits, _ = t.forward_rows(kv, ids, depths.expand(len(rows), T), tree[None], span)
+        return logits
+
+    together = verify(prompts)
+    for b, p in enumerate(prompts):
+        assert torch.equal(verify([p])[0], together[b]), f"sequence {b} rounds differently inside the batch"
