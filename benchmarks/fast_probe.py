@@ -25,7 +25,8 @@ import h200_suite as S  # noqa: E402
 
 KINDS = (("smallm", ("smallm_",)),
          ("gemm", ("gemv", "gemm", "nvjet", "cutlass", "sm90_", "splitk", "matmul")),
-         ("attention", ("fmha", "flash", "attention", "attn")),
+         ("attention", ("fmha", "flash", "attention", "attn", "attend_")),
+         ("norm", ("rms_norm_rows",)),
          ("triton", ("triton_",)))
 
 
