@@ -5,7 +5,7 @@ Why: SDPA picks other kernels and other key splits for 1 query row and for k, so
 differently from the same token stepped alone (benchmarks/NOTES.md, "bf16: where 1 row and k rows part"); in bf16
 that flips a greedy choice now and then. Batch-invariant products (eaglekit.models.smallm) are the other half.
 
-How: each (query row, KV head) is its own program, so rows never share a reduction. A row's visible keys are taken
+How: each (query row, KV head, part) is its own program, so rows never share a reduction. A row's visible keys are taken
 in *logical* order: the committed prefix, then its tree ancestors and itself (`visible`: the True slots of its mask
 row, ascending), so a tree token at depth d walks the same key sequence as the baseline token at that position,
 whose keys sit in consecutive slots. Keys go in chunks of CHUNK logical positions dealt round-robin to PARTS
