@@ -176,12 +176,14 @@ class LlamaTarget(Target):
 
         self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
 
-    def set_products(self, kind: str | None, from_rows: int = 2) -> None:
+    def set_products(self, kind, from_rows: int = 2) -> None:
         """How the decode products run (eaglekit.models.products): None/"aten" F.linear, "onednn" prepacked
-        weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU). Call after fuse()."""
+        weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU), "invariant" (GPU), or a
+        policy object made for this model (products.make). Call after fuse()."""
         from .products import make, product_weights
 
-        policy = make(kind, product_weights(self.net.modules(), [self.net.lm_head]), from_rows)
+        policy = kind if hasattr(kind, "linear") else make(kind, product_weights(self.net.modules(),
+                                                                                [self.net.lm_head]), from_rows)
         set_products(self.net.modules(), policy)
         self.net.products = policy
 

@@ -166,20 +166,25 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     dev = target.device
     prompt = torch.arange(1, 65, device=dev) % max(2, target.info.vocab_size - 1)
     tok = prompt[-1:]
-    ms = {}
-    for kind in candidates:  # (no inference_mode here: the cache that reset() allocates must stay a normal tensor)
-        target.set_products(kind)
-        target.reset(prompt.numel() + 2 * reps * (rows + 1) + 8)
-        target.prefill(prompt)
-        times = {1: [], rows: []}
-        for _ in range(reps):
+    policies = {kind: make(kind, weights) for kind in candidates}
+    # (no inference_mode here: the cache that reset() allocates must stay a normal tensor)
+    target.reset(prompt.numel() + (reps + 1) * len(candidates) * 2 + 8)
+    target.prefill(prompt)
+    times = {kind: {1: [], rows: []} for kind in candidates}
+    # one untimed round first (oneDNN builds its kernels per shape on first use), then the candidates alternate
+    # round by round, so a machine that slows down or speeds up midway weighs on both alike (a fresh process timing
+    # one candidate after the other picked F.linear 1 time in 8 on a noisy 2-core VM where oneDNN is ~20% faster)
+    for i in range(reps + 1):
+        for kind in candidates:
+            target.set_products(policies[kind])
             for r in (1, rows):
                 t0 = time.perf_counter()
                 target.step(tok, r)
-                times[r].append((time.perf_counter() - t0) * 1e3)
-        ms[kind] = [round(statistics.median(times[1][1:]), 3), round(statistics.median(times[rows][1:]), 3)]
+                if i:
+                    times[kind][r].append((time.perf_counter() - t0) * 1e3)
+    ms = {kind: [round(statistics.median(t[1]), 3), round(statistics.median(t[rows]), 3)] for kind, t in times.items()}
     best = min(ms, key=lambda k: sum(ms[k]))
-    target.set_products(best)
+    target.set_products(policies[best])
     _PICKED[key] = {"products": best, "ms": ms, "rows": rows}
     if not fits:
         _PICKED[key]["onednn_skipped"] = (f"its packed weights ({need / 2**30:.1f} GiB) would take over half the free "
