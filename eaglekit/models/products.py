@@ -168,7 +168,7 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     tok = prompt[-1:]
     policies = {kind: make(kind, weights) for kind in candidates}
     # (no inference_mode here: the cache that reset() allocates must stay a normal tensor)
-    target.reset(prompt.numel() + (reps + 1) * len(candidates) * 2 + 8)
+    target.reset(prompt.numel() + (reps + 1) * len(candidates) * 2 + rows + 8)  # each step commits 1, writes rows
     target.prefill(prompt)
     times = {kind: {1: [], rows: []} for kind in candidates}
     # one untimed round first (oneDNN builds its kernels per shape on first use), then the candidates alternate
