@@ -4,20 +4,15 @@ alone with its keys in consecutive slots (what the baseline step sees), and a mo
 product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/test_gpu.py
 runs bf16 on the GPU)."""
 
-import importlib.util
-import os
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("needs triton (the dev extra installs it)", allow_module_level=True)
-if torch.cuda.is_available():  # the interpreter would take over the GPU's kernels in this process
-    pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernels on the GPU",
-                allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when imported: set it first
+from helpers import use_triton_interpreter
+
+use_triton_interpreter()  # before triton is imported
 
 from eaglekit.models import attend  # noqa: E402
 

@@ -2,19 +2,14 @@
 the same bits for a row whether it comes alone or among up to 15 others (what makes bf16 verify lossless).
 fp16 here: the interpreter computes through numpy, which has no bfloat16 (the GPU tests cover bf16)."""
 
-import importlib.util
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("needs triton (the dev extra installs it)", allow_module_level=True)
-if torch.cuda.is_available():  # the interpreter would take over the GPU's kernels in this process
-    pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernel on the GPU",
-                allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when imported: set it first
+from helpers import use_triton_interpreter
+
+use_triton_interpreter()  # before triton is imported
 
 from eaglekit.models import smallm  # noqa: E402
 from eaglekit.models.layers import MLP, set_products  # noqa: E402
