@@ -26,7 +26,7 @@ from ..errors import ContractError
 from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
 from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
-                             set_products, span_mask, span_mask_rows)
+                             span_mask, span_mask_rows)
 from ..observe import trace
 from .base import Draft
 
@@ -227,13 +227,11 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.fuse()
         self.midlayer.mlp.fuse()
 
-    def set_products(self, kind: str | None, from_rows: int = 2) -> None:
+    def set_products(self, kind, from_rows: int = 2) -> None:
         """See LlamaTarget.set_products (the fc, the layer and the lm_head)."""
-        from ..models.products import make, product_weights
+        from ..models.products import install
 
-        policy = make(kind, product_weights(self.midlayer.modules(), [self.fc, self.lm_head]), from_rows)
-        set_products(self.midlayer.modules(), policy)
-        self.products = policy
+        self.products = install(kind, self.midlayer.modules(), [self.fc, self.lm_head], from_rows)
 
     def set_small_m(self, from_rows: int | None) -> None:
         self.set_products("smallm" if from_rows is not None else None, from_rows or 2)

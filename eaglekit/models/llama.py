@@ -16,7 +16,7 @@ from .base import Target, TargetInfo
 from .compiling import span_dynamic
 from .config import TargetConfig, load_target_config
 from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
-                     set_products, span_mask, span_mask_rows)
+                     span_mask, span_mask_rows)
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -180,12 +180,9 @@ class LlamaTarget(Target):
         """How the decode products run (eaglekit.models.products): None/"aten" F.linear, "onednn" prepacked
         weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU), "invariant" (GPU), or a
         policy object made for this model (products.make). Call after fuse()."""
-        from .products import make, product_weights
+        from .products import install
 
-        policy = kind if hasattr(kind, "linear") else make(kind, product_weights(self.net.modules(),
-                                                                                [self.net.lm_head]), from_rows)
-        set_products(self.net.modules(), policy)
-        self.net.products = policy
+        self.net.products = install(kind, self.net.modules(), [self.net.lm_head], from_rows)
 
     @property
     def products(self) -> str:

@@ -143,6 +143,17 @@ def make(kind: str | None, weights=(), from_rows: int = 2):
     raise ValueError(f"unknown products kind {kind!r}")
 
 
+def install(kind, modules, heads=(), from_rows: int = 2):
+    """Set a policy on these modules (a kind by name, made for their weights, or a policy object made before) and
+    return it: what a model's set_products does with its modules and heads (lm_head, fc)."""
+    from .layers import set_products
+
+    modules = list(modules)
+    policy = kind if hasattr(kind, "linear") else make(kind, product_weights(modules, heads), from_rows)
+    set_products(modules, policy)
+    return policy
+
+
 _PICKED: dict = {}  # (model shape, dtype, threads) -> pick_cpu's result: one timing per process and kind of model
 
 
