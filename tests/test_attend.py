@@ -87,6 +87,12 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
     S = P + T + rng.randint(0, 40)
     q, k, v, mask, parents = _case(seed, T, P, S, 8, 2, 64, dtype)
     tree = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
+    # as in a decode call: the tree's own keys come from k_new/v_new (not yet in the cache, whose slots from P on
+    # hold other values here), the committed ones from the cache: the same bits
+    junk_k, junk_v = k.clone(), v.clone()
+    junk_k[:, :, P:], junk_v[:, :, P:] = -k[:, :, P:], 2 * v[:, :, P:]
+    new = (k[:, :, P:P + T], v[:, :, P:P + T], torch.tensor([P]))
+    assert torch.equal(attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *attend.visible(mask), new=new), tree)
     for t in range(T):
         path = _ancestry(parents[0], t)
         k1, v1 = k.clone(), v.clone()

@@ -53,11 +53,15 @@ def visible(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return slots[..., :S], rank[..., -1].contiguous()
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
+           new: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Softmax attention of q [B, H, T, hd] over k, v [B, Hkv, S, hd] (H a multiple of Hkv), each row t reading the
     keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count may have batch 1 for all rows).
-    Returns [B, H, T, hd] in q's dtype."""
-    return kernels().op(q, k, v, slots, count)
+    `new` = (k_new, v_new [B, Hkv, T, hd], base [B|1]): slots from base[b] on are read from k_new/v_new at slot - base
+    instead of k/v (this call's tokens, not yet written to the cache). Returns [B, H, T, hd] in q's dtype."""
+    if new is None:  # every slot from the cache
+        new = (k[:, :, :1], v[:, :, :1], torch.full((1,), k.shape[2], dtype=torch.long, device=k.device))
+    return kernels().op(q, k, v, *new, slots, count)
 
 
 _KERNELS = None
@@ -78,8 +82,8 @@ def _build():
     from torch.library import triton_op, wrap_triton
 
     @triton.jit
-    def attend_part(q_ptr, k_ptr, v_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr, T, H, HD,
-                    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, ssb, sst, scb,
+    def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr, T, H, HD,
+                    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, snb, snh, snt, sbb, ssb, sst, scb,
                     SCALE: tl.constexpr, REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr, IEEE: tl.constexpr):
         # (SCALE is a constexpr: inductor would pass a float argument as fp64)
@@ -89,6 +93,7 @@ def _build():
         b = row // T
         t = row % T
         n = tl.load(count_ptr + b * scb + t)
+        base = tl.load(base_ptr + b * sbb)  # slots from here on are this call's tokens: read from kn/vn
         rm = tl.arange(0, BLOCK_M)
         rd = tl.arange(0, BLOCK_D)
         heads = g * REP + rm
@@ -104,7 +109,14 @@ def _build():
                 ok = j < hi
                 s_idx = tl.load(slot_ptr + b * ssb + t * sst + j, mask=ok, other=0)
                 kv_mask = ok[:, None] & (rd[None, :] < HD)
-                kt = tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=kv_mask, other=0.0)
+                fresh = (s_idx >= base)[:, None]
+                old = kv_mask & ~fresh
+                nw = kv_mask & fresh
+                at_new = (s_idx - base)[:, None] * snt + rd[None, :]
+                kt = tl.where(fresh,
+                              tl.load(kn_ptr + b * snb + g * snh + at_new, mask=nw, other=0.0),
+                              tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=old,
+                                      other=0.0))
                 if IEEE:
                     s = tl.dot(q, tl.trans(kt), input_precision="ieee")
                 else:
@@ -114,7 +126,10 @@ def _build():
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                vt = tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=kv_mask, other=0.0)
+                vt = tl.where(fresh,
+                              tl.load(vn_ptr + b * snb + g * snh + at_new, mask=nw, other=0.0),
+                              tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=old,
+                                      other=0.0))
                 if IEEE:
                     acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
                 else:
@@ -148,7 +163,7 @@ def _build():
         out = acc / l
         tl.store(o_ptr + b * sob + h * soh + t * sot + rd, out.to(o_ptr.dtype.element_ty), mask=rd < HD)
 
-    def run(q, k, v, slots, count, wrap=lambda f: f):
+    def run(q, k, v, k_new, v_new, base, slots, count, wrap=lambda f: f):
         B, H, T, hd = q.shape
         Hkv = k.shape[1]
         rep = H // Hkv
@@ -158,16 +173,19 @@ def _build():
         q = q.contiguous()
         slots = slots if slots.stride(-1) == 1 else slots.contiguous()
         count = count.contiguous()
+        k_new, v_new, base = k_new.contiguous(), v_new.contiguous(), base.contiguous()
         assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
         acc = torch.empty(B * T, H, PARTS, block_d, device=q.device, dtype=torch.float32)
         ml = torch.empty(B * T, H, PARTS, 2, device=q.device, dtype=torch.float32)
         out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
         ssb = slots.stride(0) if slots.shape[0] > 1 else 0
         scb = count.stride(0) if count.shape[0] > 1 else 0
+        sbb = 1 if base.shape[0] > 1 else 0
         wrap(attend_part)[(B * T, Hkv, PARTS)](
-            q, k, v, slots, count, acc, ml, T, H, hd,
+            q, k, v, k_new, v_new, base, slots, count, acc, ml, T, H, hd,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), ssb, slots.stride(1), scb,
+            v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
+            ssb, slots.stride(1), scb,
             SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
             BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, num_warps=4)
         wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
@@ -175,8 +193,9 @@ def _build():
         return out
 
     @triton_op("eaglekit::invariant_attention", mutates_args=())
-    def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+    def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor,
+                            v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor,
                             count: torch.Tensor) -> torch.Tensor:
-        return run(q, k, v, slots, count, wrap_triton)
+        return run(q, k, v, k_new, v_new, base, slots, count, wrap_triton)
 
     return SimpleNamespace(op=invariant_attention, run=run)
