@@ -109,14 +109,18 @@ def _build():
                 ok = j < hi
                 s_idx = tl.load(slot_ptr + b * ssb + t * sst + j, mask=ok, other=0)
                 kv_mask = ok[:, None] & (rd[None, :] < HD)
+                # this call's keys (slots >= base) come from kn/vn: only the tiles that hold any pay for two masked
+                # loads and a select; a select of addresses instead loses the loads' vectorization (both: NOTES)
                 fresh = (s_idx >= base)[:, None]
-                old = kv_mask & ~fresh
-                nw = kv_mask & fresh
                 at_new = (s_idx - base)[:, None] * snt + rd[None, :]
-                kt = tl.where(fresh,
-                              tl.load(kn_ptr + b * snb + g * snh + at_new, mask=nw, other=0.0),
-                              tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=old,
-                                      other=0.0))
+                mixed = tl.max(tl.where(ok, s_idx, 0), 0) >= base
+                if mixed:
+                    kt = tl.where(fresh, tl.load(kn_ptr + b * snb + g * snh + at_new, mask=kv_mask & fresh, other=0.0),
+                                  tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :],
+                                          mask=kv_mask & ~fresh, other=0.0))
+                else:
+                    kt = tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=kv_mask,
+                                 other=0.0)
                 if IEEE:
                     s = tl.dot(q, tl.trans(kt), input_precision="ieee")
                 else:
@@ -126,10 +130,13 @@ def _build():
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                vt = tl.where(fresh,
-                              tl.load(vn_ptr + b * snb + g * snh + at_new, mask=nw, other=0.0),
-                              tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=old,
-                                      other=0.0))
+                if mixed:
+                    vt = tl.where(fresh, tl.load(vn_ptr + b * snb + g * snh + at_new, mask=kv_mask & fresh, other=0.0),
+                                  tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :],
+                                          mask=kv_mask & ~fresh, other=0.0))
+                else:
+                    vt = tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=kv_mask,
+                                 other=0.0)
                 if IEEE:
                     acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
                 else:
