@@ -14,7 +14,8 @@ def pick_device(name: str | None = "auto") -> str:
 
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
-              compile: str | bool = "auto", products: str = "auto") -> tuple[Target, Eagle3Draft | None]:
+              compile: str | bool = "auto", products: str = "auto",
+              batched: bool = False) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/NOTES.md); 'on' / True everywhere, 'off' / False never. The first generation pays the
@@ -22,9 +23,12 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
 
     `products`: how the decode products run (eaglekit.models.products). 'auto': on a CPU with eaglekit's decoder,
     uncompiled, the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s;
-    `products_pick` on the target says what was timed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or
-    'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every decode product and the decode attention
-    batch-invariant, so bf16 speculative output is identical to the bf16 baseline (the draft keeps F.linear)."""
+    `products_pick` on the target says what was timed); on a GPU in bf16/fp16, 'invariant' (below), with a draft or
+    without (so `generate --baseline` decodes the same bits as `generate`), unless `batched` (serve: many rows per
+    forward, where its 16-row tiles are untimed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or 'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every
+    decode product and the decode attention batch-invariant, so bf16 speculative output is identical to the bf16
+    baseline (the draft keeps F.linear). Its cost on the 8B shape, H200: the plain step +3-11%, the EAGLE-3 cycle
+    -3 to -7% (benchmarks/NOTES.md)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -43,11 +47,11 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile()
         if draft is not None:
             draft.compile()
-    set_pair_products(target, draft, products, device)
+    set_pair_products(target, draft, products, device, batched)
     return target, draft
 
 
-def set_pair_products(target, draft, products: str = "auto", device="cpu") -> None:
+def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False) -> None:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair)."""
     from .models import smallm
     from .models.products import onednn_available, pick_cpu
@@ -58,10 +62,14 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
     cpu = str(device) == "cpu"
     if products == "auto":
-        if not (ours and cpu) or compiled(target):  # compiled layers: inductor does the products its own way
+        products = auto_products(target, draft, device, batched)
+        if products is None:  # F.linear; compiled layers: inductor does the products its own way
             return
-        target.products_pick = pick_cpu(target)
-        products = target.products_pick["products"]
+        if products == "pick":
+            target.products_pick = pick_cpu(target)
+            products = target.products_pick["products"]
+        else:
+            target.set_products(products)
     elif not ours:
         raise InputError(f"--products {products} needs eaglekit's own decoder on one device", code="E108",
                          fix="leave out --products for transformers-backed or tensor-parallel targets")
@@ -79,6 +87,24 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu") -> No
     if draft is not None and hasattr(draft, "set_products"):
         # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
         draft.set_products(products if products != "invariant" else None)
+
+
+def auto_products(target, draft, device, batched: bool = False) -> str | None:
+    """What products='auto' means for this pair: 'pick' (time aten against onednn on this CPU), 'invariant' (bf16 or
+    fp16 on a GPU: speculative greedy output identical to the plain decode, draft or not loaded here, and the cycle no
+    slower), or None (F.linear, or what inductor makes of it)."""
+    import torch
+
+    from .models import smallm
+
+    if not hasattr(target, "set_products") or getattr(target, "tp", None) is not None:
+        return None  # transformers-backed or tensor-parallel: their own products
+    if str(device) == "cpu":
+        return None if compiled(target) else "pick"
+    if (str(device).startswith("cuda") and not batched and smallm.HAVE_TRITON
+            and getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)):
+        return "invariant"
+    return None
 
 
 def compiled(target) -> bool:

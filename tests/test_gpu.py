@@ -116,10 +116,11 @@ def test_batched_graphs_equal_alone(pair32, shape):
 
 @pytest.mark.parametrize("shape,compile", [((3, 1, 4), "off"), ((5, 1, 6), "auto")])
 def test_bf16_chains_equal_the_verify_shaped_baseline(shape, compile):
-    """bf16: the one-row baseline and a k-row verify round differently (about 11 of 32 demo prompts part), but a
-    baseline stepping through k-row chains (Decoder.baseline_rows, 'auto' here) gives the chain's arithmetic:
-    greedy speculative output equals it on every prompt (benchmarks/bf16_suite.py: 32/32 for both chains)."""
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile)
+    """bf16 with F.linear products (--products aten): the one-row baseline and a k-row verify round differently
+    (about 11 of 32 demo prompts part), but a baseline stepping through k-row chains (Decoder.baseline_rows, 'auto'
+    here) gives the chain's arithmetic: greedy speculative output equals it on every prompt."""
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
+                     products="aten")
     tok = load_tokenizer(ASSETS / "target")
     dec = Decoder(t, d, TreeShape(*shape), graphs=True)
     assert dec.baseline_rows == shape[2]
@@ -150,7 +151,7 @@ def test_small_m_compiled_graphs_equal_eager_bf16():
     """The smallm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
     layers called without graphs (bf16)."""
     prompts = _prompts(4)
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", products="aten")
     t.set_small_m(1)
     d.set_small_m(1)
     fast = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
@@ -200,12 +201,13 @@ def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
             assert torch.equal(alone[:, :, 0], tree[:, :, t]), (P, t)
 
 
-@pytest.mark.parametrize("compile", ["off", "auto"])
-def test_invariant_bf16_speculative_equals_the_one_row_baseline(compile):
-    """bf16 with products "invariant" (batch-invariant products and attention): greedy speculative output equals
-    the plain one-row baseline on the demo prompts, for chains and trees, graphed (compiled or not)."""
+@pytest.mark.parametrize("compile,products", [("off", "invariant"), ("auto", "auto")])
+def test_invariant_bf16_speculative_equals_the_one_row_baseline(compile, products):
+    """bf16 with products "invariant" (batch-invariant products and attention; what 'auto' picks for bf16 on a
+    GPU): greedy speculative output equals the plain one-row baseline on the demo prompts, for chains and trees,
+    graphed (compiled or not)."""
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
-                     products="invariant")
+                     products=products)
     assert t.products == "invariant"
     prompts = _prompts(12)
     for shape in [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]:

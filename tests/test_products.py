@@ -74,3 +74,25 @@ def test_onednn_and_compiled_layers_do_not_mix():
     if onednn_available():
         with pytest.raises(InputError, match="--compile"):
             load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on", products="onednn")
+
+
+def test_auto_is_invariant_for_speculative_half_precision_on_a_gpu_only(monkeypatch):
+    """products='auto' on a GPU: the batch-invariant kernels for bf16/fp16, draft or not (so speculative output is
+    the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets.
+    The decision alone is checked here (the kernels themselves: tests/test_attend.py, tests/test_gpu.py)."""
+    from eaglekit.models import smallm
+    from eaglekit.pair import auto_products
+
+    monkeypatch.setattr(smallm, "HAVE_TRITON", True)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="bfloat16", products="aten")
+    assert auto_products(t, d, "cuda") == auto_products(t, d, "cuda:1") == "invariant"
+    assert auto_products(t, d, "cuda", batched=True) is None  # serve: 16-row tiles over many rows are untimed
+    assert auto_products(t, None, "cuda") == "invariant"  # generate --baseline: the same bits as with the draft
+    assert auto_products(t, d, "cpu") == "pick"
+    t32, d32 = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
+    assert auto_products(t32, d32, "cuda") is None
+    t32.tp = object()  # a tensor-parallel rank keeps its own products
+    assert auto_products(t32, d32, "cuda") is None and auto_products(t32, d32, "cpu") is None
+    monkeypatch.setattr(smallm, "HAVE_TRITON", False)
+    assert auto_products(t, d, "cuda") is None
+

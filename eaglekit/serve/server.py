@@ -38,7 +38,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
     # each, some of them while requests wait); --compile asks for it on purpose
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
-                              compile="off" if compile in ("auto", None) else compile, products=products)
+                              compile="off" if compile in ("auto", None) else compile, products=products,
+                              batched=True)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs)
     from ..distributed import current
