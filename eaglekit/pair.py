@@ -25,9 +25,10 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     uncompiled, the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s;
     `products_pick` on the target says what was timed); on a GPU in bf16/fp16, 'invariant' (below), with a draft or
     without (so `generate --baseline` decodes the same bits as `generate`), unless `batched` (serve: many rows per
-    forward, where its 16-row tiles are untimed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or 'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every
-    decode product and the decode attention batch-invariant, so bf16 speculative output is identical to the bf16
-    baseline (the draft keeps F.linear). Its cost on the 8B shape, H200: the plain step +3-11%, the EAGLE-3 cycle
+    forward, where its 16-row tiles are untimed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn'
+    (CPU) or 'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every decode product and the decode
+    attention batch-invariant, so bf16 speculative output is identical to the bf16 baseline (the draft keeps
+    F.linear). Its cost on the 8B shape, H200: the plain step +3-11%, the EAGLE-3 cycle
     -3 to -7% (benchmarks/NOTES.md)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
@@ -62,7 +63,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
     cpu = str(device) == "cpu"
     if products == "auto":
-        products = auto_products(target, draft, device, batched)
+        products = auto_products(target, device, batched)
         if products is None:  # F.linear; compiled layers: inductor does the products its own way
             return
         if products == "pick":
@@ -89,10 +90,10 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         draft.set_products(products if products != "invariant" else None)
 
 
-def auto_products(target, draft, device, batched: bool = False) -> str | None:
+def auto_products(target, device, batched: bool = False) -> str | None:
     """What products='auto' means for this pair: 'pick' (time aten against onednn on this CPU), 'invariant' (bf16 or
-    fp16 on a GPU: speculative greedy output identical to the plain decode, draft or not loaded here, and the cycle no
-    slower), or None (F.linear, or what inductor makes of it)."""
+    fp16 on a GPU: speculative greedy output identical to the plain decode, whether or not a draft is loaded here,
+    and the cycle no slower), or None (F.linear, or what inductor makes of it)."""
     import torch
 
     from .models import smallm

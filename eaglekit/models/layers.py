@@ -133,7 +133,8 @@ class Attention(nn.Module):
             out = None
             if visible is not None:
                 # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
-                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES)
+                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
+                # This call's slots are base, base + 1, ... (LlamaTarget writes its T tokens at L + arange(T)).
                 S = mask.shape[-1]
                 base = slots[:, 0] if slots.dim() == 2 else slots[:1]
                 new = (k.to(k_cache.dtype), v.to(v_cache.dtype), base)
