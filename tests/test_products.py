@@ -76,7 +76,7 @@ def test_onednn_and_compiled_layers_do_not_mix():
             load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on", products="onednn")
 
 
-def test_auto_is_invariant_for_speculative_half_precision_on_a_gpu_only(monkeypatch):
+def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     """products='auto' on a GPU: the batch-invariant kernels for bf16/fp16, draft or not (so speculative output is
     the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets.
     The decision alone is checked here (the kernels themselves: tests/test_attend.py, tests/test_gpu.py)."""
@@ -94,4 +94,3 @@ def test_auto_is_invariant_for_speculative_half_precision_on_a_gpu_only(monkeypa
     assert auto_products(t32, "cuda") is None and auto_products(t32, "cpu") is None
     monkeypatch.setattr(smallm, "HAVE_TRITON", False)
     assert auto_products(t, "cuda") is None
-
