@@ -1,6 +1,6 @@
 """How the decode-time products (q/k/v, o, gate/up, down, lm_head) run: one policy object per model, set on its
-modules by `set_products`; None means plain F.linear (training, features, and the default on a GPU, where inductor
-compiles the products).
+modules by `set_products`; None means plain F.linear (training, features, float32 on a GPU and `serve` there, where
+inductor compiles the products). What 'auto' picks where: eaglekit.pair.auto_products.
 
 - Aten: F.linear, said explicitly (so a machine's pick can name it).
 - OneDNN (CPU): each weight packed once into oneDNN's blocked layout, products through its prepacked linear. On the
@@ -8,8 +8,9 @@ compiles the products).
   demo's lm_head at 6 rows 260 vs 950 us here, 3.2x a row on AMD EPYC per issue 12), and one row's result does not
   depend on how many rows come with it (F.linear's does, in fp32 too: other kernels for 1 and for k rows).
 - SmallM (GPU): eaglekit.models.smallm's Triton kernel from `from_rows` rows on (opt-in; benchmarks/NOTES.md).
-- Invariant (GPU): smallm for every product and eaglekit.models.attend for the decode attention: a row's bits do
-  not depend on the rows beside it, so bf16 speculative output is identical to the bf16 baseline's.
+- Invariant (GPU; the default for bf16/fp16 decoding there): smallm for every product, eaglekit.models.attend for
+  the decode attention and .norms for the norms: a row's bits do not depend on the rows beside it, so bf16
+  speculative output is identical to the bf16 baseline's.
 
 `pick_cpu` chooses between Aten and OneDNN on the machine it runs on by timing real forwards (a one-row step and a
 six-row verify), not microbenchmarks: hot-cache timings of single products mislead (NOTES, "The demo on another CPU").

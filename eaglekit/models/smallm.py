@@ -6,8 +6,9 @@ GEMMs (a 6-row verify cost 1.21-1.24 steps where its bytes allow ~1.02), and cuB
 reduction orders) for 1 row and for k rows, so in bf16 a token verified in a tree rounds differently from the same
 token stepped alone. What it gave (benchmarks/NOTES.md, "Fast v2, second GPU session"): 2-16% over cuBLAS at 6 rows
 in isolation, no gain inside the 8B verify, slower than inductor's GEMVs at 1 row, and bf16 still parts in the
-attention. So it is opt-in (`--products smallm`, Target.set_small_m), and the product half of `--products invariant`
-(eaglekit.models.products.Invariant, with eaglekit.models.attend and .norms): bf16 output identical to the baseline.
+attention. So it is opt-in alone (`--products smallm`, Target.set_small_m), and the product half of the invariant
+products (eaglekit.models.products.Invariant, with eaglekit.models.attend and .norms; the bf16 GPU default since it
+was timed side by side): bf16 output identical to the baseline.
 
 How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile is always 16 rows (rows past M are
 masked zeros; more rows, more tiles, each its own program). The grid covers N in blocks and K in `split` slices;
