@@ -11,7 +11,7 @@ in this run; medians of CUDA-event timings; each section is guarded so one failu
     d. peers: transformers generate (eager) and transformers assisted generation by prompt lookup on the
        demo target; transformers generate at the 8B shape
 
-    python benchmarks/h200_suite.py [--out DIR] [--budget-s 420]
+    python benchmarks/h200_suite.py [--out DIR] [--budget-s 420] [--products invariant]
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def demo_pair(ctx):
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")]
     out = {}
     for dtype in ("bfloat16", "float32"):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, products=PRODUCTS or "auto")
         base_dec = Decoder(t)
         base_dec.generate(prompts[0], 16, baseline=True)
         base_runs = [base_dec.generate(p, 128, baseline=True) for p in prompts]
@@ -220,7 +220,8 @@ def demo_pair(ctx):
                          "identical_prompts": same, "prompts": len(prompts)})
             print(f"   {dtype} {shape}: accept {E.accept_length:.2f}, {E.tokens_per_s:.0f} tok/s vs "
                   f"{B.tokens_per_s:.0f}, {E.tokens_per_s / B.tokens_per_s:.2f}x, identical {same}/{len(prompts)}")
-        out[dtype] = {"baseline_tokens_per_s": round(B.tokens_per_s, 1), "rows": rows}
+        out[dtype] = {"baseline_tokens_per_s": round(B.tokens_per_s, 1), "rows": rows,
+                      "products": getattr(t, "products", None)}
         del t, d
     best = max(out["bfloat16"]["rows"], key=lambda r: r["tokens_per_s"])
     RESULTS["demo_pair"] = {"accept_length": best["accept_length"], "speedup": best["speedup"],
@@ -323,13 +324,16 @@ def main():
     ap.add_argument("--budget-s", type=float, default=420, help="skip the compile section past this")
     ap.add_argument("--compile", action="store_true", help="sections a and b with the compiled decoder layer")
     ap.add_argument("--only-8b", action="store_true", help="sections a and b only")
+    ap.add_argument("--products", default=None, help="the products kind of every section (default: F.linear in a "
+                    "and b, load_pair's auto in c, which is invariant for bf16 on a GPU)")
     args = ap.parse_args()
-    global COMPILE
-    COMPILE = args.compile
+    global COMPILE, PRODUCTS
+    COMPILE, PRODUCTS = args.compile, args.products
     import transformers
 
     RESULTS.update(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(0),
-                   torch=torch.__version__, transformers=transformers.__version__, compiled_layers=args.compile)
+                   torch=torch.__version__, transformers=transformers.__version__, compiled_layers=args.compile,
+                   products=args.products or "aten in a/b, auto in c")
     ctx: dict = {}
     copy_bandwidth()
     baseline_8b(ctx)
