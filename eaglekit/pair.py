@@ -60,7 +60,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     if products not in PRODUCTS:
         raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
                          fix="pass auto, aten, onednn, smallm or invariant")
-    ours = hasattr(target, "set_products") and getattr(target, "tp", None) is None
+    ours = own_decoder(target)
     cpu = str(device) == "cpu"
     if products == "auto":
         products = auto_products(target, device, batched)
@@ -98,7 +98,7 @@ def auto_products(target, device, batched: bool = False) -> str | None:
 
     from .models import smallm
 
-    if not hasattr(target, "set_products") or getattr(target, "tp", None) is not None:
+    if not own_decoder(target):
         return None  # transformers-backed or tensor-parallel: their own products
     if str(device) == "cpu":
         return None if compiled(target) else "pick"
@@ -106,6 +106,12 @@ def auto_products(target, device, batched: bool = False) -> str | None:
             and getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)):
         return "invariant"
     return None
+
+
+def own_decoder(target) -> bool:
+    """Whether products can be set on this target: eaglekit's own decoder on one device (not transformers-backed,
+    not a tensor-parallel rank)."""
+    return hasattr(target, "set_products") and getattr(target, "tp", None) is None
 
 
 def compiled(target) -> bool:

@@ -2,7 +2,6 @@
 the same bits for a row whether it comes alone or among up to 15 others (what makes bf16 verify lossless).
 fp16 here: the interpreter computes through numpy, which has no bfloat16 (the GPU tests cover bf16)."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F

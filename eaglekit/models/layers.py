@@ -130,26 +130,25 @@ class Attention(nn.Module):
         new_kv = (k, v)
         if kv is not None:
             k_cache, v_cache = kv
+            S = mask.shape[-1]
+            k_in, v_in = k.to(k_cache.dtype), v.to(v_cache.dtype)  # what the cache stores (and attend reads)
             out = None
             if visible is not None:
                 # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
                 # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
                 # This call's slots are base, base + 1, ... (LlamaTarget writes its T tokens at L + arange(T)).
-                S = mask.shape[-1]
                 base = slots[:, 0] if slots.dim() == 2 else slots[:1]
-                new = (k.to(k_cache.dtype), v.to(v_cache.dtype), base)
-                out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *visible, new=new)
+                out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *visible, new=(k_in, v_in, base))
             if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
                 idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
-                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+                k_cache.scatter_(2, idx, k_in)
+                v_cache.scatter_(2, idx, v_in)
             else:
-                k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
-                v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
+                k_cache.index_copy_(2, slots, k_in)
+                v_cache.index_copy_(2, slots, v_in)
             if out is not None:
                 out = out.transpose(1, 2).reshape(B, T, H * hd)
                 return product_module(self.products, self.o_proj, out), new_kv
-            S = mask.shape[-1]
             k, v = k_cache[:, :, :S], v_cache[:, :, :S]
         elif extra_kv:
             k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
