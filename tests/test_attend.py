@@ -57,12 +57,16 @@ def test_visible_lists_each_rows_slots_in_order():
     g = torch.Generator().manual_seed(0)
     mask = torch.rand(2, 5, 37, generator=g) < 0.4
     mask[..., 0] = True
-    slots, count = attend.visible(mask)
+    slots, count, old = attend.visible(mask)
+    assert old is None  # no base: nothing is read apart from the cache
+    base = torch.tensor([11, 30])
+    _, _, old = attend.visible(mask, base)
     for b in range(2):
         for t in range(5):
             want = mask[b, t].nonzero().flatten()
             assert int(count[b, t]) == want.numel()
             assert torch.equal(slots[b, t, :want.numel()].long(), want)
+            assert int(old[b, t]) == int((want < base[b]).sum())  # the leading ones held by the cache
 
 
 @pytest.mark.parametrize("dtype,H,Hkv,hd,P", [(torch.float16, 4, 2, 64, 5), (torch.float32, 4, 4, 32, 300),
@@ -92,7 +96,10 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
     junk_k, junk_v = k.clone(), v.clone()
     junk_k[:, :, P:], junk_v[:, :, P:] = -k[:, :, P:], 2 * v[:, :, P:]
     new = (k[:, :, P:P + T], v[:, :, P:P + T], torch.tensor([P]))
-    assert torch.equal(attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *attend.visible(mask), new=new), tree)
+    vis = attend.visible(mask, new[2])
+    assert torch.equal(attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new), tree)
+    with pytest.raises(ValueError, match="old"):  # which keys the cache holds must come with the new ones
+        attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *attend.visible(mask), new=new)
     for t in range(T):
         path = _ancestry(parents[0], t)
         k1, v1 = k.clone(), v.clone()

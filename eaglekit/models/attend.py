@@ -42,26 +42,38 @@ def usable(x: torch.Tensor, head_dim: int) -> bool:
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def visible(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """mask [B, T, S] bool -> (slots [B, T, S] int32: each row's visible slots first, ascending; count [B, T] int32).
-    Fixed shapes, no host sync (CUDA graphs record it). Compute it once per forward: every layer shares it."""
+def visible(mask: torch.Tensor,
+            base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """mask [B, T, S] bool -> (slots [B, T, S] int32: each row's visible slots first, ascending; count [B, T] int32;
+    old [B, T] int32: how many of them lie below base [B|1], i.e. are read from the cache when `attend` gets this
+    call's keys apart; None without base). Fixed shapes, no host sync (CUDA graphs record it). Compute it once per
+    forward: every layer shares it."""
     B, T, S = mask.shape
     rank = mask.cumsum(-1, dtype=torch.int32)
     dst = torch.where(mask, rank.long() - 1, S)  # hidden slots land in a spare column, dropped below
     slots = torch.zeros(B, T, S + 1, dtype=torch.int32, device=mask.device)
     slots.scatter_(-1, dst, torch.arange(S, dtype=torch.int32, device=mask.device).expand(B, T, S))
-    return slots[..., :S], rank[..., -1].contiguous()
+    count = rank[..., -1].contiguous()
+    if base is None:
+        return slots[..., :S], count, None
+    below = torch.arange(S, device=mask.device) < base.view(-1, 1, 1)
+    return slots[..., :S], count, (mask & below).sum(-1, dtype=torch.int32)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
+           old: torch.Tensor | None = None,
            new: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Softmax attention of q [B, H, T, hd] over k, v [B, Hkv, S, hd] (H a multiple of Hkv), each row t reading the
-    keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count may have batch 1 for all rows).
+    keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count/old may have batch 1 for all rows).
     `new` = (k_new, v_new [B, Hkv, T, hd], base [B|1]): slots from base[b] on are read from k_new/v_new at slot - base
-    instead of k/v (this call's tokens, not yet written to the cache). Returns [B, H, T, hd] in q's dtype."""
+    instead of k/v (this call's tokens, not yet written to the cache); `old` must then come from visible(mask, base).
+    Returns [B, H, T, hd] in q's dtype."""
     if new is None:  # every slot from the cache
         new = (k[:, :, :1], v[:, :, :1], torch.full((1,), k.shape[2], dtype=torch.long, device=k.device))
-    return kernels().op(q, k, v, *new, slots, count)
+        old = count
+    elif old is None:
+        raise ValueError("attend: with `new` keys, pass `old` from visible(mask, base) (which keys the cache holds)")
+    return kernels().op(q, k, v, *new, slots, count, old)
 
 
 _KERNELS = None
@@ -78,99 +90,11 @@ def kernels():
 
 def _build():
     import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
-    @triton.jit
-    def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_ptr, acc_ptr, ml_ptr, T, H, HD,
-                    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, snb, snh, snt, sbb, ssb, sst, scb,
-                    SCALE: tl.constexpr, REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr, IEEE: tl.constexpr):
-        # (SCALE is a constexpr: inductor would pass a float argument as fp64)
-        row = tl.program_id(0)  # b * T + t
-        g = tl.program_id(1)  # KV head: its REP query heads are the tile's rows
-        part = tl.program_id(2)  # takes chunks part, part + PARTS, ... of the row's logical keys
-        b = row // T
-        t = row % T
-        n = tl.load(count_ptr + b * scb + t)
-        base = tl.load(base_ptr + b * sbb)  # slots from here on are this call's tokens: read from kn/vn
-        rm = tl.arange(0, BLOCK_M)
-        rd = tl.arange(0, BLOCK_D)
-        heads = g * REP + rm
-        q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + t * sqt + rd[None, :],
-                    mask=(rm[:, None] < REP) & (rd[None, :] < HD), other=0.0)
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        for lo in range(part * CHUNK, n, PARTS * CHUNK):
-            hi = tl.minimum(lo + CHUNK, n)
-            for j0 in range(lo, hi, BLOCK_N):
-                j = j0 + tl.arange(0, BLOCK_N)
-                ok = j < hi
-                s_idx = tl.load(slot_ptr + b * ssb + t * sst + j, mask=ok, other=0)
-                kv_mask = ok[:, None] & (rd[None, :] < HD)
-                # this call's keys (slots >= base) come from kn/vn: only the tiles that hold any pay for two masked
-                # loads and a select; a select of addresses instead loses the loads' vectorization (both: NOTES)
-                fresh = (s_idx >= base)[:, None]
-                at_new = (s_idx - base)[:, None] * snt + rd[None, :]
-                mixed = tl.max(tl.where(ok, s_idx, 0), 0) >= base
-                if mixed:
-                    kt = tl.where(fresh, tl.load(kn_ptr + b * snb + g * snh + at_new, mask=kv_mask & fresh, other=0.0),
-                                  tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :],
-                                          mask=kv_mask & ~fresh, other=0.0))
-                else:
-                    kt = tl.load(k_ptr + b * skb + g * skh + s_idx[:, None] * sks + rd[None, :], mask=kv_mask,
-                                 other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(kt), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(kt))
-                s = tl.where(ok[None, :], s * SCALE, float("-inf"))  # SCALE carries log2(e): exp2 below
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if mixed:
-                    vt = tl.where(fresh, tl.load(vn_ptr + b * snb + g * snh + at_new, mask=kv_mask & fresh, other=0.0),
-                                  tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :],
-                                          mask=kv_mask & ~fresh, other=0.0))
-                else:
-                    vt = tl.load(v_ptr + b * svb + g * svh + s_idx[:, None] * svs + rd[None, :], mask=kv_mask,
-                                 other=0.0)
-                if IEEE:
-                    acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-                m_i = m_new
-        # partials [B*T, H, PARTS, BLOCK_D] and (max, sum) [B*T, H, PARTS, 2], fp32 (an idle part: -inf, 0, 0)
-        hm = rm < REP
-        base = (row * H + heads) * PARTS + part
-        tl.store(acc_ptr + base[:, None] * BLOCK_D + rd[None, :], acc, mask=hm[:, None])
-        tl.store(ml_ptr + base * 2, m_i, mask=hm)
-        tl.store(ml_ptr + base * 2 + 1, l_i, mask=hm)
+    from .attend_kernels import attend_merge, attend_part
 
-    @triton.jit
-    def attend_merge(acc_ptr, ml_ptr, o_ptr, T, H, HD, sob, soh, sot,
-                     BLOCK_D: tl.constexpr, PARTS: tl.constexpr):
-        row = tl.program_id(0)
-        h = tl.program_id(1)
-        b = row // T
-        t = row % T
-        rd = tl.arange(0, BLOCK_D)
-        base = (row * H + h) * PARTS
-        m = tl.load(ml_ptr + base * 2)  # part 0 always has keys (a row sees at least itself)
-        for c in tl.static_range(1, PARTS):
-            m = tl.maximum(m, tl.load(ml_ptr + (base + c) * 2))
-        acc = tl.zeros((BLOCK_D,), tl.float32)
-        l = m * 0.0
-        for c in tl.static_range(0, PARTS):  # in part order: the same sum for every row count
-            w = tl.exp2(tl.load(ml_ptr + (base + c) * 2) - m)  # an idle part: exp2(-inf) = 0
-            l += tl.load(ml_ptr + (base + c) * 2 + 1) * w
-            acc += tl.load(acc_ptr + (base + c) * BLOCK_D + rd) * w
-        out = acc / l
-        tl.store(o_ptr + b * sob + h * soh + t * sot + rd, out.to(o_ptr.dtype.element_ty), mask=rd < HD)
-
-    def run(q, k, v, k_new, v_new, base, slots, count, wrap=lambda f: f):
+    def run(q, k, v, k_new, v_new, base, slots, count, old, wrap=lambda f: f):
         B, H, T, hd = q.shape
         Hkv = k.shape[1]
         rep = H // Hkv
@@ -179,7 +103,7 @@ def _build():
         # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
         q = q.contiguous()
         slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-        count = count.contiguous()
+        count, old = count.contiguous(), old.contiguous()
         k_new, v_new, base = k_new.contiguous(), v_new.contiguous(), base.contiguous()
         assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
         acc = torch.empty(B * T, H, PARTS, block_d, device=q.device, dtype=torch.float32)
@@ -188,11 +112,12 @@ def _build():
         ssb = slots.stride(0) if slots.shape[0] > 1 else 0
         scb = count.stride(0) if count.shape[0] > 1 else 0
         sbb = 1 if base.shape[0] > 1 else 0
+        sgb = old.stride(0) if old.shape[0] > 1 else 0
         wrap(attend_part)[(B * T, Hkv, PARTS)](
-            q, k, v, k_new, v_new, base, slots, count, acc, ml, T, H, hd,
+            q, k, v, k_new, v_new, base, slots, count, old, acc, ml, T, H, hd,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
-            ssb, slots.stride(1), scb,
+            ssb, slots.stride(1), scb, sgb,
             SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
             BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, num_warps=4)
         wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
@@ -201,8 +126,8 @@ def _build():
 
     @triton_op("eaglekit::invariant_attention", mutates_args=())
     def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor,
-                            v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor,
-                            count: torch.Tensor) -> torch.Tensor:
-        return run(q, k, v, k_new, v_new, base, slots, count, wrap_triton)
+                            v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
+                            old: torch.Tensor) -> torch.Tensor:
+        return run(q, k, v, k_new, v_new, base, slots, count, old, wrap_triton)
 
     return SimpleNamespace(op=invariant_attention, run=run)

@@ -72,7 +72,7 @@ class LlamaModel(nn.Module):
         vis = None
         if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
                 and attend.usable(x, self.config.head_dim)):
-            vis = attend.visible(mask)
+            vis = attend.visible(mask, slots[:, 0] if slots.dim() == 2 else slots[:1])  # base: this call's first slot
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast:
