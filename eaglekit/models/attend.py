@@ -11,7 +11,9 @@ row, ascending), so a tree token at depth d walks the same key sequence as the b
 whose keys sit in consecutive slots. Keys go in chunks of CHUNK logical positions dealt round-robin to PARTS
 programs (a long context still spreads over the GPU), each by blocks of BLOCK_N with an online softmax, and
 `attend_merge` adds a row's parts in order. Chunk and block boundaries are logical positions, the tile shapes depend
-on the model's heads only: nothing depends on how many rows there are or where a row's keys lie in the cache. Masked
+on the model's heads only: nothing depends on how many rows there are or where a row's keys lie in the cache. A row
+that sees the whole committed prefix (every decode row of one sequence) finds its k-th key at slot k and reads the
+cache without the slot table, one dependent load fewer per tile; the keys and their order are the same. Masked
 keys of a partial block contribute exact zeros, which leaves every sum's bits unchanged. Grids and buffers do not
 depend on the span either (under torch.compile it is a symbolic size, and CUDA graphs keep a launch's grid).
 
@@ -31,6 +33,8 @@ from .smallm import HAVE_TRITON
 CHUNK = 128  # logical keys per chunk: fixed, so a row's split does not depend on the rows beside it
 PARTS = 16  # programs per (row, KV head): part p takes chunks p, p + PARTS, ...; the parts are merged in order
 BLOCK_N = 64  # keys per inner step
+WARPS = 4  # per attend_part program
+DIRECT = True  # rows that see the whole committed prefix read its keys without the slot table (attend_kernels)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -119,7 +123,8 @@ def _build():
             v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
             ssb, slots.stride(1), scb, sgb,
             SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-            BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, num_warps=4)
+            BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, DIRECT=DIRECT,
+            num_warps=WARPS)
         wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
                                        BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
         return out

@@ -36,7 +36,8 @@ def pick(cache_ptr, new_ptr, s_idx, base, rd, s_cache, s_new, kv_mask):
 def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_ptr, old_ptr, acc_ptr, ml_ptr, T,
                 H, HD, sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, snb, snh, snt, sbb, ssb, sst, scb, sgb,
                 SCALE: tl.constexpr, REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr, IEEE: tl.constexpr):
+                BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr, IEEE: tl.constexpr,
+                DIRECT: tl.constexpr):
     # (SCALE is a constexpr: inductor would pass a float argument as fp64)
     row = tl.program_id(0)  # b * T + t
     g = tl.program_id(1)  # KV head: its REP query heads are the tile's rows
@@ -53,11 +54,18 @@ def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_p
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    # the first `old` keys are the cache's: whole tiles of them load from it alone (a loop without a branch, which
-    # the compiler pipelines); the tiles from there on may hold this call's keys: two masked loads and a select
-    # (a select of addresses instead loses the loads' vectorization; a branch per tile costs ~2x: NOTES). The
-    # tiles stay where they were (logical positions, multiples of BLOCK_N), so the bits do not move.
-    split = (tl.load(old_ptr + b * sgb + t) // BLOCK_N) * BLOCK_N
+    # the first `old` keys are the cache's: whole tiles of them load from it alone, in a loop of their own; the
+    # tiles from there on may hold this call's keys: two masked loads and a select (a select of addresses instead
+    # loses the loads' vectorization: NOTES). The split measured level with a branch per tile (H200, NOTES); it is
+    # what lets the cache's tiles skip the slot table below. Tiles stay where they were (logical positions,
+    # multiples of BLOCK_N), so the bits do not move.
+    old = tl.load(old_ptr + b * sgb + t)
+    split = (old // BLOCK_N) * BLOCK_N
+    # a row that sees the whole committed prefix (old == base: every decode row of one sequence) finds key j at slot
+    # j: its cache tiles load without the slot table, one dependent load fewer per tile (the kernel is latency-bound)
+    ident = old == base
+    if not DIRECT:
+        ident = old < 0  # never: every tile through the slot table (the sweep's reference)
     kc_ptr = k_ptr + b * skb + g * skh
     vc_ptr = v_ptr + b * svb + g * svh
     kn_ptr = kn_ptr + b * snb + g * snh
@@ -66,14 +74,23 @@ def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_p
     for lo in range(part * CHUNK, n, PARTS * CHUNK):
         hi = tl.minimum(lo + CHUNK, n)
         mid = tl.minimum(tl.maximum(split, lo), hi)
-        for j0 in range(lo, mid, BLOCK_N):
-            j = j0 + tl.arange(0, BLOCK_N)
-            ok = j < hi
-            s_idx = tl.load(slot_ptr + j, mask=ok, other=0)
-            kv_mask = ok[:, None] & (rd[None, :] < HD)
-            kt = tl.load(kc_ptr + s_idx[:, None] * sks + rd[None, :], mask=kv_mask, other=0.0)
-            vt = tl.load(vc_ptr + s_idx[:, None] * svs + rd[None, :], mask=kv_mask, other=0.0)
-            m_i, l_i, acc = fold(q, kt, vt, ok, m_i, l_i, acc, SCALE, IEEE)
+        if ident:
+            for j0 in range(lo, mid, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N)
+                ok = j < hi
+                kv_mask = ok[:, None] & (rd[None, :] < HD)
+                kt = tl.load(kc_ptr + j[:, None] * sks + rd[None, :], mask=kv_mask, other=0.0)
+                vt = tl.load(vc_ptr + j[:, None] * svs + rd[None, :], mask=kv_mask, other=0.0)
+                m_i, l_i, acc = fold(q, kt, vt, ok, m_i, l_i, acc, SCALE, IEEE)
+        else:
+            for j0 in range(lo, mid, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N)
+                ok = j < hi
+                s_idx = tl.load(slot_ptr + j, mask=ok, other=0)
+                kv_mask = ok[:, None] & (rd[None, :] < HD)
+                kt = tl.load(kc_ptr + s_idx[:, None] * sks + rd[None, :], mask=kv_mask, other=0.0)
+                vt = tl.load(vc_ptr + s_idx[:, None] * svs + rd[None, :], mask=kv_mask, other=0.0)
+                m_i, l_i, acc = fold(q, kt, vt, ok, m_i, l_i, acc, SCALE, IEEE)
         for j0 in range(mid, hi, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
             ok = j < hi
