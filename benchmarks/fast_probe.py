@@ -72,15 +72,21 @@ def main():
     ap.add_argument("--shapes", default="3,1,4;5,1,6;5,4,8")
     ap.add_argument("--small-m", type=int, default=None, help="rows from which products use eaglekit.models.smallm")
     ap.add_argument("--products", default=None, help="the target's products kind (e.g. invariant)")
+    ap.add_argument("--attend", default=None,
+                    help="the invariant attention's tiling CHUNK,PARTS,BLOCK_N,WARPS,DIRECT (attend_sweep.py)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     S.SMALL_M = args.small_m
     S.PRODUCTS = args.products
+    if args.attend:
+        from eaglekit.models import attend
+        c = [int(x) for x in args.attend.split(",")]
+        attend.CHUNK, attend.PARTS, attend.BLOCK_N, attend.WARPS, attend.DIRECT = c[:4] + [bool(c[4])]
     S.COMPILE = not args.no_compile
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
-           "products": S.PRODUCTS}
+           "products": S.PRODUCTS, "attend": args.attend}
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()
