@@ -24,6 +24,7 @@ def fold(q, kt, vt, ok, m_i, l_i, acc, SCALE: tl.constexpr, IEEE: tl.constexpr):
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
     return m_new, l_i, acc
 
+
 @triton.jit
 def pick(cache_ptr, new_ptr, s_idx, base, rd, s_cache, s_new, kv_mask):
     # a tile of keys (or values) at slots s_idx: from the cache below base, from this call's k/v from it on
@@ -31,6 +32,7 @@ def pick(cache_ptr, new_ptr, s_idx, base, rd, s_cache, s_new, kv_mask):
     return tl.where(fresh, tl.load(new_ptr + (s_idx - base)[:, None] * s_new + rd[None, :],
                                    mask=kv_mask & fresh, other=0.0),
                     tl.load(cache_ptr + s_idx[:, None] * s_cache + rd[None, :], mask=kv_mask & ~fresh, other=0.0))
+
 
 @triton.jit
 def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_ptr, old_ptr, acc_ptr, ml_ptr, T,
@@ -105,6 +107,7 @@ def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_p
     tl.store(acc_ptr + base[:, None] * BLOCK_D + rd[None, :], acc, mask=hm[:, None])
     tl.store(ml_ptr + base * 2, m_i, mask=hm)
     tl.store(ml_ptr + base * 2 + 1, l_i, mask=hm)
+
 
 @triton.jit
 def attend_merge(acc_ptr, ml_ptr, o_ptr, T, H, HD, sob, soh, sot,
