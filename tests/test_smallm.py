@@ -83,3 +83,30 @@ def test_config_depends_on_the_weight_only_and_tiles_k():
                  (4096, 12288), (96, 512)]:
         block_n, block_k, split, warps, stages = smallm.config(N, K)
         assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
+
+
+def test_config_is_traced_without_a_graph_break_once_the_table_is_read(monkeypatch, tmp_path):
+    """smallm.config runs inside every compiled layer. Its tuned table is read from disk once, before any trace
+    (kernels() reads it); a read inside the trace (a stat of the file) would break the graph at each product, as
+    the functools cache it replaced did on the GPU."""
+    import json
+
+    table = tmp_path / "smallm.json"
+    table.write_text(json.dumps({"64x32": [32, 128, 1, 4, 3]}))
+    monkeypatch.setattr(smallm, "_read_table", lambda: json.loads(table.read_text()) if table.exists() else {})
+
+    def layer(x):
+        y = (x * 2).sin()
+        return (y * 3).cos() + smallm.config(64, 32)[0]
+
+    def breaks():
+        torch._dynamo.reset()
+        return torch._dynamo.explain(layer)(torch.randn(4)).graph_break_count
+
+    monkeypatch.setattr(smallm, "_TABLE", None)
+    assert breaks() == 1  # the test can fail: reading inside the trace breaks the graph
+    monkeypatch.setattr(smallm, "_TABLE", None)
+    smallm.kernels()  # what the products policy calls before compiling
+    assert smallm._TABLE == {"64x32": [32, 128, 1, 4, 3]}
+    assert breaks() == 0
+    torch._dynamo.reset()

@@ -23,7 +23,6 @@ is F.linear.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import itertools
 import json
@@ -82,9 +81,21 @@ def table_path() -> Path:
     return Path(os.environ.get("EAGLEKIT_SMALLM_TABLE") or cache_dir().parent / "smallm.json")
 
 
-@functools.lru_cache(maxsize=None)
+_TABLE = None  # this GPU's tuned entries, read once: see tuned_table
+
+
 def tuned_table() -> dict:
-    """This GPU's entries of the tuned table ({} without a GPU or a table)."""
+    """This GPU's entries of the tuned table ({} without a GPU or a table). Read from disk on the first call and
+    kept in a plain global, not a functools cache: torch.compile traces through a cache wrapper and would stat the
+    file inside every compiled layer, a graph break at each product. kernels() makes the first call, before any
+    trace."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _read_table()
+    return _TABLE
+
+
+def _read_table() -> dict:
     if not torch.cuda.is_available():
         return {}
     p = table_path()
@@ -119,6 +130,7 @@ def graph_ms(fn, calls: int, reps: int = 7) -> float:
 def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
     """Time every GRID config and cuBLAS for each [N, K] weight at `rows` rows (bf16, inside CUDA graphs) and keep
     the fastest, "cublas" where cuBLAS wins, in this GPU's table (atomically merged into table_path())."""
+    global _TABLE
     from ..io import atomic_write_json
 
     run = kernels().run
@@ -145,7 +157,7 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
         whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(p, whole)
-        tuned_table.cache_clear()
+        _TABLE = None  # read again on next use
     return {"table": found, "report": report}
 
 
@@ -173,6 +185,7 @@ def kernels():
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _build()
+    tuned_table()  # the configs' table too, before any trace (tuned_table says why); a global check once read
     return _KERNELS
 
 
