@@ -109,7 +109,8 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None):
         """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`: eaglekit.models.attend's
-        (slots, count) for `mask`: then the batch-invariant attention kernel runs instead of SDPA.
+        (slots, count, old) for `mask` and this call's first slot, base: then the batch-invariant attention kernel
+        runs instead of SDPA.
 
         Without a cache, attention is over the T new tokens with `mask` [B|1, T, T] (None = causal).
         `extra_kv` (training only) is a list of earlier (k, v) blocks the queries may also see; the
@@ -136,9 +137,8 @@ class Attention(nn.Module):
             if visible is not None:
                 # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
                 # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
-                # This call's slots are base, base + 1, ... (LlamaTarget writes its T tokens at L + arange(T)).
-                base = slots[:, 0] if slots.dim() == 2 else slots[:1]
-                out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *visible, new=(k_in, v_in, base))
+                *vis, base = visible
+                out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
             if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
                 idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
                 k_cache.scatter_(2, idx, k_in)

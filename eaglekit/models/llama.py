@@ -72,7 +72,9 @@ class LlamaModel(nn.Module):
         vis = None
         if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
                 and attend.usable(x, self.config.head_dim)):
-            vis = attend.visible(mask, slots[:, 0] if slots.dim() == 2 else slots[:1])  # base: this call's first slot
+            # base: this call's first slot (its T tokens go to base, base + 1, ...: LlamaTarget writes at L + arange(T))
+            base = slots[:, 0] if slots.dim() == 2 else slots[:1]
+            vis = (*attend.visible(mask, base), base)
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast:
