@@ -37,10 +37,15 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tune", action="store_true", help="instead: smallm.tune() over its GRID at 6 rows, written to "
                     "this GPU's table (smallm.table_path()), then the sweep with the tuned configs as 'default'")
+    ap.add_argument("--epilogues", action="store_true", help="instead: the fused epilogues of the invariant "
+                    "policy (gate_up gated over a grid of configs, down with its residual add) against the plain "
+                    "product followed by the same epilogue in torch")
     args = ap.parse_args()
     names = args.shapes.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.epilogues:
+        return epilogues(out)
     if args.tune:
         t0 = time.time()
         tuned = smallm.tune([SHAPES[n] for n in names])
@@ -81,6 +86,50 @@ def main():
         del ws
     (out / "smallm_sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": results},
                                                       indent=1))
+
+
+GATED_GRID = [c for c in itertools.product((32, 64, 128), (64, 128, 256), (1,), (4, 8), (3, 4, 5))
+              if c[4] * (16 + 2 * c[0]) * c[1] * 2 <= 200 * 1024]  # a program's stages fit the shared memory
+
+
+def epilogues(out: Path) -> None:
+    """gate_up + SwiGLU and down + residual: one kernel (smallm's epilogue) against the product and torch after it,
+    each inside a CUDA graph over weights that stream from HBM (8B shapes, rows 1 and 6)."""
+    graph_ms, run = smallm.graph_ms, smallm.kernels().run
+    rows = []
+    for name, gated in (("gate_up", True), ("down", False)):
+        N, K = SHAPES[name]
+        copies = max(2, -(-600_000_000 // (N * K * 2)))
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        plain = smallm.config(N, K, exact=True)
+        width = N // 2 if gated else N
+        for M in (1, 6):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            r = torch.randn(M, width, device="cuda", dtype=torch.bfloat16)
+            ref = smallm.epilogue(F.linear(x.float(), ws[0].float()), None if gated else r.float(), gated)
+            apart = graph_ms(lambda i: smallm.epilogue(run(x, ws[i], plain), None if gated else r, gated), copies)
+            cfgs = [c for c in GATED_GRID if K % c[1] == 0] if gated else []
+            default = smallm.gated_config(plain) if gated else plain
+            timed = {}
+            for cfg in [default] + cfgs:
+                if cfg in timed:
+                    continue
+                y = run(x, ws[0], cfg, residual=None if gated else r, gated=gated)
+                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
+                if err > 2e-2:
+                    raise SystemExit(f"{name} rows={M} cfg={cfg}: relative error {err:.3g}")
+                timed[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c, residual=None if gated else r, gated=gated),
+                                      copies)
+            best = min(timed, key=timed.get)
+            row = {"name": name, "rows": M, "apart_ms": round(apart, 5), "default_cfg": list(default),
+                   "fused_ms": round(timed[default], 5), "best_cfg": list(best), "best_ms": round(timed[best], 5),
+                   "top5": [[list(c), round(t, 5)] for c, t in sorted(timed.items(), key=lambda kv: kv[1])[:5]]}
+            rows.append(row)
+            print(f"{name} rows={M}: product + torch {apart * 1e3:.1f} us, fused {timed[default] * 1e3:.1f} us "
+                  f"{default}, best {timed[best] * 1e3:.1f} us {best}", flush=True)
+        del ws
+    (out / "smallm_epilogues.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
+                                                          indent=1))
 
 
 if __name__ == "__main__":

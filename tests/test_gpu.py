@@ -145,6 +145,13 @@ def test_small_m_kernel_is_right_and_batch_invariant_in_bf16(N, K):
     assert (full.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
     for M in (1, 2, 3, 6, 8, 16):
         assert torch.equal(run(x[:M], w, cfg), full[:M])
+    # the epilogues of the invariant policy (SwiGLU gate over [gate; up], residual add), batch-invariant too
+    r = torch.randn(16, N // 2, device="cuda", generator=g).bfloat16()
+    both = run(x, w, cfg, residual=r, gated=True)
+    ref = torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:] + r.double()
+    assert (both.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    for M in (1, 3, 6):
+        assert torch.equal(run(x[:M], w, cfg, residual=r[:M], gated=True), both[:M])
 
 
 def test_small_m_compiled_graphs_equal_eager_bf16():

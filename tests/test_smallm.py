@@ -44,6 +44,56 @@ def test_products_are_right_and_rows_do_not_interact(cfg, N, K):
     assert torch.equal(run(more, w, cfg)[:16], full)
 
 
+@pytest.mark.parametrize("cfg", [(32, 128, 1, 4, 4), (32, 128, 2, 4, 4)])  # epilogue in the product; in the sum
+@pytest.mark.parametrize("gated,residual", [(True, False), (False, True), (True, True)])
+def test_fused_epilogue_is_right_and_rows_do_not_interact(cfg, gated, residual):
+    """The SwiGLU gate and the residual add done by the product's kernel (one slice of K) or by the kernel that sums
+    the slices: right against float64, and each row the same bits alone or among others."""
+    N, K = 96, 512
+    g = torch.Generator().manual_seed(int(gated) + 2 * int(residual) + cfg[2])
+    w = (torch.randn(2 * N if gated else N, K, generator=g) * 0.05).half()
+    x = torch.randn(16, K, generator=g).half()
+    r = torch.randn(16, N, generator=g).half() if residual else None
+    run = smallm.kernels().run
+    full = run(x, w, cfg, residual=r, gated=gated)
+    assert full.shape == (16, N)
+    ref = smallm.epilogue(_ref(x, w), r.double() if residual else None, gated)
+    assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
+    if residual and not gated:  # rounded as the unfused ops round: the product in fp16, then the add
+        assert torch.equal(full, (run(x, w, cfg).float() + r.float()).half())
+    for M in (1, 5):
+        part = run(x[:M], w, cfg, residual=r[:M] if residual else None, gated=gated)
+        assert torch.equal(part, full[:M])
+
+
+def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
+    """An MLP under the invariant policy: gate and residual in the kernels (what the policy does by default), right
+    against the same policy with the epilogue in torch, and each row the same bits alone or among six."""
+    from eaglekit.models.products import Invariant
+
+    torch.manual_seed(1)
+    m = MLP(128, 256).half()
+    m.fuse()
+    policy = Invariant()
+    set_products([m], policy)
+    x, r = torch.randn(1, 6, 128).half(), torch.randn(1, 6, 128).half()
+    calls = []
+    op = smallm.kernels().op
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(smallm.kernels(), "op", lambda *a: calls.append(a[2:4]) or op(*a))
+        many = m(x, residual=r)
+    assert [(res is not None, gated) for res, gated in calls] == [(False, True), (True, False)]
+    with torch.no_grad():
+        for i in range(6):
+            assert torch.equal(m(x[:, i:i + 1], residual=r[:, i:i + 1]), many[:, i:i + 1])
+        policy.fuses = False
+        try:
+            apart = m(x, residual=r)
+        finally:
+            policy.fuses = True
+    assert (apart.double() - many.double()).abs().max() < 1e-2 * many.double().abs().max()
+
+
 def test_linear_routes_by_dtype_rows_and_flag():
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(64, 256, generator=g) * 0.05).half()

@@ -97,9 +97,8 @@ class DraftLayer(nn.Module):
         x = torch.cat([self.input_layernorm(emb), h], dim=-1)
         if trace.ENABLED:
             trace.record("draft.concat", x, width=x.shape[-1])
-        a, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv)
-        h = residual + a
-        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
+        h, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv, residual=residual)
+        return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
 class Eagle3Draft(nn.Module, Draft):

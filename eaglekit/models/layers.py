@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import attend, norms
+from . import attend, norms, smallm
 from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
@@ -107,10 +107,11 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse_rows([self.q_proj, self.k_proj, self.v_proj], "bias")
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None):
-        """x [B, T, in]. kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`: eaglekit.models.attend's
-        (slots, count, old) for `mask` and this call's first slot, base: then the batch-invariant attention kernel
-        runs instead of SDPA.
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None, residual=None):
+        """x [B, T, in] -> (o_proj(attention) + `residual` (if given; added in o's kernel where the policy fuses),
+        this call's (k, v)). kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`:
+        eaglekit.models.attend's (slots, count, old) for `mask` and this call's first slot, base: then the
+        batch-invariant attention kernel runs instead of SDPA.
 
         Without a cache, attention is over the T new tokens with `mask` [B|1, T, T] (None = causal).
         `extra_kv` (training only) is a list of earlier (k, v) blocks the queries may also see; the
@@ -148,7 +149,7 @@ class Attention(nn.Module):
                 v_cache.index_copy_(2, slots, v_in)
             if out is not None:
                 out = out.transpose(1, 2).reshape(B, T, H * hd)
-                return product_module(self.products, self.o_proj, out), new_kv
+                return product_module(self.products, self.o_proj, out, residual), new_kv
             k, v = k_cache[:, :, :S], v_cache[:, :, :S]
         elif extra_kv:
             k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
@@ -163,7 +164,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
                                              enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return product_module(self.products, self.o_proj, out), new_kv
+        return product_module(self.products, self.o_proj, out, residual), new_kv
 
 
 class MLP(nn.Module):
@@ -180,23 +181,28 @@ class MLP(nn.Module):
         if self.gate_proj.bias is None:
             self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """down(silu(gate(x)) * up(x)) (+ residual: a layer's residual add, done in down's kernel where it can)."""
         if self.gate_up_weight is not None:
-            g, u = product(self.products, x, self.gate_up_weight).chunk(2, dim=-1)
-            return product_module(self.products, self.down_proj, F.silu(g) * u)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            act = product(self.products, x, self.gate_up_weight, gated=True)
+            return product_module(self.products, self.down_proj, act, residual)
+        return smallm.epilogue(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), residual)
 
 
-def product(policy, x, w, b=None):
-    """F.linear(x, w, b), or as `policy` (eaglekit.models.products) runs it."""
-    return F.linear(x, w, b) if policy is None else policy.linear(x, w, b)
+def product(policy, x, w, b=None, residual=None, gated=False):
+    """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
+    it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel."""
+    if policy is not None and policy.fuses:
+        return policy.linear(x, w, b, residual=residual, gated=gated)
+    return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 
 
-def product_module(policy, m: nn.Module, x):
-    """m(x), through `policy` when m is a plain nn.Linear (tensor-parallel linears keep their own forward)."""
+def product_module(policy, m: nn.Module, x, residual=None):
+    """m(x) (+ residual), through `policy` when m is a plain nn.Linear (tensor-parallel linears keep their own
+    forward: their all-reduce comes before the residual add)."""
     if policy is None or type(m) is not nn.Linear:
-        return m(x)
-    return policy.linear(x, m.weight, m.bias)
+        return smallm.epilogue(m(x), residual)
+    return product(policy, x, m.weight, m.bias, residual)
 
 
 def set_products(modules, policy) -> None:

@@ -30,9 +30,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, x, cos, sin, kv=None, slots=None, mask=None, visible=None):
-        a, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask, visible=visible)
-        x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # the residual adds are handed to the products (o, down), whose kernels do them where the policy fuses
+        x, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask, visible=visible, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class _Body(nn.Module):

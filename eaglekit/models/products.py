@@ -31,6 +31,7 @@ from . import smallm
 class Aten:
     name = "aten"
     attention = False  # decode attention through SDPA (Invariant: eaglekit.models.attend)
+    fuses = False  # whether linear() takes residual= and gated= (eaglekit.models.layers.product)
 
     def linear(self, x, w, b=None):
         return F.linear(x, w, b)
@@ -70,8 +71,12 @@ class Invariant(SmallM):
             attend.kernels()
             norms.kernels()
 
-    def linear(self, x, w, b=None):
-        return smallm.linear(x, w, b, exact=True)
+    fuses = True  # the SwiGLU gate and the residual adds run in the products' epilogues (smallm.epilogue)
+
+    def linear(self, x, w, b=None, residual=None, gated=False):
+        if not self.fuses:  # (benchmarks compare: fast_probe.py --no-fuse)
+            return smallm.epilogue(smallm.linear(x, w, b, exact=True), residual, gated)
+        return smallm.linear(x, w, b, exact=True, residual=residual, gated=gated)
 
 
 def onednn_available() -> bool:

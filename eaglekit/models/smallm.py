@@ -30,6 +30,7 @@ import os
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,13 @@ def config(N: int, K: int, exact: bool = False) -> tuple[int, int, int, int, int
     if entry == "cublas":
         return rule(N, K) if exact else None
     return tuple(entry) if entry is not None else rule(N, K)
+
+
+def gated_config(cfg: tuple) -> tuple:
+    """The config of a gated product (smallm.linear's `gated`) over a [gate; up] weight whose own config is `cfg`:
+    a program reads block_n / 2 rows of each half, so programs and bytes per program stay those of the plain
+    product."""
+    return (cfg[0] // 2, *cfg[1:])
 
 
 def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
@@ -166,13 +174,26 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
-           exact: bool = False) -> torch.Tensor:
-    """F.linear(x, w, b), through the small-M kernel where `enabled`, `usable` and not tuned to cuBLAS (`exact`:
-    through the kernel even where cuBLAS was faster, so every product of the model is batch-invariant)."""
-    if not (enabled and usable(x, w)) or config(*w.shape, exact) is None:
-        return F.linear(x, w, b)
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w, exact).view(*x.shape[:-1], w.shape[0])
+           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+    """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
+    tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
+    batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias."""
+    fits = enabled and usable(x, w) and (residual is None or residual.dtype == x.dtype)
+    N = w.shape[0] // 2 if gated else w.shape[0]
+    if not fits or config(*w.shape, exact) is None or (b is not None and (gated or residual is not None)):
+        return epilogue(F.linear(x, w, b), residual, gated)
+    r = residual.reshape(-1, N) if residual is not None else None
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, exact).view(*x.shape[:-1], N)
     return y if b is None else y + b
+
+
+def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+    """What the fused kernel does after the product, in plain torch: `gated` (y = [g | u]) -> silu(g) * u (a SwiGLU
+    MLP's gate/up product), then + `residual`."""
+    if gated:
+        g, u = y.chunk(2, dim=-1)
+        y = F.silu(g) * u
+    return y if residual is None else residual + y
 
 
 _KERNELS = None
@@ -190,58 +211,33 @@ def kernels():
 
 
 def _build():
-    import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
-    @triton.jit
-    def smallm_partial(x_ptr, w_ptr, part_ptr, M, N, K, stride_xm, stride_wn, k_slice,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        k0 = pid_k * k_slice
-        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-        for kk in range(0, k_slice, BLOCK_K):
-            rk = k0 + kk + tl.arange(0, BLOCK_K)
-            xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                         mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-            wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
-                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
-            acc = tl.dot(xt, tl.trans(wt), acc)
-        out = part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
-        if DIRECT:  # one slice of K: part_ptr is the output itself
-            tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-        else:
-            tl.store(out, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    from .smallm_kernels import smallm_partial, smallm_sum
 
-    @triton.jit
-    def smallm_sum(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < MN
-        acc = tl.load(part_ptr + offs, mask=m, other=0.0)
-        for s in tl.static_range(1, SPLIT):  # in order: the same sum for every M
-            acc += tl.load(part_ptr + s * MN + offs, mask=m, other=0.0)
-        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
-
-    def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
+            gated: bool = False) -> torch.Tensor:
         M, K = x.shape
-        N = w.shape[0]
+        N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
+        r = residual.contiguous() if residual is not None else x  # (x: a placeholder the kernels never read)
         block_n, block_k, split, warps, stages = cfg
         k_slice = triton_cdiv(triton_cdiv(K, split), block_k) * block_k
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-        part = y if split == 1 else torch.empty((split, M, N), device=x.device, dtype=torch.float32)
+        width = 2 * N if gated else N
+        part = y if split == 1 else torch.empty((split, M, width), device=x.device, dtype=torch.float32)
         wrap(smallm_partial)[(triton_cdiv(N, block_n), split, triton_cdiv(M, 16))](
-            x, w, part, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
-            DIRECT=split == 1, num_warps=warps, num_stages=stages)
+            x, w, part, r, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
+            DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None, num_warps=warps, num_stages=stages)
         if split > 1:
-            wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, y, M * N, SPLIT=split, BLOCK=1024)
+            wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
+                                                          RESIDUAL=residual is not None)
         return y
 
     @triton_op("eaglekit::small_m_linear", mutates_args=())
-    def small_m_linear(x: torch.Tensor, w: torch.Tensor, exact: bool) -> torch.Tensor:
-        return run(x, w, config(w.shape[0], x.shape[1], exact), wrap_triton)
+    def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
+                       exact: bool) -> torch.Tensor:
+        return run(x, w, gated_config(config(*w.shape, exact)) if gated else config(*w.shape, exact), wrap_triton,
+                   residual, gated)
 
     return SimpleNamespace(op=small_m_linear, run=run)

@@ -1,0 +1,72 @@
+"""The Triton kernels of eaglekit.models.smallm (its docstring says what they compute and why). A module of their
+own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
+importing eaglekit never needs Triton."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def finish(acc, acc_up, r_ptrs, mask, dtype: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+    # rounded as the unfused ops would see their inputs: the product's output in the model's dtype first
+    y = acc.to(dtype)
+    if GATED:
+        g = y.to(tl.float32)
+        y = (g * tl.sigmoid(g) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    if RESIDUAL:
+        y = (tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32) + y.to(tl.float32)).to(dtype)
+    return y
+
+
+@triton.jit
+def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, M, N, K, stride_xm, stride_wn, k_slice,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, GATED: tl.constexpr,
+                   RESIDUAL: tl.constexpr):
+    # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = pid_k * k_slice
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_slice, BLOCK_K):
+        rk = k0 + kk + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                     mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        wmask = (rn[:, None] < N) & (rk[None, :] < K)
+        wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wmask, other=0.0)
+        acc = tl.dot(xt, tl.trans(wt), acc)
+        if GATED:
+            wu = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0)
+            acc_up = tl.dot(xt, tl.trans(wu), acc_up)
+    omask = (rm[:, None] < M) & (rn[None, :] < N)
+    if DIRECT:  # one slice of K: part_ptr is the output itself, the epilogue runs here
+        y = finish(acc, acc_up, r_ptr + rm[:, None] * N + rn[None, :], omask, part_ptr.dtype.element_ty,
+                   GATED, RESIDUAL)
+        tl.store(part_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
+    else:  # partial sums [split, M, N] (GATED: [split, M, 2N], gate columns then up columns)
+        width = 2 * N if GATED else N
+        out = part_ptr + pid_k * M * width + rm[:, None] * width + rn[None, :]
+        tl.store(out, acc, mask=omask)
+        if GATED:
+            tl.store(out + N, acc_up, mask=omask)
+
+
+@triton.jit
+def smallm_sum(part_ptr, r_ptr, y_ptr, M, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, GATED: tl.constexpr,
+               RESIDUAL: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < M * N
+    width = 2 * N if GATED else N
+    src = (offs // N) * width + offs % N
+    acc = tl.load(part_ptr + src, mask=m, other=0.0)
+    acc_up = tl.zeros((BLOCK,), dtype=tl.float32)
+    if GATED:
+        acc_up = tl.load(part_ptr + src + N, mask=m, other=0.0)
+    for s in tl.static_range(1, SPLIT):  # in order: the same sum for every M
+        acc += tl.load(part_ptr + s * M * width + src, mask=m, other=0.0)
+        if GATED:
+            acc_up += tl.load(part_ptr + s * M * width + src + N, mask=m, other=0.0)
+    y = finish(acc, acc_up, r_ptr + offs, m, y_ptr.dtype.element_ty, GATED, RESIDUAL)
+    tl.store(y_ptr + offs, y, mask=m)
