@@ -76,13 +76,11 @@ def main():
                     help="the invariant attention's tiling CHUNK,PARTS,BLOCK_N,WARPS,DIRECT (attend_sweep.py)")
     ap.add_argument("--no-fuse", action="store_true",
                     help="invariant products without their epilogues (gate, residual add) in the kernels")
-    ap.add_argument("--no-fold-norms", action="store_true",
-                    help="invariant products with their epilogues fused but the RMSNorms in kernels of their own")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from eaglekit.models.products import Invariant
-    Invariant.fuses = not args.no_fuse
-    Invariant.folds_norms = not args.no_fold_norms
+    if args.no_fuse:
+        from eaglekit.models.products import Invariant
+        Invariant.fuses = False
     S.SMALL_M = args.small_m
     S.PRODUCTS = args.products
     if args.attend:
@@ -93,8 +91,7 @@ def main():
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
-           "products": S.PRODUCTS, "attend": args.attend, "fused_epilogues": not args.no_fuse,
-           "folded_norms": not (args.no_fuse or args.no_fold_norms)}
+           "products": S.PRODUCTS, "attend": args.attend, "fused_epilogues": not args.no_fuse}
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()

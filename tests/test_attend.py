@@ -169,8 +169,7 @@ def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch, few_par
     t.reset(64)
     t.prefill(torch.tensor([5, 9, 14, 3, 7]))  # (a prompt of up to 64 tokens takes the kernels too)
     n = t.info.num_layers
-    # each layer's two norms fold into the products after them (qkv, gate_up): only the final norm runs alone
-    want = {"attend": n, "linear": 4 * n + 1, "norm": 1}
+    want = {"attend": n, "linear": 4 * n + 1, "norm": 2 * n + 1}
     assert calls == want
     calls.update(attend=0, linear=0, norm=0)
     tok = torch.tensor([11])

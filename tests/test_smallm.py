@@ -11,7 +11,7 @@ from helpers import use_triton_interpreter
 use_triton_interpreter()  # before triton is imported
 
 from eaglekit.models import smallm  # noqa: E402
-from eaglekit.models.layers import MLP, RMSNorm, set_products  # noqa: E402
+from eaglekit.models.layers import MLP, set_products  # noqa: E402
 from eaglekit.models.products import SmallM  # noqa: E402
 
 CONFIGS = [(64, 128, 1, 4, 4), (32, 128, 2, 4, 4), (16, 64, 4, 4, 4), (128, 64, 8, 4, 4)]
@@ -66,31 +66,9 @@ def test_fused_epilogue_is_right_and_rows_do_not_interact(cfg, gated, residual):
         assert torch.equal(part, full[:M])
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_norm_folded_into_the_product_is_right_and_rows_do_not_interact(gated):
-    """RMSNorm inside the product's loop (x * g into the product, 1 / rms per row at the end): right against
-    float64, each row the same bits alone or among others; a product with two slices of K refuses the norm."""
-    N, K = 96, 512
-    g = torch.Generator().manual_seed(7 + gated)
-    w = (torch.randn(2 * N if gated else N, K, generator=g) * 0.05).half()
-    x = (torch.randn(16, K, generator=g) * 3).half()
-    nw = (1 + 0.2 * torch.randn(K, generator=g)).half()
-    run = smallm.kernels().run
-    full = run(x, w, (32, 128, 1, 4, 4), gated=gated, norm=nw, eps=1e-5)
-    xd = x.double()
-    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
-    ref = smallm.epilogue(_ref(normed, w), None, gated)
-    assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
-    for M in (1, 5):
-        assert torch.equal(run(x[:M], w, (32, 128, 1, 4, 4), gated=gated, norm=nw, eps=1e-5), full[:M])
-    with pytest.raises(ValueError, match="one slice of K"):
-        run(x, w, (32, 128, 2, 4, 4), gated=gated, norm=nw, eps=1e-5)
-
-
 def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
-    """An MLP under the invariant policy: norm, gate and residual in the kernels (what the policy does by default),
-    right against the same policy with the norm and the epilogue outside, and each row the same bits alone or among
-    six."""
+    """An MLP under the invariant policy: gate and residual in the kernels (what the policy does by default), right
+    against the same policy with the epilogue in torch, and each row the same bits alone or among six."""
     from eaglekit.models.products import Invariant
 
     torch.manual_seed(1)
@@ -98,24 +76,19 @@ def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
     m.fuse()
     policy = Invariant()
     set_products([m], policy)
-    norm = RMSNorm(128).half()
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-    set_products([m, norm], policy)
     x, r = torch.randn(1, 6, 128).half(), torch.randn(1, 6, 128).half()
     calls = []
     op = smallm.kernels().op
     with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(smallm.kernels(), "op", lambda *a: calls.append(a[2:5]) or op(*a))
-        many = m(x, residual=r, norm=norm)
-    assert [(res is not None, gated, g is not None) for res, gated, g in calls] == [(False, True, True),
-                                                                                   (True, False, False)]
+        mp.setattr(smallm.kernels(), "op", lambda *a: calls.append(a[2:4]) or op(*a))
+        many = m(x, residual=r)
+    assert [(res is not None, gated) for res, gated in calls] == [(False, True), (True, False)]
     with torch.no_grad():
         for i in range(6):
-            assert torch.equal(m(x[:, i:i + 1], residual=r[:, i:i + 1], norm=norm), many[:, i:i + 1])
+            assert torch.equal(m(x[:, i:i + 1], residual=r[:, i:i + 1]), many[:, i:i + 1])
         policy.fuses = False
         try:
-            apart = m(x, residual=r, norm=norm)
+            apart = m(x, residual=r)
         finally:
             policy.fuses = True
     assert (apart.double() - many.double()).abs().max() < 1e-2 * many.double().abs().max()

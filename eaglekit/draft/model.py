@@ -98,7 +98,7 @@ class DraftLayer(nn.Module):
         if trace.ENABLED:
             trace.record("draft.concat", x, width=x.shape[-1])
         h, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv, residual=residual)
-        return self.mlp(h, residual=h, norm=self.post_attention_layernorm), new_kv
+        return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
 class Eagle3Draft(nn.Module, Draft):

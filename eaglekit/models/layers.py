@@ -107,10 +107,9 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse_rows([self.q_proj, self.k_proj, self.v_proj], "bias")
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None, residual=None,
-                norm=None):
-        """x [B, T, in] -> (o_proj(attention over `norm`(x)) + `residual` (each if given; in the products' kernels
-        where the policy fuses), this call's (k, v)). kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`:
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None, residual=None):
+        """x [B, T, in] -> (o_proj(attention) + `residual` (if given; added in o's kernel where the policy fuses),
+        this call's (k, v)). kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`:
         eaglekit.models.attend's (slots, count, old) for `mask` and this call's first slot, base: then the
         batch-invariant attention kernel runs instead of SDPA.
 
@@ -121,10 +120,9 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_weight is not None:
-            qkv = product(self.products, x, self.qkv_weight, self.qkv_bias, norm=norm)
+            qkv = product(self.products, x, self.qkv_weight, self.qkv_bias)
             q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         else:
-            x = norm(x) if norm is not None else x
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
@@ -183,24 +181,19 @@ class MLP(nn.Module):
         if self.gate_proj.bias is None:
             self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
 
-    def forward(self, x, residual=None, norm=None):
-        """down(silu(gate(x)) * up(x)) for x = `norm`(x) (+ `residual`: a layer's residual add); the norm and the add
-        in the products' kernels where the policy fuses."""
+    def forward(self, x, residual=None):
+        """down(silu(gate(x)) * up(x)) (+ residual: a layer's residual add, done in down's kernel where it can)."""
         if self.gate_up_weight is not None:
-            act = product(self.products, x, self.gate_up_weight, gated=True, norm=norm)
+            act = product(self.products, x, self.gate_up_weight, gated=True)
             return product_module(self.products, self.down_proj, act, residual)
-        x = norm(x) if norm is not None else x
         return smallm.epilogue(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), residual)
 
 
-def product(policy, x, w, b=None, residual=None, gated=False, norm=None):
-    """smallm.epilogue(F.linear(norm(x), w, b), residual, gated), the product as `policy` (eaglekit.models.products)
-    runs it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add), and the RMSNorm module `norm` where
-    it can, in the product's kernel."""
+def product(policy, x, w, b=None, residual=None, gated=False):
+    """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
+    it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel."""
     if policy is not None and policy.fuses:
-        return policy.linear(x, w, b, residual=residual, gated=gated, norm=norm)
-    if norm is not None:
-        x = norm(x)
+        return policy.linear(x, w, b, residual=residual, gated=gated)
     return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 
 

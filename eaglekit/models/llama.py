@@ -30,10 +30,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, x, cos, sin, kv=None, slots=None, mask=None, visible=None):
-        # the norms and the residual adds are handed to the products (qkv, gate_up; o, down), whose kernels do them
-        # where the policy fuses
-        x, _ = self.self_attn(x, cos, sin, kv, slots, mask, visible=visible, residual=x, norm=self.input_layernorm)
-        return self.mlp(x, residual=x, norm=self.post_attention_layernorm)
+        # the residual adds are handed to the products (o, down), whose kernels do them where the policy fuses
+        x, _ = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask, visible=visible, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class _Body(nn.Module):

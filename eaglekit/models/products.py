@@ -72,17 +72,11 @@ class Invariant(SmallM):
             norms.kernels()
 
     fuses = True  # the SwiGLU gate and the residual adds run in the products' epilogues (smallm.epilogue)
-    folds_norms = True  # and the RMSNorm before a product in its loop, where smallm.folds_norm says it can
 
-    def linear(self, x, w, b=None, residual=None, gated=False, norm=None):
-        """`norm`: the RMSNorm module x passes through first (in the kernel, or here as the module runs it)."""
-        if norm is not None and not (self.fuses and self.folds_norms and smallm.folds_norm(x, w, b, True, residual,
-                                                                                          gated)):
-            x, norm = norm(x), None
+    def linear(self, x, w, b=None, residual=None, gated=False):
         if not self.fuses:  # (benchmarks compare: fast_probe.py --no-fuse)
             return smallm.epilogue(smallm.linear(x, w, b, exact=True), residual, gated)
-        return smallm.linear(x, w, b, exact=True, residual=residual, gated=gated,
-                             norm=(norm.weight, norm.eps) if norm is not None else None)
+        return smallm.linear(x, w, b, exact=True, residual=residual, gated=gated)
 
 
 def onednn_available() -> bool:

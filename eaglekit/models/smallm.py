@@ -174,39 +174,17 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
-           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
-           norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
     tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
-    batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
-    `norm` (weight, eps): x is RMS-normed first, inside the kernel; only where folds_norm() says it can."""
-    cfg = plan(x, w, b, enabled, exact, residual, gated)
-    if norm is not None and not (cfg is not None and cfg[2] == 1):
-        raise ValueError("smallm.linear: this product cannot take the norm (see folds_norm); norm x first")
-    if cfg is None:
-        return epilogue(F.linear(x, w, b), residual, gated)
+    batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias."""
+    fits = enabled and usable(x, w) and (residual is None or residual.dtype == x.dtype)
     N = w.shape[0] // 2 if gated else w.shape[0]
+    if not fits or config(*w.shape, exact) is None or (b is not None and (gated or residual is not None)):
+        return epilogue(F.linear(x, w, b), residual, gated)
     r = residual.reshape(-1, N) if residual is not None else None
-    g, eps = norm if norm is not None else (None, 0.0)
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, g, eps, exact).view(*x.shape[:-1], N)
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, exact).view(*x.shape[:-1], N)
     return y if b is None else y + b
-
-
-def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) -> tuple | None:
-    """The config `linear` runs this product with, None where it goes to F.linear and torch."""
-    if not (enabled and usable(x, w)) or (residual is not None and residual.dtype != x.dtype):
-        return None
-    if b is not None and (gated or residual is not None):
-        return None
-    cfg = config(*w.shape, exact)
-    return None if cfg is None else gated_config(cfg) if gated else cfg
-
-
-def folds_norm(x, w, b=None, exact=True, residual=None, gated=False) -> bool:
-    """Whether `linear` can RMS-norm x inside this product's kernel: where the kernel runs with one slice of K (the
-    row's sum of squares then lives in one program)."""
-    cfg = plan(x, w, b, True, exact, residual, gated)
-    return cfg is not None and cfg[2] == 1
 
 
 def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
@@ -238,7 +216,7 @@ def _build():
     from .smallm_kernels import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
-            gated: bool = False, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+            gated: bool = False) -> torch.Tensor:
         M, K = x.shape
         N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
@@ -248,13 +226,9 @@ def _build():
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         width = 2 * N if gated else N
         part = y if split == 1 else torch.empty((split, M, width), device=x.device, dtype=torch.float32)
-        if norm is not None and split > 1:
-            raise ValueError("a norm folds only into a product with one slice of K")
-        g = norm.to(x.dtype).contiguous() if norm is not None else x  # (x: a placeholder, as r)
         wrap(smallm_partial)[(triton_cdiv(N, block_n), split, triton_cdiv(M, 16))](
-            x, w, part, r, g, eps, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
-            DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None, NORM=norm is not None, num_warps=warps,
-            num_stages=stages)
+            x, w, part, r, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
+            DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None, num_warps=warps, num_stages=stages)
         if split > 1:
             wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
                                                           RESIDUAL=residual is not None)
@@ -262,8 +236,8 @@ def _build():
 
     @triton_op("eaglekit::small_m_linear", mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
-                       norm: Optional[torch.Tensor], eps: float, exact: bool) -> torch.Tensor:
-        cfg = config(*w.shape, exact)
-        return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, norm, eps)
+                       exact: bool) -> torch.Tensor:
+        return run(x, w, gated_config(config(*w.shape, exact)) if gated else config(*w.shape, exact), wrap_triton,
+                   residual, gated)
 
     return SimpleNamespace(op=small_m_linear, run=run)

@@ -19,12 +19,10 @@ def finish(acc, acc_up, r_ptrs, mask, dtype: tl.constexpr, GATED: tl.constexpr, 
 
 
 @triton.jit
-def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, g_ptr, eps, M, N, K, stride_xm, stride_wn, k_slice,
+def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, M, N, K, stride_xm, stride_wn, k_slice,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, GATED: tl.constexpr,
-                   RESIDUAL: tl.constexpr, NORM: tl.constexpr):
-    # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both.
-    # NORM (one slice of K only): x is RMS-normed with weight g on the way in: the product runs over x * g and is
-    # scaled by the row's 1 / rms at the end, the sum of squares gathered from the tiles the loop loads anyway
+                   RESIDUAL: tl.constexpr):
+    # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
@@ -32,26 +30,16 @@ def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, g_ptr, eps, M, N, K, stride_xm
     k0 = pid_k * k_slice
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((16,), dtype=tl.float32)
     for kk in range(0, k_slice, BLOCK_K):
         rk = k0 + kk + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                      mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-        if NORM:
-            xf = xt.to(tl.float32)
-            squares += tl.sum(xf * xf, 1)
-            gt = tl.load(g_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            xt = (xf * gt[None, :]).to(xt.dtype)
         wmask = (rn[:, None] < N) & (rk[None, :] < K)
         wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wmask, other=0.0)
         acc = tl.dot(xt, tl.trans(wt), acc)
         if GATED:
             wu = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0)
             acc_up = tl.dot(xt, tl.trans(wu), acc_up)
-    if NORM:
-        inv = 1.0 / tl.sqrt(squares / K + eps)
-        acc = acc * inv[:, None]
-        acc_up = acc_up * inv[:, None]
     omask = (rm[:, None] < M) & (rn[None, :] < N)
     if DIRECT:  # one slice of K: part_ptr is the output itself, the epilogue runs here
         y = finish(acc, acc_up, r_ptr + rm[:, None] * N + rn[None, :], omask, part_ptr.dtype.element_ty,
