@@ -64,28 +64,42 @@ def main():
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
             cublas = graph_ms(lambda i: F.linear(x, ws[i]), copies)
-            timed = {}
-            for cfg in ([] if args.tune else GRID) + [default]:
-                if cfg in timed or K % (cfg[1] * cfg[2]):
-                    continue
-                y = run(x, ws[0], cfg)
-                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                if err > 2e-2:
-                    raise SystemExit(f"{name} rows={M} cfg={cfg}: relative error {err:.3g}")
-                timed[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c), copies)
+            cfgs = [c for c in ([] if args.tune else GRID) + [default] if K % (c[1] * c[2]) == 0]
+            timed = time_configs(f"{name} rows={M}", cfgs, lambda i, c: run(x, ws[i], c), ref, copies)
             best = min(timed, key=timed.get)
             row = {"name": name, "N": N, "K": K, "rows": M, "cublas_ms": round(cublas, 5),
                    "best_cfg": list(best), "best_ms": round(timed[best], 5), "default_cfg": list(default),
                    "default_ms": round(timed[default], 5),
                    "cublas_tb_s": round(nbytes / cublas / 1e9, 3), "best_tb_s": round(nbytes / timed[best] / 1e9, 3),
                    "default_tb_s": round(nbytes / timed[default] / 1e9, 3),
-                   "top5": [[list(c), round(t, 5)] for c, t in sorted(timed.items(), key=lambda kv: kv[1])[:5]]}
+                   "top5": top5(timed)}
             results.append(row)
             print(f"{name:14s} N={N:6d} K={K:5d} rows={M}: cuBLAS {row['cublas_tb_s']:.2f} TB/s, "
                   f"best {row['best_tb_s']:.2f} {best}, default {row['default_tb_s']:.2f} {default}", flush=True)
         del ws
-    (out / "smallm_sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": results},
-                                                      indent=1))
+    save(out / "smallm_sweep.json", results)
+
+
+def time_configs(label: str, cfgs, call, ref: torch.Tensor, copies: int) -> dict:
+    """{config: median ms} for each config, `call(i, cfg)` running it on weight i, after checking its output on
+    weight 0 against `ref` (exits on a wrong one)."""
+    timed = {}
+    for cfg in cfgs:
+        if cfg in timed:
+            continue
+        err = (call(0, cfg).float() - ref).abs().max().item() / ref.abs().max().item()
+        if err > 2e-2:
+            raise SystemExit(f"{label} cfg={cfg}: relative error {err:.3g}")
+        timed[cfg] = smallm.graph_ms(lambda i, c=cfg: call(i, c), copies)
+    return timed
+
+
+def top5(timed: dict) -> list:
+    return [[list(c), round(t, 5)] for c, t in sorted(timed.items(), key=lambda kv: kv[1])[:5]]
+
+
+def save(path: Path, rows: list) -> None:
+    path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
 
 GATED_GRID = [c for c in itertools.product((32, 64, 128), (64, 128, 256), (1,), (4, 8), (3, 4, 5))
@@ -110,26 +124,17 @@ def epilogues(out: Path) -> None:
             apart = graph_ms(lambda i: smallm.epilogue(run(x, ws[i], plain), None if gated else r, gated), copies)
             cfgs = [c for c in GATED_GRID if K % c[1] == 0] if gated else []
             default = smallm.gated_config(plain) if gated else plain
-            timed = {}
-            for cfg in [default] + cfgs:
-                if cfg in timed:
-                    continue
-                y = run(x, ws[0], cfg, residual=None if gated else r, gated=gated)
-                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                if err > 2e-2:
-                    raise SystemExit(f"{name} rows={M} cfg={cfg}: relative error {err:.3g}")
-                timed[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c, residual=None if gated else r, gated=gated),
-                                      copies)
+            timed = time_configs(f"{name} rows={M}", [default] + cfgs,
+                                 lambda i, c: run(x, ws[i], c, residual=None if gated else r, gated=gated), ref, copies)
             best = min(timed, key=timed.get)
             row = {"name": name, "rows": M, "apart_ms": round(apart, 5), "default_cfg": list(default),
                    "fused_ms": round(timed[default], 5), "best_cfg": list(best), "best_ms": round(timed[best], 5),
-                   "top5": [[list(c), round(t, 5)] for c, t in sorted(timed.items(), key=lambda kv: kv[1])[:5]]}
+                   "top5": top5(timed)}
             rows.append(row)
             print(f"{name} rows={M}: product + torch {apart * 1e3:.1f} us, fused {timed[default] * 1e3:.1f} us "
                   f"{default}, best {timed[best] * 1e3:.1f} us {best}", flush=True)
         del ws
-    (out / "smallm_epilogues.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
-                                                          indent=1))
+    save(out / "smallm_epilogues.json", rows)
 
 
 if __name__ == "__main__":
