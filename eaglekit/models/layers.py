@@ -192,7 +192,7 @@ class MLP(nn.Module):
 def product(policy, x, w, b=None, residual=None, gated=False):
     """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
     it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel."""
-    if policy is not None and policy.fuses:
+    if getattr(policy, "fuses", False):  # (a policy object of the caller's own may not say)
         return policy.linear(x, w, b, residual=residual, gated=gated)
     return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 

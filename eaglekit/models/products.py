@@ -59,6 +59,7 @@ class Invariant(SmallM):
 
     name = "invariant"
     attention = True
+    fuses = True  # the SwiGLU gate and the residual adds run in the products' kernels (smallm.epilogue says what)
 
     def __init__(self):
         super().__init__(1)
@@ -70,8 +71,6 @@ class Invariant(SmallM):
             # prompts identical, accept length ~1.6, the graphs compiled later right)
             attend.kernels()
             norms.kernels()
-
-    fuses = True  # the SwiGLU gate and the residual adds run in the products' epilogues (smallm.epilogue)
 
     def linear(self, x, w, b=None, residual=None, gated=False):
         if not self.fuses:  # (benchmarks compare: fast_probe.py --no-fuse)

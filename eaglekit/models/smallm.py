@@ -15,10 +15,12 @@ masked zeros; more rows, more tiles, each its own program). The grid covers N in
 each program accumulates its slice in fp32 with the tensor cores, partial sums land in [split, M, N] fp32 and a
 second kernel adds them in a fixed order. The tile config depends on (N, K) only, never on M, so each row's result
 is bit-identical for every M: the batch invariance that bf16 losslessness needs (tests/test_smallm.py checks it, in
-Triton's interpreter on a CPU and on the GPU).
+Triton's interpreter on a CPU and on the GPU). The same kernels do the invariant policy's epilogues (`linear`'s
+`gated`: silu(gate) * up over a [gate; up] weight; `residual`: the layer's residual add), so a layer has three
+kernels fewer; what they compute is `epilogue` in plain torch.
 
 Runs where Triton runs (CUDA); elsewhere, and for fp32 (tensor-core tiles would round fp32 inputs to tf32), `linear`
-is F.linear.
+is F.linear (then `epilogue`).
 """
 
 from __future__ import annotations
