@@ -125,8 +125,7 @@ def test_rows_that_see_the_whole_prefix_skip_the_slot_table_with_the_same_bits(m
     of the batch goes direct, sequence 1 (the hole) through the table, in one call."""
     T, P, S = 5, 200, 230
     q, k, v, mask, _ = _case(7, T, P, S, 4, 2, 64, torch.float16, B=2)
-    if hole is not None:
-        mask[1, :, hole] = False  # sequence 1 only: in one call, one sequence direct and one not
+    mask[1, :, hole] = False  # sequence 1 only: in one call, one sequence direct and one not
     new = (k[:, :, P:P + T], v[:, :, P:P + T], torch.tensor([P]))
     junk_k, junk_v = k.clone(), v.clone()
     junk_k[:, :, P:], junk_v[:, :, P:] = -k[:, :, P:], 2 * v[:, :, P:]
