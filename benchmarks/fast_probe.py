@@ -76,11 +76,13 @@ def main():
                     help="the invariant attention's tiling CHUNK,PARTS,BLOCK_N,WARPS,DIRECT (attend_sweep.py)")
     ap.add_argument("--no-fuse", action="store_true",
                     help="invariant products without their epilogues (gate, residual add) in the kernels")
+    ap.add_argument("--no-rope-fuse", action="store_true",
+                    help="invariant products with their epilogues fused but the rotary embedding in inductor's kernels")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.no_fuse:
-        from eaglekit.models.products import Invariant
-        Invariant.fuses = False
+    from eaglekit.models.products import Invariant
+    Invariant.fuses = not args.no_fuse
+    Invariant.fuses_rope = not args.no_rope_fuse
     S.SMALL_M = args.small_m
     S.PRODUCTS = args.products
     if args.attend:
@@ -91,7 +93,8 @@ def main():
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
-           "products": S.PRODUCTS, "attend": args.attend, "fused_epilogues": not args.no_fuse}
+           "products": S.PRODUCTS, "attend": args.attend, "fused_epilogues": not args.no_fuse,
+           "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()

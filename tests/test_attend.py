@@ -179,6 +179,35 @@ def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch, few_par
     assert torch.equal(alone, chain)
 
 
+def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, few_parts):
+    """Heads of 64 (the test models' 16 are too narrow for the kernel's 16-column half-head tiles): the q/k/v product
+    does the rotary embedding itself in every layer; the logits are near those with the rotary in torch, and a
+    token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
+    from eaglekit.models import load_target, smallm
+    from eaglekit.models.products import Invariant
+    from helpers import make_hf_model
+
+    make_hf_model(tmp_path, "llama", hidden=256, heads=4, kv_heads=2, layers=2)
+    t = load_target(tmp_path, backend="ours", dtype="float16")
+    t.set_products("invariant")
+    ropes = []
+    op = smallm.kernels().op
+    monkeypatch.setattr(smallm.kernels(), "op", lambda *a: ropes.append(a[4] is not None) or op(*a))
+    prompt, tok = torch.tensor([5, 9, 14, 3, 7]), torch.tensor([11])
+    t.reset(64)
+    t.prefill(prompt)
+    ropes.clear()
+    alone = t.step(tok, 1)
+    assert ropes == [True, False, False, False] * 2 + [False]  # per layer: qkv (rotated), o, gate_up, down; lm_head
+    t.committed.fill_(5)
+    assert torch.equal(t.step(tok, 5)[:1], alone[:1])
+    monkeypatch.setattr(Invariant, "fuses_rope", False)
+    t.reset(64)
+    t.prefill(prompt)
+    apart = t.step(tok, 1)
+    assert (apart.double() - alone.double()).abs().max() <= 2e-2 * alone.double().abs().max()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(6))
 def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model_dirs, case, few_parts):

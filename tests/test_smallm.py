@@ -66,6 +66,34 @@ def test_fused_epilogue_is_right_and_rows_do_not_interact(cfg, gated, residual):
         assert torch.equal(part, full[:M])
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_rotary_in_the_product_is_right_and_rows_do_not_interact(block_n):
+    """q/k/v product with the rotary embedding of q and k done by its kernel (v passes through): right against the
+    float64 product rotated by layers.apply_rope, each row the same bits alone or among others."""
+    from eaglekit.models.layers import apply_rope
+
+    hd, H, Hkv, K = 64, 4, 2, 256
+    N = (H + 2 * Hkv) * hd
+    g = torch.Generator().manual_seed(block_n)
+    w = (torch.randn(N, K, generator=g) * 0.05).half()
+    x = torch.randn(16, K, generator=g).half()
+    ang = torch.rand(16, hd // 2, generator=g, dtype=torch.float64) * 6
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    rope = (cos.half(), sin.half(), (H + Hkv) * hd)
+    run = smallm.kernels().run
+    full = run(x, w, (block_n, 128, 1, 4, 4), rope=rope)
+    y = _ref(x, w).view(16, H + 2 * Hkv, hd).transpose(0, 1)  # [heads, rows, hd]
+    c, s = rope[0].double(), rope[1].double()
+    ref = torch.cat([apply_rope(y[:H + Hkv], c, s), y[H + Hkv:]]).transpose(0, 1).reshape(16, N)
+    assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
+    assert torch.equal(full[:, (H + Hkv) * hd:], run(x, w, (2 * block_n, 128, 1, 4, 4))[:, (H + Hkv) * hd:])
+    for M in (1, 5):
+        assert torch.equal(run(x[:M], w, (block_n, 128, 1, 4, 4), rope=(rope[0][:M], rope[1][:M], rope[2])),
+                           full[:M])
+    with pytest.raises(ValueError, match="rotary"):
+        run(x, w, (block_n, 128, 2, 4, 4), rope=rope)
+
+
 def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
     """An MLP under the invariant policy: gate and residual in the kernels (what the policy does by default), right
     against the same policy with the epilogue in torch, and each row the same bits alone or among six."""

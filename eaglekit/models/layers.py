@@ -119,8 +119,13 @@ class Attention(nn.Module):
         """
         B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        rope = None
         if self.qkv_weight is not None:
-            qkv = product(self.products, x, self.qkv_weight, self.qkv_bias)
+            takes_rope = getattr(self.products, "takes_rope", None)
+            if self.q_norm is None and takes_rope is not None and takes_rope(x, self.qkv_weight, self.qkv_bias, hd):
+                # the product rotates q and k itself: cos/sin one row per token, as x's rows
+                rope = (*(c.expand(B, T, hd).reshape(B * T, hd) for c in (cos, sin)), (H + Hkv) * hd)
+            qkv = product(self.products, x, self.qkv_weight, self.qkv_bias, rope=rope)
             q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -128,7 +133,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rope is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_kv = (k, v)
         if kv is not None:
             k_cache, v_cache = kv
@@ -189,11 +195,12 @@ class MLP(nn.Module):
         return smallm.epilogue(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), residual)
 
 
-def product(policy, x, w, b=None, residual=None, gated=False):
+def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
     """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
-    it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel."""
+    it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel, and the rotary
+    embedding `rope` where its takes_rope() said so."""
     if getattr(policy, "fuses", False):  # (a policy object of the caller's own may not say)
-        return policy.linear(x, w, b, residual=residual, gated=gated)
+        return policy.linear(x, w, b, residual=residual, gated=gated, **({"rope": rope} if rope else {}))
     return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 
 

@@ -60,6 +60,7 @@ class Invariant(SmallM):
     name = "invariant"
     attention = True
     fuses = True  # the SwiGLU gate and the residual adds run in the products' kernels (smallm.epilogue says what)
+    fuses_rope = True  # and the rotary embedding of q and k in the q/k/v product's kernel, where it can (takes_rope)
 
     def __init__(self):
         super().__init__(1)
@@ -72,10 +73,15 @@ class Invariant(SmallM):
             attend.kernels()
             norms.kernels()
 
-    def linear(self, x, w, b=None, residual=None, gated=False):
+    def linear(self, x, w, b=None, residual=None, gated=False, rope=None):
+        """`rope`: (cos, sin, rope_cols) for smallm.linear, only where takes_rope said yes."""
         if not self.fuses:  # (benchmarks compare: fast_probe.py --no-fuse)
             return smallm.epilogue(smallm.linear(x, w, b, exact=True), residual, gated)
-        return smallm.linear(x, w, b, exact=True, residual=residual, gated=gated)
+        return smallm.linear(x, w, b, exact=True, residual=residual, gated=gated, rope=rope)
+
+    def takes_rope(self, x, w, b, head_dim: int) -> bool:
+        """Whether linear() can do the rotary embedding of this q/k/v product's output itself."""
+        return self.fuses and self.fuses_rope and smallm.folds_rope(x, w, b, head_dim)
 
 
 def onednn_available() -> bool:

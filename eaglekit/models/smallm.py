@@ -69,6 +69,18 @@ def gated_config(cfg: tuple) -> tuple:
     return (cfg[0] // 2, *cfg[1:])
 
 
+def rope_config(cfg: tuple, head_dim: int) -> tuple | None:
+    """The config of a product that also does the rotary embedding of its output's heads (`linear`'s `rope`), from
+    its weight's config: a program takes block_n columns of one head's first half and their partners, block_n at
+    most half the weight's and half a head, at least 16 (tl.dot's least width); one K slice. None where no such
+    config exists. A function of the weight's shape and head_dim only, as `config`."""
+    half = head_dim // 2
+    block_n = min(cfg[0] // 2, half)
+    if head_dim % 2 or cfg[2] != 1 or block_n < 16 or half % block_n:
+        return None
+    return (block_n, *cfg[1:])
+
+
 def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
     """The untuned config, from the H200 sweep (benchmarks/NOTES.md, "Fast v2"): one slice of K up to 8192, two
     beyond; 128 x 128 tiles for weights of 16384 rows or more."""
@@ -176,17 +188,41 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
-           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
+           rope: tuple | None = None) -> torch.Tensor:
     """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
     tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
-    batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias."""
-    fits = enabled and usable(x, w) and (residual is None or residual.dtype == x.dtype)
-    N = w.shape[0] // 2 if gated else w.shape[0]
-    if not fits or config(*w.shape, exact) is None or (b is not None and (gated or residual is not None)):
+    batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
+    `rope` = (cos, sin [rows of x, head_dim], rope_cols): the rotary embedding of the output's heads below column
+    rope_cols, in the kernel; only where folds_rope() says it can."""
+    cfg = plan(x, w, b, enabled, exact, residual, gated)
+    if rope is not None and (cfg is None or not exact or gated or residual is not None
+                             or not folds_rope(x, w, b, rope[0].shape[-1])):
+        raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
+    if cfg is None:
         return epilogue(F.linear(x, w, b), residual, gated)
+    N = w.shape[0] // 2 if gated else w.shape[0]
     r = residual.reshape(-1, N) if residual is not None else None
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, exact).view(*x.shape[:-1], N)
+    cos, sin, rope_cols = rope if rope is not None else (None, None, 0)
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, cos, sin, rope_cols, exact)
+    y = y.view(*x.shape[:-1], N)
     return y if b is None else y + b
+
+
+def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) -> tuple | None:
+    """The config of the weight `linear` runs this product by, None where it goes to F.linear and torch."""
+    if not (enabled and usable(x, w)) or (residual is not None and residual.dtype != x.dtype):
+        return None
+    if b is not None and (gated or residual is not None):
+        return None
+    return config(*w.shape, exact)
+
+
+def folds_rope(x, w, b, head_dim: int) -> bool:
+    """Whether `linear(x, w, b, exact=True, rope=...)` can do the rotary embedding in its kernel."""
+    cfg = plan(x, w, b, True, True)
+    return (cfg is not None and b is None and w.shape[0] % head_dim == 0
+            and rope_config(cfg, head_dim) is not None)
 
 
 def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
@@ -218,7 +254,9 @@ def _build():
     from .smallm_kernels import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
-            gated: bool = False) -> torch.Tensor:
+            gated: bool = False, rope: tuple | None = None) -> torch.Tensor:
+        """`rope` = (cos, sin [M, head_dim], rope_cols): rotary on the output's heads below column rope_cols (cfg's
+        block_n is then per half head, as rope_config gives; one slice of K)."""
         M, K = x.shape
         N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
@@ -228,9 +266,18 @@ def _build():
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         width = 2 * N if gated else N
         part = y if split == 1 else torch.empty((split, M, width), device=x.device, dtype=torch.float32)
-        wrap(smallm_partial)[(triton_cdiv(N, block_n), split, triton_cdiv(M, 16))](
-            x, w, part, r, M, N, K, x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k,
-            DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None, num_warps=warps, num_stages=stages)
+        cos, sin, rope_cols = rope if rope is not None else (x, x, 0)
+        half = cos.shape[-1] // 2 if rope is not None else 0
+        if rope is not None and (gated or residual is not None or N % (2 * half) or cfg[2] != 1
+                                 or half % block_n or block_n < 16):
+            raise ValueError(f"rotary in the product needs heads of {2 * half} tiling the output, one slice of K and "
+                             f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}")
+        cos, sin = cos.contiguous(), sin.contiguous()
+        grid_n = triton_cdiv(N, 2 * block_n) if rope is not None else triton_cdiv(N, block_n)
+        wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16))](
+            x, w, part, r, cos, sin, cos.stride(0), rope_cols, M, N, K, x.stride(0), w.stride(0), k_slice,
+            BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None,
+            HALF=half, num_warps=warps, num_stages=stages)
         if split > 1:
             wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
                                                           RESIDUAL=residual is not None)
@@ -238,8 +285,12 @@ def _build():
 
     @triton_op("eaglekit::small_m_linear", mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
+                       cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
                        exact: bool) -> torch.Tensor:
-        return run(x, w, gated_config(config(*w.shape, exact)) if gated else config(*w.shape, exact), wrap_triton,
-                   residual, gated)
+        cfg = config(*w.shape, exact)
+        rope = (cos, sin, rope_cols) if cos is not None else None
+        if rope is not None:
+            cfg = rope_config(cfg, cos.shape[-1])
+        return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, rope)
 
     return SimpleNamespace(op=small_m_linear, run=run)

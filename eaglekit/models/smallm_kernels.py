@@ -19,14 +19,40 @@ def finish(acc, acc_up, r_ptrs, mask, dtype: tl.constexpr, GATED: tl.constexpr, 
 
 
 @triton.jit
-def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, M, N, K, stride_xm, stride_wn, k_slice,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, GATED: tl.constexpr,
-                   RESIDUAL: tl.constexpr):
-    # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both
+def rotate(acc, acc_pair, rm, rn, c_ptr, s_ptr, stride_c, rope_cols, mask, dtype: tl.constexpr, HALF: tl.constexpr):
+    # rotary embedding of a head's column pair (d, d + HALF), as layers.apply_rope: the product rounded to the
+    # model's dtype first, then x * cos + rotate_half(x) * sin in fp32 and one rounding; columns from rope_cols on
+    # (v) pass through
+    a = acc.to(dtype).to(tl.float32)
+    b = acc_pair.to(dtype).to(tl.float32)
+    d = rn % (2 * HALF)
+    on = (rn < rope_cols)[None, :]
+    c1 = tl.load(c_ptr + rm[:, None] * stride_c + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(s_ptr + rm[:, None] * stride_c + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(c_ptr + rm[:, None] * stride_c + HALF + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(s_ptr + rm[:, None] * stride_c + HALF + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    first = tl.where(on, a * c1 - b * s1, a).to(dtype)
+    second = tl.where(on, b * c2 + a * s2, b).to(dtype)
+    return first, second
+
+
+@triton.jit
+def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, c_ptr, s_ptr, stride_c, rope_cols, M, N, K, stride_xm, stride_wn,
+                   k_slice, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, GATED: tl.constexpr,
+                   RESIDUAL: tl.constexpr, HALF: tl.constexpr):
+    # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both.
+    # HALF > 0 (rotary; one slice of K): columns come in heads of 2 * HALF, a program takes BLOCK_N columns of one
+    # head's first half and their partners HALF further on, and rotates the pairs (`rotate`) before storing
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HALF > 0:
+        per_head = HALF // BLOCK_N
+        rn = (pid_n // per_head) * 2 * HALF + (pid_n % per_head) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pair = HALF
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        pair = N
     k0 = pid_k * k_slice
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
@@ -37,11 +63,16 @@ def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, M, N, K, stride_xm, stride_wn,
         wmask = (rn[:, None] < N) & (rk[None, :] < K)
         wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wmask, other=0.0)
         acc = tl.dot(xt, tl.trans(wt), acc)
-        if GATED:
-            wu = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0)
+        if GATED or HALF > 0:  # acc_up: the up half's columns, or the rotary partners
+            wu = tl.load(w_ptr + (pair + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0)
             acc_up = tl.dot(xt, tl.trans(wu), acc_up)
     omask = (rm[:, None] < M) & (rn[None, :] < N)
-    if DIRECT:  # one slice of K: part_ptr is the output itself, the epilogue runs here
+    if HALF > 0:
+        first, second = rotate(acc, acc_up, rm, rn, c_ptr, s_ptr, stride_c, rope_cols, omask,
+                               part_ptr.dtype.element_ty, HALF)
+        tl.store(part_ptr + rm[:, None] * N + rn[None, :], first, mask=omask)
+        tl.store(part_ptr + rm[:, None] * N + HALF + rn[None, :], second, mask=omask)
+    elif DIRECT:  # one slice of K: part_ptr is the output itself, the epilogue runs here
         y = finish(acc, acc_up, r_ptr + rm[:, None] * N + rn[None, :], omask, part_ptr.dtype.element_ty,
                    GATED, RESIDUAL)
         tl.store(part_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
