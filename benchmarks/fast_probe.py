@@ -38,8 +38,9 @@ def kind(name: str) -> str:
     return "other"
 
 
-def kernel_table(fn, reps=5) -> dict:
-    """GPU time per kernel kind for `reps` calls of fn (ms per call), and the number of kernels per call."""
+def kernel_table(fn, reps=5, every: bool = False) -> dict:
+    """GPU time per kernel kind for `reps` calls of fn (ms per call), and the number of kernels per call; `every`:
+    each kernel's name with its count and ms per call, not only the 12 costliest."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -51,6 +52,7 @@ def kernel_table(fn, reps=5) -> dict:
     by_kind = collections.defaultdict(float)
     count = collections.Counter()
     top = collections.defaultdict(float)
+    calls = collections.Counter()
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t <= 0 or "CUDA" not in str(e.device_type):
@@ -59,9 +61,31 @@ def kernel_table(fn, reps=5) -> dict:
         by_kind[k] += t / 1e3 / reps
         count[k] += e.count // reps
         top[e.key[:90]] += t / 1e3 / reps
-    return {"ms_per_call": {k: round(v, 4) for k, v in by_kind.items()},
-            "kernels_per_call": dict(count),
-            "top": [[k, round(v, 4)] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]]}
+        calls[e.key[:90]] += e.count // reps
+    ranked = sorted(top.items(), key=lambda kv: -kv[1])
+    out = {"ms_per_call": {k: round(v, 4) for k, v in by_kind.items()},
+           "kernels_per_call": dict(count),
+           "top": [[k, round(v, 4)] for k, v in ranked[:12]]}
+    if every:
+        out["every"] = [[k, calls[k], round(v, 4)] for k, v in ranked]
+    return out
+
+
+def draft_kernels(d) -> dict:
+    """GPU time per kernel kind of the draft phase: one (5,1,6) chain and one (5,4,8) tree expansion, eager calls of
+    the compiled draft layer (as the target's step above), from the draft's state the cycles section left."""
+    from eaglekit.decoding.tree import TreeShape, expand
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    h = torch.randn(d.hidden_size, device="cuda", generator=g).to(d.dtype)
+    logits = torch.randn(d.draft_vocab_size, device="cuda", generator=g)
+    root = torch.zeros((), dtype=torch.long, device="cuda")
+    out = {}
+    with torch.inference_mode():
+        for name, shape in (("draft_chain516_kernels", TreeShape(5, 1, 6)),
+                            ("draft_tree548_kernels", TreeShape(5, 4, 8))):
+            out[name] = kernel_table(lambda s=shape: expand(d, h, logits, root, s), every=True)
+    return out
 
 
 def main():
@@ -78,6 +102,10 @@ def main():
                     help="invariant products without their epilogues (gate, residual add) in the kernels")
     ap.add_argument("--no-rope-fuse", action="store_true",
                     help="invariant products with their epilogues fused but the rotary embedding in inductor's kernels")
+    ap.add_argument("--draft-products", default=None,
+                    help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
+    ap.add_argument("--softmax-pick", action="store_true",
+                    help="a chain picks its tokens as before: top 1 of the softmax over the draft vocabulary")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from eaglekit.models.products import Invariant
@@ -85,6 +113,10 @@ def main():
     Invariant.fuses_rope = not args.no_rope_fuse
     S.SMALL_M = args.small_m
     S.PRODUCTS = args.products
+    S.DRAFT_PRODUCTS = args.draft_products
+    if args.softmax_pick:
+        from eaglekit.decoding import tree
+        tree._top1 = lambda logits: torch.softmax(logits.float(), -1).topk(1, dim=-1).indices
     if args.attend:
         from eaglekit.models import attend
         c = [int(x) for x in args.attend.split(",")]
@@ -93,7 +125,9 @@ def main():
     S.COMPILE_OPTIONS = json.loads(args.options) if args.options else None
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
-           "products": S.PRODUCTS, "attend": args.attend, "fused_epilogues": not args.no_fuse,
+           "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
+           "chain_pick": "softmax_topk" if args.softmax_pick else "argmax",
+           "fused_epilogues": not args.no_fuse,
            "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
     S.copy_bandwidth()
     ctx: dict = {}
@@ -114,6 +148,7 @@ def main():
     S.cycles_8b(ctx)
     res["cycles_section_s"] = round(time.time() - t1, 1)
     res["cycles"] = S.RESULTS.get("cycles")
+    res.update(draft_kernels(ctx["draft8b"]))
     res["errors"] = S.RESULTS.get("errors")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

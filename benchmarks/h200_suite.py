@@ -38,6 +38,7 @@ COMPILE = False
 COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglekit's DECODE_OPTIONS)
 SMALL_M = None  # rows from which products go through eaglekit.models.smallm (None: F.linear)
 PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
+DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
 SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
 
 
@@ -152,6 +153,8 @@ def cycles_8b(ctx):
         d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
     d.fuse()
     d.set_small_m(SMALL_M)
+    if DRAFT_PRODUCTS:
+        d.set_products(DRAFT_PRODUCTS)
     if COMPILE:
         d.compile(COMPILE_OPTIONS)
     ctx["draft8b"] = d

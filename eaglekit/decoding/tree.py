@@ -138,22 +138,30 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     )
 
 
+def _top1(logits: torch.Tensor) -> torch.Tensor:
+    """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
+    monotone): one reduction kernel where softmax + top-k ran six, ~40 us a pick on an H200 (NOTES, "The chain's
+    pick"). Between logits that tie exactly it may take another than top-k took: both are drafts the target checks."""
+    return logits.argmax(-1, keepdim=True)
+
+
 def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
            steps: int) -> Tree:
     """`expand` for topk = 1, the same tree with a fraction of the operations (what a chain's cycle pays for in
     small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no selection, since every node is
-    kept; the mask, parents and depths of a chain are fixed. Picks tokens by the same rule (top 1 of the softmax)."""
+    kept; the mask, parents and depths of a chain are fixed. Picks tokens by the same rule (top 1 of the softmax, as
+    the argmax of the logits: `_top1`)."""
     dev = logits_last.device
     m = draft.committed
     cols = torch.arange(draft.span, device=dev)
-    tok = torch.softmax(logits_last.float(), -1).topk(1).indices
+    tok = _top1(logits_last)
     toks, h = [tok], h_last.view(1, -1)
     for level in range(2, steps + 1):
         # the node at depth level - 1 sees the committed slots and the chain's pending slots up to its own
         mask = (cols < m + (level - 1))[None]
         slot = (m + (level - 2)).view(1)
         h, logits = draft.step(h, draft.to_target_ids(tok), slot, slot, mask)
-        tok = torch.softmax(logits, -1).topk(1, dim=-1).indices[0]
+        tok = _top1(logits)[0]
         toks.append(tok)
     D = steps + 1
     return Tree(
@@ -181,13 +189,13 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
     dev, B = logits_last.device, root.shape[0]
     m = kv.length  # [B]
     cols = torch.arange(span, device=dev)
-    tok = torch.softmax(logits_last.float(), -1).topk(1, dim=-1).indices  # [B, 1]
+    tok = _top1(logits_last)  # [B, 1]
     toks, h = [tok], h_last[:, None, :]
     for level in range(2, steps + 1):
         mask = (cols[None, :] < (m + (level - 1))[:, None])[:, None, :]  # [B, 1, S]: as in _chain, per row
         slot = (m + (level - 2))[:, None]
         h, logits = draft.step_rows(kv, h, draft.to_target_ids(tok), slot, slot, mask)
-        tok = torch.softmax(logits, -1).topk(1, dim=-1).indices[:, 0]  # [B, 1]
+        tok = _top1(logits)[:, 0]  # [B, 1]
         toks.append(tok)
     D = steps + 1
     return Tree(
