@@ -104,8 +104,8 @@ def main():
                     help="invariant products with their epilogues fused but the rotary embedding in inductor's kernels")
     ap.add_argument("--draft-products", default=None,
                     help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
-    ap.add_argument("--softmax-pick", action="store_true",
-                    help="a chain picks its tokens as before: top 1 of the softmax over the draft vocabulary")
+    ap.add_argument("--torch-picks", action="store_true",
+                    help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from eaglekit.models.products import Invariant
@@ -114,9 +114,10 @@ def main():
     S.SMALL_M = args.small_m
     S.PRODUCTS = args.products
     S.DRAFT_PRODUCTS = args.draft_products
-    if args.softmax_pick:
+    if args.torch_picks:
         from eaglekit.decoding import tree
-        tree._top1 = lambda logits: torch.softmax(logits.float(), -1).topk(1, dim=-1).indices
+        tree.top_probs = lambda logits, k: torch.softmax(logits.float(), -1).topk(k, dim=-1)
+        tree._top1 = lambda logits: tree.top_probs(logits, 1).indices
     if args.attend:
         from eaglekit.models import attend
         c = [int(x) for x in args.attend.split(",")]
@@ -126,7 +127,7 @@ def main():
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
-           "chain_pick": "softmax_topk" if args.softmax_pick else "argmax",
+           "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "fused_epilogues": not args.no_fuse,
            "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
     S.copy_bandwidth()

@@ -16,6 +16,7 @@ import torch
 
 from ..draft.base import Draft
 from ..errors import GenerationError
+from .topk import top_probs
 
 # Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
 # picked without its parent: selection uses score * DECAY**depth, strictly decreasing along a path.
@@ -80,8 +81,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     K, dev = shape.topk, logits_last.device
     m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
     S = draft.span
-    p = torch.softmax(logits_last.float(), -1)
-    top_p, top_i = p.topk(K)
+    top_p, top_i = top_probs(logits_last, K)
     cand_scores, cand_tokens = [top_p], [top_i]
     cand_parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
     cand_depths = [torch.ones(K, dtype=torch.long, device=dev)]
@@ -101,7 +101,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
         # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
         pos = (m + (level - 2)).expand(K)
         h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, m + cols, mask)
-        cp, ci = torch.softmax(logits, -1).topk(K, dim=-1)  # [K, K]
+        cp, ci = top_probs(logits, K)  # [K, K]
         cs = (f_scores[:, None] * cp).reshape(-1)
         cand_scores.append(cs)
         cand_tokens.append(ci.reshape(-1))
@@ -212,8 +212,7 @@ def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root:
     K, dev = shape.topk, logits_last.device
     B = root.shape[0]
     m = kv.length  # [B]
-    p = torch.softmax(logits_last.float(), -1)
-    top_p, top_i = p.topk(K, dim=-1)  # [B, K]
+    top_p, top_i = top_probs(logits_last, K)  # [B, K]
     cand_scores, cand_tokens = [top_p], [top_i]
     cand_parents = [torch.full((B, K), -1, dtype=torch.long, device=dev)]
     cand_depths = [torch.ones(B, K, dtype=torch.long, device=dev)]
@@ -233,7 +232,7 @@ def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root:
         mask = (rel < 0)[:, None, :] | (pending[:, None, :] & anc.gather(2, relc))  # [B, K, S]
         pos = (m + (level - 2))[:, None].expand(B, K)
         h, logits = draft.step_rows(kv, f_hidden, draft.to_target_ids(f_tokens), pos, m[:, None] + cols[None], mask)
-        cp, ci = torch.softmax(logits, -1).topk(K, dim=-1)  # [B, K, K]
+        cp, ci = top_probs(logits, K)  # [B, K, K]
         cs = (f_scores[:, :, None] * cp).reshape(B, K * K)
         cand_scores.append(cs)
         cand_tokens.append(ci.reshape(B, K * K))

@@ -1,0 +1,122 @@
+"""A draft tree's pick on a GPU: the top k of softmax(logits) over the draft vocabulary, in two Triton kernels.
+
+Why: torch's softmax + top-k on the tree's [k, 32000] logits runs about ten kernels a level (a softmax, a radix select
+over several blocks with its counts and scans, a sort of the k found): ~60 us a level on an H200, a fifth of a draft
+step (benchmarks/NOTES.md, "The draft's pick"). Here a level is two kernels:
+  1. each row is cut into chunks; a program takes one chunk: its top k by repeated max (k is small), its max m_c and
+     its sum s_c of exp(x - m_c);
+  2. a program per row merges the row's chunks: the top k of the chunks' candidates, and the row's softmax
+     denominator S = sum_c s_c exp(m_c - M) with M = max_c m_c, so a pick's probability is exp(x - M) / S, what
+     softmax computes (its sums in another order: within a few ulps of torch's).
+Ties between equal logits go to the smaller token id. The probabilities only rank candidates (the target verifies
+every drafted token), so a few ulps never touch the output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+BLOCK = 2048  # a chunk: 16 programs a row for a 32000-token draft vocabulary
+MAX_K = 32  # the top k is unrolled k times in each kernel; a wider pick goes to torch
+
+
+def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities [..., k] float32, ids [..., k] int64) of the k most likely tokens of softmax(logits), most
+    likely first: the Triton kernels on a GPU, torch elsewhere (a CPU, k over MAX_K)."""
+    if logits.is_cuda and HAVE_TRITON and k <= MAX_K and k <= logits.shape[-1]:
+        return kernel_top_probs(logits, k)
+    return torch.softmax(logits.float(), -1).topk(k, dim=-1)
+
+
+def kernel_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_probs through the kernels, whatever the device (tests run them in Triton's interpreter on the CPU)."""
+    import triton
+
+    lead, V = logits.shape[:-1], logits.shape[-1]
+    x = logits.reshape(-1, V).contiguous()
+    R, CH = x.shape[0], triton.cdiv(V, BLOCK)
+    dev = x.device
+    vals = torch.empty(R, CH, k, dtype=torch.float32, device=dev)
+    ids = torch.empty(R, CH, k, dtype=torch.int32, device=dev)
+    m = torch.empty(R, CH, dtype=torch.float32, device=dev)
+    s = torch.empty(R, CH, dtype=torch.float32, device=dev)
+    p_out = torch.empty(R, k, dtype=torch.float32, device=dev)
+    i_out = torch.empty(R, k, dtype=torch.int64, device=dev)
+    kern = kernels()
+    kern.chunk_top[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
+    kern.merge_top[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
+                         NB=triton.next_power_of_2(CH * k), num_warps=1)
+    return p_out.view(*lead, k), i_out.view(*lead, k)
+
+
+_KERNELS = None
+
+
+def kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _build()
+    return _KERNELS
+
+
+def _build():
+    from types import SimpleNamespace
+
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def chunk_top(x_ptr, v_ptr, i_ptr, m_ptr, s_ptr, V, CH: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
+        c = tl.program_id(1)
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < V
+        x = tl.load(x_ptr + r.to(tl.int64) * V + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        mc = tl.max(x, 0)
+        # a chunk of -inf logits adds nothing (and computes no exp(-inf - -inf))
+        shift = tl.where(mc > float("-inf"), mc, 0.0)
+        s = tl.sum(tl.where(valid & (x > float("-inf")), tl.exp(x - shift), 0.0), 0)
+        tl.store(m_ptr + r * CH + c, mc)
+        tl.store(s_ptr + r * CH + c, s)
+        alive = valid
+        base = (r * CH + c) * K
+        for j in tl.static_range(K):
+            xa = tl.where(alive, x, float("-inf"))
+            best = tl.max(xa, 0)
+            # the smallest id among the best; none left alive (a chunk shorter than K) -> V - 1 at -inf, never picked
+            # over a finite logit in the merge
+            idx = tl.minimum(tl.min(tl.where(alive & (xa == best), offs, V), 0), V - 1)
+            alive = alive & (offs != idx)
+            tl.store(v_ptr + base + j, best)
+            tl.store(i_ptr + base + j, idx)
+
+    @triton.jit
+    def merge_top(v_ptr, i_ptr, m_ptr, s_ptr, p_ptr, o_ptr, V, CH: tl.constexpr, K: tl.constexpr, CB: tl.constexpr,
+                  NB: tl.constexpr):
+        r = tl.program_id(0)
+        c = tl.arange(0, CB)
+        cm = c < CH
+        mc = tl.load(m_ptr + r * CH + c, mask=cm, other=float("-inf"))
+        sc = tl.load(s_ptr + r * CH + c, mask=cm, other=0.0)
+        M = tl.max(mc, 0)
+        M = tl.where(M > float("-inf"), M, 0.0)  # a row of -inf logits: S = 0, probabilities 0/0 as softmax's NaN
+        S = tl.sum(tl.where(cm & (mc > float("-inf")), sc * tl.exp(mc - M), 0.0), 0)
+        n = tl.arange(0, NB)
+        nm = n < CH * K
+        v = tl.load(v_ptr + r * CH * K + n, mask=nm, other=float("-inf"))
+        ix = tl.load(i_ptr + r * CH * K + n, mask=nm, other=0)
+        alive = nm
+        for j in tl.static_range(K):
+            va = tl.where(alive, v, float("-inf"))
+            best = tl.max(va, 0)
+            tie = alive & (va == best)
+            pick = tl.min(tl.where(tie, ix, V), 0)
+            pos = tl.min(tl.where(tie & (ix == pick), n, NB), 0)  # one candidate, even if two chunks named the same id
+            alive = alive & (n != pos)
+            tl.store(p_ptr + r * K + j, tl.exp(best - M) / S)
+            tl.store(o_ptr + r * K + j, tl.minimum(pick, V - 1).to(tl.int64))
+
+    return SimpleNamespace(chunk_top=chunk_top, merge_top=merge_top)

@@ -1,0 +1,53 @@
+"""The draft tree's top-k kernels (eaglekit.decoding.topk) in Triton's interpreter on the CPU, against torch's
+softmax + top-k: the same ids in the same order, probabilities within a few ulps, ties to the smaller id, -inf logits
+and short chunks handled."""
+
+import pytest
+import torch
+
+from helpers import use_triton_interpreter
+
+use_triton_interpreter()  # before triton is imported
+
+from eaglekit.decoding import topk  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not topk.HAVE_TRITON, reason="needs triton")
+
+
+@pytest.mark.parametrize("rows,V,k", [((), 32000, 4), ((3,), 5000, 1), ((2, 4), 4100, 8), ((5,), 300, 3)])
+def test_kernel_top_k_is_torchs(rows, V, k):
+    g = torch.Generator().manual_seed(V + k)
+    logits = torch.randn(*rows, V, generator=g) * 4
+    p, i = topk.kernel_top_probs(logits, k)
+    want_p, want_i = torch.softmax(logits, -1).topk(k, dim=-1)
+    assert p.shape == want_p.shape and i.dtype == torch.int64
+    assert torch.equal(i, want_i)
+    assert torch.allclose(p, want_p, rtol=1e-5, atol=1e-12)
+
+
+def test_ties_go_to_the_smaller_id_and_minus_inf_is_never_picked_over_a_logit():
+    V = 4500  # three chunks, the last one short
+    logits = torch.full((2, V), float("-inf"))
+    logits[0, [7, 2100, 4400, 9]] = torch.tensor([1.0, 3.0, 3.0, 1.0])  # ties within a chunk and across chunks
+    logits[1, :] = 0.5  # every logit tied
+    p, i = topk.kernel_top_probs(logits, 4)
+    assert i[0].tolist() == [2100, 4400, 7, 9]
+    assert i[1].tolist() == [0, 1, 2, 3]
+    want = torch.softmax(logits, -1).gather(1, i)
+    assert torch.allclose(p, want, rtol=1e-5)
+    assert len(set(i[1].tolist())) == 4
+
+
+def test_a_pick_wider_than_the_row_of_finite_logits_gives_zero_probabilities_not_nan():
+    logits = torch.full((1, 3000), float("-inf"))
+    logits[0, 5] = 2.0
+    p, i = topk.kernel_top_probs(logits, 3)
+    assert i[0, 0] == 5 and p[0, 0] == 1.0
+    assert torch.all(p[0, 1:] == 0) and torch.all((i >= 0) & (i < 3000))
+
+
+def test_top_probs_uses_torch_off_the_gpu():
+    logits = torch.randn(2, 100)
+    p, i = topk.top_probs(logits, 5)
+    want_p, want_i = torch.softmax(logits, -1).topk(5, dim=-1)
+    assert torch.equal(i, want_i) and torch.equal(p, want_p)
