@@ -1,8 +1,9 @@
 """A draft tree's pick on a GPU: the top k of softmax(logits) over the draft vocabulary, in two Triton kernels.
 
 Why: torch's softmax + top-k on the tree's [k, 32000] logits runs about ten kernels a level (a softmax, a radix select
-over several blocks with its counts and scans, a sort of the k found): ~60 us a level on an H200, a fifth of a draft
-step (benchmarks/NOTES.md, "The draft's pick"). Here a level is two kernels:
+over several blocks with its counts and scans, a sort of the k found): ~62 us a level on an H200, 15 here
+(benchmarks/pick_bench.py; NOTES, "Rotary in the q/k/v product, the draft's products and its picks"). A level is two
+kernels:
   1. each row is cut into chunks; a program takes one chunk: its top k by repeated max (k is small), its max m_c and
      its sum s_c of exp(x - m_c);
   2. a program per row merges the row's chunks: the top k of the chunks' candidates, and the row's softmax

@@ -140,8 +140,9 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
 
 def _top1(logits: torch.Tensor) -> torch.Tensor:
     """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
-    monotone): one reduction kernel where softmax + top-k ran six, ~40 us a pick on an H200 (NOTES, "The chain's
-    pick"). Between logits that tie exactly it may take another than top-k took: both are drafts the target checks."""
+    monotone): one reduction kernel (~9 us on an H200) where softmax + top-k ran six (~42 us; benchmarks/NOTES.md,
+    "Rotary in the q/k/v product, the draft's products and its picks"). Between logits that tie exactly it may take
+    another than top-k took: both are drafts the target checks."""
     return logits.argmax(-1, keepdim=True)
 
 
