@@ -15,6 +15,7 @@ every drafted token), so a few ulps never touch the output.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -53,17 +54,10 @@ def kernel_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     return p_out.view(*lead, k), i_out.view(*lead, k)
 
 
-_KERNELS = None
-
-
+@functools.cache
 def kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = _build()
-    return _KERNELS
-
-
-def _build():
+    """Built on first use, so importing eaglekit never needs Triton. (A functools cache: the tree's code runs eagerly,
+    never inside torch.compile, which would trace through it; eaglekit.models.smallm says why it keeps a global.)"""
     from types import SimpleNamespace
 
     import triton
