@@ -179,6 +179,27 @@ def test_rotary_in_the_qkv_product_bf16():
         assert torch.equal(run(x[:M], w, cfg, rope=(rope[0][:M], rope[1][:M], rope[2])), full[:M])
 
 
+@pytest.mark.parametrize("rows,V,k", [(1, 32000, 4), (4, 32000, 4), (8, 32000, 8), (3, 128256, 2)])
+def test_tree_top_k_kernels_equal_torch(rows, V, k):
+    """A draft tree's pick through eaglekit.decoding.topk's kernels on the GPU: torch's ids, in torch's order, and its
+    probabilities within a few ulps; recorded in a CUDA graph, the same."""
+    from eaglekit.decoding.topk import kernel_top_probs
+
+    g = torch.Generator(device="cuda").manual_seed(rows * k)
+    x = torch.randn(rows, V, device="cuda", generator=g) * 3
+    want_p, want_i = torch.softmax(x, -1).topk(k, dim=-1)
+    p, i = kernel_top_probs(x, k)
+    assert torch.equal(i, want_i)
+    assert torch.allclose(p, want_p, rtol=1e-5, atol=1e-12)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gp, gi = kernel_top_probs(x, k)
+    x.copy_(torch.randn(rows, V, device="cuda", generator=g) * 3)
+    graph.replay()
+    want_p, want_i = torch.softmax(x, -1).topk(k, dim=-1)
+    assert torch.equal(gi, want_i) and torch.allclose(gp, want_p, rtol=1e-5, atol=1e-12)
+
+
 def test_small_m_compiled_graphs_equal_eager_bf16():
     """The smallm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
     layers called without graphs (bf16)."""
