@@ -17,21 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import median_ms  # noqa: E402
 
+from eaglekit.decoding.engine import record_graphs  # noqa: E402
 from eaglekit.decoding.topk import kernel_top_probs  # noqa: E402
 
 
 def graphed(fn):
-    """fn recorded in a CUDA graph (after warm-up calls on a side stream, as eaglekit's cycle records)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    """fn recorded in a CUDA graph as eaglekit's cycle records it (engine.record_graphs): its replay."""
+    return record_graphs([[fn]], {"pick": fn}, [])["pick"].replay
 
 
 def torch_pick(x, k):

@@ -57,8 +57,8 @@ def main():
     for name in names:
         N, K = SHAPES[name]
         nbytes = N * K * 2
-        copies = max(2, -(-600_000_000 // nbytes))  # > 10x the L2
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weights(N, K)
+        copies = len(ws)
         default = smallm.config(N, K) or GRID[0]  # (None: tuned to cuBLAS)
         for M in ROWS:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -78,6 +78,13 @@ def main():
                   f"best {row['best_tb_s']:.2f} {best}, default {row['default_tb_s']:.2f} {default}", flush=True)
         del ws
     save(out / "smallm_sweep.json", results)
+
+
+def weights(N: int, K: int) -> list[torch.Tensor]:
+    """Copies of a random [N, K] bf16 weight, together over 600 MB (> 10x the L2): timed in turn, each streams from
+    HBM as in a model."""
+    copies = max(2, -(-600_000_000 // (N * K * 2)))
+    return [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
 
 
 def time_configs(label: str, cfgs, call, ref: torch.Tensor, copies: int) -> dict:
@@ -113,8 +120,8 @@ def epilogues(out: Path) -> None:
     rows = []
     for name, gated in (("gate_up", True), ("down", False)):
         N, K = SHAPES[name]
-        copies = max(2, -(-600_000_000 // (N * K * 2)))
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weights(N, K)
+        copies = len(ws)
         plain = smallm.config(N, K, exact=True)
         width = N // 2 if gated else N
         for M in (1, 6):

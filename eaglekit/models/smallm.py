@@ -196,8 +196,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enab
     `rope` = (cos, sin [rows of x, head_dim], rope_cols): the rotary embedding of the output's heads below column
     rope_cols, in the kernel; only where folds_rope() says it can."""
     cfg = plan(x, w, b, enabled, exact, residual, gated)
-    if rope is not None and (cfg is None or not exact or gated or residual is not None
-                             or not folds_rope(x, w, b, rope[0].shape[-1])):
+    if rope is not None and (not exact or gated or residual is not None or not _rotates(cfg, w, b, rope[0].shape[-1])):
         raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
     if cfg is None:
         return epilogue(F.linear(x, w, b), residual, gated)
@@ -220,9 +219,12 @@ def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) ->
 
 def folds_rope(x, w, b, head_dim: int) -> bool:
     """Whether `linear(x, w, b, exact=True, rope=...)` can do the rotary embedding in its kernel."""
-    cfg = plan(x, w, b, True, True)
-    return (cfg is not None and b is None and w.shape[0] % head_dim == 0
-            and rope_config(cfg, head_dim) is not None)
+    return _rotates(plan(x, w, b, True, True), w, b, head_dim)
+
+
+def _rotates(cfg, w, b, head_dim: int) -> bool:
+    """folds_rope for a product already planned (`cfg`, None where it goes to F.linear)."""
+    return cfg is not None and b is None and w.shape[0] % head_dim == 0 and rope_config(cfg, head_dim) is not None
 
 
 def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
