@@ -111,6 +111,34 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
         assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
 
 
+def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(monkeypatch):
+    """A verify's q, k_new and v_new are transposed views of one [B, T, (H + 2 Hkv) hd] product output: the kernel
+    reads them through their strides (no copy: `contiguous` is never called on them) with the bits of contiguous
+    copies, and its output transposed back to [B, T, H, hd] is contiguous (the caller's reshape is a view)."""
+    B, T, P, S, H, Hkv, hd = 2, 6, 40, 50, 8, 2, 64
+    q, k, v, mask, _ = _case(3, T, P, S, H, Hkv, hd, torch.float16, B=B)
+    qkv = torch.cat([q.transpose(1, 2).reshape(B, T, H * hd), k[:, :, P:P + T].transpose(1, 2).reshape(B, T, -1),
+                     v[:, :, P:P + T].transpose(1, 2).reshape(B, T, -1)], -1)
+    qs, ks, vs = (t.view(B, T, -1, hd).transpose(1, 2) for t in qkv.split([H * hd, Hkv * hd, Hkv * hd], -1))
+    assert not (qs.is_contiguous() or ks.is_contiguous() or vs.is_contiguous())
+    base = torch.tensor([P])
+    vis = attend.visible(mask, base)
+    want = attend.attend(q, k[:, :, :S], v[:, :, :S], *vis, new=(ks.contiguous(), vs.contiguous(), base))
+    copies = []
+    real = torch.Tensor.contiguous
+
+    def spy(t, *a, **kw):
+        copies.append(t.data_ptr() in (qs.data_ptr(), ks.data_ptr(), vs.data_ptr()) and not t.is_contiguous())
+        return real(t, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", spy)
+    got = attend.attend(qs, k[:, :, :S], v[:, :, :S], *vis, new=(ks, vs, base))
+    monkeypatch.undo()
+    assert not any(copies)
+    assert torch.equal(got, want)
+    assert got.transpose(1, 2).is_contiguous()
+
+
 @pytest.fixture
 def few_parts(monkeypatch):
     """The tests from here on run the attention with 2 parts instead of 16: the interpreter runs programs one by

@@ -71,7 +71,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tenso
     keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count/old may have batch 1 for all rows).
     `new` = (k_new, v_new [B, Hkv, T, hd], base [B|1]): slots from base[b] on are read from k_new/v_new at slot - base
     instead of k/v (this call's tokens, not yet written to the cache); `old` must then come from visible(mask, base).
-    Returns [B, H, T, hd] in q's dtype."""
+    q, k_new and v_new may be strided views (head_dim innermost; v_new laid out as k_new), as a verify's q/k/v product
+    gives them: read in place. Returns [B, H, T, hd] in q's dtype, over [B, T, H, hd] memory."""
     if new is None:  # every slot from the cache
         new = (k[:, :, :1], v[:, :, :1], torch.full((1,), k.shape[2], dtype=torch.long, device=k.device))
         old = count
@@ -105,14 +106,19 @@ def _build():
         block_d = max(16, triton.next_power_of_2(hd))
         block_m = max(16, triton.next_power_of_2(rep))
         # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
-        q = q.contiguous()
+        # q, k_new and v_new are strided views of the q/k/v product's output in a verify (T > 1): the kernels take
+        # their strides, so no copy of them runs (three kernels a layer, NOTES); only head_dim must be innermost and
+        # v_new laid out as k_new (one set of strides for both)
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():
+            k_new, v_new = k_new.contiguous(), v_new.contiguous()
         slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-        count, old = count.contiguous(), old.contiguous()
-        k_new, v_new, base = k_new.contiguous(), v_new.contiguous(), base.contiguous()
+        count, old, base = count.contiguous(), old.contiguous(), base.contiguous()
         assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
         acc = torch.empty(B * T, H, PARTS, block_d, device=q.device, dtype=torch.float32)
         ml = torch.empty(B * T, H, PARTS, 2, device=q.device, dtype=torch.float32)
-        out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
+        # [B, H, T, hd] over [B, T, H, hd] memory: the caller's transpose back to [B, T, H * hd] is a view
+        out = torch.empty(B, T, H, hd, device=q.device, dtype=q.dtype).transpose(1, 2)
         ssb = slots.stride(0) if slots.shape[0] > 1 else 0
         scb = count.stride(0) if count.shape[0] > 1 else 0
         sbb = 1 if base.shape[0] > 1 else 0
