@@ -97,7 +97,9 @@ def _build():
     import triton
     from torch.library import triton_op, wrap_triton
 
+    from . import attend_kernels
     from .attend_kernels import attend_merge, attend_part
+    from .compiling import op_name
 
     def run(q, k, v, k_new, v_new, base, slots, count, old, wrap=lambda f: f):
         B, H, T, hd = q.shape
@@ -135,7 +137,7 @@ def _build():
                                        BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
         return out
 
-    @triton_op("eaglekit::invariant_attention", mutates_args=())
+    @triton_op(op_name("invariant_attention", __file__, attend_kernels.__file__), mutates_args=())
     def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor,
                             v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
                             old: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ The engine records the compiled kernels inside its own CUDA graphs, so inductor'
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -25,10 +26,24 @@ def cache_dir() -> Path:
     return Path(d)
 
 
+def op_name(name: str, *sources, extra: str = "") -> str:
+    """The registered name of one of eaglekit's Triton ops: "eaglekit::<name>_<digest of the source files and
+    `extra`>". Why: inductor's cache of compiled graphs (kept across runs, see cache_dir) keys a triton_op by its name
+    and its Triton kernels' source, not by the Python that launches them (strides, grids, buffers, the tuned configs
+    read there). A change to that Python was served from a warm cache as the old code (benchmarks/NOTES.md, "the
+    verify's attention reads q/k/v in place": the H200 ran the old copies until the cache was emptied); a name that
+    carries the digest makes every such change a new op, compiled afresh."""
+    h = hashlib.sha256()
+    for src in sources:
+        h.update(Path(src).read_bytes())
+    h.update(extra.encode())
+    return f"eaglekit::{name}_{h.hexdigest()[:12]}"
+
+
 def compile_decode(fn, options: dict | None = None):
     """`fn` compiled for fixed shapes: one graph per token count; its callers pass the span dimensions through
-    span_dynamic, so generations of other lengths reuse it instead of compiling again. `options` overrides DECODE_OPTIONS
-    ({} = inductor's defaults)."""
+    span_dynamic, so generations of other lengths reuse it instead of compiling again. `options` overrides
+    DECODE_OPTIONS ({} = inductor's defaults)."""
     cache_dir()
     from torch import _dynamo
 

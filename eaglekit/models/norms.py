@@ -41,6 +41,8 @@ def _build():
     import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
+    from .compiling import op_name
+
     @triton.jit
     def rms_norm_rows(x_ptr, w_ptr, y_ptr, D, EPS: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0)
@@ -52,7 +54,7 @@ def _build():
         w = tl.load(w_ptr + d, mask=m, other=0.0)
         tl.store(y_ptr + r * D + d, (w * xn).to(y_ptr.dtype.element_ty), mask=m)
 
-    @triton_op("eaglekit::invariant_rms_norm", mutates_args=())
+    @triton_op(op_name("invariant_rms_norm", __file__), mutates_args=())
     def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         D = x.shape[-1]
         xc = x.contiguous()

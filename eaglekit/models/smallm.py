@@ -179,7 +179,7 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
         whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(p, whole)
-        _TABLE = None  # read again on next use
+        _TABLE = None  # read again on next use (and kernels() names a new op after it)
     return {"table": found, "report": report}
 
 
@@ -237,20 +237,27 @@ def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool 
 
 
 _KERNELS = None
+_NAMED_FOR = None  # the tuned table _KERNELS's op is named after
+_BUILT: dict = {}  # op name -> kernels: a name registers once, so a table seen before reuses its op
 
 
 def kernels():
     """`.op`, the registered op (torch.library.triton_op: torch.compile sees its kernels, CUDA graphs record them),
     and `.run(x, w, cfg)`, the same with a given config (benchmarks/smallm_sweep.py). Built on first use, so that
-    importing eaglekit never needs Triton."""
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = _build()
-    tuned_table()  # the configs' table too, before any trace (tuned_table says why); a global check once read
+    importing eaglekit never needs Triton. The op's name carries this GPU's tuned table (the configs it plans come
+    from there) and the code's digest (compiling.op_name says why): a new table (tune) names a new op."""
+    global _KERNELS, _NAMED_FOR
+    table = tuned_table()  # before any trace (tuned_table says why); a global check once read
+    if _KERNELS is None or table is not _NAMED_FOR:
+        from . import smallm_kernels
+        from .compiling import op_name
+
+        name = op_name("small_m_linear", __file__, smallm_kernels.__file__, extra=json.dumps(table, sort_keys=True))
+        _KERNELS, _NAMED_FOR = _BUILT[name] if name in _BUILT else _BUILT.setdefault(name, _build(name)), table
     return _KERNELS
 
 
-def _build():
+def _build(name: str):
     from torch.library import triton_op, wrap_triton
 
     from .smallm_kernels import smallm_partial, smallm_sum
@@ -285,7 +292,7 @@ def _build():
                                                           RESIDUAL=residual is not None)
         return y
 
-    @triton_op("eaglekit::small_m_linear", mutates_args=())
+    @triton_op(name, mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
                        exact: bool) -> torch.Tensor:

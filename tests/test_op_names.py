@@ -1,0 +1,43 @@
+"""eaglekit's Triton ops are named after their code (compiling.op_name): inductor's persistent cache keys a triton_op
+by name and kernel source only, so a change to the Python that launches the kernels (or to the tuned configs it
+reads) must change the name, or a warm cache serves the old code (benchmarks/NOTES.md: it did on the H200)."""
+
+import pytest
+from helpers import use_triton_interpreter
+
+use_triton_interpreter()  # before triton is imported
+
+from eaglekit.models import attend, attend_kernels, norms, smallm, smallm_kernels  # noqa: E402
+from eaglekit.models.compiling import op_name  # noqa: E402
+
+
+def test_op_name_follows_every_byte_of_its_sources_and_extra(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    first = op_name("op", a, b)
+    assert first == op_name("op", a, b) and first.startswith("eaglekit::op_")
+    assert op_name("op", a, b, extra="{}") != first
+    a.write_text("x = 1  # a comment\n")
+    assert op_name("op", a, b) != first
+    assert op_name("op", b, a) != op_name("op", a, b)
+
+
+@pytest.mark.parametrize("module,base,files", [
+    (attend, "invariant_attention", (attend.__file__, attend_kernels.__file__)),
+    (norms, "invariant_rms_norm", (norms.__file__,)),
+])
+def test_each_registered_op_carries_the_digest_of_its_files(module, base, files):
+    assert module.kernels().op._qualname == op_name(base, *files)
+
+
+def test_a_new_tuned_table_names_a_new_small_m_op_and_an_old_one_is_reused(monkeypatch):
+    monkeypatch.setattr(smallm, "_KERNELS", None)
+    monkeypatch.setattr(smallm, "_TABLE", {})
+    plain = smallm.kernels()
+    assert plain.op._qualname == op_name("small_m_linear", smallm.__file__, smallm_kernels.__file__, extra="{}")
+    monkeypatch.setattr(smallm, "_TABLE", {"4096x4096": [64, 128, 1, 4, 3]})  # as tune() leaves it, read again
+    tuned = smallm.kernels()
+    assert tuned.op._qualname != plain.op._qualname
+    monkeypatch.setattr(smallm, "_TABLE", {})
+    assert smallm.kernels() is plain  # the same name registers once: the op built before is reused
