@@ -15,6 +15,7 @@ from .decoding.compare import compare
 from .decoding.engine import Decoder
 from .decoding.tree import TreeShape
 from .errors import InputError
+from .observe.chainpick import pick_chain
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
 from .pair import compiled, load_pair
@@ -22,11 +23,9 @@ from .tokenizer import encode, load_tokenizer, read_prompts
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
-# length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: the chain of 5,
-# 1.65-1.79x; a 2-core Sapphire Rapids: the chain of 2, 1.39x against 1.28-1.32x for the chain of 5; NOTES.md).
-# A short sweep of these chains on the first PICK_PROMPTS prompts, PICK_TOKENS new tokens each, picks the fastest.
-PICK_STEPS = (2, 3, 4, 5, 6)
-PICK_PROMPTS, PICK_TOKENS = 4, 48
+# length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
+# 1.75-1.85x; a 2-core Sapphire Rapids: the chain of 2, 1.39x against 1.28-1.32x for the chain of 5; NOTES.md).
+# eaglekit.observe.chainpick predicts each chain's accept length on these very prompts and times its cycles.
 # On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)
 
@@ -62,23 +61,6 @@ def processor_name(device: torch.device) -> str:
     return f"{name}{f' ({isa})' if isa else ''}"
 
 
-def pick_chain(target, draft, prompts) -> tuple[TreeShape, dict]:
-    """The chain (steps in PICK_STEPS) with the most tokens/s on this machine, by a short greedy sweep (see
-    PICK_STEPS) -> (shape, what was measured)."""
-    import time
-
-    from .observe.sweep import auto_shape
-
-    t0 = time.perf_counter()
-    shape, res = auto_shape(target, draft, prompts, grid={"steps": PICK_STEPS, "topk": (1,), "draft_tokens": ()},
-                            n_prompts=PICK_PROMPTS, tokens=PICK_TOKENS)
-    return shape, {
-        "by": "sweep", "seconds": round(time.perf_counter() - t0, 1), "prompts": res["prompts"],
-        "max_new_tokens": PICK_TOKENS,
-        "candidates": [{"steps": r["steps"], "tokens_per_s": r["tokens_per_s"], "accept_length": r["accept_length"]}
-                       for r in res["rows"]]}
-
-
 def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
              model: ModelOptions | None = None, progress: bool = True) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
@@ -97,7 +79,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     if decode.tree_given:
         shape = decode.shape()
     elif tgt.device.type == "cpu":
-        shape, picked = pick_chain(tgt, drf, ids)
+        shape, picked = pick_chain(tgt, drf, ids, decode.max_new_tokens)
     else:
         shape = TreeShape.make(*DEFAULT_SHAPE)
     dec = Decoder(tgt, drf, shape)
@@ -118,8 +100,9 @@ def print_demo(res: dict) -> None:
     c = Console()
     tr = res["tree"]
     picked = tr.get("picked")
-    how = (f" (picked on this machine: the fastest of chains {', '.join(str(x['steps']) for x in picked['candidates'])}"
-           f" in a {picked['seconds']:.0f} s sweep)" if picked else "")
+    how = (f" (picked on this machine in {picked['seconds']:.0f} s: predicted tokens/s of chains "
+           + ", ".join(f"{x['steps']} {x['tokens_per_s']:.0f}" for x in picked["candidates"])
+           + " = their accept lengths on these prompts over their cycle times)" if picked else "")
     pp = res.get("products_pick")
     prod = f"; products: {res.get('products', 'aten')}" + (
         " (the faster here; ms for a step + a 6-row verify: "

@@ -288,7 +288,7 @@ class Decoder:
         em.push([int(tok)])
         if em.done:
             return m
-        with ph("draft_extend"):
+        with ph("prefill"):  # the prompt's draft entries: once a generation, not a cycle's cost
             h, dl = d.extend(feats, torch.cat([ids[1:], tok.view(1)]))
         c = self._cycle(sp.greedy)
         c.start(tok, h, dl)

@@ -126,7 +126,7 @@ class Probe:
     @torch.no_grad()
     def _run(self, new: list[_Seq], chunk: int = 8) -> None:
         from ..train.data import Example, pad_batch
-        from ..train.ttt import TargetBatch, target_distribution, ttt_forward
+        from ..train.ttt import TargetBatch, teacher_forced_hits
 
         dev, lm = self.target.device, self.target.lm_head_weight()
         for i in range(0, len(new), chunk):
@@ -142,11 +142,7 @@ class Probe:
                     continue
                 f = per_layer[:, :, [j + 1 for j in spec.after_layers]].reshape(B, T, -1)
                 b = TargetBatch(f, ids, valid.long(), valid, hidden)
-                p, in_dv = target_distribution(b, lm, self.hot)
-                keep: list = []
-                ttt_forward(self.draft, b, p, in_dv, length=self.steps, keep_correct=keep)
-                correct = torch.stack([c for c, _ in keep], 1).cpu()  # [B, steps, T]
-                counted = torch.stack([w for _, w in keep], 1).cpu()
+                correct, counted = (x.cpu() for x in teacher_forced_hits(self.draft, b, lm, self.hot, self.steps))
                 for j, s in enumerate(part):
                     n = len(s.ids)
                     s.outcome[name] = (correct[j, :, :n], counted[j, :, :n])

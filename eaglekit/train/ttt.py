@@ -93,6 +93,17 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
     return total, torch.stack(losses), torch.stack(correct), torch.stack(counts)
 
 
+@torch.no_grad()
+def teacher_forced_hits(draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor, steps: int):
+    """-> (correct, counted), bool [B, steps, T]: at position t, whether the draft's step k, unrolled on its own
+    outputs from t, predicts the target's greedy token (t + 2 + k), and whether that position counts. Along the
+    target's own greedy text the leading run of correct steps is what a chain drafted from t gets accepted."""
+    p, in_dv = target_distribution(batch, lm_head_w, hot_ids)
+    keep: list = []
+    ttt_forward(draft, batch, p, in_dv, length=steps, keep_correct=keep)
+    return torch.stack([c for c, _ in keep], 1), torch.stack([w for _, w in keep], 1)
+
+
 def simulated_accept_length(acc: list[float]) -> float:
     """1 + sum_k prod_{i<=k} acc_i: tokens per verify for a chain whose position k accepts with
     probability acc_k given the previous ones (SGLang scale: the +1 is the bonus token; SpecForge's
