@@ -21,6 +21,8 @@ def test_op_name_follows_every_byte_of_its_sources_and_extra(tmp_path):
     a.write_text("x = 1  # a comment\n")
     assert op_name("op", a, b) != first
     assert op_name("op", b, a) != op_name("op", a, b)
+    gone = op_name("op", tmp_path / "missing.py")  # bytecode-only install: still a name, stable
+    assert gone == op_name("op", tmp_path / "missing.py") and gone != op_name("op", tmp_path / "other.py")
 
 
 @pytest.mark.parametrize("module,base,files", [

@@ -35,7 +35,12 @@ def op_name(name: str, *sources, extra: str = "") -> str:
     carries the digest makes every such change a new op, compiled afresh."""
     h = hashlib.sha256()
     for src in sources:
-        h.update(Path(src).read_bytes())
+        try:
+            h.update(Path(src).read_bytes())
+        except OSError:  # an install without its sources (bytecode only): the path and the version stand in
+            from .. import __version__
+
+            h.update(f"{src} {__version__}".encode())
     h.update(extra.encode())
     return f"eaglekit::{name}_{h.hexdigest()[:12]}"
 
