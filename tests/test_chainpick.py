@@ -73,6 +73,8 @@ def test_line_fit_pools_the_samples_and_keeps_a_real_line():
     fit = chainpick.line_fit(noisy)
     assert all(fit[a] < fit[b] for a, b in ((2, 3), (3, 4), (4, 5), (5, 6)))
     assert chainpick.line_fit({4: [0.02, 0.03, 0.01]}) == {4: 0.02}  # one chain: its median
+    wild = {2: [0.030], 3: [0.001], 6: [0.0001]}  # a line through these crosses zero before chain 6: the medians
+    assert chainpick.line_fit(wild) == {2: 0.030, 3: 0.001, 6: 0.0001}
 
 
 def test_pick_chain_takes_the_fastest_prediction(demo, monkeypatch):

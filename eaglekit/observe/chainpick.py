@@ -92,11 +92,13 @@ def line_fit(samples: dict[int, list[float]]) -> dict[int, float]:
     while a 2-core machine's timings wander by 10-20% from one generation to the next (NOTES); the line pools
     every sample, where a per-chain median of four would let that noise rank the chains."""
     pts = [(n, s) for n, v in samples.items() for s in v]
+    medians = {n: statistics.median(v) if v else float("inf") for n, v in samples.items()}
     if len({n for n, _ in pts}) < 2:
-        return {n: statistics.median(v) if v else float("inf") for n, v in samples.items()}
+        return medians
     mx, my = statistics.fmean(n for n, _ in pts), statistics.fmean(s for _, s in pts)
     slope = sum((n - mx) * (s - my) for n, s in pts) / sum((n - mx) ** 2 for n, _ in pts)
-    return {n: my + slope * (n - mx) for n in samples}
+    fit = {n: my + slope * (n - mx) for n in samples}
+    return fit if all(v > 0 for v in fit.values()) else medians  # (a line through wild noise may cross zero)
 
 
 def pick_chain(target, draft, prompts: list[list[int]], max_new_tokens: int, chains=CHAINS) -> tuple[TreeShape, dict]:
