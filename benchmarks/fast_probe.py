@@ -128,8 +128,8 @@ def main():
     S.PRODUCTS = args.products
     S.DRAFT_PRODUCTS = args.draft_products
     if args.torch_picks:
-        from eaglekit.decoding import tree
-        tree.top_probs = lambda logits, k: torch.softmax(logits.float(), -1).topk(k, dim=-1)
+        from eaglekit.decoding import topk, tree
+        tree.top_probs = topk.torch_top_probs
         tree._top1 = lambda logits: tree.top_probs(logits, 1).indices
     if args.attend:
         from eaglekit.models import attend

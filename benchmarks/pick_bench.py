@@ -18,16 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import median_ms  # noqa: E402
 
 from eaglekit.decoding.engine import record_graphs  # noqa: E402
-from eaglekit.decoding.topk import kernel_top_probs  # noqa: E402
+from eaglekit.decoding.topk import kernel_top_probs, torch_top_probs  # noqa: E402
 
 
 def graphed(fn):
     """fn recorded in a CUDA graph as eaglekit's cycle records it (engine.record_graphs): its replay."""
     return record_graphs([[fn]], {"pick": fn}, [])["pick"].replay
-
-
-def torch_pick(x, k):
-    return torch.softmax(x.float(), -1).topk(k, dim=-1)
 
 
 def main():
@@ -36,11 +32,11 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     for R, V, k in [(1, 32000, 4), (4, 32000, 4), (8, 32000, 8), (4, 128256, 4), (1, 32000, 1)]:
         x = torch.randn(R, V, device="cuda", generator=g) * 3
-        p0, i0 = torch_pick(x, k)
+        p0, i0 = torch_top_probs(x, k)
         p1, i1 = kernel_top_probs(x, k)
         same = bool(torch.equal(i0, i1))
         close = float((p1 - p0).abs().max() / p0.abs().max())
-        t_torch = median_ms(graphed(lambda: torch_pick(x, k)), 200, cuda=True)
+        t_torch = median_ms(graphed(lambda: torch_top_probs(x, k)), 200, cuda=True)
         t_kern = median_ms(graphed(lambda: kernel_top_probs(x, k)), 200, cuda=True)
         t_arg = median_ms(graphed(lambda: x.argmax(-1, keepdim=True)), 200, cuda=True)
         rows.append({"rows": R, "vocab": V, "k": k, "ids_equal": same, "prob_max_rel_diff": close,

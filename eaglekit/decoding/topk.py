@@ -30,6 +30,11 @@ def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     likely first: the Triton kernels on a GPU, torch elsewhere (a CPU, k over MAX_K)."""
     if logits.is_cuda and HAVE_TRITON and k <= MAX_K and k <= logits.shape[-1]:
         return kernel_top_probs(logits, k)
+    return torch_top_probs(logits, k)
+
+
+def torch_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_probs in torch: a softmax over the vocabulary, then its top k (the CPU's pick; the kernels' reference)."""
     return torch.softmax(logits.float(), -1).topk(k, dim=-1)
 
 

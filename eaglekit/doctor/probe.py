@@ -97,15 +97,9 @@ class Probe:
 
     # --- growing -----------------------------------------------------------------------------------------
     def _continue(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-        from ..decoding.sampling import SamplingParams
-        from ..train.regen import generate_batch
+        from ..train.regen import greedy_texts
 
-        out = []
-        for i in range(0, len(prompts), 16):  # bounded batches: the KV cache is [B, longest + max_new]
-            chunk = prompts[i:i + 16]
-            conts = generate_batch(self.target, chunk, max_new, SamplingParams(0.0), 0, self.eos)
-            out += [p + c for p, c in zip(chunk, conts)]
-        return out
+        return greedy_texts(self.target, prompts, max_new, self.eos)
 
     def add(self, prompts: list[list[int]], max_new: int) -> None:
         """New sequences: the prompts continued by the target; every wiring's outcome on them."""

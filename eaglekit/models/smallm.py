@@ -253,7 +253,9 @@ def kernels():
         from .compiling import op_name
 
         name = op_name("small_m_linear", __file__, smallm_kernels.__file__, extra=json.dumps(table, sort_keys=True))
-        _KERNELS, _NAMED_FOR = _BUILT[name] if name in _BUILT else _BUILT.setdefault(name, _build(name)), table
+        if name not in _BUILT:
+            _BUILT[name] = _build(name)
+        _KERNELS, _NAMED_FOR = _BUILT[name], table
     return _KERNELS
 
 

@@ -22,7 +22,6 @@ import time
 import torch
 
 from ..decoding.engine import Decoder
-from ..decoding.sampling import SamplingParams
 from ..decoding.tree import TreeShape
 
 CHAINS = (2, 3, 4, 5, 6)
@@ -44,9 +43,8 @@ def accepted_runs(target, draft, texts: list[list[int]], capture, steps: int, ch
         ids, _, valid = pad_batch([Example(t, [1] * len(t)) for t in part])
         ids, valid = ids.to(dev), valid.to(dev)
         hidden, feats = target.features(ids, valid.long(), capture)
-        correct, counted = teacher_forced_hits(draft, TargetBatch(feats, ids, valid.long(), valid, hidden), lm, hot,
-                                               steps)
-        runs = torch.cumprod((correct & counted).long(), 1).sum(1).cpu()  # leading correct steps [B, T]
+        correct, _ = teacher_forced_hits(draft, TargetBatch(feats, ids, valid.long(), valid, hidden), lm, hot, steps)
+        runs = torch.cumprod(correct.long(), 1).sum(1).cpu()  # leading correct steps [B, T] (correct: counted too)
         out += [runs[j, :len(t)] for j, t in enumerate(part)]
     return out
 
@@ -104,18 +102,13 @@ def line_fit(samples: dict[int, list[float]]) -> dict[int, float]:
 def pick_chain(target, draft, prompts: list[list[int]], max_new_tokens: int, chains=CHAINS) -> tuple[TreeShape, dict]:
     """The chain (steps in `chains`) with the most predicted tokens/s for these prompts at this length on this
     machine -> (shape, what was measured and predicted)."""
-    from ..train.regen import generate_batch
+    from ..draft import check_pair
+    from ..train.regen import greedy_texts
 
     t0 = time.perf_counter()
-    eos = tuple(target.info.eos_token_ids)
-    texts = []
     with torch.inference_mode():
-        for i in range(0, len(prompts), 16):  # bounded batches: the KV cache is [B, longest + max_new]
-            chunk = prompts[i:i + 16]
-            conts = generate_batch(target, chunk, max_new_tokens, SamplingParams(0.0), 0, eos)
-            texts += [p + c for p, c in zip(chunk, conts)]
-    capture = Decoder(target, draft, TreeShape.make(max(chains), 1)).capture
-    runs = accepted_runs(target, draft, texts, capture, max(chains))
+        texts = greedy_texts(target, prompts, max_new_tokens, tuple(target.info.eos_token_ids))
+    runs = accepted_runs(target, draft, texts, check_pair(draft, target), max(chains))
     acc = accept_lengths(runs, [len(p) for p in prompts], chains)
     t1 = time.perf_counter()
     samples = cycle_seconds(target, draft, prompts[:TIME_PROMPTS], chains)

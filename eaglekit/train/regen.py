@@ -39,6 +39,17 @@ def generate_batch(target: Target, prompts: list[list[int]], max_new: int, sp: S
     return cut_at_eos(target.generate_batch(ids, pad, max_new, sp, seed, tuple(eos_ids)).tolist(), eos_ids)
 
 
+def greedy_texts(target: Target, prompts: list[list[int]], max_new: int, eos_ids=(), batch: int = 16
+                 ) -> list[list[int]]:
+    """Each prompt followed by the target's greedy continuation (to EOS or max_new), in bounded batches (the KV
+    cache is [batch, longest + max_new])."""
+    out = []
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        out += [p + c for p, c in zip(chunk, generate_batch(target, chunk, max_new, SamplingParams(0.0), 0, eos_ids))]
+    return out
+
+
 def regenerate(target, prompts: list[list[int]], max_new: int, batch_size: int = 64, temperature: float = 0.0,
                greedy_share: float = 1.0, seed: int = 0, eos_ids=(), mask_prompt: bool = True,
                progress: bool = True) -> list[Example]:
