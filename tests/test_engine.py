@@ -137,6 +137,33 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
     assert counters["stats"]["unique_graphs"] == before
 
 
+@pytest.mark.slow
+def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
+    """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too:
+    the same trees as the plain functions, for several shapes and seeds, the draft's layer compiled in both."""
+    from eaglekit.decoding import tree
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    d.compile()
+    d.reset(96)
+    g = torch.Generator().manual_seed(0)
+    d.extend(torch.randn(20, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (20,), generator=g))
+    assert tree._bookkeeping(d) is not tree._PLAIN
+    for shape in (TreeShape(3, 2, 6), TreeShape(4, 3, 12), TreeShape(2, 4, 9)):
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            h = torch.randn(d.hidden_size, generator=g)
+            logits = torch.randn(d.draft_vocab_size, generator=g) * 3
+            root = torch.tensor(7)
+            compiled = tree.expand(d, h, logits, root, shape)
+            with monkeypatch.context() as mp:
+                mp.setattr(tree, "_bookkeeping", lambda draft: tree._PLAIN)
+                plain = tree.expand(d, h, logits, root, shape)
+            for field in ("tokens", "parents", "depths", "mask"):
+                assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
+
+
 def test_decoders_sharing_a_target_keep_their_own_capture():
     """Issue 13.1: a second Decoder on the same target with another CaptureSpec must not change what the first
     one feeds its draft (the capture used to be written onto the shared target)."""

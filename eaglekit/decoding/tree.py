@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -79,12 +80,12 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
           shape: TreeShape) -> Tree:
     """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree)."""
     K, dev = shape.topk, logits_last.device
+    ops = _bookkeeping(draft)
     m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
     S = draft.span
     top_p, top_i = top_probs(logits_last, K)
     cand_scores, cand_tokens = [top_p], [top_i]
     cand_parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
-    cand_depths = [torch.ones(K, dtype=torch.long, device=dev)]
     f_scores, f_tokens, f_cand = top_p, top_i, torch.arange(K, device=dev)
     f_hidden = h_last.expand(K, -1)
     P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
@@ -92,50 +93,84 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     rel = torch.arange(S, device=dev) - m  # draft slot -> index into the pending region
     pending = (rel >= 0) & (rel < P)
     relc = rel.clamp(0, P - 1)
+    if ops is not _PLAIN:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
+        from torch._dynamo import maybe_mark_dynamic
+
+        for t in (rel, pending, relc):
+            maybe_mark_dynamic(t, 0)
     offset = K
-    slot_ids = torch.arange(P, device=dev)
     for level in range(2, shape.steps + 1):
-        cols = torch.arange((level - 2) * K, (level - 1) * K, device=dev)
-        anc = f_anc | (slot_ids[None, :] == cols[:, None])  # each frontier node also sees its own slot
-        mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
-        # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
-        pos = (m + (level - 2)).expand(K)
-        h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, m + cols, mask)
+        anc, mask, pos, slots = ops.frontier(f_anc, rel, pending, relc, m, level, K)
+        h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, slots, mask)
         cp, ci = top_probs(logits, K)  # [K, K]
-        cs = (f_scores[:, None] * cp).reshape(-1)
+        cs, toks, pars, f_scores, f_tokens, f_cand, f_hidden, f_anc = ops.advance(f_scores, cp, ci, f_cand, h, anc,
+                                                                                  offset, K)
         cand_scores.append(cs)
-        cand_tokens.append(ci.reshape(-1))
-        cand_parents.append(f_cand.repeat_interleave(K))
-        cand_depths.append(torch.full((K * K,), level, dtype=torch.long, device=dev))
-        f_scores, pick = cs.topk(K)
-        row = pick // K
-        f_tokens = ci.reshape(-1)[pick]
-        f_cand = offset + pick
-        f_hidden = h[row]
-        f_anc = anc[row]
+        cand_tokens.append(toks)
+        cand_parents.append(pars)
         offset += K * K
-    scores = torch.cat(cand_scores)
-    tokens = torch.cat(cand_tokens)
-    parents = torch.cat(cand_parents)
-    depths = torch.cat(cand_depths)
-    n_sel = shape.draft_tokens - 1
+    tokens, parents, depths, mask = ops.select(cand_scores, cand_tokens, cand_parents, K, shape.steps,
+                                               shape.draft_tokens - 1)
+    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(tokens)]), parents=parents,
+                depths=depths, mask=mask)
+
+
+def _frontier(f_anc, rel, pending, relc, m, level: int, K: int):
+    """The frontier of `level` (its K nodes): their ancestors' pending slots and their own, their mask over the
+    draft's span (every committed slot and those pending slots), their positions and slots."""
+    cols = torch.arange((level - 2) * K, (level - 1) * K, device=f_anc.device)
+    anc = f_anc | (torch.arange(f_anc.shape[1], device=f_anc.device)[None, :] == cols[:, None])
+    mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
+    # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
+    return anc, mask, (m + (level - 2)).expand(K), m + cols
+
+
+def _advance(f_scores, cp, ci, f_cand, h, anc, offset: int, K: int):
+    """The frontier's K x K children: their scores (the product of probabilities along the path), tokens and parent
+    candidates; and the next frontier, the best K of them (scores, tokens, candidate ids, hidden, ancestors)."""
+    cs = (f_scores[:, None] * cp).reshape(-1)
+    tokens = ci.reshape(-1)
+    scores, pick = cs.topk(K)
+    row = pick // K
+    return cs, tokens, f_cand.repeat_interleave(K), scores, tokens[pick], offset + pick, h[row], anc[row]
+
+
+def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int):
+    """The tree: the n_sel best candidates of all levels by score * DECAY**depth, in generation order (parents
+    before children), under the root -> (their draft tokens, parents, depths and the ancestor mask with the root)."""
+    scores, tokens, parents = torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(cand_parents)
+    dev = scores.device
+    depths = torch.cat([torch.full((K if level == 1 else K * K,), level, dtype=torch.long, device=dev)
+                        for level in range(1, steps + 1)])
     key = scores * torch.exp(depths.float() * math.log(_DECAY))  # (no host scalar: recordable in a CUDA graph)
     sel = key.topk(n_sel).indices.sort().values  # generation order: parents before children
     node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
     node_of[sel] = torch.arange(1, n_sel + 1, device=dev)
     par = parents[sel]
     node_parent = torch.where(par < 0, torch.zeros_like(par), node_of[par.clamp(min=0)])
-    D = shape.draft_tokens
     all_parents = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), node_parent])
-    anc = torch.eye(D, dtype=torch.bool, device=dev)
-    for _ in range(shape.steps):  # each pass adds one more generation of ancestors
+    anc = torch.eye(n_sel + 1, dtype=torch.bool, device=dev)
+    for _ in range(steps):  # each pass adds one more generation of ancestors
         anc = anc | anc[all_parents]
-    return Tree(
-        tokens=torch.cat([root_token.view(1), draft.to_target_ids(tokens[sel])]),
-        parents=all_parents,
-        depths=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
-        mask=anc,
-    )
+    return tokens[sel], all_parents, torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc
+
+
+_PLAIN = SimpleNamespace(frontier=_frontier, advance=_advance, select=_select)
+_COMPILED = None
+
+
+def _bookkeeping(draft):
+    """The tree's bookkeeping between draft steps: compiled where the draft's layers are (a GPU by default), where
+    its ~20 small kernels a level and ~30 for the selection fold into a few (NOTES: 190 kernels, 0.31 ms of a
+    (5,4,8) cycle's draft phase); the plain functions elsewhere (the same code, so the same trees)."""
+    global _COMPILED
+    if getattr(draft, "compiled_layer", None) is None:
+        return _PLAIN
+    if _COMPILED is None:
+        from ..models.compiling import compile_decode
+
+        _COMPILED = SimpleNamespace(**{k: compile_decode(f) for k, f in vars(_PLAIN).items()})
+    return _COMPILED
 
 
 def _top1(logits: torch.Tensor) -> torch.Tensor:
