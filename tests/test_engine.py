@@ -164,6 +164,32 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
                 assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
 
 
+@pytest.mark.slow
+def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
+    """compile() compiles the draft's fc, embedding and rotary with its layer (one graph a call): the same tokens,
+    and the whole graph is what runs; with tracing on, the layer-only path runs and its records still appear."""
+    from eaglekit.observe import trace
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    prompt = list(range(5, 20))
+    shape = TreeShape(3, 1, 4)
+    ref = Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids
+    d.compile()
+    whole, calls = d.compiled_whole, []
+    d.compiled_whole = lambda *a: (calls.append(a[-1]), whole(*a))[1]
+    assert Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids == ref
+    assert True in calls and False in calls  # the extend (target features) and the chain's steps (own hidden)
+    calls.clear()
+    sink: list = []
+    trace.configure(enabled=True, sink=sink, stream=open("/dev/null", "w"))
+    try:
+        assert Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids == ref
+    finally:
+        trace.configure(enabled=False)
+    assert not calls and {"draft.input.features", "draft.input.embedding"} <= {r["point"] for r in sink}
+
+
 def test_decoders_sharing_a_target_keep_their_own_capture():
     """Issue 13.1: a second Decoder on the same target with another CaptureSpec must not change what the first
     one feeds its draft (the capture used to be written onto the shared target)."""

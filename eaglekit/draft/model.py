@@ -122,7 +122,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
-        self.compiled_layer = None  # set by compile()
+        self.compiled_layer = self.compiled_whole = None  # set by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
 
     # --- the network -------------------------------------------------------------------------------
@@ -150,6 +150,13 @@ class Eagle3Draft(nn.Module, Draft):
         """hidden [B, T, C*H_t] (from_target) or [B, T, H] (own output); ids [B, T] target ids.
 
         Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v))."""
+        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None
+                and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
+            # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
+            # the layer's own kernels, where eager code ran ~6 small kernels a draft step (NOTES); tracing (which
+            # records them) and a sliding window (which writes slot positions) take the path below
+            kv = span_dynamic(mask, kv)
+            return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target)
         if from_target:
             h = self.project(hidden)
         else:
@@ -166,6 +173,12 @@ class Eagle3Draft(nn.Module, Draft):
             kv = span_dynamic(mask, kv)
             return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask)
         return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv)
+
+    def _whole(self, hidden, ids, positions, kv, slots, mask, from_target: bool):
+        """forward without tracing, a sliding window or extra_kv: what compile() compiles whole."""
+        h = self.project(hidden) if from_target else hidden
+        cos, sin = self.rotary(positions, h.dtype)
+        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask)
 
     def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
         """The layer, the norm and the lm_head: what compile() compiles (the head's product, the largest weight the
@@ -239,7 +252,8 @@ class Eagle3Draft(nn.Module, Draft):
         """torch.compile the draft layer and head for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""
         from ..models.compiling import compile_decode
 
-        self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)
+        self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
+        self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
