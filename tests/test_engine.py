@@ -149,7 +149,8 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
     d.reset(96)
     g = torch.Generator().manual_seed(0)
     d.extend(torch.randn(20, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (20,), generator=g))
-    assert tree._bookkeeping(d) is not tree._PLAIN
+    assert tree._bookkeeping(True).compiled
+    plain_ops = tree._bookkeeping(False)
     for shape in (TreeShape(3, 2, 6), TreeShape(4, 3, 12), TreeShape(2, 4, 9)):
         for seed in range(3):
             g = torch.Generator().manual_seed(seed)
@@ -158,7 +159,7 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
             root = torch.tensor(7)
             compiled = tree.expand(d, h, logits, root, shape)
             with monkeypatch.context() as mp:
-                mp.setattr(tree, "_bookkeeping", lambda draft: tree._PLAIN)
+                mp.setattr(tree, "_bookkeeping", lambda compiled: plain_ops)
                 plain = tree.expand(d, h, logits, root, shape)
             for field in ("tokens", "parents", "depths", "mask"):
                 assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
@@ -177,7 +178,7 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     ref = Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids
     d.compile()
     whole, calls = d.compiled_whole, []
-    d.compiled_whole = lambda *a: (calls.append(a[-1]), whole(*a))[1]
+    d.compiled_whole = lambda *a: (calls.append(a[7]), whole(*a))[1]  # (from_target)
     assert Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids == ref
     assert True in calls and False in calls  # the extend (target features) and the chain's steps (own hidden)
     calls.clear()
@@ -253,3 +254,34 @@ def test_baseline_rows_resolution_and_the_comparison_it_makes(model_dirs):
     # identity against the 4-row reference, speed against the plain one-row decode (decoded too)
     assert s["baseline_rows"] == 4 and c.plain is not None and s["identical_one_row"] == 2 and c.identical
     assert s["baseline_tokens_per_s"] == round(c.plain.metrics.tokens_per_s, 2)
+
+
+def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
+    """A chain's accepted path is its first n nodes: keep(in_place=True) commits them without moving anything and
+    leaves the cache as keep(arange) does; the extend sends only its last entry through the norm and the lm_head
+    (head_at): h is the same bits as the full forward's row, the logits agree to rounding."""
+    t = load_target(model_dirs["llama"])
+    prompt = torch.arange(5, 25)
+    caches = []
+    for in_place in (False, True):
+        t.reset(64)
+        t.prefill(prompt)
+        t.verify(torch.tensor([3, 4, 5, 6]), torch.arange(4), torch.ones(4, 4, dtype=torch.bool).tril())
+        t.keep(torch.arange(4), torch.tensor(3), in_place=in_place)
+        caches.append((t.length, t.cache.k[..., :23, :].clone(), t.cache.v[..., :23, :].clone()))
+    assert caches[0][0] == caches[1][0] == 23
+    assert torch.equal(caches[0][1], caches[1][1]) and torch.equal(caches[0][2], caches[1][2])
+
+    d = new_draft(t, seed=3)
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(6, d.fc.in_features, generator=g)
+    ids = torch.randint(0, d.config.vocab_size, (6,), generator=g)
+    d.reset(32)
+    h_all, logits_all, _ = d(feats[None], ids[None], torch.arange(6), d.cache.layer(0), torch.arange(6),
+                             torch.ones(1, 6, 32, dtype=torch.bool).tril(), from_target=True)
+    for n in (1, 4, 6):
+        d.reset(32)
+        h, logits = d.extend(feats, ids, torch.tensor(n))
+        assert int(d.committed) == n
+        assert torch.equal(h, h_all[0, n - 1])
+        torch.testing.assert_close(logits, logits_all[0, n - 1].float(), rtol=1e-5, atol=1e-5)

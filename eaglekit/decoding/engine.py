@@ -23,6 +23,7 @@ from ..draft import check_pair
 from ..draft.base import Draft
 from ..errors import GenerationError
 from ..models.base import Target
+from ..models.compiling import twin
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
 from ..observe.profile import Profiler
@@ -92,6 +93,13 @@ class GenerationResult:
     metrics: GenerationMetrics
 
 
+def emitted(tokens, depths, path, n, bonus):
+    """-> (the tokens a cycle emits: after each path node the next one, after the last the bonus, padded as `path`;
+    what the host reads: n, the tree's depth, those tokens)."""
+    em = torch.cat([tokens[path[1:]], bonus.view(1)]).scatter(0, (n - 1).view(1), bonus.view(1))
+    return em, torch.cat([n.view(1), depths.max().view(1), em])
+
+
 class Cycle:
     """One EAGLE-3 cycle as fixed-shape phases over persistent state (recordable in CUDA graphs)."""
 
@@ -108,6 +116,11 @@ class Cycle:
         self.out = torch.zeros(P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.tree = self.logits = self.feats = None
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
+        # a chain's accepted path is its first n nodes: its KV entries and features are already in path order
+        self.chain = shape.topk == 1
+        # the accept's and the emit's ~25 small operations: compiled (a few kernels) where the draft is
+        compiled = getattr(draft, "compiled_layer", None) is not None
+        self._accept, self._emit = twin(accept_greedy, compiled), twin(emitted, compiled)
 
     def start(self, root, h, dl) -> None:
         self.root.copy_(root)
@@ -122,20 +135,19 @@ class Cycle:
         self.logits, self.feats = self.t.verify(self.tree.tokens, self.tree.depths, self.tree.mask, self.spec)
 
     def accept(self):
-        path, n, bonus = accept_greedy(self.tree, self.logits, self.shape.path_len)
+        path, n, bonus = self._accept(self.tree, self.logits, self.shape.path_len)
         self.path.copy_(path)
         self.n.copy_(n)
         self.bonus.copy_(bonus)
 
     def cache_update(self):
-        self.t.keep(self.path, self.n)
-        # the token after each path node: the next path node, and after the last one the bonus
-        em = torch.cat([self.tree.tokens[self.path[1:]], self.bonus.view(1)])
-        self.emitted.copy_(em.scatter(0, (self.n - 1).view(1), self.bonus.view(1)))
-        self.out.copy_(torch.cat([self.n.view(1), self.tree.depths.max().view(1), self.emitted]))
+        self.t.keep(self.path, self.n, in_place=self.chain)
+        em, out = self._emit(self.tree.tokens, self.tree.depths, self.path, self.n, self.bonus)
+        self.emitted.copy_(em)
+        self.out.copy_(out)
 
     def draft_extend(self):
-        h, dl = self.d.extend(self.feats[self.path], self.emitted, self.n)
+        h, dl = self.d.extend(self.feats if self.chain else self.feats[self.path], self.emitted, self.n)
         self.h.copy_(h)
         self.dl.copy_(dl)
         self.root.copy_(self.bonus)

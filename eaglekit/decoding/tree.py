@@ -17,6 +17,7 @@ import torch
 
 from ..draft.base import Draft
 from ..errors import GenerationError
+from ..models.compiling import twin
 from .topk import top_probs
 
 # Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
@@ -80,7 +81,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
           shape: TreeShape) -> Tree:
     """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree)."""
     K, dev = shape.topk, logits_last.device
-    ops = _bookkeeping(draft)
+    ops = _bookkeeping(getattr(draft, "compiled_layer", None) is not None)
     m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
     S = draft.span
     top_p, top_i = top_probs(logits_last, K)
@@ -93,7 +94,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     rel = torch.arange(S, device=dev) - m  # draft slot -> index into the pending region
     pending = (rel >= 0) & (rel < P)
     relc = rel.clamp(0, P - 1)
-    if ops is not _PLAIN:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
+    if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
         from torch._dynamo import maybe_mark_dynamic
 
         for t in (rel, pending, relc):
@@ -155,22 +156,12 @@ def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, st
     return tokens[sel], all_parents, torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc
 
 
-_PLAIN = SimpleNamespace(frontier=_frontier, advance=_advance, select=_select)
-_COMPILED = None
-
-
-def _bookkeeping(draft):
+def _bookkeeping(compiled: bool):
     """The tree's bookkeeping between draft steps: compiled where the draft's layers are (a GPU by default), where
     its ~20 small kernels a level and ~30 for the selection fold into a few (NOTES: 190 kernels, 0.31 ms of a
     (5,4,8) cycle's draft phase); the plain functions elsewhere (the same code, so the same trees)."""
-    global _COMPILED
-    if getattr(draft, "compiled_layer", None) is None:
-        return _PLAIN
-    if _COMPILED is None:
-        from ..models.compiling import compile_decode
-
-        _COMPILED = SimpleNamespace(**{k: compile_decode(f) for k, f in vars(_PLAIN).items()})
-    return _COMPILED
+    return SimpleNamespace(frontier=twin(_frontier, compiled), advance=twin(_advance, compiled),
+                           select=twin(_select, compiled), compiled=compiled)
 
 
 def _top1(logits: torch.Tensor) -> torch.Tensor:
@@ -199,13 +190,22 @@ def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
         h, logits = draft.step(h, draft.to_target_ids(tok), slot, slot, mask)
         tok = _top1(logits)[0]
         toks.append(tok)
-    D = steps + 1
-    return Tree(
-        tokens=torch.cat([root_token.view(1), draft.to_target_ids(torch.cat(toks))]),
-        parents=torch.arange(-1, steps, device=dev).clamp_(min=0),
-        depths=torch.arange(D, device=dev),
-        mask=torch.ones(D, D, dtype=torch.bool, device=dev).tril_(),
-    )
+    parents, depths, mask = _chain_frame(steps, dev)
+    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(torch.cat(toks))]), parents=parents,
+                depths=depths, mask=mask)
+
+
+_FRAMES: dict = {}
+
+
+def _chain_frame(steps: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chain's parents, depths and mask: the same every cycle, so made once (not five kernels a cycle). Read only."""
+    key = (steps, str(dev))
+    if key not in _FRAMES:
+        D = steps + 1
+        _FRAMES[key] = (torch.arange(-1, steps, device=dev).clamp_(min=0), torch.arange(D, device=dev),
+                        torch.ones(D, D, dtype=torch.bool, device=dev).tril_())
+    return _FRAMES[key]
 
 
 # --- batched: one tree per row -------------------------------------------------------------------------

@@ -146,17 +146,20 @@ class Eagle3Draft(nn.Module, Draft):
             trace.record("draft.input.fc", h)
         return h
 
-    def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None):
+    def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None,
+                head_at=None):
         """hidden [B, T, C*H_t] (from_target) or [B, T, H] (own output); ids [B, T] target ids.
 
-        Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v))."""
+        Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v)). `head_at` [B] (long): only row
+        head_at[b] of each sequence goes through the norm and the lm_head, and h and logits are [B, 1, ..] (an
+        extend needs its last entry's: the head's product then runs on 1 row instead of T)."""
         if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
             # the layer's own kernels, where eager code ran ~6 small kernels a draft step (NOTES); tracing (which
             # records them) and a sliding window (which writes slot positions) take the path below
             kv = span_dynamic(mask, kv)
-            return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target)
+            return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target, head_at)
         if from_target:
             h = self.project(hidden)
         else:
@@ -171,19 +174,21 @@ class Eagle3Draft(nn.Module, Draft):
             mask = self._window(positions, slots, mask, extra_kv)
         if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
             kv = span_dynamic(mask, kv)
-            return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask)
-        return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv)
+            return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at)
+        return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at)
 
-    def _whole(self, hidden, ids, positions, kv, slots, mask, from_target: bool):
+    def _whole(self, hidden, ids, positions, kv, slots, mask, from_target: bool, head_at=None):
         """forward without tracing, a sliding window or extra_kv: what compile() compiles whole."""
         h = self.project(hidden) if from_target else hidden
         cos, sin = self.rotary(positions, h.dtype)
-        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask)
+        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask, head_at=head_at)
 
-    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
+    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, head_at=None):
         """The layer, the norm and the lm_head: what compile() compiles (the head's product, the largest weight the
         draft reads per step, then becomes one kernel with the norm)."""
         h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
+        if head_at is not None:
+            h = h.gather(1, head_at.view(-1, 1, 1).expand(h.shape[0], 1, h.shape[-1]))
         hn = self.norm(h)
         return (hn if self.config.norm_output else h), product_module(self.products, self.lm_head, hn), new_kv
 
@@ -270,10 +275,9 @@ class Eagle3Draft(nn.Module, Draft):
         slots = m + torch.arange(E, device=dev)
         mask = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span)
         h, logits, _ = self(feats.to(self.fc.weight.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
-                            mask, from_target=True)
-        last = (n - 1).view(1)
+                            mask, from_target=True, head_at=(n - 1).view(1))
         self.cache.length += n
-        return h[0].index_select(0, last)[0], logits[0].index_select(0, last)[0].float()
+        return h[0, 0], logits[0, 0].float()
 
     @torch.inference_mode()
     def step(self, hidden, ids, positions, slots, mask):
@@ -298,12 +302,9 @@ class Eagle3Draft(nn.Module, Draft):
         causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
         mask = span_mask_rows(m, causal, span)
         h, logits, _ = self(feats.to(self.fc.weight.dtype), next_ids, slots, kv.layer(0), slots, mask,
-                            from_target=True)
-        last = (n - 1).clamp(min=0)
+                            from_target=True, head_at=(n - 1).clamp(min=0))
         kv.length += n
-        h = h.gather(1, last[:, None, None].expand(B, 1, h.shape[-1]))[:, 0]
-        logits = logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
-        return h, logits.float()
+        return h[:, 0], logits[:, 0].float()
 
     @torch.inference_mode()
     def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):

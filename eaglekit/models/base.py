@@ -81,8 +81,9 @@ class Target(ABC):
         return logits, feats
 
     @abstractmethod
-    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
-        """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest."""
+    def keep(self, path: torch.Tensor, n: torch.Tensor, in_place: bool = False) -> None:
+        """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest. `in_place`: the caller
+        knows path[:n] is 0, 1, .., n - 1 (a chain's accepted path), so nothing needs to move."""
 
     @property
     @abstractmethod

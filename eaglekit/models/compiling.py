@@ -56,6 +56,20 @@ def compile_decode(fn, options: dict | None = None):
     return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
 
 
+_TWINS: dict = {}
+
+
+def twin(fn, compiled: bool):
+    """`fn`, or with `compiled` its compile_decode twin (built once per function): for the small bookkeeping between
+    a compiled model's layers (a tree's masks and selection, a cycle's accept), where eager code runs a kernel for
+    each operation and inductor fuses them into a few. The same code either way, so the same results."""
+    if not compiled:
+        return fn
+    if fn not in _TWINS:
+        _TWINS[fn] = compile_decode(fn)
+    return _TWINS[fn]
+
+
 def span_dynamic(mask: torch.Tensor | None, kv, visible=None):
     """Before a compiled call: the span (mask [.., T, S]) becomes a symbolic size, so a new span does not compile
     again (the token count, which picks the GEMV kernels, stays static). The KV cache [B, Hkv, S_max, hd] is

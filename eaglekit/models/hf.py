@@ -131,7 +131,7 @@ class HFTarget(Target):
     def _advance(self, n: int) -> None:
         self._length += n
 
-    def keep(self, path, n) -> None:
+    def keep(self, path, n, in_place: bool = False) -> None:  # (any path: in_place changes nothing here)
         L = self._length
         k = int(n)
         idx = torch.cat([torch.arange(L, device=self.device), L + path[:k].to(self.device)])

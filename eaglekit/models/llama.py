@@ -150,8 +150,11 @@ class LlamaTarget(Target):
         self.cache.length += n
 
     @torch.inference_mode()
-    def keep(self, path, n) -> None:
-        self.cache.keep(path, n)
+    def keep(self, path, n, in_place: bool = False) -> None:
+        if in_place:  # the accepted entries already sit at slots length .. length + n - 1
+            self.cache.length += n
+        else:
+            self.cache.keep(path, n)
 
     # --- batched decoding ----------------------------------------------------------------------------
     batched = True
