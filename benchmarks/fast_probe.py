@@ -130,7 +130,7 @@ def main():
     if args.torch_picks:
         from eaglekit.decoding import topk, tree
         tree.top_probs = topk.torch_top_probs
-        tree._top1 = lambda logits: tree.top_probs(logits, 1).indices
+        topk.top1 = lambda logits: topk.torch_top_probs(logits, 1).indices
     if args.attend:
         from eaglekit.models import attend
         c = [int(x) for x in args.attend.split(",")]

@@ -167,25 +167,47 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
 
 @pytest.mark.slow
 def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
-    """compile() compiles the draft's fc, embedding and rotary with its layer (one graph a call): the same tokens,
-    and the whole graph is what runs; with tracing on, the layer-only path runs and its records still appear."""
+    """compile() compiles the draft's fc, embedding and rotary with its layer (one graph a call), and a chain's steps,
+    picks and masks as one graph: the same tokens, the same draft proposals as the plain chain, and the whole graphs
+    are what runs; with tracing on, the layer-only path runs and its records still appear."""
+    from eaglekit.draft.base import Draft
     from eaglekit.observe import trace
 
     t = load_target(model_dirs["llama"])
     d = new_draft(t, seed=3)
     prompt = list(range(5, 20))
-    shape = TreeShape(3, 1, 4)
-    ref = Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids
+    ref = {s: Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids for s in ((3, 1, 4), (3, 2, 6))}
     d.compile()
-    whole, calls = d.compiled_whole, []
-    d.compiled_whole = lambda *a: (calls.append(a[7]), whole(*a))[1]  # (from_target)
-    assert Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids == ref
-    assert True in calls and False in calls  # the extend (target features) and the chain's steps (own hidden)
+    calls = []
+    for name in ("compiled_whole", "compiled_chain"):
+        fn = getattr(d, name)
+        setattr(d, name, lambda *a, fn=fn, name=name: (calls.append((name, a[7] if len(a) > 7 else None)), fn(*a))[1])
+    for s, tokens in ref.items():
+        assert Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids == tokens
+    # the extends (target features), the tree's steps (own hidden), the chains
+    assert {("compiled_whole", True), ("compiled_whole", False), ("compiled_chain", None)} <= set(calls)
+    d.reset(64)
+    g = torch.Generator().manual_seed(1)
+    d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))
+    m = d.committed.clone()
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(d.draft_vocab_size, generator=g) * 3
+        whole = d.chain(h, logits, 5)
+        assert torch.equal(d.committed, m)  # pending entries only
+        assert torch.equal(whole, Draft.chain(d, h, logits, 5)), seed
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    d.reset(160)  # another span: the compiled chain's span is symbolic, nothing compiles again
+    d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))
+    assert torch.equal(d.chain(h, logits, 5), Draft.chain(d, h, logits, 5))
+    assert counters["stats"]["unique_graphs"] == before
     calls.clear()
     sink: list = []
     trace.configure(enabled=True, sink=sink, stream=open("/dev/null", "w"))
     try:
-        assert Decoder(t, d, shape).generate(prompt, 16, eos_ids=()).token_ids == ref
+        assert Decoder(t, d, TreeShape(3, 1, 4)).generate(prompt, 16, eos_ids=()).token_ids == ref[(3, 1, 4)]
     finally:
         trace.configure(enabled=False)
     assert not calls and {"draft.input.features", "draft.input.embedding"} <= {r["point"] for r in sink}

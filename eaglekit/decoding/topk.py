@@ -33,6 +33,14 @@ def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch_top_probs(logits, k)
 
 
+def top1(logits: torch.Tensor) -> torch.Tensor:
+    """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
+    monotone): one reduction kernel (~9 us on an H200) where softmax + top-k ran six (~42 us; benchmarks/NOTES.md,
+    "Rotary in the q/k/v product, the draft's products and its picks"). Between logits that tie exactly it may take
+    another than top-k took: both are drafts the target checks."""
+    return logits.argmax(-1, keepdim=True)
+
+
 def torch_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """top_probs in torch: a softmax over the vocabulary, then its top k (the CPU's pick; the kernels' reference)."""
     return torch.softmax(logits.float(), -1).topk(k, dim=-1)

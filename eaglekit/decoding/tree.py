@@ -18,6 +18,7 @@ import torch
 from ..draft.base import Draft
 from ..errors import GenerationError
 from ..models.compiling import twin
+from . import topk
 from .topk import top_probs
 
 # Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
@@ -164,34 +165,16 @@ def _bookkeeping(compiled: bool):
                            select=twin(_select, compiled), compiled=compiled)
 
 
-def _top1(logits: torch.Tensor) -> torch.Tensor:
-    """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
-    monotone): one reduction kernel (~9 us on an H200) where softmax + top-k ran six (~42 us; benchmarks/NOTES.md,
-    "Rotary in the q/k/v product, the draft's products and its picks"). Between logits that tie exactly it may take
-    another than top-k took: both are drafts the target checks."""
-    return logits.argmax(-1, keepdim=True)
-
-
 def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
            steps: int) -> Tree:
     """`expand` for topk = 1, the same tree with a fraction of the operations (what a chain's cycle pays for in
     small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no selection, since every node is
-    kept; the mask, parents and depths of a chain are fixed. Picks tokens by the same rule (top 1 of the softmax, as
-    the argmax of the logits: `_top1`)."""
+    kept; the mask, parents and depths of a chain are fixed. The draft walks the chain itself (`Draft.chain`: the
+    top 1 of the softmax at each step, taken as the argmax of the logits)."""
     dev = logits_last.device
-    m = draft.committed
-    cols = torch.arange(draft.span, device=dev)
-    tok = _top1(logits_last)
-    toks, h = [tok], h_last.view(1, -1)
-    for level in range(2, steps + 1):
-        # the node at depth level - 1 sees the committed slots and the chain's pending slots up to its own
-        mask = (cols < m + (level - 1))[None]
-        slot = (m + (level - 2)).view(1)
-        h, logits = draft.step(h, draft.to_target_ids(tok), slot, slot, mask)
-        tok = _top1(logits)[0]
-        toks.append(tok)
+    toks = draft.chain(h_last, logits_last, steps)
     parents, depths, mask = _chain_frame(steps, dev)
-    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(torch.cat(toks))]), parents=parents,
+    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(toks)]), parents=parents,
                 depths=depths, mask=mask)
 
 
@@ -225,13 +208,13 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
     dev, B = logits_last.device, root.shape[0]
     m = kv.length  # [B]
     cols = torch.arange(span, device=dev)
-    tok = _top1(logits_last)  # [B, 1]
+    tok = topk.top1(logits_last)  # [B, 1]
     toks, h = [tok], h_last[:, None, :]
     for level in range(2, steps + 1):
         mask = (cols[None, :] < (m + (level - 1))[:, None])[:, None, :]  # [B, 1, S]: as in _chain, per row
         slot = (m + (level - 2))[:, None]
         h, logits = draft.step_rows(kv, h, draft.to_target_ids(tok), slot, slot, mask)
-        tok = _top1(logits)[:, 0]  # [B, 1]
+        tok = topk.top1(logits)[:, 0]  # [B, 1]
         toks.append(tok)
     D = steps + 1
     return Tree(

@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from ..decoding import topk
+
 
 class Draft(ABC):
     span: int = 0  # cache slots a sequence may use: committed entries + one tree's pending ones
@@ -67,3 +69,20 @@ class Draft(ABC):
     @abstractmethod
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (EAGLE-3's d2t: target_id = i + d2t[i])."""
+
+    def chain(self, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int) -> torch.Tensor:
+        """A chain's draft tokens (draft ids) [steps]: the top 1 of logits_last, then steps - 1 pending steps, each
+        fed the previous one's hidden and pick. The node at depth d is the entry for position m - 1 + d, written at
+        slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. A draft may do
+        the same work its own faster way (Eagle3Draft: one compiled graph)."""
+        m = self.committed
+        cols = torch.arange(self.span, device=logits_last.device)
+        tok = topk.top1(logits_last)
+        toks, h = [tok], h_last.view(1, -1)
+        for level in range(2, steps + 1):
+            mask = (cols < m + (level - 1))[None]
+            slot = (m + (level - 2)).view(1)
+            h, logits = self.step(h, self.to_target_ids(tok), slot, slot, mask)
+            tok = topk.top1(logits)[0]
+            toks.append(tok)
+        return torch.cat(toks)

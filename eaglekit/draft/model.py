@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..capture import CaptureSpec
+from ..decoding import topk
 from ..errors import ContractError
 from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
@@ -122,7 +123,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
-        self.compiled_layer = self.compiled_whole = None  # set by compile()
+        self.compiled_layer = self.compiled_whole = self.compiled_chain = None  # set by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
 
     # --- the network -------------------------------------------------------------------------------
@@ -259,6 +260,7 @@ class Eagle3Draft(nn.Module, Draft):
 
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
         self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
+        self.compiled_chain = compile_decode(Eagle3Draft._chain_steps, options)
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
@@ -285,6 +287,35 @@ class Eagle3Draft(nn.Module, Draft):
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False)
         return h[0], logits[0].float()
+
+    @torch.inference_mode()
+    def chain(self, h_last, logits_last, steps: int) -> torch.Tensor:
+        """Draft.chain; compiled, the whole chain is one graph (its steps, picks, masks and id maps: inductor fuses
+        what ran as ~10 small kernels a step between the compiled layers; NOTES), unless tracing is on (it records
+        the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
+        if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
+            return super().chain(h_last, logits_last, steps)
+        from torch._dynamo import maybe_mark_dynamic
+
+        cols = torch.arange(self.span, device=logits_last.device)
+        kv = tuple(t[:, :, : self.span] for t in self.cache.layer(0))
+        for t, dim in ((cols, 0), *((t, 2) for t in kv)):  # the span symbolic, as in span_dynamic
+            maybe_mark_dynamic(t, dim)
+        return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps)
+
+    def _chain_steps(self, h, logits_last, m, cols, kv, steps: int):
+        """Draft.chain's loop over the layer itself (what compile() compiles whole); kv: the cache narrowed to the
+        span, cols: arange(span)."""
+        tok = topk.top1(logits_last)
+        toks = [tok]
+        for level in range(2, steps + 1):
+            slot = (m + (level - 2)).view(1)
+            mask = (cols < m + (level - 1))[None, None]
+            h, logits, _ = self._whole(h[None], self.to_target_ids(tok)[None], slot, kv, slot, mask, False)
+            h = h[0]
+            tok = topk.top1(logits[0])[0]  # (the bf16 logits: the same argmax as their float32 copy)
+            toks.append(tok)
+        return torch.cat(toks)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
