@@ -129,6 +129,8 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
     d.compile()
     assert Decoder(t, d, TreeShape(3, 2, 6)).generate(prompt, 24, eos_ids=()).token_ids == ref
     assert Decoder(t).generate(prompt, 24, eos_ids=()).token_ids == ref
+    for shape in ((5, 4, 8), (5, 1, 6)):  # a deeper tree and a chain: compiled bookkeeping, accept and chain graph
+        assert Decoder(t, d, TreeShape(*shape)).generate(prompt, 24, eos_ids=()).token_ids == ref
     # a longer generation (another span; its prompt runs the plain layers) compiles nothing new: the span is symbolic
     from torch._dynamo.utils import counters
 

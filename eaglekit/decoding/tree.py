@@ -100,41 +100,43 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
 
         for t in (rel, pending, relc):
             maybe_mark_dynamic(t, 0)
-    offset = K
-    for level in range(2, shape.steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, rel, pending, relc, m, level, K)
+    # the level (less 2) as a device scalar, so that one compiled frontier and advance serve every level
+    lv = torch.zeros((), dtype=torch.long, device=dev)
+    for _ in range(2, shape.steps + 1):
+        anc, mask, pos, slots = ops.frontier(f_anc, rel, pending, relc, m, lv, K)
         h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, slots, mask)
         cp, ci = top_probs(logits, K)  # [K, K]
-        cs, toks, pars, f_scores, f_tokens, f_cand, f_hidden, f_anc = ops.advance(f_scores, cp, ci, f_cand, h, anc,
-                                                                                  offset, K)
+        cs, toks, pars, f_scores, f_tokens, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h,
+                                                                                      anc, lv, K)
         cand_scores.append(cs)
         cand_tokens.append(toks)
         cand_parents.append(pars)
-        offset += K * K
     tokens, parents, depths, mask = ops.select(cand_scores, cand_tokens, cand_parents, K, shape.steps,
                                                shape.draft_tokens - 1)
     return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(tokens)]), parents=parents,
                 depths=depths, mask=mask)
 
 
-def _frontier(f_anc, rel, pending, relc, m, level: int, K: int):
-    """The frontier of `level` (its K nodes): their ancestors' pending slots and their own, their mask over the
-    draft's span (every committed slot and those pending slots), their positions and slots."""
-    cols = torch.arange((level - 2) * K, (level - 1) * K, device=f_anc.device)
+def _frontier(f_anc, rel, pending, relc, m, lv, K: int):
+    """The frontier of level lv + 2 (its K nodes; lv a 0-d tensor): their ancestors' pending slots and their own,
+    their mask over the draft's span (every committed slot and those pending slots), their positions and slots."""
+    cols = lv * K + torch.arange(K, device=f_anc.device)
     anc = f_anc | (torch.arange(f_anc.shape[1], device=f_anc.device)[None, :] == cols[:, None])
     mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
     # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
-    return anc, mask, (m + (level - 2)).expand(K), m + cols
+    return anc, mask, (m + lv).expand(K), m + cols
 
 
-def _advance(f_scores, cp, ci, f_cand, h, anc, offset: int, K: int):
+def _advance(f_scores, cp, ci, f_cand, h, anc, lv, K: int):
     """The frontier's K x K children: their scores (the product of probabilities along the path), tokens and parent
-    candidates; and the next frontier, the best K of them (scores, tokens, candidate ids, hidden, ancestors)."""
+    candidates; and the next frontier, the best K of them (scores, tokens, candidate ids, hidden, ancestors), and
+    the next lv. Candidates are numbered in generation order: level 1's K, then K * K a level."""
     cs = (f_scores[:, None] * cp).reshape(-1)
     tokens = ci.reshape(-1)
     scores, pick = cs.topk(K)
     row = pick // K
-    return cs, tokens, f_cand.repeat_interleave(K), scores, tokens[pick], offset + pick, h[row], anc[row]
+    offset = K + lv * (K * K)
+    return cs, tokens, f_cand.repeat_interleave(K), scores, tokens[pick], offset + pick, h[row], anc[row], lv + 1
 
 
 def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int):
