@@ -2,6 +2,7 @@
 by name and kernel source only, so a change to the Python that launches the kernels (or to the tuned configs it
 reads) must change the name, or a warm cache serves the old code (benchmarks/NOTES.md: it did on the H200)."""
 
+import torch
 import pytest
 from helpers import use_triton_interpreter
 
@@ -43,3 +44,20 @@ def test_a_new_tuned_table_names_a_new_small_m_op_and_an_old_one_is_reused(monke
     assert tuned.op._qualname != plain.op._qualname
     monkeypatch.setattr(smallm, "_TABLE", {})
     assert smallm.kernels() is plain  # the same name registers once: the op built before is reused
+
+
+def test_twin_is_the_function_itself_or_one_compiled_twin():
+    """compiling.twin: the plain function where nothing is compiled; else its compiled twin, built once per function
+    (the tree's bookkeeping and the cycle's accept ask for it every call)."""
+    from eaglekit.models.compiling import twin
+
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x * 2
+
+    assert twin(f, False) is f
+    assert twin(f, True) is twin(f, True) is not f
+    assert twin(g, True) is not twin(f, True)
+    assert torch.equal(twin(f, True)(torch.arange(3)), torch.arange(1, 4))
