@@ -2,8 +2,8 @@
 by name and kernel source only, so a change to the Python that launches the kernels (or to the tuned configs it
 reads) must change the name, or a warm cache serves the old code (benchmarks/NOTES.md: it did on the H200)."""
 
-import torch
 import pytest
+import torch
 from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
