@@ -3,7 +3,8 @@
 A draft holds one sequence's cache of committed entries, entry p pairing the target's feature at
 position p with the token at p + 1. `extend` commits entries (the prompt, then each accepted path) and
 returns the hidden state and logits that seed the next tree; `step` runs one tree level as pending
-entries written past the committed ones and never committed (the next `extend` overwrites them).
+entries written past the committed ones and never committed (the next `extend` overwrites them);
+`chain` walks a chain of such steps (its default is built on `step`; a draft may do it its own faster way).
 The engine reads nothing else: no weights, no cache internals, so a test double or another draft
 architecture only has to keep this contract. On Eagle3Draft every call is fixed-shape device work with
 no host read, so the engine can record the tree and the extend in CUDA graphs.

@@ -255,7 +255,9 @@ class Eagle3Draft(nn.Module, Draft):
         self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
 
     def compile(self, options: dict | None = None) -> None:
-        """torch.compile the draft layer and head for the small fixed decode shapes (GPU; see LlamaTarget.compile)."""
+        """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
+        embedding, rotary, layer, head), a chain's steps as one graph, and the layer and head alone (what traced or
+        sliding-window calls run)."""
         from ..models.compiling import compile_decode
 
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
