@@ -254,17 +254,23 @@ def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
             assert torch.equal(alone[:, :, 0], tree[:, :, t]), (P, t)
 
 
-@pytest.mark.parametrize("compile,products", [("off", "invariant"), ("auto", "auto")])
-def test_invariant_bf16_speculative_equals_the_one_row_baseline(compile, products):
-    """bf16 with products "invariant" (batch-invariant products and attention; what 'auto' picks for bf16 on a
-    GPU): greedy speculative output equals the plain one-row baseline on the demo prompts, for chains and trees,
-    graphed (compiled or not)."""
+@pytest.fixture(scope="module", params=[("off", "invariant"), ("auto", "auto")], ids=["off-invariant", "auto-auto"])
+def pair_bf16(request):
+    """The demo pair in bf16 with products "invariant" (what 'auto' picks for bf16 on a GPU), uncompiled or compiled;
+    one load for the shapes below (a run cut by a time limit still tells which shapes passed)."""
+    compile, products = request.param
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
                      products=products)
     assert t.products == "invariant"
-    prompts = _prompts(12)
-    for shape in [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]:
-        dec = Decoder(t, d, TreeShape(*shape), graphs=True)
-        assert dec.baseline_rows == 1
-        for p in prompts:
-            assert dec.generate(p, 96).token_ids == dec.generate(p, 96, baseline=True).token_ids, shape
+    return t, d, _prompts(12)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)], ids=lambda s: "-".join(map(str, s)))
+def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape):
+    """bf16, batch-invariant products and attention: greedy speculative output equals the plain one-row baseline on
+    the demo prompts, for chains and trees, graphed (compiled or not)."""
+    t, d, prompts = pair_bf16
+    dec = Decoder(t, d, TreeShape(*shape), graphs=True)
+    assert dec.baseline_rows == 1
+    for p in prompts:
+        assert dec.generate(p, 96).token_ids == dec.generate(p, 96, baseline=True).token_ids
