@@ -3,7 +3,6 @@ by name and kernel source only, so a change to the Python that launches the kern
 reads) must change the name, or a warm cache serves the old code (benchmarks/NOTES.md: it did on the H200)."""
 
 import pytest
-import torch
 from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
@@ -60,4 +59,4 @@ def test_twin_is_the_function_itself_or_one_compiled_twin():
     assert twin(f, False) is f
     assert twin(f, True) is twin(f, True) is not f
     assert twin(g, True) is not twin(f, True)
-    assert torch.equal(twin(f, True)(torch.arange(3)), torch.arange(1, 4))
+    # (not called here: compiling costs ~17 s on 2 cores; the slow tests run the compiled twins)
