@@ -256,6 +256,7 @@ def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model
     assert dec.generate(prompt, 12, eos_ids=()).token_ids == want
 
 
+@pytest.mark.slow  # (33 s in the interpreter: the default tier neared its 10 minutes on 2 cores)
 def test_invariant_rows_of_a_batch_equal_the_row_alone(model_dirs, few_parts):
     """Batched decoding (RowKV, one mask row per sequence, products over B x T rows): with products "invariant" a
     sequence's verify logits are the same bits in a batch of 3 sequences of other lengths as alone."""
