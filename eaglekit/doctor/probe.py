@@ -90,7 +90,7 @@ class Probe:
         self.all_layers = CaptureSpec(tuple(range(-1, self.L)))
         self.cands = [(n, s) for n, s in wirings(configured, self.L)]
         self.fits = {n: s.width(self.H) == draft.fc.in_features for n, s in self.cands}
-        self.hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+        self.hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
         self.seqs: list[_Seq] = []
         self.eos = tuple(target.info.eos_token_ids)
         self.sketch = FeatureSketch(self.L + 1, self.H)  # every layer (-1 .. L-1), over the probe's text

@@ -76,14 +76,20 @@ class Draft(ABC):
         fed the previous one's hidden and pick. The node at depth d is the entry for position m - 1 + d, written at
         slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. A draft may do
         the same work its own faster way (Eagle3Draft: one compiled graph)."""
-        m = self.committed
         cols = torch.arange(self.span, device=logits_last.device)
+        return self.walk_chain(lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask), h_last.view(1, -1),
+                               logits_last, self.committed, cols, steps)
+
+    def walk_chain(self, step, h, logits_last, m, cols, steps: int) -> torch.Tensor:
+        """`chain`'s walk over a one-node step(hidden [1, H], target ids [1], slot [1], mask [1, span]) -> (hidden,
+        logits) [1, ..]; m: committed entries, cols: arange(span). The one place that says where a chain's nodes go
+        (Eagle3Draft's compiled chain walks with its own step)."""
         tok = topk.top1(logits_last)
-        toks, h = [tok], h_last.view(1, -1)
+        toks = [tok]
         for level in range(2, steps + 1):
             mask = (cols < m + (level - 1))[None]
             slot = (m + (level - 2)).view(1)
-            h, logits = self.step(h, self.to_target_ids(tok), slot, slot, mask)
+            h, logits = step(h, self.to_target_ids(tok), slot, mask)
             tok = topk.top1(logits)[0]
             toks.append(tok)
         return torch.cat(toks)

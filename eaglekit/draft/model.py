@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from ..capture import CaptureSpec
-from ..decoding import topk
 from ..errors import ContractError
 from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
@@ -297,27 +296,19 @@ class Eagle3Draft(nn.Module, Draft):
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
             return super().chain(h_last, logits_last, steps)
-        from torch._dynamo import maybe_mark_dynamic
-
         cols = torch.arange(self.span, device=logits_last.device)
-        kv = tuple(t[:, :, : self.span] for t in self.cache.layer(0))
-        for t, dim in ((cols, 0), *((t, 2) for t in kv)):  # the span symbolic, as in span_dynamic
-            maybe_mark_dynamic(t, dim)
+        kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic (cols stands for a mask's last dimension)
         return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps)
 
     def _chain_steps(self, h, logits_last, m, cols, kv, steps: int):
-        """Draft.chain's loop over the layer itself (what compile() compiles whole); kv: the cache narrowed to the
-        span, cols: arange(span)."""
-        tok = topk.top1(logits_last)
-        toks = [tok]
-        for level in range(2, steps + 1):
-            slot = (m + (level - 2)).view(1)
-            mask = (cols < m + (level - 1))[None, None]
-            h, logits, _ = self._whole(h[None], self.to_target_ids(tok)[None], slot, kv, slot, mask, False)
-            h = h[0]
-            tok = topk.top1(logits[0])[0]  # (the bf16 logits: the same argmax as their float32 copy)
-            toks.append(tok)
-        return torch.cat(toks)
+        """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
+        decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay
+        bf16: the same argmax as their float32 copy."""
+        def step(h, ids, slot, mask):
+            h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False)
+            return h[0], logits[0]
+
+        return self.walk_chain(step, h, logits_last, m, cols, steps)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:

@@ -36,7 +36,7 @@ def accepted_runs(target, draft, texts: list[list[int]], capture, steps: int, ch
     from ..train.ttt import TargetBatch, teacher_forced_hits
 
     dev, lm = target.device, target.lm_head_weight()
-    hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
     out = []
     for i in range(0, len(texts), chunk):
         part = texts[i:i + chunk]
