@@ -82,8 +82,6 @@ def span_dynamic(mask: torch.Tensor | None, kv, visible=None):
         return kv
     S = mask.shape[-1]
     kv = tuple(t[:, :, :S] for t in kv)
-    if torch.compiler.is_compiling():  # inside a larger compiled function: its caller marks the span
-        return kv
     maybe_mark_dynamic(mask, mask.dim() - 1)
     for t in kv:
         maybe_mark_dynamic(t, 2)
