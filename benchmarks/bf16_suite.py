@@ -53,14 +53,16 @@ def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, comp
         dec = Decoder(t, d, TreeShape(*s))  # baseline_rows "auto": the tree's draft tokens in bf16 on a GPU
         cmp = compare(dec, prompts, max_new, warmup=16)
         c = cmp.summary()
-        row = {"shape": list(s), "baseline_rows": c["baseline_rows"], "identical_k_row": sum(cmp.same),
-               "identical_one_row": c.get("identical_one_row"), "accept_length": c["accept_length"],
+        same = sum(cmp.same)  # against the decoder's baseline: the 1-row one where baseline_rows is 1
+        one_row = same if c["baseline_rows"] == 1 else c.get("identical_one_row")
+        row = {"shape": list(s), "baseline_rows": c["baseline_rows"], "identical_k_row": same,
+               "identical_one_row": one_row, "accept_length": c["accept_length"],
                "speedup_over_one_row": c["speedup"], "tok_s_eagle": c["eagle_tokens_per_s"],
                "tok_s_one_row": c["baseline_tokens_per_s"], "tok_s_k_row": c.get("baseline_rows_tokens_per_s")}
         rows.append(row)
-        print(f"   {s}: k={row['baseline_rows']}: identical to the k-row baseline {row['identical_k_row']}/"
-              f"{len(prompts)}, to the 1-row baseline {row['identical_one_row']}/{len(prompts)}; accept length "
-              f"{row['accept_length']}; {row['tok_s_eagle']} tok/s vs {row['tok_s_one_row']} (1 row), "
+        k_row = (f"identical to the k-row baseline {same}/{len(prompts)}, " if c["baseline_rows"] > 1 else "")
+        print(f"   {s}: k={row['baseline_rows']}: {k_row}identical to the 1-row baseline {one_row}/{len(prompts)}; "
+              f"accept length {row['accept_length']}; {row['tok_s_eagle']} tok/s vs {row['tok_s_one_row']} (1 row), "
               f"{row['tok_s_k_row']} (k rows): x{row['speedup_over_one_row']}", flush=True)
     return rows
 
