@@ -218,20 +218,28 @@ def init_tp(tp: int | None = None, device: str = "auto", allreduce: str = "auto"
     return group
 
 
+def leave_group(barrier: bool = True) -> None:
+    """Tear down the default process group, if any. `barrier`: first wait until every rank is done with its
+    collectives (and whatever it writes before): without it a rank still finishing the last exchange (a server's
+    "stop", rank 0 saving a trained draft) can lose its peer mid-read, or a rank exiting with the group alive can
+    abort at exit ("terminate called without an active exception"; seen under load and in the torchrun training
+    test). A rank that failed leaves without the barrier, which its peers would wait on until the timeout."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if barrier:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a rank already gone: tear down anyway
+            pass
+    dist.destroy_process_group()
+
+
 def shutdown() -> None:
     global _TP
     if _TP is not None and _TP.world > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            # every rank done with its collectives before any tears the connections down: without it a rank
-            # still finishing the last exchange (a server's "stop") could lose its peer mid-read and abort at exit
-            # ("terminate called without an active exception", exit status 1; seen under load)
-            try:
-                dist.barrier()
-            except Exception:  # noqa: BLE001 - a rank already gone: tear down anyway
-                pass
-            dist.destroy_process_group()
+        leave_group()
     _TP = None
 
 

@@ -22,7 +22,7 @@ from .extract import FeatureStore, extract
 from .regen import regenerate
 from .sources import OnlineSource
 from .loop import Indexed, heldout_split
-from .trainer import TrainConfig, dist_info, evaluate_ttt, init_distributed, train_draft
+from .trainer import TrainConfig, dist_info, evaluate_ttt, finish_distributed, init_distributed, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
 
@@ -62,11 +62,21 @@ def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = 
     `model`: backend, device, dtype and the capture (default: the target's default capture)."""
     model = model or ModelOptions()
     cfg = opts.config(out)
-    data, features, capture, heldout = opts.data, opts.features, model.capture, opts.heldout
-    if (data is None) == (features is None):
+    if (opts.data is None) == (opts.features is None):
         raise InputError("give exactly one of --data (online: features computed while training) or --features "
                          "(offline: a folder written by eaglekit extract)", code="E130")
     device = init_distributed(model.device_name)
+    try:
+        res = _train(target_dir, out, opts, model, cfg, device, log)
+    except BaseException:
+        finish_distributed(ok=False)
+        raise
+    finish_distributed(ok=True)  # rank 0's files are written before any rank leaves
+    return res
+
+
+def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device: str, log) -> dict:
+    data, features, capture, heldout = opts.data, opts.features, model.capture, opts.heldout
     world, rank = dist_info()
     if features is not None:
         store = FeatureStore(features)

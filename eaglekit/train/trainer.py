@@ -55,19 +55,35 @@ def dist_info() -> tuple[int, int]:
     return 1, 0
 
 
+_JOINED = False  # init_distributed joined the group (so finish_distributed leaves it; a caller's own group stays)
+
+
 def init_distributed(device: str) -> str:
     """Under torchrun: join the group (NCCL on GPU, gloo on CPU) and return this rank's device."""
+    global _JOINED
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return device
     cuda = device.startswith("cuda")
     dist.init_process_group(backend="nccl" if cuda else "gloo")
+    _JOINED = True
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return f"cuda:{local}"
     return device
+
+
+def finish_distributed(ok: bool) -> None:
+    """Leave the group init_distributed joined: after a barrier when this rank succeeded (see
+    distributed.leave_group), at once when it failed."""
+    global _JOINED
+    if _JOINED:
+        from ..distributed import leave_group
+
+        leave_group(barrier=ok)
+        _JOINED = False
 
 
 class _Crash:
