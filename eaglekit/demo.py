@@ -58,6 +58,11 @@ def processor_name(device: torch.device) -> str:
     name = info.get("model name") or platform.processor() or platform.machine()
     flags = set(info.get("flags", "").split())
     isa = next((x for x, f in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if f in flags), None)
+    # the level ATen's kernels dispatch to: below the CPU's when ATEN_CPU_CAPABILITY caps it (AMX counts as AVX-512)
+    kernels = torch.backends.cpu.get_cpu_capability()
+    kernels = {"AVX512": "AVX-512"}.get(kernels, kernels)
+    if isa and kernels != {"AMX": "AVX-512"}.get(isa, isa):
+        isa = f"{isa}; torch's kernels {kernels}"
     return f"{name}{f' ({isa})' if isa else ''}"
 
 

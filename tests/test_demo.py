@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import torch
+
 from eaglekit.cli import main
 from eaglekit.demo import ASSETS
 
@@ -15,6 +17,22 @@ def test_pair_files_fit_the_repository_limits():
     held = set(corpus["heldout"]["files"])
     assert held and not held & set(corpus["train"]["files"])  # held-out files were never trained on
     assert len(corpus["train"]["sha256"]) == 64
+
+
+def test_the_processor_names_the_kernels_when_capped(monkeypatch):
+    """The demo's table names the CPU and its instruction set, and the level torch's kernels run at when it is below
+    the CPU's (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: the README's AVX2 figures were measured so)."""
+    from eaglekit import demo
+
+    cpuinfo = "model name\t: Some EPYC\nflags\t\t: fpu sse avx2 avx512f\n"
+    monkeypatch.setattr(demo.Path, "read_text", lambda self, *a, **k: cpuinfo)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert demo.processor_name(torch.device("cpu")) == "Some EPYC (AVX-512)"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert demo.processor_name(torch.device("cpu")) == "Some EPYC (AVX-512; torch's kernels AVX2)"
+    cpuinfo = cpuinfo.replace("avx512f", "amx_tile avx512f")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert demo.processor_name(torch.device("cpu")) == "Some EPYC (AMX)"
 
 
 def test_demo_json(capsys):
