@@ -219,25 +219,25 @@ def test_torchrun_data_parallel_on_cpu(model_dirs, tmp_path):
 
 
 def test_training_leaves_the_group_it_joined(model_dirs, tmp_path, monkeypatch):
-    """run_train tears down the process group init_distributed joined, after a barrier when it succeeded and at once
-    when it failed: a torchrun rank exiting with its gloo group alive aborted at exit now and then ("terminate
-    called without an active exception", the torchrun test above failing about once in ten runs). A group of one
-    rank here, joined the way init_distributed joins one."""
+    """run_train tears down the process group it joined, after a barrier when it succeeded and at once when it
+    failed: a torchrun rank exiting with its gloo group alive aborted at exit now and then ("terminate called
+    without an active exception", the torchrun test above failing about once in ten runs). A launch of two ranks as
+    run_train sees it (WORLD_SIZE), whose group is one rank in this process."""
     import torch.distributed as dist
 
     from eaglekit.options import TrainOptions
-    from eaglekit.train import run, trainer
+    from eaglekit.train import run
 
     barriers, joins = [], []
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: barriers.append(1))
+    init = dist.init_process_group
 
-    def join(device):
+    def join(backend):
         joins.append(1)
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store{len(joins)}", world_size=1, rank=0)
-        monkeypatch.setattr(trainer, "_JOINED", True)
-        return device
+        init(backend, init_method=f"file://{tmp_path}/store{len(joins)}", world_size=1, rank=0)
 
-    monkeypatch.setattr(run, "init_distributed", join)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", join)
     with pytest.raises(Exception, match="nothing.jsonl"):
         run.run_train(model_dirs["llama"], tmp_path / "bad", TrainOptions(data=tmp_path / "nothing.jsonl"))
     assert not dist.is_initialized() and barriers == []  # a failed rank leaves at once

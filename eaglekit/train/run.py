@@ -22,7 +22,7 @@ from .extract import FeatureStore, extract
 from .regen import regenerate
 from .sources import OnlineSource
 from .loop import Indexed, heldout_split
-from .trainer import TrainConfig, dist_info, evaluate_ttt, finish_distributed, init_distributed, train_draft
+from .trainer import TrainConfig, distributed_run, dist_info, evaluate_ttt, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
 
@@ -65,14 +65,8 @@ def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = 
     if (opts.data is None) == (opts.features is None):
         raise InputError("give exactly one of --data (online: features computed while training) or --features "
                          "(offline: a folder written by eaglekit extract)", code="E130")
-    device = init_distributed(model.device_name)
-    try:
-        res = _train(target_dir, out, opts, model, cfg, device, log)
-    except BaseException:
-        finish_distributed(ok=False)
-        raise
-    finish_distributed(ok=True)  # rank 0's files are written before any rank leaves
-    return res
+    with distributed_run(model.device_name) as device:
+        return _train(target_dir, out, opts, model, cfg, device, log)
 
 
 def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device: str, log) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,35 +56,31 @@ def dist_info() -> tuple[int, int]:
     return 1, 0
 
 
-_JOINED = False  # init_distributed joined the group (so finish_distributed leaves it; a caller's own group stays)
-
-
-def init_distributed(device: str) -> str:
-    """Under torchrun: join the group (NCCL on GPU, gloo on CPU) and return this rank's device."""
-    global _JOINED
+@contextmanager
+def distributed_run(device: str):
+    """Under torchrun: join the group (NCCL on GPU, gloo on CPU) for the block, which gets this rank's device, and
+    leave it after (distributed.leave_group): after a barrier when the block succeeded (rank 0's files are written
+    before any rank leaves), at once when it raised. Outside torchrun, or in a group the caller made, nothing is
+    joined or left."""
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return device
+        yield device
+        return
     cuda = device.startswith("cuda")
     dist.init_process_group(backend="nccl" if cuda else "gloo")
-    _JOINED = True
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        return f"cuda:{local}"
-    return device
+        device = f"cuda:{local}"
+    from ..distributed import leave_group
 
-
-def finish_distributed(ok: bool) -> None:
-    """Leave the group init_distributed joined: after a barrier when this rank succeeded (see
-    distributed.leave_group), at once when it failed."""
-    global _JOINED
-    if _JOINED:
-        from ..distributed import leave_group
-
-        leave_group(barrier=ok)
-        _JOINED = False
+    try:
+        yield device
+    except BaseException:
+        leave_group(barrier=False)
+        raise
+    leave_group(barrier=True)
 
 
 class _Crash:
