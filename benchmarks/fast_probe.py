@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,6 +73,67 @@ def kernel_table(fn, reps=5, every: bool = False) -> dict:
     return out
 
 
+def timeline(fn) -> list[tuple[float, float, str]]:
+    """(start us, duration us, name) of the kernels, copies and memsets one call of fn puts on the GPU, in order
+    (CUPTI reports the kernels inside a CUDA graph's replay one by one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    return sorted((float(e["ts"]), float(e["dur"]), e["name"]) for e in events
+                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
+
+
+def graph_gaps(fn, reset=None, reps: int = 5) -> dict:
+    """Where a CUDA graph's replay time goes between its kernels: the kernels' sum against the span from the first
+    start to the last end (median over `reps` replays, each profiled alone), the idle time by gap size, and the
+    largest gaps of the median replay with the kernels either side. The probe's kernel tables time eager calls and
+    sum kernels only; a phase's CUDA-event time is this span plus the replay's launch. `reset` (outside the profile)
+    puts the state back before each call."""
+    reset = reset or (lambda: None)
+    reset()
+    fn()
+    runs = []
+    for _ in range(reps):
+        reset()
+        torch.cuda.synchronize()
+        ev = timeline(fn)
+        gaps = [(ev[i + 1][0] - ev[i][0] - ev[i][1], ev[i][2][:60], ev[i + 1][2][:60]) for i in range(len(ev) - 1)]
+        runs.append({"kernels": len(ev), "kernel_sum_us": sum(e[1] for e in ev),
+                     "span_us": ev[-1][0] + ev[-1][1] - ev[0][0] if ev else 0.0, "gaps": gaps})
+    mid = sorted(runs, key=lambda r: r["span_us"])[len(runs) // 2]
+    bins = collections.Counter()
+    for g, _, _ in mid["gaps"]:
+        bins["<1us" if g < 1 else "1-2us" if g < 2 else "2-5us" if g < 5 else "5-20us" if g < 20 else ">=20us"] += g
+    return {"kernels": mid["kernels"], "kernel_sum_ms": round(mid["kernel_sum_us"] / 1e3, 4),
+            "span_ms": round(mid["span_us"] / 1e3, 4),
+            "span_ms_all": [round(r["span_us"] / 1e3, 4) for r in runs],
+            "gap_ms": round(sum(g for g, _, _ in mid["gaps"]) / 1e3, 4),
+            "gap_median_us": round(statistics.median([g for g, _, _ in mid["gaps"]]), 3) if mid["gaps"] else None,
+            "gap_ms_by_size": {k: round(v / 1e3, 4) for k, v in bins.items()},
+            "largest_gaps": [[round(g, 2), a, b] for g, a, b in sorted(mid["gaps"], key=lambda x: -x[0])[:12]]}
+
+
+def step_gaps(t, rows_list=(1, 6)) -> dict:
+    """graph_gaps of the recorded baseline step (the decoder's own graph) at 1 row and at 6 (a (5,1,6) verify's shape
+    without the feature capture), from the 512-token prompt; the cache length is put back after each replay."""
+    from eaglekit.decoding.engine import Decoder
+
+    dec, out = Decoder(t), {}
+    t.reset(1024)
+    t.prefill(torch.randint(0, 128000, (512,), device="cuda"))
+    L = t.committed.clone()
+    tok = torch.zeros((), dtype=torch.long, device="cuda")
+    for rows in rows_list:
+        g, _ = dec._graphed_step(tok, rows)
+        out[f"step{rows}"] = graph_gaps(g.replay, lambda: t.committed.copy_(L))
+    return out
+
+
 def draft_kernels(d) -> dict:
     """GPU time per kernel kind of the draft phase: one (5,1,6) chain and one (5,4,8) tree expansion, and the extend
     of a (5,1,6) cycle, eager calls of the compiled draft layer (as the target's step above), from the draft's state the
@@ -119,6 +182,8 @@ def main():
                     help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
     ap.add_argument("--torch-picks", action="store_true",
                     help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
+    ap.add_argument("--gaps", default=None,
+                    help="shapes whose recorded phases (and the step graphs) get a timeline of gaps, e.g. '5,1,6'")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from eaglekit.models.products import Invariant
@@ -158,6 +223,17 @@ def main():
         res["step_kernels"] = kernel_table(lambda: t.step(tok))
         res["verify6_kernels"] = kernel_table(lambda: t.step(tok, 6))
     print(json.dumps(res["step_kernels"], indent=1))
+    if args.gaps:
+        res["graph_gaps"] = step_gaps(t)
+        print(json.dumps({k: {x: v[x] for x in ("kernels", "kernel_sum_ms", "span_ms", "gap_ms")}
+                          for k, v in res["graph_gaps"].items()}))
+        want = {tuple(int(x) for x in g.split(",")) for g in args.gaps.split(";")}
+
+        def on_cycle(shape, c, reset):
+            if shape in want:
+                res["graph_gaps"][",".join(map(str, shape))] = {p: graph_gaps(g.replay, reset)
+                                                                for p, g in c.recorded.items()}
+        S.ON_CYCLE = on_cycle
     t1 = time.time()
     S.cycles_8b(ctx)
     res["cycles_section_s"] = round(time.time() - t1, 1)

@@ -40,6 +40,7 @@ SMALL_M = None  # rows from which products go through eaglekit.models.smallm (No
 PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
 DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
 SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
+ON_CYCLE = None  # called as ON_CYCLE(shape tuple, recorded Cycle, reset) after a shape's cycle is timed (fast_probe)
 
 
 def section(name):
@@ -186,6 +187,8 @@ def cycles_8b(ctx):
         row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
                "cycle_over_baseline": round(total / ctx["step_ms"], 4), "phases_ms": phases}
         rows.append(row)
+        if ON_CYCLE is not None:
+            ON_CYCLE((steps, topk, dt), c, lambda: (t.committed.fill_(L), d.committed.fill_(L)))
         print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step; "
               f"phases {phases}")
     RESULTS["cycles"] = rows
