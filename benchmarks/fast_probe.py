@@ -88,7 +88,7 @@ def timeline(fn) -> list[tuple[float, float, str]]:
                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
 
 
-def graph_gaps(fn, reset=None, reps: int = 5) -> dict:
+def graph_gaps(fn, reset=None, reps: int = 3) -> dict:
     """Where a CUDA graph's replay time goes between its kernels: the kernels' sum against the span from the first
     start to the last end (median over `reps` replays, each profiled alone), the idle time by gap size, and the
     largest gaps of the median replay with the kernels either side. The probe's kernel tables time eager calls and
