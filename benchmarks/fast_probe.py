@@ -208,6 +208,12 @@ def main():
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "fused_epilogues": not args.no_fuse,
            "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after each section: a run cut by its time limit keeps what it measured
+        (out / f"probe_{args.variant}.json").write_text(json.dumps(res, indent=1))
+
     S.copy_bandwidth()
     ctx: dict = {}
     t0 = time.time()
@@ -234,15 +240,15 @@ def main():
                 res["graph_gaps"][",".join(map(str, shape))] = {p: graph_gaps(g.replay, reset)
                                                                 for p, g in c.recorded.items()}
         S.ON_CYCLE = on_cycle
+        save()
     t1 = time.time()
     S.cycles_8b(ctx)
     res["cycles_section_s"] = round(time.time() - t1, 1)
     res["cycles"] = S.RESULTS.get("cycles")
+    save()
     res.update(draft_kernels(ctx["draft8b"]))
     res["errors"] = S.RESULTS.get("errors")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"probe_{args.variant}.json").write_text(json.dumps(res, indent=1))
+    save()
     print(json.dumps({k: res[k] for k in ("baseline_8b", "cycles") if k in res}, indent=1))
 
 
