@@ -1,0 +1,161 @@
+"""Do programmatic dependent launches (PDL) hide a product's ramp? (Fast v2, goal 1)
+
+The 8B step's products cost ~3.7 us each beyond their bytes (benchmarks/NOTES.md: o 4096x4096 13.8 us, qkv 19.1,
+down 39.0 at M=1, a line of slope 3.33 TB/s through them), and the step runs four of them a layer. With PDL a kernel
+lets its successor launch before it ends (`griddepcontrol.launch_dependents`); the successor can then read what no
+predecessor writes (its weight) before it waits (`griddepcontrol.wait`) for what one does (its input row). This
+times, in one CUDA graph, eight layers' worth of the step's four products (M=1, each product's input the previous
+one's output) with smallm's tiling, as plain launches and as PDL launches that do 0, 1 or 2 weight tiles' loads
+(into L2, as prefetches) before the wait, side by side; and checks the outputs equal the plain launches'.
+
+    python benchmarks/pdl_probe.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from eaglekit.models import smallm  # noqa: E402
+
+
+@triton.jit
+def product(x_ptr, w_ptr, part_ptr, M, N, K, stride_xm, stride_wn, k_slice, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, GDC: tl.constexpr, PREFETCH: tl.constexpr):
+    # smallm_partial's plain product (no epilogue), with the PDL hooks: PREFETCH weight tiles of this program's
+    # slice into L2, then wait for the predecessor (its output is our x), then let the successor launch
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, 16)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = pid_k * k_slice
+    if PREFETCH > 0:
+        # one address per 128-byte line (64 bf16) of the program's first PREFETCH tiles, as a flat list
+        idx = tl.arange(0, BLOCK_N * (BLOCK_K // 64) * PREFETCH)
+        row = tl.minimum(pid_n * BLOCK_N + idx % BLOCK_N, N - 1)
+        col = tl.minimum(k0 + (idx // BLOCK_N) * 64, K - 1)
+        p = w_ptr + row.to(tl.int64) * stride_wn + col
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_slice, BLOCK_K):
+        rk = k0 + kk + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                     other=0.0)
+        wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K),
+                     other=0.0)
+        acc = tl.dot(xt, tl.trans(wt), acc)
+    omask = (rm[:, None] < M) & (rn[None, :] < N)
+    if pid_k == 0 and k_slice >= K:
+        tl.store(part_ptr + rm[:, None] * N + rn[None, :], acc.to(part_ptr.dtype.element_ty), mask=omask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=omask)
+
+
+@triton.jit
+def add_parts(part_ptr, y_ptr, M, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < M * N
+    acc = tl.load(part_ptr + offs, mask=m, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(part_ptr + s * M * N + offs, mask=m, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def linear(x, w, y, part, gdc: bool, prefetch: int):
+    M, K = x.shape
+    N = w.shape[0]
+    block_n, block_k, split, warps, stages = smallm.config(N, K, exact=True)
+    k_slice = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    kw = {"launch_pdl": True} if gdc else {}
+    product[(triton.cdiv(N, block_n), split)](x, w, y if split == 1 else part, M, N, K, x.stride(0), w.stride(0),
+                                              k_slice, BLOCK_N=block_n, BLOCK_K=block_k, GDC=gdc,
+                                              PREFETCH=prefetch, num_warps=warps, num_stages=stages, **kw)
+    if split > 1:
+        add_parts[(triton.cdiv(M * N, 1024),)](part, y, M, N, SPLIT=split, BLOCK=1024, GDC=gdc,
+                                               num_warps=4, **kw)
+
+
+def graph_ms(body, reps=30) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    layers = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    dev = "cuda"
+    torch.manual_seed(0)
+    # a layer's products at the 8B shape, each fed the previous one's output (its first K columns)
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+    ws = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in shapes] for _ in range(layers)]
+    nbytes = sum(w.numel() * 2 for lw in ws for w in lw)
+    x0 = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+    ys = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for n, _ in shapes]
+    part = torch.empty(4, 1, 32768, device=dev, dtype=torch.float32)
+    wide = torch.zeros(1, 28672, device=dev, dtype=torch.bfloat16)
+
+    def run(gdc, prefetch):
+        def body():
+            x = x0
+            for lw in ws:
+                for i, w in enumerate(lw):
+                    src = x[:, : w.shape[1]] if x.shape[1] >= w.shape[1] else wide[:, : w.shape[1]]
+                    linear(src.contiguous() if not src.is_contiguous() else src, w, ys[i], part, gdc, prefetch)
+                    x = ys[i]
+        return body
+
+    res = {"device": torch.cuda.get_device_name(), "layers": layers, "weight_bytes": nbytes, "variants": {}}
+    ref = None
+    for name, gdc, pf in (("plain", False, 0), ("pdl", True, 0), ("pdl+prefetch1", True, 1),
+                          ("pdl+prefetch2", True, 2), ("prefetch1 alone", False, 1), ("plain again", False, 0)):
+        try:
+            body = run(gdc, pf)
+            ms = graph_ms(body)
+            body()
+            torch.cuda.synchronize()
+            got = ys[3].clone()
+            ref = got if ref is None else ref
+            res["variants"][name] = {"ms": round(ms, 4), "us_per_product": round(ms * 1e3 / (4 * layers), 2),
+                                     "bandwidth_TBps": round(nbytes / (ms / 1e3) / 1e12, 3),
+                                     "same_output": bool(torch.equal(got, ref))}
+        except Exception as e:
+            traceback.print_exc()
+            res["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
+        print(name, res["variants"][name], flush=True)
+        (out / "pdl_probe.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
