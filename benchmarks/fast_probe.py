@@ -7,6 +7,7 @@ the EAGLE-3 cycle over the baseline step for a few shapes.
 
     python benchmarks/fast_probe.py --variant cdt --options '{"coordinate_descent_tuning": true}' --out DIR
     python benchmarks/fast_probe.py --variant graphs --no-compile --out DIR
+    python benchmarks/fast_probe.py --variant main --products invariant --gaps "5,1,6" --out DIR   (graph timelines)
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def timeline(fn) -> list[tuple[float, float, str]]:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
     return sorted((float(e["ts"]), float(e["dur"]), e["name"]) for e in events
                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
 
@@ -120,7 +121,7 @@ def graph_gaps(fn, reset=None, reps: int = 3) -> dict:
 
 def step_gaps(t, rows_list=(1, 6)) -> dict:
     """graph_gaps of the recorded baseline step (the decoder's own graph) at 1 row and at 6 (a (5,1,6) verify's shape
-    without the feature capture), from the 512-token prompt; the cache length is put back after each replay."""
+    without the feature capture), from the 512-token prompt; the cache length is put back before each replay."""
     from eaglekit.decoding.engine import Decoder
 
     dec, out = Decoder(t), {}

@@ -14,7 +14,6 @@ one's output) with smallm's tiling, as plain launches and as PDL launches that d
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -90,25 +89,9 @@ def linear(x, w, y, part, gdc: bool, prefetch: int):
                                                num_warps=4, **kw)
 
 
-def graph_ms(body, reps=30) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        body()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def graph_ms(body, reps: int = 30) -> float:
+    """Median ms of one replay of `body` recorded in a CUDA graph (smallm's timer, one call per graph)."""
+    return smallm.graph_ms(lambda i: body(), 1, reps)
 
 
 def main():
