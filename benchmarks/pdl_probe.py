@@ -94,45 +94,61 @@ def graph_ms(body, reps: int = 30) -> float:
     return smallm.graph_ms(lambda i: body(), 1, reps)
 
 
+class Chain:
+    """`layers` layers' worth of the 8B step's four products (q/k/v, o, gate/up, down; random bf16 weights, 0.44 GB
+    a layer, so nothing stays in L2 from one replay to the next) at `rows` rows, each product fed the previous one's
+    output (its first K columns), as a decode step feeds them. body(linear) runs the chain with linear(x, w, y):
+    it writes y [rows, N] or returns its own output."""
+
+    SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+
+    def __init__(self, layers: int = 8, rows: int = 1, dev: str = "cuda"):
+        torch.manual_seed(0)
+        self.ws = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in self.SHAPES]
+                   for _ in range(layers)]
+        self.nbytes = sum(w.numel() * 2 for lw in self.ws for w in lw)
+        self.x0 = torch.randn(rows, 4096, device=dev, dtype=torch.bfloat16)
+        self.ys = [torch.empty(rows, n, device=dev, dtype=torch.bfloat16) for n, _ in self.SHAPES]
+        self.products = 4 * layers
+
+    def body(self, linear):
+        def run():
+            x = self.x0
+            for lw in self.ws:
+                for i, w in enumerate(lw):
+                    y = linear(x[:, : w.shape[1]], w, self.ys[i])
+                    x = self.ys[i] if y is None else y
+            self.last = x
+        return run
+
+    def measure(self, linear, ref=None) -> tuple[dict, torch.Tensor]:
+        """-> (ms of one replay, us a product, bytes per second, whether the output equals `ref`), the output."""
+        body = self.body(linear)
+        ms = graph_ms(body)
+        body()
+        torch.cuda.synchronize()
+        got = self.last.clone()
+        row = {"ms": round(ms, 4), "us_per_product": round(ms * 1e3 / self.products, 2),
+               "bandwidth_TBps": round(self.nbytes / (ms / 1e3) / 1e12, 3)}
+        if ref is not None:
+            row["same_output"] = bool(torch.equal(got, ref))
+        return row, got
+
+
 def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    layers = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    dev = "cuda"
-    torch.manual_seed(0)
-    # a layer's products at the 8B shape, each fed the previous one's output (its first K columns)
-    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
-    ws = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in shapes] for _ in range(layers)]
-    nbytes = sum(w.numel() * 2 for lw in ws for w in lw)
-    x0 = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
-    ys = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for n, _ in shapes]
-    part = torch.empty(4, 1, 32768, device=dev, dtype=torch.float32)
-    wide = torch.zeros(1, 28672, device=dev, dtype=torch.bfloat16)
-
-    def run(gdc, prefetch):
-        def body():
-            x = x0
-            for lw in ws:
-                for i, w in enumerate(lw):
-                    src = x[:, : w.shape[1]] if x.shape[1] >= w.shape[1] else wide[:, : w.shape[1]]
-                    linear(src.contiguous() if not src.is_contiguous() else src, w, ys[i], part, gdc, prefetch)
-                    x = ys[i]
-        return body
-
-    res = {"device": torch.cuda.get_device_name(), "layers": layers, "weight_bytes": nbytes, "variants": {}}
+    chain = Chain(int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+    part = torch.empty(4, 1, 32768, device="cuda", dtype=torch.float32)
+    res = {"device": torch.cuda.get_device_name(), "layers": len(chain.ws), "weight_bytes": chain.nbytes,
+           "variants": {}}
     ref = None
     for name, gdc, pf in (("plain", False, 0), ("pdl", True, 0), ("pdl+prefetch1", True, 1),
                           ("pdl+prefetch2", True, 2), ("prefetch1 alone", False, 1), ("plain again", False, 0)):
         try:
-            body = run(gdc, pf)
-            ms = graph_ms(body)
-            body()
-            torch.cuda.synchronize()
-            got = ys[3].clone()
+            row, got = chain.measure(lambda x, w, y, g=gdc, p=pf: linear(x, w, y, part, g, p), ref)
             ref = got if ref is None else ref
-            res["variants"][name] = {"ms": round(ms, 4), "us_per_product": round(ms * 1e3 / (4 * layers), 2),
-                                     "bandwidth_TBps": round(nbytes / (ms / 1e3) / 1e12, 3),
-                                     "same_output": bool(torch.equal(got, ref))}
+            res["variants"][name] = row
         except Exception as e:
             traceback.print_exc()
             res["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}

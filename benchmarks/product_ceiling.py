@@ -1,0 +1,137 @@
+"""How close can the step's products get to the read bandwidth, and which kernel style gets there? (Fast v2, goal 1)
+
+pdl_probe.py measured smallm's products chained as in a step at 3.67-3.71 TB/s (85-86% of the copy figure), and
+draft_fp8 showed smallm taking the same time for fp8 weights as for bf16 ones: bound per weight element, not per
+byte. If the bf16 products are bound the same way, a kernel that spends less per element streams faster. This puts
+side by side, on pdl_probe's chain (eight layers of q/k/v, o, gate/up, down; one CUDA graph each):
+
+    the ceilings: a 2 GB copy (read + write), torch.sum over the chain's weights, a Triton read-and-sum of them
+    smallm (a 16-row tile through tl.dot, the invariant default), a GEMV in Triton (fp32 multiply-adds and a sum
+    over K: no dot, no operand layout), F.linear (cuBLAS), torch.compile'd F.linear
+
+at 1 row (the baseline step) and at 8 (a verify), each product's output checked against F.linear's in float.
+
+    python benchmarks/product_ceiling.py OUT [--layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pdl_probe import Chain, graph_ms  # noqa: E402
+
+from eaglekit.models import smallm  # noqa: E402
+
+
+@triton.jit
+def gemv(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+         ROWS: tl.constexpr):
+    # y[r, n] = sum_k x[r, k] w[n, k] for ROWS rows, BLOCK_N outputs a program, K in BLOCK_K steps: each weight tile
+    # is read once and multiplied into every row in fp32 registers (K must be a multiple of BLOCK_K)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    rr = tl.arange(0, ROWS)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None], other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rr[:, None] * stride_xm + rk[None, :]).to(tl.float32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    tl.store(y_ptr + rr[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=nmask[None, :])
+
+
+def gemv_linear(block_n: int, block_k: int, warps: int):
+    def run(x, w, y):
+        N, K = w.shape
+        gemv[(triton.cdiv(N, block_n),)](x, w, y, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=block_n,
+                                         BLOCK_K=block_k, ROWS=x.shape[0], num_warps=warps)
+    return run
+
+
+@triton.jit
+def read_sum(ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+def smallm_linear(x, w, y):
+    return smallm.kernels().run(x, w, smallm.config(*w.shape, exact=True))
+
+
+def aten_linear(x, w, y):
+    torch.matmul(x, w.t(), out=y)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=8)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"device": torch.cuda.get_device_name(), "ceilings": {}, "chains": {}}
+
+    def save():
+        (out / "product_ceiling.json").write_text(json.dumps(res, indent=1))
+
+    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(big)
+    ms = graph_ms(lambda: dst.copy_(big))
+    res["ceilings"]["copy_TBps (read + write)"] = round(2 * big.numel() / (ms / 1e3) / 1e12, 3)
+    del big, dst
+    for rows in (1, 8):
+        chain = Chain(args.layers, rows)
+        flat = [w.view(-1) for lw in chain.ws for w in lw]
+        if rows == 1:
+            sink = torch.empty((), device="cuda")
+            ms = graph_ms(lambda: [sink.copy_(f.sum()) for f in flat])
+            res["ceilings"]["torch.sum over the weights_TBps"] = round(chain.nbytes / (ms / 1e3) / 1e12, 3)
+            B, IT = 4096, 16
+            parts = [torch.empty(triton.cdiv(f.numel(), B * IT), device="cuda") for f in flat]
+            ms = graph_ms(lambda: [read_sum[(p.numel(),)](f, p, f.numel(), BLOCK=B, ITERS=IT, num_warps=8)
+                                   for f, p in zip(flat, parts)])
+            res["ceilings"]["triton read-and-sum_TBps"] = round(chain.nbytes / (ms / 1e3) / 1e12, 3)
+            print(res["ceilings"], flush=True)
+            save()
+        x = chain.x0.float()
+        ref = [F.linear(x[:, : w.shape[1]], w.float()) for w in chain.ws[0][:1]]  # the first product, in float
+        variants = {"smallm (tl.dot)": smallm_linear, "F.linear (cuBLAS)": aten_linear,
+                    "compiled F.linear": torch.compile(aten_linear, dynamic=False)}
+        for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4)):
+            variants[f"gemv {bn}x{bk} w{wp}"] = gemv_linear(bn, bk, wp)
+        rowres = {}
+        for name, fn in variants.items():
+            try:
+                y = torch.empty(rows, chain.ws[0][0].shape[0], device="cuda", dtype=torch.bfloat16)
+                got = fn(chain.x0, chain.ws[0][0], y)
+                y = y if got is None else got
+                err = ((y.float() - ref[0]).abs().max() / ref[0].abs().max()).item()
+                row, _ = chain.measure(fn)
+                row["first_product_rel_err"] = round(err, 5)
+                rowres[name] = row
+            except Exception as e:
+                traceback.print_exc()
+                rowres[name] = {"error": f"{type(e).__name__}: {str(e)[-500:]}"}
+            print(rows, name, rowres[name], flush=True)
+            res["chains"][f"rows={rows}"] = rowres
+            save()
+        del chain, flat
+
+
+if __name__ == "__main__":
+    main()
