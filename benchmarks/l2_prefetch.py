@@ -20,6 +20,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import graph_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
+
 from eaglekit.models import smallm  # noqa: E402
 
 
@@ -53,11 +56,6 @@ def prefetcher(mode: str):
             chunks = n // chunk
             prefetch_bulk[(triton.cdiv(chunks, 128),)](b, chunks, CHUNK=chunk, THREADS=128, num_warps=4)
     return run
-
-
-def graph_ms(body, reps: int = 30) -> float:
-    """Median ms of one replay of `body` recorded in a CUDA graph (smallm's timer, one call per graph)."""
-    return smallm.graph_ms(lambda i: body(), 1, reps)
 
 
 def main():

@@ -23,6 +23,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import graph_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
+
 from eaglekit.models import smallm  # noqa: E402
 
 
@@ -87,11 +90,6 @@ def linear(x, w, y, part, gdc: bool, prefetch: int):
     if split > 1:
         add_parts[(triton.cdiv(M * N, 1024),)](part, y, M, N, SPLIT=split, BLOCK=1024, GDC=gdc,
                                                num_warps=4, **kw)
-
-
-def graph_ms(body, reps: int = 30) -> float:
-    """Median ms of one replay of `body` recorded in a CUDA graph (smallm's timer, one call per graph)."""
-    return smallm.graph_ms(lambda i: body(), 1, reps)
 
 
 class Chain:

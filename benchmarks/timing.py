@@ -10,6 +10,14 @@ import time
 import torch
 
 
+def graph_ms(body, reps: int = 30) -> float:
+    """Median ms of one replay of `body` recorded once in a CUDA graph (eaglekit's recorder: warm-up on a side stream
+    first; events around each replay)."""
+    from eaglekit.models.smallm import graph_ms as per_call
+
+    return per_call(lambda i: body(), 1, reps)
+
+
 def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None) -> float:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     for _ in range(warm):
