@@ -70,6 +70,75 @@ def read_sum(ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
 
 
+@triton.jit
+def read_grid(ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # a persistent read: program p sums blocks p, p + grid, p + 2 grid, ... (each BLOCK contiguous elements)
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+def ceilings(res: dict, gb: int = 4):
+    """The device's copy and read ceilings on one `gb`-GB buffer, after a second of matrix products (the first call of
+    the last session's run met the clocks at idle and read 2.77 TB/s for a copy measured at 4.25-4.3 before)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    import time
+    t = time.time()
+    while time.time() - t < 1.5:
+        a @ a
+    torch.cuda.synchronize()
+    del a
+    n = gb * 2**30 // 2
+    buf = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    half = buf[: n // 2]
+    dst = torch.empty_like(half)
+    ms = graph_ms(lambda: dst.copy_(half))
+    res["copy_TBps (read + write)"] = round(2 * half.numel() * 2 / (ms / 1e3) / 1e12, 3)
+    del dst
+    sink = torch.empty((), device="cuda", dtype=torch.float32)
+    ms = graph_ms(lambda: sink.copy_(buf.sum(dtype=torch.float32)))
+    res["torch.sum_TBps"] = round(n * 2 / (ms / 1e3) / 1e12, 3)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for block, warps, per_sm in ((4096, 8, 4), (8192, 8, 4), (8192, 16, 2), (16384, 16, 2), (4096, 4, 8), (2048, 4, 16)):
+        part = torch.empty(sms * per_sm, device="cuda")
+        name = f"triton read {block} w{warps} x{per_sm}/SM_TBps"
+        try:
+            ms = graph_ms(lambda: read_grid[(part.numel(),)](buf, part, n, BLOCK=block, num_warps=warps))
+            res[name] = round(n * 2 / (ms / 1e3) / 1e12, 3)
+        except Exception as e:
+            traceback.print_exc()
+            res[name] = f"{type(e).__name__}: {str(e)[-300:]}"
+    print(res, flush=True)
+    del buf
+
+
+def read_by_size(res: dict, chain: "Chain"):
+    """A pure read (read_grid, its best tiling above) of each of the step's weight shapes as its own kernel, over the
+    chain's eight copies in turn (nothing stays in L2), next to smallm's product of the same weights at one row: does
+    a kernel that only streams one weight already lose the time the products lose (then only streaming across
+    products, one persistent kernel, gets nearer the ceiling), or does it reach the big buffer's rate?"""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for i, (n, k) in enumerate(Chain.SHAPES):
+        ws = [lw[i] for lw in chain.ws]
+        nbytes = sum(w.numel() * 2 for w in ws)
+        part = torch.empty(sms * 4, device="cuda")
+        ms_read = graph_ms(lambda: [read_grid[(part.numel(),)](w, part, w.numel(), BLOCK=8192, num_warps=8)
+                                    for w in ws])
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)  # the chain's x0 is only 4096 wide
+        ms_prod = graph_ms(lambda: [smallm_linear(x, w, None) for w in ws])
+        res[f"{n}x{k}"] = {"MB": round(nbytes / len(ws) / 1e6, 1),
+                           "read_us": round(ms_read * 1e3 / len(ws), 2),
+                           "read_TBps": round(nbytes / (ms_read / 1e3) / 1e12, 3),
+                           "smallm_us": round(ms_prod * 1e3 / len(ws), 2),
+                           "smallm_TBps": round(nbytes / (ms_prod / 1e3) / 1e12, 3),
+                           "us_at_big_read_rate": round(nbytes / len(ws) / 4.53e12 * 1e6, 2)}
+        print(f"{n}x{k}", res[f"{n}x{k}"], flush=True)
+
+
 def smallm_linear(x, w, y):
     return smallm.kernels().run(x, w, smallm.config(*w.shape, exact=True))
 
@@ -82,6 +151,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--ceilings-only", action="store_true")
+    ap.add_argument("--by-size", action="store_true", help="only the ceilings and the reads and products per shape")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,11 +161,15 @@ def main():
     def save():
         (out / "product_ceiling.json").write_text(json.dumps(res, indent=1))
 
-    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(big)
-    ms = graph_ms(lambda: dst.copy_(big))
-    res["ceilings"]["copy_TBps (read + write)"] = round(2 * big.numel() / (ms / 1e3) / 1e12, 3)
-    del big, dst
+    ceilings(res["ceilings"])
+    save()
+    if args.ceilings_only:
+        return
+    if args.by_size:
+        res["by_size"] = {}
+        read_by_size(res["by_size"], Chain(args.layers, 1))
+        save()
+        return
     for rows in (1, 8):
         chain = Chain(args.layers, rows)
         flat = [w.view(-1) for lw in chain.ws for w in lw]
@@ -113,7 +188,7 @@ def main():
         ref = F.linear(chain.x0.float()[:, : w0.shape[1]], w0.float())  # the chain's first product, in float
         variants = {"smallm (tl.dot)": smallm_linear, "F.linear (cuBLAS)": aten_linear,
                     "compiled F.linear": torch.compile(lambda x, w, y: F.linear(x, w), dynamic=False)}
-        for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4)):
+        for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4), (4, 512, 4), (8, 256, 2)):
             variants[f"gemv {bn}x{bk} w{wp}"] = gemv_linear(bn, bk, wp)
         rowres = {}
         for name, fn in variants.items():
