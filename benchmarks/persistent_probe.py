@@ -39,6 +39,31 @@ SPIN_LIMIT = 1 << 20
 
 
 @triton.jit
+def stage_meta(meta_ptr, s):
+    # meta[s] = (weight offset, N, K)
+    return (tl.load(meta_ptr + 3 * s), tl.load(meta_ptr + 3 * s + 1).to(tl.int32),
+            tl.load(meta_ptr + 3 * s + 2).to(tl.int32))
+
+
+@triton.jit
+def arrive(cnt_ptr, s):
+    tl.debug_barrier()  # every thread's stores of this stage before the arrival
+    tl.atomic_add(cnt_ptr + s, 1, sem="release")
+
+
+@triton.jit
+def wait(cnt_ptr, s, P, flag_ptr, SPIN: tl.constexpr):
+    # until all P programs have arrived at stage s, or SPIN polls (then flag[0] counts a timeout); -> polls
+    spins = 0
+    while (tl.atomic_add(cnt_ptr + s, 0, sem="acquire") < P) & (spins < SPIN):
+        spins += 1
+    if spins >= SPIN:
+        tl.atomic_add(flag_ptr, 1)
+    tl.debug_barrier()
+    return spins
+
+
+@triton.jit
 def persistent_chain(w_ptr, meta_ptr, x_ptr, cnt_ptr, flag_ptr, S, XS, BN: tl.constexpr, BK: tl.constexpr,
                      PREFETCH: tl.constexpr, BARRIER: tl.constexpr, SPIN: tl.constexpr):
     # meta[s] = (weight offset, N, K); x rows: stage s reads x[s, :K], writes x[s + 1, :N] (fp32)
@@ -47,9 +72,7 @@ def persistent_chain(w_ptr, meta_ptr, x_ptr, cnt_ptr, flag_ptr, S, XS, BN: tl.co
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
     for s in range(S):
-        off = tl.load(meta_ptr + 3 * s)
-        N = tl.load(meta_ptr + 3 * s + 1).to(tl.int32)
-        K = tl.load(meta_ptr + 3 * s + 2).to(tl.int32)
+        off, N, K = stage_meta(meta_ptr, s)
         xin = x_ptr + s * XS
         for t in range(pid, tl.cdiv(N, BN), P):
             rows = t * BN + rn
@@ -61,34 +84,18 @@ def persistent_chain(w_ptr, meta_ptr, x_ptr, cnt_ptr, flag_ptr, S, XS, BN: tl.co
                 acc += w.to(tl.float32) * x[None, :]
             tl.store(x_ptr + (s + 1) * XS + rows, tl.sum(acc, axis=1), mask=rows < N)
         if BARRIER:
-            if PREFETCH:
-                # the next stage's first tile of this program, loaded before the wait (weights need no x)
-                if s + 1 < S:
-                    noff = tl.load(meta_ptr + 3 * (s + 1))
-                    nK = tl.load(meta_ptr + 3 * (s + 1) + 2).to(tl.int32)
-                    nN = tl.load(meta_ptr + 3 * (s + 1) + 1).to(tl.int32)
-                    prow = pid * BN + rn
-            tl.debug_barrier()  # every thread's stores of this stage before the arrival
-            tl.atomic_add(cnt_ptr + s, 1, sem="release")
+            arrive(cnt_ptr, s)
             if PREFETCH:
                 # the next stage's first tile of this program, loaded while waiting (weights need no x); used only
                 # by a branch that never runs, so the load stays
-                nxt = tl.minimum(s + 1, S - 1)
-                noff = tl.load(meta_ptr + 3 * nxt)
-                nN = tl.load(meta_ptr + 3 * nxt + 1).to(tl.int32)
-                nK = tl.load(meta_ptr + 3 * nxt + 2).to(tl.int32)
+                noff, nN, nK = stage_meta(meta_ptr, tl.minimum(s + 1, S - 1))
                 prow = pid * BN + rn
                 tile = tl.load(w_ptr + noff + prow.to(tl.int64)[:, None] * nK + rk[None, :],
                                mask=(prow < nN)[:, None], other=0.0)
-            spins = 0
-            while (tl.atomic_add(cnt_ptr + s, 0, sem="acquire") < P) & (spins < SPIN):
-                spins += 1
-            if spins >= SPIN:
-                tl.atomic_add(flag_ptr, 1)
+            spins = wait(cnt_ptr, s, P, flag_ptr, SPIN)
             if PREFETCH:
                 if spins > SPIN:
                     tl.store(flag_ptr + 1, tl.sum(tl.sum(tile.to(tl.float32), axis=1), axis=0).to(tl.int32))
-            tl.debug_barrier()
 
 
 @triton.jit
@@ -103,9 +110,7 @@ def persistent_dot(w_ptr, meta_ptr, x_ptr, cnt_ptr, flag_ptr, S, XS, BN: tl.cons
     rk = tl.arange(0, BK)
     rm = tl.arange(0, 16)
     for s in range(S):
-        off = tl.load(meta_ptr + 3 * s)
-        N = tl.load(meta_ptr + 3 * s + 1).to(tl.int32)
-        K = tl.load(meta_ptr + 3 * s + 2).to(tl.int32)
+        off, N, K = stage_meta(meta_ptr, s)
         xin = x_ptr + s * XS
         for t in range(pid, tl.cdiv(N, BN), P):
             rows = t * BN + rn
@@ -118,14 +123,8 @@ def persistent_dot(w_ptr, meta_ptr, x_ptr, cnt_ptr, flag_ptr, S, XS, BN: tl.cons
                 acc = tl.dot(xt, tl.trans(w), acc)
             y = tl.sum(tl.where((rm == 0)[:, None], acc, 0.0), axis=0)
             tl.store(x_ptr + (s + 1) * XS + rows, y, mask=rows < N)
-        tl.debug_barrier()
-        tl.atomic_add(cnt_ptr + s, 1, sem="release")
-        spins = 0
-        while (tl.atomic_add(cnt_ptr + s, 0, sem="acquire") < P) & (spins < SPIN):
-            spins += 1
-        if spins >= SPIN:
-            tl.atomic_add(flag_ptr, 1)
-        tl.debug_barrier()
+        arrive(cnt_ptr, s)
+        wait(cnt_ptr, s, P, flag_ptr, SPIN)
 
 
 class Packed:
