@@ -1,0 +1,481 @@
+// Products whose weight streams into a ring of shared-memory slots by bulk copies (cp.async.bulk, completing on
+// mbarriers), issued by one producer thread ahead of CW consumer warps. Launched as a programmatic dependent launch
+// (PDL), a kernel lets its successor start early, and the successor's producer fills its ring with *its* weight
+// before it waits (griddepcontrol.wait) for the predecessor's output, its x. So the memory can keep streaming across a
+// kernel boundary, where a plain launch drains and ramps (benchmarks/NOTES.md: ~4-7 us a product, "one kernel per
+// weight is the wall"). Three families, for benchmarks/bulk_probe.py (NOTES: "Weights streamed by bulk copies"):
+//   gemv_bulk  one row, fp32 multiply-adds on the CUDA cores (below);
+//   gemm_bulk  up to 16 rows on the tensor cores, each row's bits independent of the others (what a verify needs);
+//   rms_rows, attn_like  stand-ins for a layer's latency-bound kernels, as PDL participants.
+// The x rows are read through the read-only path (const __restrict__ / __ldg: LDG.E.128.CONSTANT in the SASS); that is
+// how the figures were measured; a product version should read a predecessor's output with coherent loads under PDL.
+//
+// gemv_bulk's layout: block c owns output rows [N*c/G, N*(c+1)/G): a contiguous span of W. A chunk is one row (K*2 <=
+// SLOT) or one of CW equal segments of a row; one bulk copy a chunk. Chunk i goes to consumer warp i % CW, which owns
+// it alone (no block-wide step between chunks): a whole row, or segment w of every row, the segments then added by
+// warp 0 after a barrier of the consumers. A row's sum has a fixed order (each lane over its 8-element pieces, two
+// accumulators by alternate 256-element groups, a butterfly over lanes, segments in order): the same bits for a row
+// whatever the grid or slot count.
+//
+// Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -shared -Xcompiler -fPIC -o libbulk_gemv.so bulk_gemv.cu
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace {
+
+constexpr int SLOT = 8192;  // bytes a ring slot: one row of a 4096-wide weight
+constexpr int XMAX = 14336;  // widest K (the x row is staged in shared memory)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// acc += <w, x> over 8 bf16, in element order
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 a = __bfloat1622float2(wp[j]);
+    const float2 b = __bfloat1622float2(xp[j]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+// the chunks of rows [r0, r1): chunk i is segment i % nseg of row r0 + i / nseg
+struct Span {
+  int r0, r1, nseg, seg_len;
+  __device__ int chunks() const { return (r1 - r0) * nseg; }
+};
+
+template <int CW, int NSLOTS>
+__global__ void __launch_bounds__((CW + 1) * 32)
+    gemv_bulk(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
+              int N, int K, int nseg, int pdl) {
+  // slot s serves chunks s, s + NSLOTS, ...: all of one warp's when NSLOTS is a multiple of CW, so a chunk's wait
+  // can never see the parity of a use two phases back (a phase-aliased mbarrier wait returns at once)
+  static_assert(NSLOTS % CW == 0, "each slot must be used by one consumer warp only");
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + NSLOTS * SLOT);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * SLOT + K * 2);  // (K: a multiple of 256)
+  uint64_t* empty = full + NSLOTS;
+  float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [2][CW]: a row's segment sums, by row parity
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Span sp{static_cast<int>(static_cast<long long>(N) * blockIdx.x / gridDim.x),
+                static_cast<int>(static_cast<long long>(N) * (blockIdx.x + 1) / gridDim.x), nseg, K / nseg};
+  const int nchunks = sp.chunks();
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NSLOTS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at
+  // once (its blocks then take room beside ours, unevenly); pdl 2: once our producer has issued its last copy
+  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+  if (warp == CW) {  // the producer: a weight never depends on a predecessor, so no wait before it
+    if (lane == 0) {
+      for (int i = 0; i < nchunks; ++i) {
+        const int s = i % NSLOTS;
+        if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
+        const __nv_bfloat16* src =
+            W + static_cast<size_t>(sp.r0 + i / nseg) * K + static_cast<size_t>(i % nseg) * sp.seg_len;
+        mbar_expect_tx(&full[s], sp.seg_len * 2);
+        bulk_load(ring + s * SLOT, src, sp.seg_len * 2, &full[s]);
+      }
+      if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    return;
+  }
+
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // the predecessor's y (our x) is complete
+  for (int i = threadIdx.x; i < K / 8; i += CW * 32)
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(x)[i];
+  asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+
+  const int gps = sp.seg_len / 256;  // 256-element groups a chunk
+  for (int i = warp; i < nchunks; i += CW) {
+    const int s = i % NSLOTS, row = sp.r0 + i / nseg, seg = i % nseg;
+    mbar_wait(&full[s], (i / NSLOTS) & 1);
+    const uint4* wv = reinterpret_cast<const uint4*>(ring + s * SLOT) + lane;
+    const uint4* xv = reinterpret_cast<const uint4*>(xs + seg * sp.seg_len) + lane;
+    float a0 = 0.f, a1 = 0.f;
+    int g = 0;
+    for (; g + 1 < gps; g += 2) {
+      const uint4 w0 = wv[g * 32], x0 = xv[g * 32], w1 = wv[(g + 1) * 32], x1 = xv[(g + 1) * 32];
+      a0 = dot8(w0, x0, a0);
+      a1 = dot8(w1, x1, a1);
+    }
+    if (g < gps) a0 = dot8(wv[g * 32], xv[g * 32], a0);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
+    float a = a0 + a1;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (nseg == 1) {
+      if (lane == 0) y[row] = __float2bfloat16(a);
+    } else {  // warp w holds segment w of this row (nseg == CW): warp 0 adds them in order
+      float* rb = red + (row & 1) * CW;
+      if (lane == 0) rb[warp] = a;
+      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+      if (warp == 0 && lane == 0) {
+        float t = rb[0];
+        for (int w = 1; w < CW; ++w) t += rb[w];
+        y[row] = __float2bfloat16(t);
+      }
+    }
+  }
+}
+
+template <int CW, int NSLOTS>
+int launch(const void* W, const void* x, void* y, int N, int K, int grid, int pdl, int min_smem, cudaStream_t stream) {
+  // the ring, x, the barriers and the segment sums: sized by K, so narrow weights leave room for more blocks
+  // (min_smem: more than the block needs, to cap how many blocks share a multiprocessor)
+  const size_t need = NSLOTS * SLOT + K * 2 + 2 * NSLOTS * 8 + 2 * CW * 4;
+  const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
+  static bool ready = false;
+  if (!ready) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemv_bulk<CW, NSLOTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    ready = true;
+  }
+  // a row in one chunk, or in CW segments of 256-element groups that each fit a slot
+  const int nseg = K * 2 <= SLOT ? 1 : CW;
+  if (K > XMAX || K % (nseg * 256) || (K / nseg) * 2 > SLOT) return -1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3((CW + 1) * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemv_bulk<CW, NSLOTS>, static_cast<const __nv_bfloat16*>(W),
+                                             static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y),
+                                             N, K, nseg, pdl));
+}
+
+
+// ---- the same stream feeding the tensor cores: y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 rows --------------------
+// A chunk is a tile of 8 weight rows by 512 k (8 bulk copies of 1 KB into rows padded to MROW bytes, so a warp's
+// 16-byte loads of 8 rows x 4 column groups hit 32 distinct banks). Chunk i is tile i / P, piece i % P (P = K / 512,
+// a multiple of CW): warp w takes pieces w, w + CW, ... of every tile, chains them through mma.sync m16n8k16 (x's
+// rows as A, padded to 16 with zeros; the weight tile as B), and the warps' sums are added in warp order after a
+// barrier. Each output row's arithmetic reads only its own x row (the tensor core's row of A), so a row's bits do
+// not depend on M: the batch invariance bf16 losslessness needs. Within a 32-k step a lane holds 8 consecutive k of
+// one weight row and of one x row; the two mma of the step take k 0-3 and 4-7 of each lane's eight (a fixed
+// permutation of k, the same for W and x).
+constexpr int MROW = 1088;  // bytes a weight row takes in a slot: 1024 + 64 (a 16-byte-unit shift of 4 a row)
+constexpr int MSLOT = 8 * MROW;
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int CW, int NSLOTS>
+__global__ void __launch_bounds__((CW + 1) * 32)
+    gemm_bulk(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
+              int M, int N, int K, int ldx, int pdl) {
+  static_assert(NSLOTS % CW == 0, "each slot must be used by one consumer warp only");
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
+  uint64_t* empty = full + NSLOTS;
+  float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [2][CW][32 lanes][4]: a tile's warp sums, by parity
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int tiles = N / 8, P = K / 512;
+  const int t0 = static_cast<int>(static_cast<long long>(tiles) * blockIdx.x / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
+  const int nchunks = (t1 - t0) * P;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NSLOTS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+  if (warp == CW) {
+    if (lane == 0) {
+      for (int i = 0; i < nchunks; ++i) {
+        const int s = i % NSLOTS;
+        if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
+        const __nv_bfloat16* src = W + static_cast<size_t>(t0 + i / P) * 8 * K + static_cast<size_t>(i % P) * 512;
+        mbar_expect_tx(&full[s], 8 * 1024);
+        for (int r = 0; r < 8; ++r)
+          bulk_load(ring + s * MSLOT + r * MROW, src + static_cast<size_t>(r) * K, 1024, &full[s]);
+      }
+      if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    return;
+  }
+
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  // this lane's x rows: g (A rows 0-7) and g + 8 (A rows 8-15); rows past M are zeros
+  const bool lo = g < M, hi = g + 8 < M;
+  const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(g) * ldx) + t;
+  const uint4* xhi = reinterpret_cast<const uint4*>(x + static_cast<size_t>(g + 8) * ldx) + t;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};  // even and odd steps
+  for (int i = warp; i < nchunks; i += CW) {
+    const int s = i % NSLOTS, tile = t0 + i / P, piece = i % P;
+    const int kq = piece * 64;  // this piece's first 16-byte unit of a row
+    uint4 xa[16], xb[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {  // step j: k = piece * 512 + j * 32 + t * 8 .. + 7
+      xa[j] = lo ? __ldg(xlo + kq + j * 4) : zero;
+      xb[j] = hi ? __ldg(xhi + kq + j * 4) : zero;
+    }
+    mbar_wait(&full[s], (i / NSLOTS) & 1);
+    const unsigned char* wrow = ring + s * MSLOT + g * MROW + t * 16;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint4 w = *reinterpret_cast<const uint4*>(wrow + j * 64);
+      float(&d)[4] = (j & 1) ? d1 : d0;
+      mma16816(d, xa[j].x, xb[j].x, xa[j].y, xb[j].y, w.x, w.y);
+      mma16816(d, xa[j].z, xb[j].z, xa[j].w, xb[j].w, w.z, w.w);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (piece + CW >= P) {  // this warp's last piece of the tile: hand its sums over, warp order decides the rest
+      float* rb = red + ((tile & 1) * CW + warp) * 128 + lane * 4;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        rb[r] = d0[r] + d1[r];
+        d0[r] = d1[r] = 0.f;
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+      const int tid = threadIdx.x;  // < CW * 32 = 128 values: lane tid / 4's register tid % 4
+      if (tid < 128) {
+        const float* src = red + (tile & 1) * CW * 128 + tid;
+        float v = src[0];
+        for (int w = 1; w < CW; ++w) v += src[w * 128];
+        const int sl = tid / 4, r = tid % 4;
+        const int row = (sl >> 2) + (r >= 2 ? 8 : 0), col = tile * 8 + (sl & 3) * 2 + (r & 1);
+        if (row < M) y[static_cast<size_t>(row) * N + col] = __float2bfloat16(v);
+      }
+    }
+  }
+}
+
+template <int CW, int NSLOTS>
+int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl, int min_smem,
+               cudaStream_t stream) {
+  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + 2 * CW * 128 * 4;
+  const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
+  static bool ready = false;
+  if (!ready) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemm_bulk<CW, NSLOTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    ready = true;
+  }
+  if (M < 1 || M > 16 || N % 8 || K % (512 * CW) || ldx % 8) return -1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3((CW + 1) * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemm_bulk<CW, NSLOTS>, static_cast<const __nv_bfloat16*>(W),
+                                             static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), M,
+                                             N, K, ldx, pdl));
+}
+
+// ---- stand-ins for a layer's latency-bound kernels, as PDL participants ---------------------------------------------
+// Each lets its successor launch at once and waits for its predecessor only where it reads the predecessor's output,
+// so a product after it can stream its weight while it runs. rms_rows: y[m] = bf16(x[m] / rms(x[m])) (one block a
+// row; the norm weight left out). attn_like: what a decode attention costs in latency, not in arithmetic: a block reads
+// 16 KB of a "KV" buffer (before the wait: the cache never depends on the predecessor) and 32 columns of q, and
+// writes those columns (+ 1e-30 of its KV sum, so nothing is optimised away).
+__global__ void __launch_bounds__(256) rms_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
+                                                int K, int ldx, int pdl) {
+  __shared__ float part[8];
+  if (pdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<size_t>(blockIdx.x) * ldx);
+  uint4* yr = reinterpret_cast<uint4*>(y + static_cast<size_t>(blockIdx.x) * K);
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < K / 8; i += 256) {
+    const uint4 v = xr[i];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      ss = fmaf(f.x, f.x, ss);
+      ss = fmaf(f.y, f.y, ss);
+    }
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = part[0];
+  for (int w = 1; w < 8; ++w) tot += part[w];
+  const float r = rsqrtf(tot / K + 1e-6f);
+  for (int i = threadIdx.x; i < K / 8; i += 256) {
+    uint4 v = xr[i];
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      h[j] = __floats2bfloat162_rn(f.x * r, f.y * r);
+    }
+    yr[i] = v;
+  }
+}
+
+__global__ void __launch_bounds__(128) attn_like(const __nv_bfloat16* __restrict__ q, const uint4* __restrict__ kv,
+                                                 __nv_bfloat16* __restrict__ out, int ldq, int pdl) {
+  __shared__ float part[4];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const uint4* mine = kv + static_cast<size_t>(blockIdx.x) * 1024;  // 16 KB a block
+  uint4 v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = mine[threadIdx.x + j * 128];
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      s += f.x + f.y;
+    }
+  }
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // q: the predecessor's output
+  const int row = blockIdx.y, c = blockIdx.x * 32 + threadIdx.x % 32;
+  s *= __bfloat162float(q[static_cast<size_t>(row) * ldq + c]);
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const float tot = part[0] + part[1] + part[2] + part[3];
+    out[static_cast<size_t>(row) * 4096 + c] =
+        __float2bfloat16(__bfloat162float(q[static_cast<size_t>(row) * ldq + c]) + tot * 1e-30f);
+  }
+}
+
+int launch_small(const void* kern, dim3 grid, dim3 block, void** args, int pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelExC(&cfg, kern, args));
+}
+
+}  // namespace
+
+extern "C" {
+
+// 0 on success, a cudaError_t, or -1 (a K this kernel cannot cut into slots) / -3 (no such variant)
+int bulk_gemv(int warps, int nslots, const void* W, const void* x, void* y, int N, int K, int grid, int pdl,
+              int min_smem, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int v = warps * 100 + nslots;
+  switch (v) {
+    case 404: return launch<4, 4>(W, x, y, N, K, grid, pdl, min_smem, s);
+    case 408: return launch<4, 8>(W, x, y, N, K, grid, pdl, min_smem, s);
+    case 412: return launch<4, 12>(W, x, y, N, K, grid, pdl, min_smem, s);
+    case 416: return launch<4, 16>(W, x, y, N, K, grid, pdl, min_smem, s);
+    case 808: return launch<8, 8>(W, x, y, N, K, grid, pdl, min_smem, s);
+    case 816: return launch<8, 16>(W, x, y, N, K, grid, pdl, min_smem, s);
+    default: return -3;
+  }
+}
+
+// the tensor-core variant: x [M, K] with row stride ldx, y [M, N]; M <= 16, N % 8 == 0, K % 2048 == 0
+int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl,
+              int min_smem, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (nslots) {
+    case 4: return launch_mma<4, 4>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    case 8: return launch_mma<4, 8>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    case 12: return launch_mma<4, 12>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    default: return -3;
+  }
+}
+
+// x [M, K] (row stride ldx) -> y [M, K] contiguous
+int bulk_rms(const void* x, void* y, int M, int K, int ldx, int pdl, void* stream) {
+  int Kc = K;
+  void* args[] = {&x, &y, &Kc, &ldx, &pdl};
+  return launch_small(reinterpret_cast<const void*>(rms_rows), dim3(M), dim3(256), args, pdl,
+                      static_cast<cudaStream_t>(stream));
+}
+
+// q [M, >= 4096] (row stride ldq), kv: 2 MB -> out [M, 4096]
+int bulk_attn_like(const void* q, const void* kv, void* out, int M, int ldq, int pdl, void* stream) {
+  void* args[] = {&q, &kv, &out, &ldq, &pdl};
+  return launch_small(reinterpret_cast<const void*>(attn_like), dim3(128, M), dim3(128), args, pdl,
+                      static_cast<cudaStream_t>(stream));
+}
+
+const char* bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }
+
+int bulk_sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
+}
