@@ -220,7 +220,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int CW, int NSLOTS>
+// XS (one row only): x staged in shared memory once after the wait, as gemv_bulk does, instead of read per chunk
+template <int CW, int NSLOTS, bool XS = false>
 __global__ void __launch_bounds__((CW + 1) * 32)
     gemm_bulk(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
               int M, int N, int K, int ldx, int pdl) {
@@ -230,6 +231,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
   uint64_t* empty = full + NSLOTS;
   float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [2][CW][32 lanes][4]: a tile's warp sums, by parity
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(red + 2 * CW * 128);  // XS: x's one row
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int tiles = N / 8, P = K / 512;
@@ -263,9 +265,15 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   }
 
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (XS) {
+    for (int i = threadIdx.x; i < K / 8; i += CW * 32)
+      reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(x)[i];
+    asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+  }
   // this lane's x rows: g (A rows 0-7) and g + 8 (A rows 8-15); rows past M are zeros
   const bool lo = g < M, hi = g + 8 < M;
-  const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(g) * ldx) + t;
+  const uint4* xlo = XS ? reinterpret_cast<const uint4*>(xs) + t
+                        : reinterpret_cast<const uint4*>(x + static_cast<size_t>(g) * ldx) + t;
   const uint4* xhi = reinterpret_cast<const uint4*>(x + static_cast<size_t>(g + 8) * ldx) + t;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};  // even and odd steps
@@ -275,7 +283,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
     uint4 xa[16], xb[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {  // step j: k = piece * 512 + j * 32 + t * 8 .. + 7
-      xa[j] = lo ? __ldg(xlo + kq + j * 4) : zero;
+      xa[j] = lo ? (XS ? xlo[kq + j * 4] : __ldg(xlo + kq + j * 4)) : zero;
       xb[j] = hi ? __ldg(xhi + kq + j * 4) : zero;
     }
     mbar_wait(&full[s], (i / NSLOTS) & 1);
@@ -310,19 +318,19 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   }
 }
 
-template <int CW, int NSLOTS>
+template <int CW, int NSLOTS, bool XS = false>
 int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl, int min_smem,
                cudaStream_t stream) {
-  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + 2 * CW * 128 * 4;
+  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + 2 * CW * 128 * 4 + (XS ? K * 2 : 0);
   const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
   static bool ready = false;
   if (!ready) {
     const cudaError_t e =
-        cudaFuncSetAttribute(gemm_bulk<CW, NSLOTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        cudaFuncSetAttribute(gemm_bulk<CW, NSLOTS, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
     if (e != cudaSuccess) return static_cast<int>(e);
     ready = true;
   }
-  if (M < 1 || M > 16 || N % 8 || K % (512 * CW) || ldx % 8) return -1;
+  if (M < 1 || M > (XS ? 1 : 16) || N % 8 || K % (512 * CW) || ldx % 8 || (XS && K > XMAX)) return -1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3((CW + 1) * 32);
@@ -333,7 +341,7 @@ int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int l
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemm_bulk<CW, NSLOTS>, static_cast<const __nv_bfloat16*>(W),
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemm_bulk<CW, NSLOTS, XS>, static_cast<const __nv_bfloat16*>(W),
                                              static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), M,
                                              N, K, ldx, pdl));
 }
@@ -451,6 +459,7 @@ int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, i
     case 4: return launch_mma<4, 4>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     case 8: return launch_mma<4, 8>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     case 12: return launch_mma<4, 12>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    case 108: return launch_mma<4, 8, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);  // x staged, one row
     default: return -3;
   }
 }

@@ -77,8 +77,12 @@ class Bulk:
                                          self.grid, self.pdl, self.min_kb * 1024, _stream()), "bulk_gemv")
 
 
+XS = 108  # bulk_gemm's "nslots" for 8 slots with x staged in shared memory (one row)
+
+
 class Gemm(Bulk):
-    """linear(x, w, y) for Chain: y[M, N] = x[M, K] @ w.T (M <= 16) through bulk_gemm, the tensor-core variant."""
+    """linear(x, w, y) for Chain: y[M, N] = x[M, K] @ w.T (M <= 16) through bulk_gemm, the tensor-core variant
+    (nslots XS: 8 slots, x's one row staged in shared memory once, as gemv_bulk does)."""
 
     def __call__(self, x, w, y):
         M, K = x.shape
@@ -141,6 +145,9 @@ def check_gemm(lib, sms: int) -> dict:
             Gemm(lib, 4, nslots, grid, 0)(x[:M], w, y)
             torch.cuda.synchronize()
             out[(M, nslots, grid)] = y
+        y = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        Gemm(lib, 4, XS, 2 * sms, 0)(x[:1], w, y)  # one row, x staged in shared memory
+        out[(1, XS, 2 * sms)] = y
         y16 = out[(16, 8, 2 * sms)]
         alone = []
         for m in range(16):  # every row alone
@@ -152,6 +159,7 @@ def check_gemm(lib, sms: int) -> dict:
                "all_written": all(bool(torch.isfinite(v).all()) for v in out.values()),
                "rows_alone_equal_rows_among_16": bool(torch.equal(torch.cat(alone), y16)),
                "rows_among_6_equal_among_16": bool(torch.equal(out[(6, 8, 2 * sms)], y16[:6])),
+               "same_bits_x_staged": bool(torch.equal(out[(1, XS, 2 * sms)], y16[:1])),
                "same_bits_other_grids": bool(torch.equal(out[(1, 4, sms)], out[(1, 8, 2 * sms)])
                                              and torch.equal(out[(6, 12, 77)], out[(6, 8, 2 * sms)])),
                "smallm_rel_err_16": ((smallm.linear(x, w, exact=True).double() - ref).norm()
@@ -221,10 +229,13 @@ def main():
                     ("layers: gemm pdl1, small kernels pdl", gemm, 1, True),
                     ("layers: gemm s12 pdl1, small kernels pdl", Gemm(lib, 4, 12, 2 * sms, 1, 110), 1, True)]
         if rows == 1:
-            variants += [("layers: bulk w4 s8 pdl1, small kernels pdl", Bulk(lib, 4, 8, 2 * sms, 1, 100), 1, True)]
+            gemm_xs = Gemm(lib, 4, XS, 2 * sms, 1, 100)
+            variants += [("layers: bulk w4 s8 pdl1, small kernels pdl", Bulk(lib, 4, 8, 2 * sms, 1, 100), 1, True),
+                         ("layers: gemm x staged pdl1, small kernels pdl", gemm_xs, 1, True),
+                         ("products alone: gemm x staged pdl1", gemm_xs, 1, False)]
         variants += [("layers: smallm, small kernels plain (again)", smallm_fn, 0, True)]
         if repeat:
-            whole = [v for v in variants[2:-1] if "s12" not in v[0]]
+            whole = [v for v in variants[2:-1] if "s12" not in v[0] and v[3]]
             variants = [(f"{v[0]} #{r}", *v[1:]) for r in range(3) for v in (whole if r % 2 == 0 else whole[::-1])]
         ref = None
         for name, fn, pdl, whole in variants:
