@@ -69,9 +69,13 @@ def test_visible_lists_each_rows_slots_in_order():
             assert int(old[b, t]) == int((want < base[b]).sum())  # the leading ones held by the cache
 
 
-@pytest.mark.parametrize("dtype,H,Hkv,hd,P", [(torch.float16, 4, 2, 64, 5), (torch.float32, 4, 4, 32, 300),
-                                               (torch.float16, 8, 2, 80, 600)])  # 80: head_dim padded
-def test_attention_is_right(dtype, H, Hkv, hd, P):
+# parts: the interpreter runs programs one by one, each part of each row a program, so 16 parts of a 1-chunk prefix
+# cost 16 times 2 parts (a part's arithmetic does not depend on how many there are). 300 keys over 2 parts: part 0
+# takes chunks 0 and 2, a part of several chunks checked against SDPA; 600 keys over the real 16 parts
+@pytest.mark.parametrize("dtype,H,Hkv,hd,P,parts", [(torch.float16, 4, 2, 64, 5, 2), (torch.float32, 4, 4, 32, 300, 2),
+                                                     (torch.float16, 8, 2, 80, 600, 16)])  # 80: head_dim padded
+def test_attention_is_right(monkeypatch, dtype, H, Hkv, hd, P, parts):
+    monkeypatch.setattr(attend, "PARTS", parts)
     T, S = 7, P + 20
     q, k, v, mask, _ = _case(P + hd, T, P, S, H, Hkv, hd, dtype, B=2)
     out = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
@@ -80,15 +84,20 @@ def test_attention_is_right(dtype, H, Hkv, hd, P):
     assert (out.double() - _ref(q, k, v, mask)).abs().max() < tol
 
 
-# seeds 1 and 3 (prefixes of 120 and 300 keys; 7-8 s each in the interpreter) in the slow tier: 127 and 2100 cross
-# the same chunk boundaries in the default one, which neared its 10 minutes on 2 cores
-@pytest.mark.parametrize("seed,dtype", [(0, torch.float16), pytest.param(1, torch.float32, marks=pytest.mark.slow),
-                                        (2, torch.float16), pytest.param(3, torch.float16, marks=pytest.mark.slow),
-                                        (4, torch.float32)])
-def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
+# parts as above: the default tier runs 3 keys over 2 parts (16 cost 5 times the time), 127 (crossing a chunk
+# boundary) over the real 16, and 300 over 2 parts, where a part takes chunks 0 and 2 as it does past
+# PARTS * CHUNK = 2048 keys with 16 (prefix 2100, 26 s in the interpreter). Seeds 1, 3 and 4 over 16 parts in the
+# slow tier: the default one took 940 s on an AVX2-only 2-core machine, over its 10 minutes
+@pytest.mark.parametrize("seed,dtype,parts", [(0, torch.float16, 2),
+                                              pytest.param(1, torch.float32, 16, marks=pytest.mark.slow),
+                                              (2, torch.float16, 16), (3, torch.float16, 2),
+                                              pytest.param(3, torch.float16, 16, marks=pytest.mark.slow),
+                                              pytest.param(4, torch.float32, 16, marks=pytest.mark.slow)])
+def test_a_tree_row_has_the_bits_of_the_token_attended_alone(monkeypatch, seed, dtype, parts):
     """Row t of a verify tree sees the prefix, its ancestors and itself at scattered slots; the baseline sees the
     same keys in consecutive slots, one query row. The kernel must give both the same bits, also across
     chunk boundaries (prefixes past 256 keys) and with a mask of batch 1 shared by every row."""
+    monkeypatch.setattr(attend, "PARTS", parts)
     rng = random.Random(seed)
     T, P = rng.randint(2, 12), [3, 120, 127, 300, 2100][seed]  # 2100: past PARTS * CHUNK keys
     S = P + T + rng.randint(0, 40)
@@ -114,7 +123,14 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(seed, dtype):
         assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
 
 
-def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(monkeypatch):
+@pytest.fixture
+def few_parts(monkeypatch):
+    """The tests from here on run the attention with 2 parts instead of 16: the interpreter runs programs one by
+    one, and the kernel tests above cover the 16 parts (a part's arithmetic does not depend on how many there are)."""
+    monkeypatch.setattr(attend, "PARTS", 2)
+
+
+def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(monkeypatch, few_parts):
     """A verify's q, k_new and v_new are transposed views of one [B, T, (H + 2 Hkv) hd] product output: the kernel
     reads them through their strides (no copy: `contiguous` is never called on them) with the bits of contiguous
     copies, and its output transposed back to [B, T, H, hd] is contiguous (the caller's reshape is a view)."""
@@ -140,13 +156,6 @@ def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(m
     assert not any(copies)
     assert torch.equal(got, want)
     assert got.transpose(1, 2).is_contiguous()
-
-
-@pytest.fixture
-def few_parts(monkeypatch):
-    """The tests from here on run the attention with 2 parts instead of 16: the interpreter runs programs one by
-    one, and the kernel tests above cover the 16 parts (a part's arithmetic does not depend on how many there are)."""
-    monkeypatch.setattr(attend, "PARTS", 2)
 
 
 @pytest.mark.parametrize("hole", [1, 130])
@@ -176,12 +185,16 @@ def _invariant_target(model_dirs, family):
     return t
 
 
-def test_invariant_decode_runs_only_the_kernels(model_dirs, monkeypatch, few_parts):
+def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts):
     """Every product, attention and norm of a decode call goes through the Triton kernels (none falls back to
     F.linear or SDPA), and a token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
     from eaglekit.models import norms, smallm
+    from helpers import make_hf_model
 
-    t = _invariant_target(model_dirs, "llama")
+    # the test llama with 2 layers instead of 8 (17 s in the interpreter): every layer runs the same calls, and the
+    # counts below are per layer
+    make_hf_model(tmp_path, "llama", seed=10, layers=2)
+    t = _invariant_target({"llama": tmp_path}, "llama")
     calls = {"attend": 0, "linear": 0, "norm": 0}
     attend_op, linear_op, norm_op = attend.kernels().op, smallm.kernels().op, norms.kernels().op
 

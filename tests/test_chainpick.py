@@ -30,7 +30,9 @@ def _walk_cycles(run, start, n):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 6])
+# the shortest and the longest chain (the one the runs are computed for) in the default tier; 2 and 4 (6 s each) walk
+# the same runs in the slow one
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow), 6])
 def test_the_model_gives_each_chain_the_accepted_counts_the_decoder_gets(demo, n):
     """The model's claim, checked against real decoding: along the decoder's own output, the walk over the
     teacher-forced runs (computed once, for the longest chain) accepts what the decoder accepted, cycle by cycle."""

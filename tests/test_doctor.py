@@ -16,7 +16,9 @@ from eaglekit.doctor import run_doctor
 from test_checkpoint import write_specforge_folder
 
 TARGET = ASSETS / "target"
-QUICK = dict(n_prompts=2, max_new_tokens=16)
+# two prompts, one round: the probe does not grow (two prompts cannot decide, so under the default budget it would
+# run a second round, 1-2 s more a test for nothing these tests check; test_progress_is_printed lets it grow)
+QUICK = dict(n_prompts=2, max_new_tokens=16, time_budget=0)
 
 
 def _copy(tmp_path, name="d"):
@@ -58,21 +60,44 @@ def test_correct_pair_gets_a_clean_bill(clean):
     assert "verify" in clean["profile_ms"]
 
 
-def test_fault1_extra_embedding_capture_is_refused_with_the_numbers():
-    res = run_doctor(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK)
+@pytest.fixture(scope="module")
+def extra_embedding():
+    """The report with the embedding captured too (fault 1), read by two tests."""
+    from eaglekit.doctor import diagnose
+
+    return diagnose(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK)
+
+
+def test_fault1_extra_embedding_capture_is_refused_with_the_numbers(extra_embedding):
+    res = extra_embedding.to_json()  # what run_doctor returns
     assert res["fault"] and "E202" in _codes(res)
     assert "draft fc expects 768 = 3 x 256 features but the target capture yields 1024 = 4 x 256" in res["verdict"]
 
 
-def test_fault2_off_by_one_is_found_by_the_probe_naming_the_shift(tmp_path):
-    d = _copy(tmp_path)
+@pytest.fixture(scope="module")
+def shifted(tmp_path_factory):
+    """shifted(delta): the doctor's report (default size and budget, ~12 s) on the demo draft whose config names the
+    layers it was trained on shifted by delta; fault 2 and the fingerprint test of the same shift read one report."""
+    reports = {}
 
-    def shift(cfg):  # the ids written one layer too high, as a convention mix-up does
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 9]
-        cfg["eaglekit"]["capture"]["after_layers"] = [2, 6, 9]
+    def report(delta):
+        if delta not in reports:
+            d = _copy(tmp_path_factory.mktemp("shifted"))
 
-    _edit_config(d, shift)
-    res = run_doctor(TARGET, d)
+            def shift(cfg):  # +1: the ids written one layer too high, as a convention mix-up does
+                ids = [i + delta for i in (1, 5, 8)]
+                cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+                cfg["eaglekit"]["capture"]["after_layers"] = ids
+
+            _edit_config(d, shift)
+            reports[delta] = run_doctor(TARGET, d)
+        return reports[delta]
+
+    return report
+
+
+def test_fault2_off_by_one_is_found_by_the_probe_naming_the_shift(shifted):
+    res = shifted(+1)
     assert res["fault"] and "E290" in _codes(res)
     assert "after_layers [1, 5, 8] (shifted -1)" in res["verdict"] and "off-by-one" in res["verdict"]
     assert "--capture-layers 1,5,8" in res["verdict"]
@@ -146,7 +171,9 @@ def test_fault10_norm_option_dropped_from_the_config_is_refused(tmp_path):
     assert res["fault"] and "E218" in _codes(res) and "norm_before_fc" in res["verdict"]
 
 
-@pytest.mark.parametrize("layers", [(11,), tuple(range(12))], ids=["last-layer-only", "all-layers"])
+# too many captures is fault 1's case too (in the default tier): all twelve in the slow one
+@pytest.mark.parametrize("layers", [(11,), pytest.param(tuple(range(12)), marks=pytest.mark.slow)],
+                         ids=["last-layer-only", "all-layers"])
 def test_fault11_wrong_number_of_captures_is_refused(layers):
     res = run_doctor(TARGET, ASSETS / "draft", capture=CaptureSpec(layers), **QUICK)
     assert res["fault"] and "E202" in _codes(res)
@@ -161,12 +188,12 @@ def test_conflicting_declarations_are_flagged(tmp_path):
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
-                 "--max-new-tokens", "16", "--json"]) == 0
+                 "--max-new-tokens", "16", "--time-budget", "0", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert {"verdict", "findings", "probe"} <= res.keys()
     assert {"wiring", "after_layers", "accept_length", "per_position"} <= res["probe"][0].keys()
     assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
-                 "--max-new-tokens", "16", "--capture-layers", "emb,1,5,8"]) == 1
+                 "--max-new-tokens", "16", "--time-budget", "0", "--capture-layers", "emb,1,5,8"]) == 1
     capsys.readouterr()
     assert main(["doctor", "--target", str(tmp_path / "none"), "--draft", str(ASSETS / "draft"), "--json"]) == 2
     assert "could not run" in json.loads(capsys.readouterr().out)["verdict"]
@@ -177,10 +204,10 @@ def _no_fingerprint(d):
     _edit_config(d, lambda c: c["eaglekit"].pop("features", None))
 
 
-def test_report_is_typed_and_its_json_keeps_the_shape(tmp_path):
-    from eaglekit.doctor import DoctorReport, Finding, WiringRow, diagnose
+def test_report_is_typed_and_its_json_keeps_the_shape(extra_embedding):
+    from eaglekit.doctor import DoctorReport, Finding, WiringRow
 
-    rep = diagnose(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK)
+    rep = extra_embedding
     assert isinstance(rep, DoctorReport) and rep.exit_code == 1
     assert all(isinstance(f, Finding) for f in rep.findings) and all(isinstance(r, WiringRow) for r in rep.probe)
     j = rep.to_json()
@@ -242,17 +269,17 @@ def test_an_untrained_draft_is_a_finding(tmp_path):
 def test_two_sequences_decide_nothing(tmp_path):
     """Two prompts: a clustered standard error from two sequences is no basis for a verdict (it called the true
     wiring a fault at z -19 before the guard)."""
-    res = run_doctor(TARGET, ASSETS / "draft", **QUICK, time_budget=0)  # one round: the probe may not grow
+    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)  # one round (time_budget 0): the probe may not grow
     assert len(res["rounds"]) == 1 and res["rounds"][0]["sequences"] == 2
     assert not res["fault"] and not any(r.get("decided") for r in res["probe"])
 
 
-def test_missing_t2d_is_an_info_finding(tmp_path):
+def test_missing_t2d_is_an_info_finding(tmp_path, clean):
     d = _copy(tmp_path)
     _edit_weights(d, lambda w: w.pop("t2d"))
     res = run_doctor(TARGET, d, **QUICK)
     assert "I305" in _codes(res) and not res["fault"]
-    assert "I305" not in _codes(run_doctor(TARGET, ASSETS / "draft", **QUICK))
+    assert "I305" not in _codes(clean)  # the same folder with its t2d
 
 
 def test_the_shipped_demo_draft_records_its_fingerprint():
@@ -263,23 +290,19 @@ def test_the_shipped_demo_draft_records_its_fingerprint():
     assert usable(fp) and fp["after_layers"] == [1, 5, 8] and len(fp["slots"]) == 3
 
 
-@pytest.mark.parametrize("delta", [+1, -1])
-def test_the_fingerprint_names_the_trained_layers_of_a_shifted_draft(tmp_path, delta):
-    d = _copy(tmp_path)
-
-    def shift(cfg):
-        ids = [i + delta for i in (1, 5, 8)]
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
-        cfg["eaglekit"]["capture"]["after_layers"] = ids
-
-    _edit_config(d, shift)
-    # one round of the default size: ~1900 positions (with ~250 a slot can be uncertain, and is reported so)
-    res = run_doctor(TARGET, d, n_prompts=12, max_new_tokens=64, time_budget=0)
+# the +1 shift's report is fault 2's (no doctor run of its own); the -1 shift (12 s) in the slow tier
+@pytest.mark.parametrize("delta", [+1, pytest.param(-1, marks=pytest.mark.slow)])
+def test_the_fingerprint_names_the_trained_layers_of_a_shifted_draft(shifted, delta):
+    res = shifted(delta)
+    # one round of the default size: ~1900 positions (with ~250 a slot can be uncertain, and is reported so); a
+    # fingerprint not yet sure of every slot would have grown the probe
+    assert len(res["rounds"]) == 1 and res["rounds"][0]["sequences"] == 12
     assert res["fault"] and "E281" in _codes(res)
     assert [m["layer"] for m in res["fingerprint"]] == [1, 5, 8]
     assert "--capture-layers 1,5,8" in res["verdict"]
 
 
 def test_progress_is_printed(capsys):
-    run_doctor(TARGET, ASSETS / "draft", progress=True, **QUICK)
+    # QUICK's size under the default budget: the probe grows (the default tier's one test that lets it)
+    run_doctor(TARGET, ASSETS / "draft", progress=True, n_prompts=2, max_new_tokens=16)
     assert "doctor" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Greedy losslessness: speculative output == our baseline == transformers' generate, over 216 cases.
+"""Greedy losslessness: speculative output == our baseline == transformers' generate, over 216 cases (120 of them
+in the default tier).
 
 Cases vary the target family, the draft (real EAGLE-3 module with random weights, an oracle that
 predicts the target exactly, a noisy oracle that is right about half the time), the prompt, the
@@ -23,6 +24,9 @@ SHAPES = [(1, 1, 2), (3, 1, 4), (5, 1, 6), (2, 2, 4), (3, 2, 6), (4, 3, 10), (5,
 KINDS = ["random", "oracle", "noisy"]
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 N_CASES = 216
+# cases 0-119 take every (family, draft, tree shape) once: the default tier; 120-215 take the first 96 again with
+# other prompts, lengths and EOS, in the slow tier (50 s on an AVX2-only 2-core machine)
+DEFAULT_CASES = 120
 _cache: dict = {}
 _stats = {"eos_inside_run": 0, "accepted_tokens": 0}
 
@@ -44,7 +48,13 @@ def _hf_greedy(hf, prompt, max_new, eos):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("case", range(N_CASES))
+def _upto(ids, eos):
+    """What a greedy run with EOS emits: the run without it, cut after the first EOS."""
+    return ids if eos not in ids else ids[:ids.index(eos) + 1]
+
+
+@pytest.mark.parametrize("case", [c if c < DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in range(N_CASES)])
 def test_greedy_speculative_equals_target(model_dirs, case):
     rng = random.Random(case)
     family = FAMILIES[case % 4]
@@ -53,13 +63,15 @@ def test_greedy_speculative_equals_target(model_dirs, case):
     hf, target = _models(model_dirs, family)
     prompt = [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))]
     max_new = rng.randint(8, 40)
-    base = Decoder(target).generate(prompt, max_new, eos_ids=())
+    # transformers' run without EOS says where EOS can land; our baseline runs with it and must emit that run cut at
+    # the EOS (one baseline run a case, not one without EOS and one with it: a fifth of the file's time)
+    free = _hf_greedy(hf, prompt, max_new, None)
     eos = None
-    if rng.random() < 0.6 and len(base.token_ids) > 4:
-        eos = base.token_ids[rng.randrange(2, len(base.token_ids))]  # EOS lands mid-generation
+    if rng.random() < 0.6 and len(free) > 4:
+        eos = free[rng.randrange(2, len(free))]  # EOS lands mid-generation
     eos_ids = () if eos is None else (eos,)
     want = Decoder(target).generate(prompt, max_new, eos_ids=eos_ids).token_ids
-    assert want == _hf_greedy(hf, prompt, max_new, eos), "our baseline differs from transformers' generate"
+    assert want == _upto(free, eos), "our baseline differs from transformers' generate"
 
     shape = TreeShape(steps, topk, dt)
     if kind == "random":
@@ -86,12 +98,13 @@ def test_greedy_speculative_equals_target(model_dirs, case):
 
 
 def test_cases_covered_eos_inside_accepted_runs():
-    """Runs after the 216 cases (file order): the property above was exercised, not vacuous."""
+    """Runs after the cases (file order): the property above was exercised, not vacuous. The default tier's 120
+    cases put EOS inside an accepted run 13 times and accept 437 drafted tokens (all 216: 26 and 845)."""
     if _stats["accepted_tokens"] == 0:
         pytest.skip("run together with test_greedy_speculative_equals_target")
     print(_stats)
     assert _stats["eos_inside_run"] >= 10
-    assert _stats["accepted_tokens"] >= 500
+    assert _stats["accepted_tokens"] >= 400
 
 
 def _assert_same_tree(a, b):
@@ -145,7 +158,8 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
         _assert_same_tree(a, b)
 
 
-@pytest.mark.parametrize("case", range(24))
+# cases 0-11 take every tree shape, every family and both drafts (12 s); 12-23 again, in the slow tier
+@pytest.mark.parametrize("case", [c if c < 12 else pytest.param(c, marks=pytest.mark.slow) for c in range(24)])
 def test_greedy_speculative_equals_baseline_with_onednn_products(model_dirs, case):
     """float32 on the CPU with the products through oneDNN's prepacked linear (the CPU default where it is faster,
     eaglekit.models.products): speculative output equals the baseline decoded with the same products."""
