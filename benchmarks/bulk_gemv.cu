@@ -62,6 +62,47 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// the ring's barriers (a slot full: one arrival and its bytes; a slot empty: its one consumer warp's arrival), then
+// the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at once
+// (its blocks then take room beside ours, unevenly); pdl 2: once our producer has issued its last copy (not here)
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, int nslots, int pdl) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < nslots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// a launch into `stream`, as a programmatic dependent launch where pdl != 0
+template <typename... Args>
+int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, int pdl, cudaStream_t stream,
+              Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// the ring's smem limit raised once per kernel (a block may take more than 48 KB)
+template <typename K>
+int allow_smem(K kernel, bool& ready) {
+  if (ready) return 0;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  ready = e == cudaSuccess;
+  return static_cast<int>(e);
+}
+
 // acc += <w, x> over 8 bf16, in element order
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -101,17 +142,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
                 static_cast<int>(static_cast<long long>(N) * (blockIdx.x + 1) / gridDim.x), nseg, K / nseg};
   const int nchunks = sp.chunks();
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < NSLOTS; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  // the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at
-  // once (its blocks then take room beside ours, unevenly); pdl 2: once our producer has issued its last copy
-  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ring_init(full, empty, NSLOTS, pdl);
 
   if (warp == CW) {  // the producer: a weight never depends on a predecessor, so no wait before it
     if (lane == 0) {
@@ -174,28 +205,13 @@ int launch(const void* W, const void* x, void* y, int N, int K, int grid, int pd
   const size_t need = NSLOTS * SLOT + K * 2 + 2 * NSLOTS * 8 + 2 * CW * 4;
   const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
   static bool ready = false;
-  if (!ready) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(gemv_bulk<CW, NSLOTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    ready = true;
-  }
+  if (const int e = allow_smem(gemv_bulk<CW, NSLOTS>, ready)) return e;
   // a row in one chunk, or in CW segments of 256-element groups that each fit a slot
   const int nseg = K * 2 <= SLOT ? 1 : CW;
   if (K > XMAX || K % (nseg * 256) || (K / nseg) * 2 > SLOT) return -1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3((CW + 1) * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemv_bulk<CW, NSLOTS>, static_cast<const __nv_bfloat16*>(W),
-                                             static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y),
-                                             N, K, nseg, pdl));
+  return launch_ex(gemv_bulk<CW, NSLOTS>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
+                   static_cast<const __nv_bfloat16*>(W), static_cast<const __nv_bfloat16*>(x),
+                   static_cast<__nv_bfloat16*>(y), N, K, nseg, pdl);
 }
 
 
@@ -239,15 +255,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
   const int nchunks = (t1 - t0) * P;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < NSLOTS; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ring_init(full, empty, NSLOTS, pdl);
 
   if (warp == CW) {
     if (lane == 0) {
@@ -324,26 +332,11 @@ int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int l
   const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + 2 * CW * 128 * 4 + (XS ? K * 2 : 0);
   const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
   static bool ready = false;
-  if (!ready) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(gemm_bulk<CW, NSLOTS, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    ready = true;
-  }
+  if (const int e = allow_smem(gemm_bulk<CW, NSLOTS, XS>, ready)) return e;
   if (M < 1 || M > (XS ? 1 : 16) || N % 8 || K % (512 * CW) || ldx % 8 || (XS && K > XMAX)) return -1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3((CW + 1) * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, gemm_bulk<CW, NSLOTS, XS>, static_cast<const __nv_bfloat16*>(W),
-                                             static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), M,
-                                             N, K, ldx, pdl));
+  return launch_ex(gemm_bulk<CW, NSLOTS, XS>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
+                   static_cast<const __nv_bfloat16*>(W), static_cast<const __nv_bfloat16*>(x),
+                   static_cast<__nv_bfloat16*>(y), M, N, K, ldx, pdl);
 }
 
 // ---- stand-ins for a layer's latency-bound kernels, as PDL participants ---------------------------------------------
@@ -418,19 +411,6 @@ __global__ void __launch_bounds__(128) attn_like(const __nv_bfloat16* __restrict
   }
 }
 
-int launch_small(const void* kern, dim3 grid, dim3 block, void** args, int pdl, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelExC(&cfg, kern, args));
-}
-
 }  // namespace
 
 extern "C" {
@@ -466,17 +446,15 @@ int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, i
 
 // x [M, K] (row stride ldx) -> y [M, K] contiguous
 int bulk_rms(const void* x, void* y, int M, int K, int ldx, int pdl, void* stream) {
-  int Kc = K;
-  void* args[] = {&x, &y, &Kc, &ldx, &pdl};
-  return launch_small(reinterpret_cast<const void*>(rms_rows), dim3(M), dim3(256), args, pdl,
-                      static_cast<cudaStream_t>(stream));
+  return launch_ex(rms_rows, dim3(M), dim3(256), 0, pdl, static_cast<cudaStream_t>(stream),
+                   static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), K, ldx, pdl);
 }
 
 // q [M, >= 4096] (row stride ldq), kv: 2 MB -> out [M, 4096]
 int bulk_attn_like(const void* q, const void* kv, void* out, int M, int ldq, int pdl, void* stream) {
-  void* args[] = {&q, &kv, &out, &ldq, &pdl};
-  return launch_small(reinterpret_cast<const void*>(attn_like), dim3(128, M), dim3(128), args, pdl,
-                      static_cast<cudaStream_t>(stream));
+  return launch_ex(attn_like, dim3(128, M), dim3(128), 0, pdl, static_cast<cudaStream_t>(stream),
+                   static_cast<const __nv_bfloat16*>(q), static_cast<const uint4*>(kv),
+                   static_cast<__nv_bfloat16*>(out), ldq, pdl);
 }
 
 const char* bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }
