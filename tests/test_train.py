@@ -110,9 +110,14 @@ def _regen_file(model_dirs, path, n=24):
     return path
 
 
+def _command(args, env_extra=None) -> dict:
+    """Popen/run keywords of an `eaglekit` command run from this checkout."""
+    return dict(args=[sys.executable, "-m", "eaglekit.cli", *args],
+                env={**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})})
+
+
 def _cli(args, env_extra=None, check=True):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    r = subprocess.run([sys.executable, "-m", "eaglekit.cli", *args], env=env, capture_output=True, text=True)
+    r = subprocess.run(**_command(args, env_extra), capture_output=True, text=True)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -127,9 +132,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def _clis(*runs):
     """Independent commands at once: (args, env_extra) each -> their results."""
-    procs = [subprocess.Popen([sys.executable, "-m", "eaglekit.cli", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})})
+    procs = [subprocess.Popen(**_command(args, env_extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for args, env_extra in runs]
     outs = [p.communicate() for p in procs]
     return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
