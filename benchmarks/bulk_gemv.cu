@@ -3,10 +3,11 @@
 // (PDL), a kernel lets its successor start early, and the successor's producer fills its ring with *its* weight
 // before it waits (griddepcontrol.wait) for the predecessor's output, its x. So the memory can keep streaming across a
 // kernel boundary, where a plain launch drains and ramps (benchmarks/NOTES.md: ~4-7 us a product, "one kernel per
-// weight is the wall"). Three families, for benchmarks/bulk_probe.py (NOTES: "Weights streamed by bulk copies"):
+// weight is the wall"). Four families, for benchmarks/bulk_probe.py (NOTES: "Weights streamed by bulk copies"):
 //   gemv_bulk  one row, fp32 multiply-adds on the CUDA cores (below);
 //   gemm_bulk  up to 16 rows on the tensor cores, each row's bits independent of the others (what a verify needs);
-//   rms_rows, attn_like  stand-ins for a layer's latency-bound kernels, as PDL participants.
+//   rms_rows, attn_like  stand-ins for a layer's latency-bound kernels, as PDL participants;
+//   attn_decode  a real one-row GQA decode attention as a PDL participant (benchmarks/layer_probe.py).
 // The x rows are read through the read-only path (const __restrict__ / __ldg: LDG.E.128.CONSTANT in the SASS); that is
 // how the figures were measured; a product version should read a predecessor's output with coherent loads under PDL.
 //
@@ -411,6 +412,180 @@ __global__ void __launch_bounds__(128) attn_like(const __nv_bfloat16* __restrict
   }
 }
 
+
+// ---- a decode attention as a PDL participant: one query row, GQA (4 query heads a KV head), head_dim 128 ------------
+// Block (part p, KV head g) takes keys [p * ACH, p * ACH + ACH) of the n the row sees (n: a device scalar, so a graph
+// replays at any context; parts past n exit at once). Its K and V rows stream into shared memory by bulk copies
+// *before* griddepcontrol.wait: the committed cache never depends on the predecessor. Key n - 1 is this step's own,
+// written by the step's q/k/v product (in an integrated layer, its epilogue): that one is copied after the wait, with
+// q. Scores, softmax and P.V run on the CUDA cores, each in a fixed order (a row's bits never depend on other rows or
+// on which block ends first); each part leaves (acc, max, sum) in global memory, and the last part of a KV head to
+// finish (a ticket, reset by that block for the next launch) merges the parts in a fixed order. What an integrated
+// layer's attention could be, measured in benchmarks/layer_probe.py (the `pdl` modes below are that probe's
+// variants); n is read before the wait, which is safe there (written before the graph), not in general under PDL.
+constexpr int AHD = 128, AREP = 4;
+
+__device__ __forceinline__ void bf4(const __nv_bfloat16* p, float (&f)[4]) {  // 4 bf16 (8 bytes) -> fp32
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+// ACH keys a part: 32 keeps a block's shared memory (18.6 KB) small enough to start beside two product blocks of
+// 100 KB (its K/V copies then run under the product before it); 64 (35.9 KB) must wait for a product block to exit
+template <int ACH>
+__global__ void __launch_bounds__(128)
+    attn_decode(const __nv_bfloat16* q, const __nv_bfloat16* __restrict__ K, const __nv_bfloat16* __restrict__ V,
+                const int* __restrict__ n_ptr, int cap, float* part_acc, float* part_ml, unsigned* tickets,
+                __nv_bfloat16* out, float scale_log2, int pdl) {
+  __shared__ __align__(128) __nv_bfloat16 ks[ACH * AHD];
+  __shared__ __align__(128) __nv_bfloat16 vs[ACH * AHD];
+  __shared__ float ps[AREP][ACH];
+  __shared__ float qs[AREP][AHD];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ int is_last;
+  // pdl 1: the successor may launch at once; 2: once this block's K/V have landed (after the wait); 3: at exit;
+  // + 4: key n - 1 by plain loads after the wait, not by a bulk copy (which queues behind other blocks' copies);
+  // + 8: the K/V rows by cp.async (16 bytes a thread) instead of bulk copies, and key n - 1 by plain loads
+  const bool lgs = pdl & 8, tail_ld = (pdl & 4) || lgs;
+  pdl &= 3;
+  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int p = blockIdx.x, g = blockIdx.y, P = gridDim.x, n = *n_ptr, lo = p * ACH;
+  if (lo >= n) return;
+  const int cnt = min(ACH, n - lo), pre = min(cnt, n - 1 - lo);  // before the wait: all but key n - 1
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const size_t head = static_cast<size_t>(g) * cap;
+  if (tid == 0) {
+    mbar_init(&bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_expect_tx(&bar, lgs ? 0 : (tail_ld ? pre : cnt) * AHD * 2 * 2);  // the part's bulk-copied bytes
+    if (pre > 0 && !lgs) {
+      bulk_load(ks, K + (head + lo) * AHD, pre * AHD * 2, &bar);
+      bulk_load(vs, V + (head + lo) * AHD, pre * AHD * 2, &bar);
+    }
+  }
+  if (lgs) {
+    const int units = pre * AHD / 8;  // 16-byte units of K, then as many of V
+    for (int i = tid; i < 2 * units; i += 128) {
+      const bool isv = i >= units;
+      const int u = isv ? i - units : i;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32((isv ? vs : ks) + u * 8)),
+                   "l"((isv ? V : K) + (head + lo) * AHD + u * 8)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // q and key n - 1 are the predecessor's
+  if (pre < cnt && !tail_ld && tid == 0) {
+    bulk_load(ks + pre * AHD, K + (head + n - 1) * AHD, AHD * 2, &bar);
+    bulk_load(vs + pre * AHD, V + (head + n - 1) * AHD, AHD * 2, &bar);
+  }
+  if (pre < cnt && tail_ld && tid < 32) {  // 2 x 256 bytes: 16 bytes a lane
+    const uint4* src = reinterpret_cast<const uint4*>((tid < 16 ? K : V) + (head + n - 1) * AHD) + tid % 16;
+    reinterpret_cast<uint4*>((tid < 16 ? ks : vs) + pre * AHD)[tid % 16] = *src;
+  }
+  for (int i = tid; i < AREP * AHD; i += 128)  // q pre-scaled by log2(e) / sqrt(head_dim): exp2 below
+    qs[i / AHD][i % AHD] = __bfloat162float(q[static_cast<size_t>(g) * AREP * AHD + i]) * scale_log2;
+  if (lgs) asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  float qr[AREP][4];
+#pragma unroll
+  for (int r = 0; r < AREP; ++r)
+#pragma unroll
+    for (int d = 0; d < 4; ++d) qr[r][d] = qs[r][lane * 4 + d];
+  mbar_wait(&bar, 0);
+  if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // scores: warp w takes keys w, w + 4, ...; a lane 4 of the 128 dims, then a butterfly over the lanes. Keys past
+  // cnt are computed on whatever the slot holds and masked: no branch, so four keys' butterflies interleave
+#pragma unroll 4
+  for (int j = warp; j < ACH; j += 4) {
+    float k[4], s[AREP];
+    bf4(ks + j * AHD + lane * 4, k);
+#pragma unroll
+    for (int r = 0; r < AREP; ++r) {
+      s[r] = 0.f;
+#pragma unroll
+      for (int d = 0; d < 4; ++d) s[r] = fmaf(qr[r][d], k[d], s[r]);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < AREP; ++r) ps[r][j] = j < cnt ? s[r] : -INFINITY;
+  }
+  __syncthreads();
+  // softmax and P.V: warp r takes query head r, a lane 4 of its dims
+  const int r = warp;
+  constexpr int PL = ACH / 32;  // scores a lane
+  float sc[PL], m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) m = fmaxf(m, sc[i] = ps[r][lane + 32 * i]);
+#pragma unroll
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+  for (int i = 0; i < PL; ++i) l += sc[i] = exp2f(sc[i] - m);
+#pragma unroll
+  for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+  for (int i = 0; i < PL; ++i) ps[r][lane + 32 * i] = sc[i];
+  __syncwarp();
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int j = 0; j < cnt; ++j) {
+    const float pj = ps[r][j];
+    float v[4];
+    bf4(vs + j * AHD + lane * 4, v);
+#pragma unroll
+    for (int d = 0; d < 4; ++d) acc[d] = fmaf(pj, v[d], acc[d]);
+  }
+  const size_t slot = (static_cast<size_t>(g) * P + p) * AREP + r;
+  *reinterpret_cast<float4*>(part_acc + slot * AHD + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  if (lane == 0) part_ml[slot * 2] = m, part_ml[slot * 2 + 1] = l;
+  __threadfence();
+  __syncthreads();
+  const int parts = (n + ACH - 1) / ACH;
+  if (tid == 0) {
+    is_last = atomicAdd(&tickets[g], 1u) == static_cast<unsigned>(parts - 1);
+    if (is_last) tickets[g] = 0;  // every part has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // the merge (L2 reads: other blocks wrote them): lane c takes part c's (max, sum) in one round (parts <= 32), a
+  // part's weight is exp2(m_c - M) (0 for lanes past the parts), and the accumulators come eight loads in flight,
+  // added in part order: the same bits whichever block merges
+  const size_t first = static_cast<size_t>(g) * P * AREP + r;
+  float mc = -INFINITY, lc = 0.f;
+  if (lane < parts) {
+    const float* ml = part_ml + (first + lane * AREP) * 2;
+    mc = __ldcg(ml), lc = __ldcg(ml + 1);
+  }
+  float M = mc;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float wc = exp2f(mc - M);
+  float L = lc * wc, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int k = 16; k; k >>= 1) L += __shfl_xor_sync(0xffffffffu, L, k);
+  for (int c0 = 0; c0 < parts; c0 += 8) {
+    float4 a[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4* src = reinterpret_cast<const float4*>(part_acc + (first + (c0 + i) * AREP) * AHD) + lane;
+      a[i] = c0 + i < parts ? __ldcg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float w = __shfl_sync(0xffffffffu, wc, (c0 + i) & 31);
+      o[0] = fmaf(a[i].x, w, o[0]), o[1] = fmaf(a[i].y, w, o[1]);
+      o[2] = fmaf(a[i].z, w, o[2]), o[3] = fmaf(a[i].w, w, o[3]);
+    }
+  }
+  __nv_bfloat16* dst = out + (static_cast<size_t>(g) * AREP + r) * AHD + lane * 4;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) dst[d] = __float2bfloat16(o[d] / L);
+}
+
 }  // namespace
 
 extern "C" {
@@ -455,6 +630,20 @@ int bulk_attn_like(const void* q, const void* kv, void* out, int M, int ldq, int
   return launch_ex(attn_like, dim3(128, M), dim3(128), 0, pdl, static_cast<cudaStream_t>(stream),
                    static_cast<const __nv_bfloat16*>(q), static_cast<const uint4*>(kv),
                    static_cast<__nv_bfloat16*>(out), ldq, pdl);
+}
+
+// one query row: q [32 * 128] (the q/k/v product's first 4096 columns), K, V [8, cap, 128] (the layer's cache, keys
+// 0..n-1 valid, n = *n_dev), out [32 * 128]; part_acc [8 * parts * 4 * 128] fp32, part_ml [8 * parts * 4 * 2] fp32,
+// tickets [8] zeros (left zero); parts = cap / ach, ach 32 or 64 keys a part
+int bulk_attn_decode(int ach, const void* q, const void* K, const void* V, const void* n_dev, int cap, void* part_acc,
+                     void* part_ml, void* tickets, void* out, int pdl, void* stream) {
+  if ((ach != 32 && ach != 64) || cap % ach || cap / ach > 32) return -1;  // the merge: a part a lane
+  return launch_ex(ach == 32 ? attn_decode<32> : attn_decode<64>, dim3(cap / ach, 8), dim3(128), 0, pdl,
+                   static_cast<cudaStream_t>(stream),
+                   static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(K),
+                   static_cast<const __nv_bfloat16*>(V), static_cast<const int*>(n_dev), cap,
+                   static_cast<float*>(part_acc), static_cast<float*>(part_ml), static_cast<unsigned*>(tickets),
+                   static_cast<__nv_bfloat16*>(out), 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), pdl);
 }
 
 const char* bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }

@@ -50,6 +50,7 @@ def build(out: Path) -> ctypes.CDLL:
     lib.bulk_gemm.argtypes = [i32, ptr, ptr, ptr] + [i32] * 7 + [ptr]
     lib.bulk_rms.argtypes = [ptr, ptr] + [i32] * 4 + [ptr]
     lib.bulk_attn_like.argtypes = [ptr] * 3 + [i32] * 3 + [ptr]
+    lib.bulk_attn_decode.argtypes = [i32] + [ptr] * 4 + [i32] + [ptr] * 4 + [i32, ptr]
     lib.bulk_error.restype = ctypes.c_char_p
     return lib
 

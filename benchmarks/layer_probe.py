@@ -1,0 +1,225 @@
+"""Whole decode layers with a real attention: what today's kernels cost against products streamed by bulk copies with
+every kernel a programmatic dependent launch (Fast v2, goal 1; benchmarks/NOTES.md, "A real attention in the PDL
+layer").
+
+bulk_probe.py measured layers whose attention was a stand-in (~3 us, reading 2 MB); the step's attention takes ~11.5
+us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand-in with
+- today's attention (eaglekit.models.attend on the cache with this step's k/v apart, the DIRECT path a decode step
+  takes, and the cache write the step does), with today's norms (eaglekit.models.norms) and smallm's products: today's
+  layer, less the epilogues that ride inside its products;
+- `attn_decode` (bulk_gemv.cu): a decode attention whose K/V stream into shared memory before it waits for its
+  predecessor, parts merged in order by the last one to finish; checked here against an fp64 attention;
+and times eight layers of each combination in one CUDA graph, two rounds in opposite orders.
+
+    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only]
+
+(--check-only: the attention's checks alone, e.g. under compute-sanitizer.)
+
+Needs a Hopper GPU and nvcc. The 8B shape: 32 query heads, 8 KV heads, head_dim 128, context 512 in a 1024 cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from bulk_probe import Bulk, Gemm, Layers, _ok, _stream, build  # noqa: E402
+
+from eaglekit.models import attend, norms, smallm  # noqa: E402
+
+H, HKV, HD, CAP, CTX = 32, 8, 128, 1024, 512
+
+
+class Attention:
+    """attn_decode's launch and its buffers: q [1, >= 4096] (row stride ignored: one row), k/v [HKV, CAP, HD]; `ach`
+    keys a part (32 or 64)."""
+
+    def __init__(self, lib, pdl: int, n: int = CTX, cap: int = CAP, ach: int = 32):
+        self.lib, self.pdl, self.cap, self.ach = lib, pdl, cap, ach
+        parts = cap // ach
+        self.n = torch.tensor([n], dtype=torch.int32, device="cuda")
+        self.acc = torch.empty(HKV * parts * 4 * HD, device="cuda", dtype=torch.float32)
+        self.ml = torch.empty(HKV * parts * 4 * 2, device="cuda", dtype=torch.float32)
+        self.tickets = torch.zeros(HKV, device="cuda", dtype=torch.int32)
+
+    def __call__(self, q, k, v, out):
+        _ok(self.lib, self.lib.bulk_attn_decode(self.ach, q.data_ptr(), k.data_ptr(), v.data_ptr(), self.n.data_ptr(),
+                                                self.cap, self.acc.data_ptr(), self.ml.data_ptr(),
+                                                self.tickets.data_ptr(), out.data_ptr(), self.pdl, _stream()),
+            "attn_decode")
+        return out
+
+
+def reference(q, k, v, n):
+    """fp64 GQA attention of one row: q [H * HD], k/v [HKV, cap, HD], keys 0..n-1 -> [H * HD]."""
+    qh = q.double().view(H, 1, HD)
+    kk = k[:, :n].double().repeat_interleave(H // HKV, 0)
+    vv = v[:, :n].double().repeat_interleave(H // HKV, 0)
+    w = torch.softmax(qh @ kk.transpose(1, 2) / math.sqrt(HD), -1)
+    return (w @ vv).reshape(-1)
+
+
+def check_attention(lib) -> dict:
+    """attn_decode against fp64 at contexts that cut parts every way (1 key, a part's edge, a full cache), every
+    output written (NaN-poisoned), the same bits on a second launch and as a PDL launch (K/V by bulk copies, the
+    step's own key by plain loads, or everything by cp.async and loads), the tickets left at zero;
+    today's attention's error beside it."""
+    res = {}
+    torch.manual_seed(1)
+    k = torch.randn(HKV, CAP, HD, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(HKV, CAP, HD, device="cuda", dtype=torch.bfloat16)
+    for n in (1, 2, 63, 64, 65, 300, 511, 512, 1000, 1024):
+        q = torch.randn(H * HD, device="cuda", dtype=torch.bfloat16) * 2
+        outs, tickets = [], 0
+        for pdl, ach in ((0, 32), (0, 32), (1, 32), (0, 64), (5, 32), (9, 32)):  # 5, 9: the K/V by other loads
+            att = Attention(lib, pdl, n, ach=ach)
+            out = torch.full((H * HD,), float("nan"), device="cuda", dtype=torch.bfloat16)
+            att(q, k, v, out)
+            torch.cuda.synchronize()
+            outs.append(out)
+            tickets += int(att.tickets.abs().sum())
+        ref = reference(q, k, v, n)
+        mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
+        mask[..., :n] = True
+        slots, count, _ = attend.visible(mask)
+        ours = attend.attend(q.view(1, H, 1, HD), k[None], v[None], slots, count).transpose(1, 2).reshape(-1)
+        row = {"rel_err": ((outs[0].double() - ref).norm() / ref.norm()).item(),
+               "all_written": bool(torch.isfinite(outs[0]).all()),
+               "same_bits_again_and_pdl": all(torch.equal(outs[0], o) for o in (outs[1], outs[2], outs[4], outs[5])),
+               "tickets_zero": tickets == 0,
+               "rel_err_64_keys_a_part": ((outs[3].double() - ref).norm() / ref.norm()).item(),
+               "eaglekit_attend_rel_err": ((ours.double() - ref).norm() / ref.norm()).item()}
+        res[str(n)] = row
+        print(f"check attn_decode n={n}: {row}", flush=True)
+    return res
+
+
+class RealLayers(Layers):
+    """Layers with a choice of norm (the CUDA stand-in or eaglekit's) and attention (the stand-in, today's with its
+    cache write, or attn_decode), each small kernel plain or a PDL participant (`small_pdl`)."""
+
+    def __init__(self, lib, layers: int = 8):
+        super().__init__(lib, layers, 1)
+        self.norm_kind, self.attn_kind = "cuda", "stand-in"
+        self.caches = [(torch.randn(1, HKV, CAP, HD, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, HKV, CAP, HD, device="cuda", dtype=torch.bfloat16)) for _ in range(layers)]
+        self.norm_w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+        mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
+        mask[..., :CTX] = True
+        self.base = torch.tensor([CTX - 1], device="cuda")
+        self.slots, self.count, self.old = attend.visible(mask, self.base)  # once a step, as the decoder does
+        self.pos = torch.tensor([CTX - 1], device="cuda")
+        self.attn = {(pdl, ach): Attention(lib, pdl, ach=ach) for pdl in (0, 1, 2, 3, 5, 9) for ach in (32, 64)}
+
+    def body(self, linear):
+        if not self.whole or (self.norm_kind, self.attn_kind) == ("cuda", "stand-in"):
+            return super().body(linear)
+        lib, pdl = self.lib, self.small_pdl
+
+        def product(x, w, i):
+            y = linear(x, w, self.ys[i])
+            return self.ys[i] if y is None else y
+
+        def norm(x):
+            if self.norm_kind == "eaglekit":
+                return norms.rms_norm(x, self.norm_w, 1e-5)
+            _ok(lib, lib.bulk_rms(x.data_ptr(), self.normed.data_ptr(), 1, 4096, x.stride(0), pdl, _stream()), "rms")
+            return self.normed
+
+        def attention(qkv, cache, kv):
+            k, v = cache
+            if self.attn_kind.startswith("cuda"):  # cudaA[/tT]: attn_decode, A keys a part, its pdl mode T
+                ach, _, trig = self.attn_kind[4:].partition("/t")
+                return self.attn[int(trig) if pdl and trig else pdl, int(ach)](qkv, k, v, self.att).view(1, 4096)
+            if self.attn_kind == "stand-in":
+                _ok(lib, lib.bulk_attn_like(qkv.data_ptr(), kv.data_ptr(), self.att.data_ptr(), 1, qkv.stride(0), pdl,
+                                            _stream()), "attn_like")
+                return self.att
+            q = qkv[:, :4096].view(1, 1, H, HD).transpose(1, 2)
+            kn = qkv[:, 4096:5120].view(1, 1, HKV, HD).transpose(1, 2)
+            vn = qkv[:, 5120:].view(1, 1, HKV, HD).transpose(1, 2)
+            k.index_copy_(2, self.pos, kn)  # the step's cache write (two small kernels a layer in the step)
+            v.index_copy_(2, self.pos, vn)
+            o = attend.attend(q, k, v, self.slots, self.count, self.old, (kn, vn, self.base))
+            return o.transpose(1, 2).reshape(1, 4096)
+
+        def run():
+            x = self.x0
+            for (wqkv, wo, wgu, wd), cache, kv in zip(self.ws, self.caches, self.kv):
+                qkv = product(norm(x), wqkv, 0)
+                gu = product(norm(product(attention(qkv, cache, kv), wo, 1)), wgu, 2)
+                x = product(gu[:, :14336], wd, 3)
+            self.last = x
+        return run
+
+
+def main():
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    save = lambda: (out / "layer_probe.json").write_text(json.dumps(res, indent=1))  # noqa: E731
+    lib = build(out)
+    sms = lib.bulk_sm_count()
+    res["check_attention"] = check_attention(lib)
+    save()
+    if "--check-only" in sys.argv:
+        return
+    smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
+    gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # as bulk_probe: PDL, at least 100 KB a block (two an SM)
+    fma = Bulk(lib, 4, 8, 2 * sms, 1, 100)
+    layers = RealLayers(lib, int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8)
+    res.update(layers=len(layers.ws), weight_bytes=layers.nbytes, context=CTX)
+    # (name, products, small kernels PDL, norm, attention)
+    today = "today: smallm, eaglekit norms, eaglekit attention + cache write"
+    variants = [(today, smallm_fn, 0, "eaglekit", "eaglekit"),
+                ("smallm, eaglekit norms, attn_decode 64 plain", smallm_fn, 0, "eaglekit", "cuda64"),
+                ("smallm, eaglekit norms, attn_decode 32 plain", smallm_fn, 0, "eaglekit", "cuda32"),
+                ("smallm, CUDA norms plain, stand-in attention plain", smallm_fn, 0, "cuda", "stand-in"),
+                ("gemm pdl, CUDA norms pdl, stand-in attention pdl", gemm, 1, "cuda", "stand-in"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl", gemm, 1, "cuda", "cuda64"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl", gemm, 1, "cuda", "cuda32"),
+                ("fma pdl, CUDA norms pdl, attn_decode 64 pdl", fma, 1, "cuda", "cuda64"),
+                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl", fma, 1, "cuda", "cuda32"),
+                # when the attention lets the next product launch: once its K/V landed (t2), or at exit (t3)
+                ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl trigger after K/V", gemm, 1, "cuda", "cuda64/t2"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl trigger at exit", gemm, 1, "cuda", "cuda64/t3"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl trigger at exit", gemm, 1, "cuda", "cuda32/t3"),
+                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl trigger at exit", fma, 1, "cuda", "cuda32/t3"),
+                # the step's own key by plain loads after the wait (a bulk copy queues behind the products' copies)
+                ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl, own key by loads", gemm, 1, "cuda", "cuda64/t5"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl, own key by loads", gemm, 1, "cuda", "cuda32/t5"),
+                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl, own key by loads", fma, 1, "cuda", "cuda32/t5"),
+                # K/V by cp.async: the attention's copies off the bulk-copy engine the products stream through
+                ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl, K/V by cp.async", gemm, 1, "cuda", "cuda64/t9"),
+                ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl, K/V by cp.async", gemm, 1, "cuda", "cuda32/t9"),
+                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl, K/V by cp.async", fma, 1, "cuda", "cuda32/t9")]
+    res["variants"] = {}
+    for rnd, order in enumerate((variants, variants[::-1])):
+        for name, fn, pdl, nk, ak in order:
+            layers.small_pdl, layers.norm_kind, layers.attn_kind, layers.whole = pdl, nk, ak, True
+            try:
+                row, got = layers.measure(fn)
+                row["finite"] = bool(torch.isfinite(got).all())
+            except Exception as e:
+                traceback.print_exc()
+                row = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
+            res["variants"].setdefault(name, []).append(row)
+            print(f"round {rnd}: {name}: {row}", flush=True)
+            save()
+    print(f"\n{'variant (8 layers, 1 row)':<66} {'ms (two rounds)':>18} {'TB/s':>6}")
+    for name, rows in res["variants"].items():
+        ms = [r["ms"] for r in rows if "ms" in r]
+        if ms:
+            print(f"{name:<66} {' / '.join(f'{m:.4f}' for m in ms):>18} {rows[0]['bandwidth_TBps']:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
