@@ -6,10 +6,13 @@
 // weight is the wall"). Four families, for benchmarks/bulk_probe.py (NOTES: "Weights streamed by bulk copies"):
 //   gemv_bulk  one row, fp32 multiply-adds on the CUDA cores (below);
 //   gemm_bulk  up to 16 rows on the tensor cores, each row's bits independent of the others (what a verify needs);
+//              variants: W packed into the lanes' read order, at most 8 rows (layer_probe.py);
 //   rms_rows, attn_like  stand-ins for a layer's latency-bound kernels, as PDL participants;
 //   attn_decode  a real one-row GQA decode attention as a PDL participant (benchmarks/layer_probe.py).
 // The x rows are read through the read-only path (const __restrict__ / __ldg: LDG.E.128.CONSTANT in the SASS); that is
 // how the figures were measured; a product version should read a predecessor's output with coherent loads under PDL.
+// A consumer releases a ring slot through slot_release (a proxy fence first): without it the refill's bulk copy could
+// overwrite data whose loads were still in flight (found 2026-12-03: wrong sums at 16 rows).
 //
 // gemv_bulk's layout: block c owns output rows [N*c/G, N*(c+1)/G): a contiguous span of W. A chunk is one row (K*2 <=
 // SLOT) or one of CW equal segments of a row; one bulk copy a chunk. Chunk i goes to consumer warp i % CW, which owns
@@ -43,6 +46,17 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
 
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+
+// a consumer warp is done reading ring slot `bar`'s data: the producer may refill it. The refill is a bulk copy (the
+// async proxy) and our reads were plain loads (the generic proxy): without a proxy fence the arrive can overtake
+// loads still in flight (ptxas had put it before the last LDS returned) and the copy overwrite what they read: wrong
+// sums at random (seen at 16 rows). The fence (MEMBAR + FENCE.VIEW.ASYNC in the SASS) makes the loads complete first.
+// compute-sanitizer's racecheck reports write-after-read hazards between the copies and the loads with or without it.
+__device__ __forceinline__ void slot_release(uint64_t* bar, int lane) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
 }
 
 __device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
@@ -179,8 +193,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
       a1 = dot8(w1, x1, a1);
     }
     if (g < gps) a0 = dot8(wv[g * 32], xv[g * 32], a0);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
+    slot_release(&empty[s], lane);  // this warp is done with the slot
     float a = a0 + a1;
 #pragma unroll
     for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -237,18 +250,31 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// XS (one row only): x staged in shared memory once after the wait, as gemv_bulk does, instead of read per chunk
-template <int CW, int NSLOTS, bool XS = false>
+// XS (one row only): x staged in shared memory once after the wait, as gemv_bulk does, instead of read per chunk.
+// RED: how a tile's warp sums meet. 0: a barrier of the consumer warps a tile, then each thread adds one value over
+// the warps; 1: no barrier: each warp leaves its sums and counts itself in, and the last warp of the tile adds them,
+// in the same warp order (the same bits as 0, checked; no faster: NOTES, fifteenth session).
+// PK: W packed so a chunk is 8 KB in one piece, in the order the lanes read it (pack_gemm in layer_probe.py:
+// [tile][piece][step j][row g][column group t][8 k]): one bulk copy a chunk instead of eight of 1 KB, and a warp's
+// 16-byte loads of a step read 512 contiguous bytes (no padding needed). The same mma inputs: the same bits.
+// LO (at most 8 rows): x's rows 8-15 (A's zero half) not held in registers: the same mma inputs, 64 fewer registers.
+// RED 1 keeps RSLOTS tiles' sums: a warp runs at most NSLOTS chunks ahead of the slowest (the producer waits for a
+// slot's release), i.e. NSLOTS / P <= NSLOTS / CW tiles, so a slot is not reused while its tile is still being added
+constexpr int RSLOTS = 4;
+
+template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false>
 __global__ void __launch_bounds__((CW + 1) * 32)
     gemm_bulk(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
               int M, int N, int K, int ldx, int pdl) {
   static_assert(NSLOTS % CW == 0, "each slot must be used by one consumer warp only");
+  static_assert(RED != 1 || NSLOTS / CW + 2 <= RSLOTS, "warps may run apart by more tiles than there are sum slots");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
   uint64_t* empty = full + NSLOTS;
-  float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [2][CW][32 lanes][4]: a tile's warp sums, by parity
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(red + 2 * CW * 128);  // XS: x's one row
+  float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [RSLOTS][CW][32 lanes][4]: a tile's warp sums
+  int* arrived = reinterpret_cast<int*>(red + RSLOTS * CW * 128);  // [RSLOTS]: warps in, over all uses of a slot
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(arrived + RSLOTS);  // XS: x's one row
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int tiles = N / 8, P = K / 512;
@@ -256,6 +282,7 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
   const int nchunks = (t1 - t0) * P;
 
+  if (threadIdx.x < RSLOTS) arrived[threadIdx.x] = 0;  // (published by ring_init's barrier)
   ring_init(full, empty, NSLOTS, pdl);
 
   if (warp == CW) {
@@ -265,8 +292,12 @@ __global__ void __launch_bounds__((CW + 1) * 32)
         if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
         const __nv_bfloat16* src = W + static_cast<size_t>(t0 + i / P) * 8 * K + static_cast<size_t>(i % P) * 512;
         mbar_expect_tx(&full[s], 8 * 1024);
-        for (int r = 0; r < 8; ++r)
-          bulk_load(ring + s * MSLOT + r * MROW, src + static_cast<size_t>(r) * K, 1024, &full[s]);
+        if (PK) {  // chunk (tile, piece) is the 4096 elements at (tile * P + piece) * 4096
+          bulk_load(ring + s * MSLOT, W + (static_cast<size_t>(t0) * P + i) * 4096, 8 * 1024, &full[s]);
+        } else {
+          for (int r = 0; r < 8; ++r)
+            bulk_load(ring + s * MSLOT + r * MROW, src + static_cast<size_t>(r) * K, 1024, &full[s]);
+        }
       }
       if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
@@ -289,53 +320,71 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   for (int i = warp; i < nchunks; i += CW) {
     const int s = i % NSLOTS, tile = t0 + i / P, piece = i % P;
     const int kq = piece * 64;  // this piece's first 16-byte unit of a row
-    uint4 xa[16], xb[16];
+    uint4 xa[16], xb[LO ? 1 : 16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {  // step j: k = piece * 512 + j * 32 + t * 8 .. + 7
       xa[j] = lo ? (XS ? xlo[kq + j * 4] : __ldg(xlo + kq + j * 4)) : zero;
-      xb[j] = hi ? __ldg(xhi + kq + j * 4) : zero;
+      if (!LO) xb[j] = hi ? __ldg(xhi + kq + j * 4) : zero;
     }
     mbar_wait(&full[s], (i / NSLOTS) & 1);
-    const unsigned char* wrow = ring + s * MSLOT + g * MROW + t * 16;
+    const unsigned char* wrow = PK ? ring + s * MSLOT + lane * 16 : ring + s * MSLOT + g * MROW + t * 16;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const uint4 w = *reinterpret_cast<const uint4*>(wrow + j * 64);
+      const uint4 w = *reinterpret_cast<const uint4*>(wrow + j * (PK ? 512 : 64));
       float(&d)[4] = (j & 1) ? d1 : d0;
-      mma16816(d, xa[j].x, xb[j].x, xa[j].y, xb[j].y, w.x, w.y);
-      mma16816(d, xa[j].z, xb[j].z, xa[j].w, xb[j].w, w.z, w.w);
+      const uint4 xh = LO ? zero : xb[LO ? 0 : j];  // A's rows 8-15
+      mma16816(d, xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
+      mma16816(d, xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    slot_release(&empty[s], lane);
     if (piece + CW >= P) {  // this warp's last piece of the tile: hand its sums over, warp order decides the rest
-      float* rb = red + ((tile & 1) * CW + warp) * 128 + lane * 4;
+      const int rs = (tile - t0) % RSLOTS, use = (tile - t0) / RSLOTS;
+      float* slot = red + rs * CW * 128;
+      float* rb = slot + warp * 128 + lane * 4;
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         rb[r] = d0[r] + d1[r];
         d0[r] = d1[r] = 0.f;
       }
-      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
-      const int tid = threadIdx.x;  // < CW * 32 = 128 values: lane tid / 4's register tid % 4
-      if (tid < 128) {
-        const float* src = red + (tile & 1) * CW * 128 + tid;
-        float v = src[0];
-        for (int w = 1; w < CW; ++w) v += src[w * 128];
-        const int sl = tid / 4, r = tid % 4;
+      // value v of the tile (< 128: lane v / 4's register v % 4) is the sum over the warps of slot[w * 128 + v]
+      auto put = [&](int v, float sum) {
+        const int sl = v / 4, r = v % 4;
         const int row = (sl >> 2) + (r >= 2 ? 8 : 0), col = tile * 8 + (sl & 3) * 2 + (r & 1);
-        if (row < M) y[static_cast<size_t>(row) * N + col] = __float2bfloat16(v);
+        if (row < M) y[static_cast<size_t>(row) * N + col] = __float2bfloat16(sum);
+      };
+      auto add = [&](int v) {
+        float sum = slot[v];
+        for (int w = 1; w < CW; ++w) sum += slot[w * 128 + v];
+        return sum;
+      };
+      if (RED == 0) {
+        asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+        if (threadIdx.x < 128) put(threadIdx.x, add(threadIdx.x));
+      } else {
+        __threadfence_block();  // our sums before our count
+        __syncwarp();
+        int before = 0;
+        if (lane == 0) before = atomicAdd(&arrived[rs], 1);
+        before = __shfl_sync(0xffffffffu, before, 0);
+        if (before == CW * (use + 1) - 1) {  // the tile's last warp: the others' sums are in
+          __threadfence_block();
+#pragma unroll
+          for (int r = 0; r < 4; ++r) put(lane * 4 + r, add(lane * 4 + r));
+        }
       }
     }
   }
 }
 
-template <int CW, int NSLOTS, bool XS = false>
+template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false>
 int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl, int min_smem,
                cudaStream_t stream) {
-  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + 2 * CW * 128 * 4 + (XS ? K * 2 : 0);
+  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + RSLOTS * CW * 128 * 4 + RSLOTS * 4 + (XS ? K * 2 : 0);
   const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
   static bool ready = false;
-  if (const int e = allow_smem(gemm_bulk<CW, NSLOTS, XS>, ready)) return e;
-  if (M < 1 || M > (XS ? 1 : 16) || N % 8 || K % (512 * CW) || ldx % 8 || (XS && K > XMAX)) return -1;
-  return launch_ex(gemm_bulk<CW, NSLOTS, XS>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
+  if (const int e = allow_smem(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO>, ready)) return e;
+  if (M < 1 || M > (XS ? 1 : LO ? 8 : 16) || N % 8 || K % (512 * CW) || ldx % 8 || (XS && K > XMAX)) return -1;
+  return launch_ex(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
                    static_cast<const __nv_bfloat16*>(W), static_cast<const __nv_bfloat16*>(x),
                    static_cast<__nv_bfloat16*>(y), M, N, K, ldx, pdl);
 }
@@ -606,7 +655,8 @@ int bulk_gemv(int warps, int nslots, const void* W, const void* x, void* y, int 
   }
 }
 
-// the tensor-core variant: x [M, K] with row stride ldx, y [M, N]; M <= 16, N % 8 == 0, K % 2048 == 0
+// the tensor-core variant: x [M, K] with row stride ldx, y [M, N]; M <= 16 (508, 608: M <= 8), N % 8 == 0,
+// K % 2048 == 0; 408 and 508 take W packed (layer_probe.pack_gemm)
 int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl,
               int min_smem, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -615,6 +665,11 @@ int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, i
     case 8: return launch_mma<4, 8>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     case 12: return launch_mma<4, 12>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     case 108: return launch_mma<4, 8, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);  // x staged, one row
+    case 208: return launch_mma<4, 8, false, 1>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);  // no tile barrier
+    case 408: return launch_mma<4, 8, false, 0, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);  // W packed
+    // at most 8 rows (x's rows 8-15 not held), W packed / as it is
+    case 508: return launch_mma<4, 8, false, 0, true, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    case 608: return launch_mma<4, 8, false, 0, false, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     default: return -3;
   }
 }

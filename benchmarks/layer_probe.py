@@ -9,11 +9,15 @@ us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand
   layer, less the epilogues that ride inside its products;
 - `attn_decode` (bulk_gemv.cu): a decode attention whose K/V stream into shared memory before it waits for its
   predecessor, parts merged in order by the last one to finish; checked here against an fp64 attention;
+- variants of the tensor-core product (gemm_bulk), each leaving out one suspect for why it lost more than the one-row
+  FMA kernel around the attention: its per-tile barrier (the last warp in adds instead), its eight 1 KB copies a chunk
+  (W packed: one 8 KB copy), its 168 registers (at most 8 rows: x's zero rows 8-15 not held); each checked to give
+  the same bits as the plain one at 1, 6 and 16 rows (NOTES: "A race in the products' ring, and a packed product");
 and times eight layers of each combination in one CUDA graph, two rounds in opposite orders.
 
-    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only]
+    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check]
 
-(--check-only: the attention's checks alone, e.g. under compute-sanitizer.)
+(--check-only: the checks alone, e.g. under compute-sanitizer; --gemm-check: the products' checks alone.)
 
 Needs a Hopper GPU and nvcc. The 8B shape: 32 query heads, 8 KV heads, head_dim 128, context 512 in a 1024 cache.
 """
@@ -36,6 +40,27 @@ from bulk_probe import Bulk, Gemm, Layers, _ok, _stream, build  # noqa: E402
 from eaglekit.models import attend, norms, smallm  # noqa: E402
 
 H, HKV, HD, CAP, CTX = 32, 8, 128, 1024, 512
+# bulk_gemm's codes (8 slots): the last warp adds a tile's sums (no barrier); W packed (one 8 KB copy a chunk);
+# packed and at most 8 rows (x's rows 8-15 not in registers); at most 8 rows, W as it is
+GEMM_LAST, GEMM_PACKED, GEMM_PACKED_LO, GEMM_LO = 208, 408, 508, 608
+
+
+def pack_gemm(w: torch.Tensor) -> torch.Tensor:
+    """W [N, K] in the order GEMM_PACKED reads it: [tile][piece][step j][row g][column group t][8 k], as an [N, K]
+    tensor (the shape only counts elements; chunk (tile, piece) is the 4096 at (tile * K / 512 + piece) * 4096)."""
+    N, K = w.shape
+    return w.view(N // 8, 8, K // 512, 16, 4, 8).permute(0, 2, 3, 1, 4, 5).contiguous().view(N, K)
+
+
+class Packed(Gemm):
+    """Gemm on packed weights: each weight packed once, ahead (never inside a captured graph), looked up by address."""
+
+    def __init__(self, lib, code: int, grid: int, pdl: int, weights):
+        super().__init__(lib, 4, code, grid, pdl, 100)
+        self.packed = {w.data_ptr(): pack_gemm(w) for w in weights}
+
+    def __call__(self, x, w, y):
+        return super().__call__(x, self.packed[w.data_ptr()], y)
 
 
 class Attention:
@@ -99,6 +124,38 @@ def check_attention(lib) -> dict:
                "eaglekit_attend_rel_err": ((ours.double() - ref).norm() / ref.norm()).item()}
         res[str(n)] = row
         print(f"check attn_decode n={n}: {row}", flush=True)
+    return res
+
+
+def check_gemm_variants(lib, sms: int) -> dict:
+    """gemm's variants (the last warp adds a tile's sums; W packed; at most 8 rows) against code 8 (a barrier a tile,
+    W as it is): the same bits at 1, 6 and 16 rows (8-row variants: 1 and 6) on the step's weight shapes and the
+    lm_head's, every output written; each against an fp32 product (max error over the output's largest magnitude)."""
+    res = {}
+    for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(16, K, device="cuda", dtype=torch.bfloat16)
+        runs = {code: Gemm(lib, 4, code, 2 * sms, 0, 100) for code in (8, GEMM_LAST, GEMM_LO)}
+        runs.update({code: Packed(lib, code, 2 * sms, 0, [w]) for code in (GEMM_PACKED, GEMM_PACKED_LO)})
+        rows = {code: {"differing": {}, "rel_err": {}, "all_written": True} for code in runs}
+        for M in (1, 6, 16):
+            ref = x[:M].float() @ w.float().T
+            ys = {}
+            for code, fn in runs.items():
+                if M > 8 and code in (GEMM_PACKED_LO, GEMM_LO):
+                    continue
+                ys[code] = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+                fn(x[:M], w, ys[code])
+            torch.cuda.synchronize()
+            for code, y in ys.items():
+                rows[code]["differing"][M] = int((y != ys[8]).sum())
+                rows[code]["rel_err"][M] = float((y.float() - ref).abs().max() / ref.abs().max())
+                rows[code]["all_written"] &= bool(torch.isfinite(y).all())
+        for code, row in rows.items():
+            row["same_bits_as_8"] = not any(row["differing"].values())
+            print(f"check gemm {code} {N}x{K}: {row}", flush=True)
+        res[f"{N}x{K}"] = {str(code): row for code, row in rows.items()}
+        del w, runs
     return res
 
 
@@ -168,16 +225,25 @@ def main():
     save = lambda: (out / "layer_probe.json").write_text(json.dumps(res, indent=1))  # noqa: E731
     lib = build(out)
     sms = lib.bulk_sm_count()
-    res["check_attention"] = check_attention(lib)
+    if "--gemm-check" not in sys.argv:
+        res["check_attention"] = check_attention(lib)
+        save()
+    res["check_gemm_variants"] = check_gemm_variants(lib, sms)
     save()
-    if "--check-only" in sys.argv:
+    if "--check-only" in sys.argv or "--gemm-check" in sys.argv:
         return
     smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # as bulk_probe: PDL, at least 100 KB a block (two an SM)
     fma = Bulk(lib, 4, 8, 2 * sms, 1, 100)
+    gemm_last = Gemm(lib, 4, GEMM_LAST, 2 * sms, 1, 100)
     layers = RealLayers(lib, int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8)
+    weights = [w for ws in layers.ws for w in ws]
+    packed = Packed(lib, GEMM_PACKED, 2 * sms, 1, weights)
+    packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, weights)
+    packed_lo.packed = packed.packed  # the same packed copies
+    gemm_lo = Gemm(lib, 4, GEMM_LO, 2 * sms, 1, 100)
     res.update(layers=len(layers.ws), weight_bytes=layers.nbytes, context=CTX)
-    # (name, products, small kernels PDL, norm, attention)
+    # (name, products, small kernels PDL, norm, attention or "alone": the products without the rest of the layer)
     today = "today: smallm, eaglekit norms, eaglekit attention + cache write"
     variants = [(today, smallm_fn, 0, "eaglekit", "eaglekit"),
                 ("smallm, eaglekit norms, attn_decode 64 plain", smallm_fn, 0, "eaglekit", "cuda64"),
@@ -200,14 +266,39 @@ def main():
                 # K/V by cp.async: the attention's copies off the bulk-copy engine the products stream through
                 ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl, K/V by cp.async", gemm, 1, "cuda", "cuda64/t9"),
                 ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl, K/V by cp.async", gemm, 1, "cuda", "cuda32/t9"),
-                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl, K/V by cp.async", fma, 1, "cuda", "cuda32/t9")]
-    res["variants"] = {}
+                ("fma pdl, CUDA norms pdl, attn_decode 32 pdl, K/V by cp.async", fma, 1, "cuda", "cuda32/t9"),
+                # gemm without its barrier a tile: the last warp in adds (same bits)
+                ("gemm last-adds pdl, CUDA norms pdl, stand-in attention pdl", gemm_last, 1, "cuda", "stand-in"),
+                ("gemm last-adds pdl, CUDA norms pdl, attn_decode 64 pdl", gemm_last, 1, "cuda", "cuda64"),
+                ("gemm last-adds pdl, CUDA norms pdl, attn_decode 32 pdl", gemm_last, 1, "cuda", "cuda32"),
+                # W packed (one 8 KB copy a chunk); x's zero rows 8-15 out of the registers (168 -> 110)
+                ("gemm packed pdl, CUDA norms pdl, stand-in attention pdl", packed, 1, "cuda", "stand-in"),
+                ("gemm packed pdl, CUDA norms pdl, attn_decode 64 pdl", packed, 1, "cuda", "cuda64"),
+                ("gemm packed pdl, CUDA norms pdl, attn_decode 32 pdl", packed, 1, "cuda", "cuda32"),
+                ("gemm <=8 rows pdl, CUDA norms pdl, stand-in attention pdl", gemm_lo, 1, "cuda", "stand-in"),
+                ("gemm <=8 rows pdl, CUDA norms pdl, attn_decode 64 pdl", gemm_lo, 1, "cuda", "cuda64"),
+                ("gemm <=8 rows pdl, CUDA norms pdl, attn_decode 32 pdl", gemm_lo, 1, "cuda", "cuda32"),
+                ("gemm packed <=8 rows pdl, CUDA norms pdl, stand-in attention pdl", packed_lo, 1, "cuda", "stand-in"),
+                ("gemm packed <=8 rows pdl, CUDA norms pdl, attn_decode 64 pdl", packed_lo, 1, "cuda", "cuda64"),
+                ("gemm packed <=8 rows pdl, CUDA norms pdl, attn_decode 32 pdl", packed_lo, 1, "cuda", "cuda32"),
+                ("products alone: gemm pdl", gemm, 1, "cuda", "alone"),
+                ("products alone: gemm last-adds pdl", gemm_last, 1, "cuda", "alone"),
+                ("products alone: gemm packed pdl", packed, 1, "cuda", "alone"),
+                ("products alone: gemm <=8 rows pdl", gemm_lo, 1, "cuda", "alone"),
+                ("products alone: gemm packed <=8 rows pdl", packed_lo, 1, "cuda", "alone"),
+                ("products alone: fma pdl", fma, 1, "cuda", "alone")]
+    # gemm's variants do the same arithmetic: each whole-layer output should equal plain gemm's with the same kernels
+    res["variants"], outputs = {}, {}
     for rnd, order in enumerate((variants, variants[::-1])):
         for name, fn, pdl, nk, ak in order:
-            layers.small_pdl, layers.norm_kind, layers.attn_kind, layers.whole = pdl, nk, ak, True
+            layers.small_pdl, layers.norm_kind, layers.attn_kind, layers.whole = pdl, nk, ak, ak != "alone"
             try:
                 row, got = layers.measure(fn)
                 row["finite"] = bool(torch.isfinite(got).all())
+                if fn is gemm:
+                    outputs[nk, ak] = got
+                elif isinstance(fn, Gemm) and (nk, ak) in outputs:
+                    row["same_output_as_gemm"] = bool(torch.equal(got, outputs[nk, ak]))
             except Exception as e:
                 traceback.print_exc()
                 row = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
