@@ -15,9 +15,10 @@ us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand
   the same bits as the plain one at 1, 6 and 16 rows (NOTES: "A race in the products' ring, and a packed product");
 and times eight layers of each combination in one CUDA graph, two rounds in opposite orders.
 
-    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check]
+    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check | --six]
 
-(--check-only: the checks alone, e.g. under compute-sanitizer; --gemm-check: the products' checks alone.)
+(--check-only: the checks alone, e.g. under compute-sanitizer; --gemm-check: the products' checks alone; --six: after
+the checks, the products at a verify's 6 rows instead of the 1-row layers.)
 
 Needs a Hopper GPU and nvcc. The 8B shape: 32 query heads, 8 KV heads, head_dim 128, context 512 in a 1024 cache.
 """
@@ -232,6 +233,8 @@ def main():
     save()
     if "--check-only" in sys.argv or "--gemm-check" in sys.argv:
         return
+    if "--six" in sys.argv:
+        return six_rows(lib, sms, int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8, res, save)
     smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # as bulk_probe: PDL, at least 100 KB a block (two an SM)
     fma = Bulk(lib, 4, 8, 2 * sms, 1, 100)
@@ -287,29 +290,63 @@ def main():
                 ("products alone: gemm <=8 rows pdl", gemm_lo, 1, "cuda", "alone"),
                 ("products alone: gemm packed <=8 rows pdl", packed_lo, 1, "cuda", "alone"),
                 ("products alone: fma pdl", fma, 1, "cuda", "alone")]
-    # gemm's variants do the same arithmetic: each whole-layer output should equal plain gemm's with the same kernels
-    res["variants"], outputs = {}, {}
+    res["variants"] = {}
+    outputs = {}
     for rnd, order in enumerate((variants, variants[::-1])):
         for name, fn, pdl, nk, ak in order:
             layers.small_pdl, layers.norm_kind, layers.attn_kind, layers.whole = pdl, nk, ak, ak != "alone"
-            try:
-                row, got = layers.measure(fn)
-                row["finite"] = bool(torch.isfinite(got).all())
-                if fn is gemm:
-                    outputs[nk, ak] = got
-                elif isinstance(fn, Gemm) and (nk, ak) in outputs:
-                    row["same_output_as_gemm"] = bool(torch.equal(got, outputs[nk, ak]))
-            except Exception as e:
-                traceback.print_exc()
-                row = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
-            res["variants"].setdefault(name, []).append(row)
-            print(f"round {rnd}: {name}: {row}", flush=True)
+            timed(layers, name, fn, gemm, outputs, (nk, ak), res["variants"], rnd)
             save()
-    print(f"\n{'variant (8 layers, 1 row)':<66} {'ms (two rounds)':>18} {'TB/s':>6}")
-    for name, rows in res["variants"].items():
+    table(res["variants"], "1 row")
+
+
+def timed(layers, name: str, fn, gemm, outputs: dict, key, into: dict, rnd: int):
+    """One timing of `layers` with products `fn`, into[name]. gemm's variants do the same arithmetic, so each output
+    should equal plain gemm's with the same other kernels (`key`): recorded as same_output_as_gemm."""
+    try:
+        row, got = layers.measure(fn)
+        row["finite"] = bool(torch.isfinite(got).all())
+        if fn is gemm:
+            outputs[key] = got
+        elif isinstance(fn, Gemm) and key in outputs:
+            row["same_output_as_gemm"] = bool(torch.equal(got, outputs[key]))
+    except Exception as e:
+        traceback.print_exc()
+        row = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
+    into.setdefault(name, []).append(row)
+    print(f"round {rnd}: {name}: {row}", flush=True)
+
+
+def table(variants: dict, shape: str):
+    print(f"\n{f'variant (8 layers, {shape})':<66} {'ms (two rounds)':>18} {'TB/s':>6}")
+    for name, rows in variants.items():
         ms = [r["ms"] for r in rows if "ms" in r]
         if ms:
             print(f"{name:<66} {' / '.join(f'{m:.4f}' for m in ms):>18} {rows[0]['bandwidth_TBps']:>6.3f}")
+
+
+def six_rows(lib, sms: int, n: int, res: dict, save):
+    """A verify's shape, 6 rows ((3,1,4) verifies 5, (5,1,6) 7): today's products (smallm, plain launches) against
+    gemm and the packed <= 8-row gemm with every kernel PDL, in whole layers with the stand-in norms and attention
+    (bulk_probe.Layers: they take any row count) and alone. Two rounds in opposite orders."""
+    layers = Layers(lib, n, 6)
+    gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)
+    packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, [w for ws in layers.ws for w in ws])
+    smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
+    variants = [("6 rows: smallm, stand-in norms and attention, plain", smallm_fn, 0, True),
+                ("6 rows: gemm, stand-in norms and attention, all pdl", gemm, 1, True),
+                ("6 rows: gemm packed <=8 rows, stand-in norms and attention, all pdl", packed_lo, 1, True),
+                ("6 rows, products alone: smallm", smallm_fn, 0, False),
+                ("6 rows, products alone: gemm pdl", gemm, 1, False),
+                ("6 rows, products alone: gemm packed <=8 rows pdl", packed_lo, 1, False)]
+    res.update(layers=n, weight_bytes=layers.nbytes, six_rows={})
+    outputs = {}
+    for rnd, order in enumerate((variants, variants[::-1])):
+        for name, fn, pdl, whole in order:
+            layers.small_pdl, layers.whole = pdl, whole
+            timed(layers, name, fn, gemm, outputs, whole, res["six_rows"], rnd)
+            save()
+    table(res["six_rows"], "6 rows")
 
 
 if __name__ == "__main__":
