@@ -258,16 +258,20 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 // [tile][piece][step j][row g][column group t][8 k]): one bulk copy a chunk instead of eight of 1 KB, and a warp's
 // 16-byte loads of a step read 512 contiguous bytes (no padding needed). The same mma inputs: the same bits.
 // LO (at most 8 rows): x's rows 8-15 (A's zero half) not held in registers: the same mma inputs, 64 fewer registers.
+// EPI (with RED 0): what a tile's sums become. 0: y = the product; 1: SwiGLU, W's tile rows 0-3 gate rows and 4-7 the
+// up rows of the same outputs (layer_probe.pack_swiglu), y [M, N / 2] = silu(gate) * up; 2: the residual add, y += the
+// product (y holds the residual stream, read once after the wait).
 // RED 1 keeps RSLOTS tiles' sums: a warp runs at most NSLOTS chunks ahead of the slowest (the producer waits for a
 // slot's release), i.e. NSLOTS / P <= NSLOTS / CW tiles, so a slot is not reused while its tile is still being added
 constexpr int RSLOTS = 4;
 
-template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false>
+template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false, int EPI = 0>
 __global__ void __launch_bounds__((CW + 1) * 32)
     gemm_bulk(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
               int M, int N, int K, int ldx, int pdl) {
   static_assert(NSLOTS % CW == 0, "each slot must be used by one consumer warp only");
   static_assert(RED != 1 || NSLOTS / CW + 2 <= RSLOTS, "warps may run apart by more tiles than there are sum slots");
+  static_assert(EPI == 0 || RED == 0, "the epilogues read a tile's sums after its barrier");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
@@ -346,11 +350,12 @@ __global__ void __launch_bounds__((CW + 1) * 32)
         rb[r] = d0[r] + d1[r];
         d0[r] = d1[r] = 0.f;
       }
-      // value v of the tile (< 128: lane v / 4's register v % 4) is the sum over the warps of slot[w * 128 + v]
+      // value v of the tile (< 128: lane v / 4's register v % 4) is the sum over the warps of slot[w * 128 + v]; it is
+      // output row (sl >> 2) + 8 (r >= 2), column 8 tile + (sl & 3) * 2 + (r & 1) (sl = v / 4, r = v % 4)
+      auto row_of = [](int v) { return (v / 16) + (v % 4 >= 2 ? 8 : 0); };
+      auto col_of = [](int v) { return (v / 4 & 3) * 2 + (v & 1); };  // within the tile
       auto put = [&](int v, float sum) {
-        const int sl = v / 4, r = v % 4;
-        const int row = (sl >> 2) + (r >= 2 ? 8 : 0), col = tile * 8 + (sl & 3) * 2 + (r & 1);
-        if (row < M) y[static_cast<size_t>(row) * N + col] = __float2bfloat16(sum);
+        if (row_of(v) < M) y[static_cast<size_t>(row_of(v)) * N + tile * 8 + col_of(v)] = __float2bfloat16(sum);
       };
       auto add = [&](int v) {
         float sum = slot[v];
@@ -359,7 +364,16 @@ __global__ void __launch_bounds__((CW + 1) * 32)
       };
       if (RED == 0) {
         asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
-        if (threadIdx.x < 128) put(threadIdx.x, add(threadIdx.x));
+        const int v = threadIdx.x, row = row_of(v);
+        if (EPI == 0 && v < 128) put(v, add(v));
+        if (EPI == 1 && v < 128 && col_of(v) < 4 && row < M) {  // a gate column; its up column is 4 on: value v + 8
+          const float gate = add(v), up = add(v + 8), silu = gate / (1.f + __expf(-gate));
+          y[static_cast<size_t>(row) * (N / 2) + tile * 4 + col_of(v)] = __float2bfloat16(silu * up);
+        }
+        if (EPI == 2 && v < 128 && row < M) {
+          __nv_bfloat16* o = y + static_cast<size_t>(row) * N + tile * 8 + col_of(v);
+          *o = __float2bfloat16(__bfloat162float(*o) + add(v));
+        }
       } else {
         __threadfence_block();  // our sums before our count
         __syncwarp();
@@ -376,15 +390,15 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   }
 }
 
-template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false>
+template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false, int EPI = 0>
 int launch_mma(const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl, int min_smem,
                cudaStream_t stream) {
   const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + RSLOTS * CW * 128 * 4 + RSLOTS * 4 + (XS ? K * 2 : 0);
   const size_t smem = need > static_cast<size_t>(min_smem) ? need : static_cast<size_t>(min_smem);
   static bool ready = false;
-  if (const int e = allow_smem(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO>, ready)) return e;
+  if (const int e = allow_smem(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO, EPI>, ready)) return e;
   if (M < 1 || M > (XS ? 1 : LO ? 8 : 16) || N % 8 || K % (512 * CW) || ldx % 8 || (XS && K > XMAX)) return -1;
-  return launch_ex(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
+  return launch_ex(gemm_bulk<CW, NSLOTS, XS, RED, PK, LO, EPI>, dim3(grid), dim3((CW + 1) * 32), smem, pdl, stream,
                    static_cast<const __nv_bfloat16*>(W), static_cast<const __nv_bfloat16*>(x),
                    static_cast<__nv_bfloat16*>(y), M, N, K, ldx, pdl);
 }
@@ -655,8 +669,8 @@ int bulk_gemv(int warps, int nslots, const void* W, const void* x, void* y, int 
   }
 }
 
-// the tensor-core variant: x [M, K] with row stride ldx, y [M, N]; M <= 16 (508, 608: M <= 8), N % 8 == 0,
-// K % 2048 == 0; 408 and 508 take W packed (layer_probe.pack_gemm)
+// the tensor-core variant: x [M, K] with row stride ldx, y [M, N]; M <= 16 (508, 608, 718, 728: M <= 8), N % 8 == 0,
+// K % 2048 == 0; 408, 508, 718 and 728 take W packed (layer_probe.pack_gemm)
 int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, int K, int ldx, int grid, int pdl,
               int min_smem, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -670,6 +684,9 @@ int bulk_gemm(int nslots, const void* W, const void* x, void* y, int M, int N, i
     // at most 8 rows (x's rows 8-15 not held), W packed / as it is
     case 508: return launch_mma<4, 8, false, 0, true, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     case 608: return launch_mma<4, 8, false, 0, false, true>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    // 508 with an epilogue: SwiGLU (W from pack_swiglu; y [M, N / 2]) / the residual add (y += x @ W^T)
+    case 718: return launch_mma<4, 8, false, 0, true, true, 1>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
+    case 728: return launch_mma<4, 8, false, 0, true, true, 2>(W, x, y, M, N, K, ldx, grid, pdl, min_smem, s);
     default: return -3;
   }
 }

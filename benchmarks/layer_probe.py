@@ -15,10 +15,11 @@ us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand
   the same bits as the plain one at 1, 6 and 16 rows (NOTES: "A race in the products' ring, and a packed product");
 and times eight layers of each combination in one CUDA graph, two rounds in opposite orders.
 
-    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check | --six]
+    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check | --six | --epi]
 
 (--check-only: the checks alone, e.g. under compute-sanitizer; --gemm-check: the products' checks alone; --six: after
-the checks, the products at a verify's 6 rows instead of the 1-row layers.)
+the checks, the products at a verify's 6 rows instead of the 1-row layers; --epi: only the 1-row rows that show
+what the epilogues cost: today's, the packed product with and without them, gemm and FMA.)
 
 Needs a Hopper GPU and nvcc. The 8B shape: 32 query heads, 8 KV heads, head_dim 128, context 512 in a 1024 cache.
 """
@@ -44,6 +45,7 @@ H, HKV, HD, CAP, CTX = 32, 8, 128, 1024, 512
 # bulk_gemm's codes (8 slots): the last warp adds a tile's sums (no barrier); W packed (one 8 KB copy a chunk);
 # packed and at most 8 rows (x's rows 8-15 not in registers); at most 8 rows, W as it is
 GEMM_LAST, GEMM_PACKED, GEMM_PACKED_LO, GEMM_LO = 208, 408, 508, 608
+GEMM_SWIGLU, GEMM_RESIDUAL = 718, 728  # GEMM_PACKED_LO with an epilogue: SwiGLU (W from pack_swiglu), y += the product
 
 
 def pack_gemm(w: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,13 @@ def pack_gemm(w: torch.Tensor) -> torch.Tensor:
     tensor (the shape only counts elements; chunk (tile, piece) is the 4096 at (tile * K / 512 + piece) * 4096)."""
     N, K = w.shape
     return w.view(N // 8, 8, K // 512, 16, 4, 8).permute(0, 2, 3, 1, 4, 5).contiguous().view(N, K)
+
+
+def pack_swiglu(w: torch.Tensor) -> torch.Tensor:
+    """gate/up W [2 F, K] (gate rows, then up rows) with each 8-row tile holding 4 gate rows and the up rows of the same
+    4 outputs, so GEMM_SWIGLU's tile has both halves of its outputs; pack_gemm after this."""
+    n, k = w.shape
+    return torch.stack((w[: n // 2].view(n // 8, 4, k), w[n // 2:].view(n // 8, 4, k)), 1).reshape(n, k)
 
 
 class Packed(Gemm):
@@ -62,6 +71,22 @@ class Packed(Gemm):
 
     def __call__(self, x, w, y):
         return super().__call__(x, self.packed[w.data_ptr()], y)
+
+
+class PackedEpilogues(Packed):
+    """The step's products with their epilogues, as a decoder would run them: q/k/v plain, gate/up with SwiGLU (its
+    output [M, F] in the first M * F elements of y), o and down adding into y (the residual stream). By weight shape:
+    28672 rows gate/up, 4096 rows o and down. Not gemm's arithmetic (same_arithmetic: no output comparison)."""
+
+    same_arithmetic = False
+
+    def __init__(self, lib, grid: int, pdl: int, weights):
+        Gemm.__init__(self, lib, 4, GEMM_PACKED_LO, grid, pdl, 100)
+        self.packed = {w.data_ptr(): pack_gemm(pack_swiglu(w) if w.shape[0] == 28672 else w) for w in weights}
+
+    def __call__(self, x, w, y):
+        self.nslots = {28672: GEMM_SWIGLU, 4096: GEMM_RESIDUAL}.get(w.shape[0], GEMM_PACKED_LO)
+        return super().__call__(x, w, y)
 
 
 class Attention:
@@ -160,6 +185,37 @@ def check_gemm_variants(lib, sms: int) -> dict:
     return res
 
 
+def check_epilogues(lib, sms: int) -> dict:
+    """GEMM_SWIGLU and GEMM_RESIDUAL against fp32 (max error over the largest magnitude) at 1 and 6 rows, and each
+    row's bits the same alone as among 6 (row 0)."""
+    res = {}
+    for code, N, K in [(GEMM_SWIGLU, 28672, 4096), (GEMM_RESIDUAL, 4096, 4096), (GEMM_RESIDUAL, 4096, 14336)]:
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(6, K, device="cuda", dtype=torch.bfloat16)
+        y0 = torch.randn(6, N, device="cuda", dtype=torch.bfloat16)
+        fn = Packed(lib, code, 2 * sms, 0, [pack_swiglu(w) if code == GEMM_SWIGLU else w])
+        wp = next(iter(fn.packed.values()))
+        fn.packed = {w.data_ptr(): wp}
+        row, outs = {}, {}
+        for M in (1, 6):
+            y = y0[:M].clone()
+            fn(x[:M], w, y)
+            torch.cuda.synchronize()
+            p = x[:M].float() @ w.float().T
+            if code == GEMM_SWIGLU:
+                ref = torch.nn.functional.silu(p[:, : N // 2]) * p[:, N // 2:]
+                y = y.view(-1)[: M * N // 2].view(M, N // 2)
+            else:
+                ref = y0[:M].float() + p
+            outs[M] = y
+            row[f"rel_err_{M}"] = float((y.float() - ref).abs().max() / ref.abs().max())
+        row["row_alone_equals_among_6"] = bool(torch.equal(outs[1], outs[6][:1]))
+        res[f"{code} {N}x{K}"] = row
+        print(f"check epilogue {code} {N}x{K}: {row}", flush=True)
+        del w, fn, wp
+    return res
+
+
 class RealLayers(Layers):
     """Layers with a choice of norm (the CUDA stand-in or eaglekit's) and attention (the stand-in, today's with its
     cache write, or attn_decode), each small kernel plain or a PDL participant (`small_pdl`)."""
@@ -230,6 +286,7 @@ def main():
         res["check_attention"] = check_attention(lib)
         save()
     res["check_gemm_variants"] = check_gemm_variants(lib, sms)
+    res["check_epilogues"] = check_epilogues(lib, sms)
     save()
     if "--check-only" in sys.argv or "--gemm-check" in sys.argv:
         return
@@ -246,6 +303,7 @@ def main():
     packed_lo.packed = packed.packed  # the same packed copies
     gemm_lo = Gemm(lib, 4, GEMM_LO, 2 * sms, 1, 100)
     res.update(layers=len(layers.ws), weight_bytes=layers.nbytes, context=CTX)
+    epilogues = PackedEpilogues(lib, 2 * sms, 1, weights)
     # (name, products, small kernels PDL, norm, attention or "alone": the products without the rest of the layer)
     today = "today: smallm, eaglekit norms, eaglekit attention + cache write"
     variants = [(today, smallm_fn, 0, "eaglekit", "eaglekit"),
@@ -284,12 +342,22 @@ def main():
                 ("gemm packed <=8 rows pdl, CUDA norms pdl, stand-in attention pdl", packed_lo, 1, "cuda", "stand-in"),
                 ("gemm packed <=8 rows pdl, CUDA norms pdl, attn_decode 64 pdl", packed_lo, 1, "cuda", "cuda64"),
                 ("gemm packed <=8 rows pdl, CUDA norms pdl, attn_decode 32 pdl", packed_lo, 1, "cuda", "cuda32"),
+                # and with the epilogues a decoder needs (SwiGLU into gate/up, residual adds into o and down)
+                ("gemm packed <=8 rows + epilogues pdl, CUDA norms pdl, stand-in attention pdl", epilogues, 1, "cuda",
+                 "stand-in"),
+                ("gemm packed <=8 rows + epilogues pdl, CUDA norms pdl, attn_decode 64 pdl", epilogues, 1, "cuda",
+                 "cuda64"),
+                ("gemm packed <=8 rows + epilogues pdl, CUDA norms pdl, attn_decode 32 pdl", epilogues, 1, "cuda",
+                 "cuda32"),
                 ("products alone: gemm pdl", gemm, 1, "cuda", "alone"),
                 ("products alone: gemm last-adds pdl", gemm_last, 1, "cuda", "alone"),
                 ("products alone: gemm packed pdl", packed, 1, "cuda", "alone"),
                 ("products alone: gemm <=8 rows pdl", gemm_lo, 1, "cuda", "alone"),
                 ("products alone: gemm packed <=8 rows pdl", packed_lo, 1, "cuda", "alone"),
                 ("products alone: fma pdl", fma, 1, "cuda", "alone")]
+    if "--epi" in sys.argv:
+        keep = (today, "fma pdl, CUDA norms pdl, attn_decode 32 pdl", "gemm pdl, CUDA norms pdl, attn_decode 32 pdl")
+        variants = [v for v in variants if v[0] in keep or "packed <=8 rows" in v[0] and "alone" not in v[0]]
     res["variants"] = {}
     outputs = {}
     for rnd, order in enumerate((variants, variants[::-1])):
@@ -308,7 +376,7 @@ def timed(layers, name: str, fn, gemm, outputs: dict, key, into: dict, rnd: int)
         row["finite"] = bool(torch.isfinite(got).all())
         if fn is gemm:
             outputs[key] = got
-        elif isinstance(fn, Gemm) and key in outputs:
+        elif isinstance(fn, Gemm) and getattr(fn, "same_arithmetic", True) and key in outputs:
             row["same_output_as_gemm"] = bool(torch.equal(got, outputs[key]))
     except Exception as e:
         traceback.print_exc()
