@@ -63,11 +63,12 @@ def pack_swiglu(w: torch.Tensor) -> torch.Tensor:
 
 
 class Packed(Gemm):
-    """Gemm on packed weights: each weight packed once, ahead (never inside a captured graph), looked up by address."""
+    """Gemm on packed weights: each weight packed once, ahead (never inside a captured graph), looked up by address;
+    `packed`: {address of W: W packed} made elsewhere (shared, or packed after pack_swiglu)."""
 
-    def __init__(self, lib, code: int, grid: int, pdl: int, weights):
+    def __init__(self, lib, code: int, grid: int, pdl: int, weights=(), packed: dict | None = None):
         super().__init__(lib, 4, code, grid, pdl, 100)
-        self.packed = {w.data_ptr(): pack_gemm(w) for w in weights}
+        self.packed = {w.data_ptr(): pack_gemm(w) for w in weights} if packed is None else packed
 
     def __call__(self, x, w, y):
         return super().__call__(x, self.packed[w.data_ptr()], y)
@@ -81,8 +82,8 @@ class PackedEpilogues(Packed):
     same_arithmetic = False
 
     def __init__(self, lib, grid: int, pdl: int, weights):
-        Gemm.__init__(self, lib, 4, GEMM_PACKED_LO, grid, pdl, 100)
-        self.packed = {w.data_ptr(): pack_gemm(pack_swiglu(w) if w.shape[0] == 28672 else w) for w in weights}
+        super().__init__(lib, GEMM_PACKED_LO, grid, pdl, packed={
+            w.data_ptr(): pack_gemm(pack_swiglu(w) if w.shape[0] == 28672 else w) for w in weights})
 
     def __call__(self, x, w, y):
         self.nslots = {28672: GEMM_SWIGLU, 4096: GEMM_RESIDUAL}.get(w.shape[0], GEMM_PACKED_LO)
@@ -193,9 +194,8 @@ def check_epilogues(lib, sms: int) -> dict:
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(6, K, device="cuda", dtype=torch.bfloat16)
         y0 = torch.randn(6, N, device="cuda", dtype=torch.bfloat16)
-        fn = Packed(lib, code, 2 * sms, 0, [pack_swiglu(w) if code == GEMM_SWIGLU else w])
-        wp = next(iter(fn.packed.values()))
-        fn.packed = {w.data_ptr(): wp}
+        wp = pack_gemm(pack_swiglu(w) if code == GEMM_SWIGLU else w)
+        fn = Packed(lib, code, 2 * sms, 0, packed={w.data_ptr(): wp})
         row, outs = {}, {}
         for M in (1, 6):
             y = y0[:M].clone()
@@ -212,7 +212,7 @@ def check_epilogues(lib, sms: int) -> dict:
         row["row_alone_equals_among_6"] = bool(torch.equal(outs[1], outs[6][:1]))
         res[f"{code} {N}x{K}"] = row
         print(f"check epilogue {code} {N}x{K}: {row}", flush=True)
-        del w, fn, wp
+        del w, wp, fn
     return res
 
 
@@ -290,17 +290,17 @@ def main():
     save()
     if "--check-only" in sys.argv or "--gemm-check" in sys.argv:
         return
+    n = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8  # layers
     if "--six" in sys.argv:
-        return six_rows(lib, sms, int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8, res, save)
+        return six_rows(lib, sms, n, res, save)
     smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # as bulk_probe: PDL, at least 100 KB a block (two an SM)
     fma = Bulk(lib, 4, 8, 2 * sms, 1, 100)
     gemm_last = Gemm(lib, 4, GEMM_LAST, 2 * sms, 1, 100)
-    layers = RealLayers(lib, int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8)
+    layers = RealLayers(lib, n)
     weights = [w for ws in layers.ws for w in ws]
     packed = Packed(lib, GEMM_PACKED, 2 * sms, 1, weights)
-    packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, weights)
-    packed_lo.packed = packed.packed  # the same packed copies
+    packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, packed=packed.packed)  # the same packed copies
     gemm_lo = Gemm(lib, 4, GEMM_LO, 2 * sms, 1, 100)
     res.update(layers=len(layers.ws), weight_bytes=layers.nbytes, context=CTX)
     epilogues = PackedEpilogues(lib, 2 * sms, 1, weights)
