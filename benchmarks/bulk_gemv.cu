@@ -253,7 +253,9 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 // XS (one row only): x staged in shared memory once after the wait, as gemv_bulk does, instead of read per chunk.
 // RED: how a tile's warp sums meet. 0: a barrier of the consumer warps a tile, then each thread adds one value over
 // the warps; 1: no barrier: each warp leaves its sums and counts itself in, and the last warp of the tile adds them,
-// in the same warp order (the same bits as 0, checked; no faster: NOTES, fifteenth session).
+// in the same warp order (the same bits as 0, checked; no faster: NOTES, fifteenth session). RED 1 keeps RSLOTS
+// tiles' sums: a warp runs at most NSLOTS chunks ahead of the slowest (the producer waits for a slot's release), i.e.
+// NSLOTS / P <= NSLOTS / CW tiles, so a slot is not reused while its tile is still being added.
 // PK: W packed so a chunk is 8 KB in one piece, in the order the lanes read it (pack_gemm in layer_probe.py:
 // [tile][piece][step j][row g][column group t][8 k]): one bulk copy a chunk instead of eight of 1 KB, and a warp's
 // 16-byte loads of a step read 512 contiguous bytes (no padding needed). The same mma inputs: the same bits.
@@ -261,8 +263,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 // EPI (with RED 0): what a tile's sums become. 0: y = the product; 1: SwiGLU, W's tile rows 0-3 gate rows and 4-7 the
 // up rows of the same outputs (layer_probe.pack_swiglu), y [M, N / 2] = silu(gate) * up; 2: the residual add, y += the
 // product (y holds the residual stream, read once after the wait).
-// RED 1 keeps RSLOTS tiles' sums: a warp runs at most NSLOTS chunks ahead of the slowest (the producer waits for a
-// slot's release), i.e. NSLOTS / P <= NSLOTS / CW tiles, so a slot is not reused while its tile is still being added
 constexpr int RSLOTS = 4;
 
 template <int CW, int NSLOTS, bool XS = false, int RED = 0, bool PK = false, bool LO = false, int EPI = 0>
@@ -294,11 +294,11 @@ __global__ void __launch_bounds__((CW + 1) * 32)
       for (int i = 0; i < nchunks; ++i) {
         const int s = i % NSLOTS;
         if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
-        const __nv_bfloat16* src = W + static_cast<size_t>(t0 + i / P) * 8 * K + static_cast<size_t>(i % P) * 512;
         mbar_expect_tx(&full[s], 8 * 1024);
         if (PK) {  // chunk (tile, piece) is the 4096 elements at (tile * P + piece) * 4096
           bulk_load(ring + s * MSLOT, W + (static_cast<size_t>(t0) * P + i) * 4096, 8 * 1024, &full[s]);
-        } else {
+        } else {  // 8 rows of 512 k from W as it is
+          const __nv_bfloat16* src = W + static_cast<size_t>(t0 + i / P) * 8 * K + static_cast<size_t>(i % P) * 512;
           for (int r = 0; r < 8; ++r)
             bulk_load(ring + s * MSLOT + r * MROW, src + static_cast<size_t>(r) * K, 1024, &full[s]);
         }
