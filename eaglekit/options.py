@@ -25,7 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from .capture import CaptureSpec
 from .errors import InputError
 
-PRODUCTS = ("auto", "aten", "onednn", "smallm", "invariant")  # --products (eaglekit.models.products)
+PRODUCTS = ("auto", "aten", "onednn", "smallm", "invariant", "bulk")  # --products (eaglekit.models.products)
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -154,7 +154,9 @@ class ModelOptions(Options):
                                 "at load; invariant for bf16/fp16 on a GPU, except in serve; "
                                 "F.linear elsewhere), aten (F.linear), onednn (prepacked, CPU), smallm "
                                 "(Triton, GPU), invariant (Triton, GPU: batch-invariant products and attention, bf16 "
-                                "output identical to the baseline's)", choices=PRODUCTS, group="runtime")
+                                "output identical to the baseline's), bulk (CUDA, sm_90, bf16 Llama shapes: invariant "
+                                "with whole decode layers as streaming CUDA kernels, built with nvcc at first use)",
+                        choices=PRODUCTS, group="runtime")
 
     def __post_init__(self):
         super().__post_init__()

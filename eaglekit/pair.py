@@ -59,7 +59,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
 
     if products not in PRODUCTS:
         raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
-                         fix="pass auto, aten, onednn, smallm or invariant")
+                         fix="pass auto, aten, onednn, smallm, invariant or bulk")
     ours = own_decoder(target)
     cpu = str(device) == "cpu"
     if products == "auto":
@@ -80,14 +80,17 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     elif products == "onednn" and compiled(target):
         raise InputError("--products onednn cannot run inside torch.compile'd layers", code="E108",
                          fix="leave out --compile, or use --products aten")
-    elif products in ("smallm", "invariant") and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
+    elif products in ("smallm", "invariant", "bulk") and not (str(device).startswith("cuda") and smallm.HAVE_TRITON):
         raise InputError(f"--products {products} is a GPU kernel (Triton)", code="E108",
                          fix="use it with --device cuda and triton installed")
+    elif products == "bulk" and bulk_reason(target) is not None:
+        raise InputError(f"--products bulk cannot run this target: {bulk_reason(target)}", code="E108",
+                         fix="use --products invariant (the same guarantee, Triton kernels)")
     else:
         target.set_products(products)
     if draft is not None and hasattr(draft, "set_products"):
         # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
-        draft.set_products(products if products != "invariant" else None)
+        draft.set_products(products if products not in ("invariant", "bulk") else None)
 
 
 def auto_products(target, device, batched: bool = False) -> str | None:
@@ -106,6 +109,16 @@ def auto_products(target, device, batched: bool = False) -> str | None:
             and getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)):
         return "invariant"
     return None
+
+
+def bulk_reason(target) -> str | None:
+    """Why products 'bulk' (eaglekit.models.bulk) cannot run this target, or None where it can."""
+    from .models import bulk
+
+    cfg = getattr(target, "cfg", None)
+    if cfg is None or not own_decoder(target):
+        return "it needs eaglekit's own decoder on one device"
+    return bulk.reason(cfg, target.device, target.dtype)
 
 
 def own_decoder(target) -> bool:

@@ -72,11 +72,11 @@ def record_graphs(warmup: list[list], record: dict, state: list[torch.Tensor]) -
 def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeShape) -> int:
     """How many rows the baseline step computes (its token is row 0; see Target.step). "auto": the tree's
     draft_tokens where one row and a tree of rows round differently (reduced precision on a GPU) and there is a
-    draft to compare with, else 1. In float32, on a CPU, and with batch-invariant kernels (products "invariant")
-    one row already agrees with the verify."""
+    draft to compare with, else 1. In float32, on a CPU, and with batch-invariant kernels (products "invariant",
+    "bulk") one row already agrees with the verify."""
     if rows == "auto":
         low = target.dtype in (torch.bfloat16, torch.float16)
-        invariant = getattr(target, "products", None) == "invariant"
+        invariant = getattr(target, "products", None) in ("invariant", "bulk")
         return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low
                                       and not invariant) else 1
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:

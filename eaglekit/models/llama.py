@@ -68,6 +68,11 @@ class LlamaModel(nn.Module):
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
         fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
+        # products "bulk": a decode call of one sequence runs its layers as eaglekit.models.bulk's CUDA kernels
+        bulk = getattr(self.products, "layer_kernels", None)
+        if (bulk is not None and small and cache is not None and mask is not None and slots.dim() == 1
+                and ids.shape[0] == 1):
+            return self._bulk_layers(bulk, x, cos, sin, cache, slots, mask, capture, caught)
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
         if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
@@ -83,8 +88,25 @@ class LlamaModel(nn.Module):
                  else layer(x, cos, sin, kv, slots, mask, vis))
             if i in capture:
                 caught[i] = x
+        return self._finish(x, caught, capture)
+
+    def _finish(self, x, caught, capture):
         feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
         return self.model.norm(x), feats
+
+    def _bulk_layers(self, bulk, x, cos, sin, cache, slots, mask, capture, caught):
+        """forward's layers for a decode call of one sequence through eaglekit.models.bulk (products "bulk")."""
+        c = self.config
+        T, S = x.shape[1], mask.shape[-1]
+        base = slots[:1]  # this call's first slot (its tokens go to base, base + 1, ...), the cache's length
+        vis_slots, count, _ = attend.visible(mask, base)
+        scratch = bulk.scratch(T, S, c.num_kv_heads, c.num_heads // c.num_kv_heads)
+        cos, sin = cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous()
+        for i, layer in enumerate(self.model.layers):
+            x = bulk.layer(layer, x, cos, sin, cache.layer(i), base, vis_slots[0], count[0], scratch)
+            if i in capture:
+                caught[i] = x
+        return self._finish(x, caught, capture)
 
 
 class LlamaTarget(Target):

@@ -11,6 +11,9 @@ inductor compiles the products). What 'auto' picks where: eaglekit.pair.auto_pro
 - Invariant (GPU; the default for bf16/fp16 decoding there): smallm for every product, eaglekit.models.attend for
   the decode attention and .norms for the norms: a row's bits do not depend on the rows beside it, so bf16
   speculative output is identical to the bf16 baseline's.
+- Bulk (GPU, sm_90, bf16, Llama shapes eaglekit.models.bulk takes): Invariant, except that a decode call's layers run
+  as eaglekit.models.bulk's CUDA kernels (dependent launches streaming weights by bulk copies) and the lm_head through
+  its product; equally batch-invariant (its own bits, not Invariant's).
 
 `pick_cpu` chooses between Aten and OneDNN on the machine it runs on by timing real forwards (a one-row step and a
 six-row verify), not microbenchmarks: hot-cache timings of single products mislead (NOTES, "The demo on another CPU").
@@ -84,6 +87,25 @@ class Invariant(SmallM):
         return self.fuses and self.fuses_rope and smallm.folds_rope(x, w, b, head_dim)
 
 
+class Bulk(Invariant):
+    """Invariant, plus eaglekit.models.bulk's kernels: `kernels.layer` runs a whole decoder layer of a decode call
+    (eaglekit.models.llama asks `layer_kernels`), and `linear` takes a plain product that fits them (the lm_head);
+    every other product (prompts, batched rows) goes the Invariant way."""
+
+    name = "bulk"
+
+    def __init__(self, device):
+        super().__init__()
+        from . import bulk
+
+        self.layer_kernels = bulk.Kernels(device)
+
+    def linear(self, x, w, b=None, residual=None, gated=False, rope=None):
+        if b is None and residual is None and not gated and rope is None and self.layer_kernels.fits(x, w):
+            return self.layer_kernels.linear(x, w)
+        return super().linear(x, w, b, residual=residual, gated=gated, rope=rope)
+
+
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -147,6 +169,8 @@ def make(kind: str | None, weights=(), from_rows: int = 2):
         return SmallM(from_rows)
     if kind == "invariant":
         return Invariant()
+    if kind == "bulk":
+        return Bulk(weights[0].device if weights else "cuda")
     if kind == "onednn":
         if not onednn_available():
             raise RuntimeError("this torch build has no oneDNN prepacked linear")

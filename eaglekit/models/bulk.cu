@@ -1,0 +1,609 @@
+// The kernels of eaglekit.models.bulk: a bf16 decode layer for Hopper GPUs (sm_90) in which every kernel is a
+// programmatic dependent launch (PDL) and the products stream their weights by bulk copies (cp.async.bulk) into a
+// ring of shared-memory slots. Why and what it measured: eaglekit/models/bulk.py and benchmarks/NOTES.md ("Weights
+// streamed by bulk copies", "A real attention in the PDL layer", "A packed product past the FMA kernel").
+//
+// PDL: a kernel lets its successor launch at once (griddepcontrol.launch_dependents) and waits for its predecessor's
+// output (griddepcontrol.wait) only where it reads it. A product's producer warp issues its weight's copies *before*
+// the wait (weights never depend on the predecessor), so the memory keeps streaming across kernel boundaries; the
+// attention copies the committed keys before its wait likewise. Reads of a predecessor's output use coherent loads.
+// Safety under PDL rests on one rule every kernel here keeps: nothing written by another kernel of the step is read
+// before the wait, and nothing is written before it; every kernel has blocks that wait, so a kernel's completion
+// implies all earlier kernels' completion (what makes the scratch buffers and tickets safe to share across layers).
+//
+// Batch invariance (bf16 speculative output identical to the baseline's): a row's arithmetic never depends on the
+// rows beside it. Products: x's rows are the A operand of mma.sync m16n8k16 (rows past M are zeros; 16-row tiles);
+// each output row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: block
+// (part, KV head, row) takes the row's logical keys [32 p, 32 p + 32) (the committed prefix, then the row's tree
+// ancestors and itself: eaglekit.models.attend.visible), and the parts are merged in order.
+//
+// Built at first use by eaglekit.models.bulk (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// a consumer warp is done reading a ring slot: the producer may refill it. The refill is a bulk copy (async proxy),
+// our reads plain loads (generic proxy): without the proxy fence ptxas may put the arrive before the last load has
+// returned and the copy overwrite it (seen: wrong sums at 16 rows, benchmarks/NOTES.md, fifteenth session)
+__device__ __forceinline__ void slot_release(uint64_t* bar, int lane) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+__device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float round_bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+int g_pdl = 1;  // launches as PDL (ek_bulk_set_pdl: 0 for plain launches, to measure what PDL gives)
+
+template <typename... Args>
+int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = g_pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// ---- products: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16 MT, with an epilogue --------------------------------------
+// A chunk is a tile of 8 weight rows by 512 k: 8 bulk copies of 1 KB into rows padded to MROW bytes (a warp's 16-byte
+// loads of 8 rows x 4 column groups then hit 32 distinct banks). Which weight rows make a tile is the epilogue's
+// (tile_rows): SwiGLU puts 4 gate rows and the up rows of the same outputs in a tile, the q/k/v product 4 columns of a
+// head's first half and their rotary partners, so a tile holds everything its outputs need. Chunk i of a block is
+// tile i / P, piece i % P (P = K / 512, a multiple of CW): warp w takes pieces w, w + CW, ... of each tile, chains
+// them through mma.sync, and the warps' sums are added in warp order after a barrier of the consumers. LO (at most 8
+// rows): x's rows 8-15 not held (the same mma inputs, 64 registers fewer: the fastest variant measured).
+constexpr int CW = 4, NSLOTS = 8, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
+constexpr int QHD = 128;  // the q/k/v product's head_dim (its tiles are 16 a head)
+enum { EPI_PLAIN = 0, EPI_RESID = 1, EPI_SWIGLU = 2, EPI_QKV = 3 };
+
+struct Epi {
+  const bf16* res;     // RESID: y = res + bf16(x @ W^T) ([M, N])
+  bf16* kc;            // QKV: this layer's K cache [Hkv, cap, hd]; keys go to slot base + row
+  bf16* vc;            // QKV: V cache, as kc
+  const bf16* cos;     // QKV: [M, hd] (rotary of each row's position)
+  const bf16* sin;
+  const long long* base;  // QKV: the first slot of this call's rows (the cache's committed length)
+  int cap, qcols, kcols;  // QKV: cache slots a head, H * QHD, Hkv * QHD
+};
+
+// the weight rows of tile `tile`: its rows 0-3 are rows a .. a + 3 of W, its rows 4-7 rows b .. b + 3. Computed once
+// a tile (the producer is one thread issuing 8 copies a chunk: divisions by runtime values in its loop made the q/k/v
+// product 2x slower, NOTES)
+template <int EPI>
+__device__ __forceinline__ void tile_rows(int tile, int N, const Epi& e, int& a, int& b) {
+  if (EPI == EPI_SWIGLU) {
+    a = tile * 4, b = N / 2 + tile * 4;
+  } else if (EPI == EPI_QKV && tile * 8 < e.qcols + e.kcols) {  // head tile / 16, columns d .. d + 3 and d + 64 ..
+    a = (tile >> 4) * QHD + (tile & 15) * 4, b = a + QHD / 2;
+  } else {
+    a = tile * 8, b = tile * 8 + 4;
+  }
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// value v (< 128) of a 16-row tile's sums: lane v / 4's register v % 4 of the mma's D fragment
+__device__ __forceinline__ int row_of(int v) { return v / 16 + (v % 4 >= 2 ? 8 : 0); }
+__device__ __forceinline__ int col_of(int v) { return (v / 4 & 3) * 2 + (v & 1); }
+
+
+// the warps' sums of value u of row tile mt, added in warp order (slot: [CW][MT][128])
+template <int MT>
+__device__ __forceinline__ float tile_sum(const float* slot, int mt, int u) {
+  float s = slot[mt * 128 + u];
+#pragma unroll
+  for (int w = 1; w < CW; ++w) s += slot[(w * MT + mt) * 128 + u];
+  return s;
+}
+
+// what value v of row tile mt of `tile` becomes. Rounding follows the torch layers it replaces (each product rounded
+// to bf16 before its epilogue): PLAIN y = bf16(sum); RESID y = bf16(res + bf16(sum)); SWIGLU (values of columns 0-3,
+// gate; their up partners are values v + 8) y = bf16(bf16(silu(gate)) * up); QKV: q and k columns rotated with their
+// partner half a head away (x cos + rotate_half(x) sin, in fp32 from the rounded product), q to y [M, qcols], k and v
+// straight into the cache at slot base + row.
+template <int MT, int EPI>
+__device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int tile, int M, int N, bf16* y,
+                                         const Epi& e) {
+  const int row = mt * 16 + row_of(v), c = col_of(v);
+  if (row >= M) return;
+  if (EPI == EPI_PLAIN) {
+    y[static_cast<size_t>(row) * N + tile * 8 + c] = __float2bfloat16(tile_sum<MT>(slot, mt, v));
+  } else if (EPI == EPI_RESID) {
+    const size_t o = static_cast<size_t>(row) * N + tile * 8 + c;
+    y[o] = __float2bfloat16(bf(e.res[o]) + round_bf(tile_sum<MT>(slot, mt, v)));
+  } else if (EPI == EPI_SWIGLU) {
+    if (c >= 4) return;
+    const float gate = round_bf(tile_sum<MT>(slot, mt, v)), up = round_bf(tile_sum<MT>(slot, mt, v + 8));
+    const float act = round_bf(gate / (1.f + __expf(-gate)));
+    y[static_cast<size_t>(row) * (N / 2) + tile * 4 + c] = __float2bfloat16(act * up);
+  } else if (tile * 8 < e.qcols + e.kcols) {  // QKV, a q or k head: this value and its rotary partner
+    if (c >= 4) return;
+    const int head = tile >> 4, d = (tile & 15) * 4 + c, half = QHD / 2;
+    const float x1 = round_bf(tile_sum<MT>(slot, mt, v)), x2 = round_bf(tile_sum<MT>(slot, mt, v + 8));
+    const bf16* cs = e.cos + static_cast<size_t>(row) * QHD;
+    const bf16* sn = e.sin + static_cast<size_t>(row) * QHD;
+    const bf16 o1 = __float2bfloat16(x1 * bf(cs[d]) - x2 * bf(sn[d]));
+    const bf16 o2 = __float2bfloat16(x2 * bf(cs[d + half]) + x1 * bf(sn[d + half]));
+    const int col = head * QHD + d;
+    if (col < e.qcols) {
+      y[static_cast<size_t>(row) * e.qcols + col] = o1;
+      y[static_cast<size_t>(row) * e.qcols + col + half] = o2;
+    } else {
+      bf16* dst = e.kc + (static_cast<size_t>(head - e.qcols / QHD) * e.cap + *e.base + row) * QHD;
+      dst[d] = o1;
+      dst[d + half] = o2;
+    }
+  } else {  // QKV, a v head
+    const int col = tile * 8 + c - e.qcols - e.kcols;
+    e.vc[(static_cast<size_t>(col / QHD) * e.cap + *e.base + row) * QHD + col % QHD] =
+        __float2bfloat16(tile_sum<MT>(slot, mt, v));
+  }
+}
+
+// how a product reads x, its predecessor's output (EK_XLOAD, a build option for benchmarks/bulk_step.py): 0 L2 only
+// (ld.global.cg: every block's every chunk from L2), 1 the read-only path (ld.global.nc, cached in L1), 2 a plain
+// load (cached in L1; the default). x is read after griddepcontrol.wait only, which makes the predecessor's writes
+// visible to this grid; 1 and 2 gave the same bits as 0 and 8 layers ~0.03 ms faster (NOTES, sixteenth session)
+#ifndef EK_XLOAD
+#define EK_XLOAD 2
+#endif
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+#if EK_XLOAD == 1
+  return __ldg(p);
+#elif EK_XLOAD == 2
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+template <int MT, bool LO, int EPI>
+__global__ void __launch_bounds__((CW + 1) * 32)
+    gemm_rows(const bf16* __restrict__ W, const bf16* x, bf16* y, int M, int N, int K, int ldx, Epi e) {
+  static_assert(!LO || MT == 1, "LO: at most 8 rows");
+  static_assert(NSLOTS % CW == 0, "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
+  uint64_t* empty = full + NSLOTS;
+  float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [RSLOTS][CW][MT][128]: a tile's warp sums
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int tiles = N / 8, P = K / 512;
+  const int t0 = static_cast<int>(static_cast<long long>(tiles) * blockIdx.x / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
+  const int nchunks = (t1 - t0) * P;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NSLOTS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_trigger();  // the successor's blocks take an SM only as ours leave (100 KB of shared memory a block)
+
+  if (warp == CW) {  // the producer: weights never depend on the predecessor, so no wait before streaming them
+    if (lane == 0) {
+      int tile = t0, piece = 0, a, b;
+      tile_rows<EPI>(tile, N, e, a, b);
+      for (int i = 0; i < nchunks; ++i) {
+        const int s = i % NSLOTS;
+        if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
+        mbar_expect_tx(&full[s], 8 * 1024);
+        const bf16* wa = W + static_cast<size_t>(a) * K + piece * 512;
+        const bf16* wb = W + static_cast<size_t>(b) * K + piece * 512;
+        for (int r = 0; r < 4; ++r) {
+          bulk_load(ring + s * MSLOT + r * MROW, wa + static_cast<size_t>(r) * K, 1024, &full[s]);
+          bulk_load(ring + s * MSLOT + (r + 4) * MROW, wb + static_cast<size_t>(r) * K, 1024, &full[s]);
+        }
+        if (++piece == P) {
+          piece = 0;
+          tile_rows<EPI>(++tile, N, e, a, b);
+        }
+      }
+    }
+    return;
+  }
+
+  pdl_wait();  // x (and the residual) are the predecessor's
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float d[MT][2][4];  // per row tile, even and odd steps
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) d[mt][0][r] = d[mt][1][r] = 0.f;
+  int tile = t0, piece = warp;  // chunk i's (P is a multiple of CW: a warp's pieces of a tile, then the next tile)
+  for (int i = warp; i < nchunks; i += CW, piece += CW) {
+    if (piece >= P) piece -= P, ++tile;
+    const int s = i % NSLOTS, kq = piece * 64;
+    const unsigned char* wrow = ring + s * MSLOT + g * MROW + t * 16;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // this lane's x rows: mt * 16 + g (A rows 0-7) and + 8 (A rows 8-15); rows past M are zeros. Step j covers
+      // k = piece * 512 + j * 32 + t * 8 .. + 7 of a row (the same permutation of k for W and x)
+      const int r0 = mt * 16 + g;
+      const bool lo = r0 < M, hi = !LO && r0 + 8 < M;
+      const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0) * ldx) + kq + t;
+      const uint4* xhi = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0 + 8) * ldx) + kq + t;
+      uint4 xa[16], xb[LO ? 1 : 16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        xa[j] = lo ? load_x(xlo + j * 4) : zero;
+        if (!LO) xb[LO ? 0 : j] = hi ? load_x(xhi + j * 4) : zero;
+      }
+      if (mt == 0) mbar_wait(&full[s], (i / NSLOTS) & 1);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint4 w = *reinterpret_cast<const uint4*>(wrow + j * 64);
+        const uint4 xh = LO ? zero : xb[LO ? 0 : j];
+        mma16816(d[mt][j & 1], xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
+        mma16816(d[mt][j & 1], xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
+      }
+    }
+    slot_release(&empty[s], lane);
+    if (piece + CW >= P) {  // this warp's last piece of the tile: leave its sums, the barrier, the epilogue
+      float* slot = red + ((tile - t0) % RSLOTS) * CW * MT * 128;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          slot[(warp * MT + mt) * 128 + lane * 4 + r] = d[mt][0][r] + d[mt][1][r];
+          d[mt][0][r] = d[mt][1][r] = 0.f;
+        }
+      // (RSLOTS slots: a warp can be at most one barrier ahead of the slowest, so a slot is read before its reuse)
+      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) epilogue<MT, EPI>(slot, threadIdx.x, mt, tile, M, N, y, e);
+    }
+  }
+}
+
+template <int MT, bool LO, int EPI>
+int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
+                cudaStream_t stream) {
+  // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (NOTES: blocks that fit
+  // beside the running ones take room early and unevenly, and the chain got slower)
+  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + RSLOTS * CW * MT * 128 * 4;
+  const size_t smem = need > 100 * 1024 ? need : 100 * 1024;
+  static bool ready = false;
+  if (!ready) {
+    const cudaError_t err = cudaFuncSetAttribute(gemm_rows<MT, LO, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+    if (err != cudaSuccess) return static_cast<int>(err);
+    ready = true;
+  }
+  return launch_ex(gemm_rows<MT, LO, EPI>, dim3(grid), dim3((CW + 1) * 32), smem, stream, W, x, y, M, N, K, ldx, e);
+}
+
+template <int EPI>
+int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
+                  cudaStream_t s) {
+  if (M <= 8) return launch_gemm<1, true, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
+  if (M <= 16) return launch_gemm<1, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
+  if (M <= 32) return launch_gemm<2, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
+  return launch_gemm<4, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
+}
+
+// ---- RMSNorm, one block a row: y = w * bf16(x / rms(x)), statistics in fp32 in a fixed order -----------------------
+__global__ void __launch_bounds__(256)
+    rms_rows(const bf16* x, const bf16* __restrict__ w, bf16* y, int K, float eps) {
+  __shared__ float part[8];
+  pdl_trigger();
+  pdl_wait();
+  const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<size_t>(blockIdx.x) * K);
+  uint4* yr = reinterpret_cast<uint4*>(y + static_cast<size_t>(blockIdx.x) * K);
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < K / 8; i += 256) {
+    const uint4 v = __ldcg(xr + i);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      ss = fmaf(f.x, f.x, ss);
+      ss = fmaf(f.y, f.y, ss);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = part[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) tot += part[i];
+  const float r = rsqrtf(tot / K + eps);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  for (int i = threadIdx.x; i < K / 8; i += 256) {
+    uint4 v = __ldcg(xr + i);
+    const uint4 wv = wr[i];
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]), s = __bfloat1622float2(wh[j]);
+      h[j] = __floats2bfloat162_rn(s.x * round_bf(f.x * r), s.y * round_bf(f.y * r));
+    }
+    yr[i] = v;
+  }
+}
+
+// ---- attention of T query rows (GQA, head_dim 128), each over its own visible keys ---------------------------------
+// Block (part p, KV head g, row) takes logical keys [ACH p, ACH p + ACH) of the count[row] the row sees, logical key j
+// at cache slot slots[row, j] (eaglekit.models.attend.visible: the committed prefix 0..base-1, then the row's tree
+// ancestors and itself). The committed ones are the contiguous slots [lo, base): copied by bulk copies *before* the
+// wait (the committed cache never depends on the predecessor); this call's (written by the q/k/v product's epilogue)
+// after it, by coherent loads. Scores, softmax and P.V run on the CUDA cores in fixed orders; each part leaves (acc,
+// max, sum), and the last part of (row, KV head) to finish (a ticket, reset by it for the next launch) merges the
+// parts in part order. Nothing depends on how many rows come with a row: one row alone and in a tree, the same bits.
+constexpr int AHD = 128, ACH = 32;
+
+__device__ __forceinline__ void bf4(const bf16* p, float (&f)[4]) {  // 4 bf16 (8 bytes) -> fp32
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+template <int REP>
+__global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
+    attn_rows(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
+              const int* slots, int lds, const int* count, float* part_acc, float* part_ml, unsigned* tickets,
+              bf16* out, int ldo, float scale_log2) {
+  constexpr int NW = REP < 4 ? 4 : REP, NT = 32 * NW;
+  __shared__ __align__(128) bf16 ks[ACH * AHD];
+  __shared__ __align__(128) bf16 vs[ACH * AHD];
+  __shared__ float ps[REP][ACH];
+  __shared__ float qs[REP][AHD];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ int is_last;
+  pdl_trigger();
+  // count, slots and base are written before the step's layers run (not by a predecessor): read before the wait
+  const int p = blockIdx.x, g = blockIdx.y, row = blockIdx.z, P = gridDim.x, Hkv = gridDim.y;
+  const int n = count[row], lo = p * ACH;
+  if (lo >= n) return;
+  const long long L = *base_ptr;
+  const int cnt = min(ACH, n - lo);
+  const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));  // committed: slot == j
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const size_t head = static_cast<size_t>(g) * cap;
+  if (tid == 0) {
+    mbar_init(&bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_expect_tx(&bar, pre * AHD * 2 * 2);
+    if (pre > 0) {
+      bulk_load(ks, K + (head + lo) * AHD, pre * AHD * 2, &bar);
+      bulk_load(vs, V + (head + lo) * AHD, pre * AHD * 2, &bar);
+    }
+  }
+  pdl_wait();  // q and this call's keys are the q/k/v product's
+  for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
+    const int j = pre + i / 32, u = i % 32;
+    const int sl = slots[static_cast<size_t>(row) * lds + lo + j];
+    const uint4* src = reinterpret_cast<const uint4*>((u < 16 ? K : V) + (head + sl) * AHD) + u % 16;
+    reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
+  }
+  for (int i = tid; i < REP * AHD; i += NT)  // q pre-scaled by log2(e) / sqrt(head_dim): exp2 below
+    qs[i / AHD][i % AHD] = bf(q[static_cast<size_t>(row) * ldq + static_cast<size_t>(g) * REP * AHD + i]) * scale_log2;
+  __syncthreads();
+  float qr[REP][4];
+#pragma unroll
+  for (int r = 0; r < REP; ++r)
+#pragma unroll
+    for (int d = 0; d < 4; ++d) qr[r][d] = qs[r][lane * 4 + d];
+  mbar_wait(&bar, 0);
+  // scores: warp w takes keys w, w + NW, ...; a lane 4 of the 128 dims, then a butterfly over the lanes; keys past
+  // cnt are computed on whatever the slot holds and masked (no branch: the butterflies of several keys interleave)
+#pragma unroll 4
+  for (int j = warp; j < ACH; j += NW) {
+    float k[4], s[REP];
+    bf4(ks + j * AHD + lane * 4, k);
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+      s[r] = 0.f;
+#pragma unroll
+      for (int d = 0; d < 4; ++d) s[r] = fmaf(qr[r][d], k[d], s[r]);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < REP; ++r) ps[r][j] = j < cnt ? s[r] : -INFINITY;
+  }
+  __syncthreads();
+  const int r = warp;  // softmax and P.V: warp r takes query head r, a lane 4 of its dims
+  const size_t first = (static_cast<size_t>(row) * Hkv + g) * P * REP + r;  // (row, g, part 0, head r)
+  if (r < REP) {
+    float sc = ps[r][lane], m = sc, l;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    l = sc = exp2f(sc - m);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    ps[r][lane] = sc;
+    __syncwarp();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < cnt; ++j) {
+      const float pj = ps[r][j];
+      float v[4];
+      bf4(vs + j * AHD + lane * 4, v);
+#pragma unroll
+      for (int d = 0; d < 4; ++d) acc[d] = fmaf(pj, v[d], acc[d]);
+    }
+    const size_t slot = first + static_cast<size_t>(p) * REP;
+    *reinterpret_cast<float4*>(part_acc + slot * AHD + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (lane == 0) part_ml[slot * 2] = m, part_ml[slot * 2 + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  const int parts = (n + ACH - 1) / ACH;
+  unsigned* ticket = tickets + static_cast<size_t>(row) * Hkv + g;
+  if (tid == 0) {
+    is_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(parts - 1);
+    if (is_last) *ticket = 0;  // every part has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last || r >= REP) return;
+  __threadfence();
+  // the merge, in part order (other blocks' values: L2 reads): M the largest max, L = sum of l_c 2^(m_c - M) (lanes
+  // take parts c, c + 32, ..., then a butterfly), o = sum of acc_c 2^(m_c - M) part by part
+  float M = -INFINITY, Ls = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c = lane; c < parts; c += 32) M = fmaxf(M, __ldcg(part_ml + (first + c * REP) * 2));
+#pragma unroll
+  for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
+  for (int c = lane; c < parts; c += 32) {
+    const float* ml = part_ml + (first + c * REP) * 2;
+    Ls += __ldcg(ml + 1) * exp2f(__ldcg(ml) - M);
+  }
+#pragma unroll
+  for (int k = 16; k; k >>= 1) Ls += __shfl_xor_sync(0xffffffffu, Ls, k);
+#pragma unroll 8
+  for (int c = 0; c < parts; ++c) {
+    const float w = exp2f(__ldcg(part_ml + (first + c * REP) * 2) - M);
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(part_acc + (first + c * REP) * AHD) + lane);
+    o[0] = fmaf(a.x, w, o[0]), o[1] = fmaf(a.y, w, o[1]), o[2] = fmaf(a.z, w, o[2]), o[3] = fmaf(a.w, w, o[3]);
+  }
+  bf16* dst = out + static_cast<size_t>(row) * ldo + (static_cast<size_t>(g) * REP + r) * AHD + lane * 4;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) dst[d] = __float2bfloat16(o[d] / Ls);
+}
+
+template <int REP>
+int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
+                const int* slots, int lds, const int* count, float* acc, float* ml, unsigned* tickets, bf16* out,
+                int ldo, int rows, int hkv, int parts, cudaStream_t s) {
+  return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, s, q, ldq, K, V, cap,
+                   base, slots, lds, count, acc, ml, tickets, out, ldo,
+                   1.4426950408889634f / sqrtf(static_cast<float>(AHD)));
+}
+
+}  // namespace
+
+// The entry points (eaglekit.models.bulk calls them through ctypes): 0 on success, a cudaError_t, or -1 (a shape
+// these kernels do not take; bulk.py checks shapes first, so -1 means a bug there).
+extern "C" {
+
+// y = x @ W^T with epilogue `epi` (0 plain, 1 + res, 2 SwiGLU over [gate; up] rows: y [M, N / 2]); x [M, K] with
+// row stride ldx; M <= 64, N % 8 == 0 (SwiGLU: N % 16), K % 2048 == 0
+int ek_bulk_linear(int epi, const void* W, const void* x, void* y, const void* res, int M, int N, int K, int ldx,
+                   int grid, void* stream) {
+  if (M < 1 || M > 64 || N % (epi == EPI_SWIGLU ? 16 : 8) || K % (512 * CW) || ldx % 8) return -1;
+  Epi e = {};
+  e.res = static_cast<const bf16*>(res);
+  const bf16* w = static_cast<const bf16*>(W);
+  const bf16* xx = static_cast<const bf16*>(x);
+  bf16* yy = static_cast<bf16*>(y);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (epi) {
+    case EPI_PLAIN: return gemm_rows_for<EPI_PLAIN>(w, xx, yy, M, N, K, ldx, e, grid, s);
+    case EPI_RESID: return gemm_rows_for<EPI_RESID>(w, xx, yy, M, N, K, ldx, e, grid, s);
+    case EPI_SWIGLU: return gemm_rows_for<EPI_SWIGLU>(w, xx, yy, M, N, K, ldx, e, grid, s);
+    default: return -1;
+  }
+}
+
+// the q/k/v product of a layer: W [(H + 2 Hkv) hd, K] ([q; k; v] rows); q (rotated) -> q_out [M, H hd]; k (rotated)
+// and v -> the cache [Hkv, cap, hd] at slots *base + row; cos/sin [M, hd]
+int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx, int H, int Hkv, int hd, void* kc,
+                void* vc, const void* cos, const void* sin, const void* base, int cap, int grid, void* stream) {
+  if (M < 1 || M > 64 || hd != QHD || K % (512 * CW) || ldx % 8) return -1;
+  Epi e = {};
+  e.kc = static_cast<bf16*>(kc);
+  e.vc = static_cast<bf16*>(vc);
+  e.cos = static_cast<const bf16*>(cos);
+  e.sin = static_cast<const bf16*>(sin);
+  e.base = static_cast<const long long*>(base);
+  e.cap = cap, e.qcols = H * hd, e.kcols = Hkv * hd;
+  return gemm_rows_for<EPI_QKV>(static_cast<const bf16*>(W), static_cast<const bf16*>(x), static_cast<bf16*>(q_out),
+                                M, (H + 2 * Hkv) * hd, K, ldx, e, grid, static_cast<cudaStream_t>(stream));
+}
+
+int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, void* stream) {
+  if (K % 8) return -1;
+  return launch_ex(rms_rows, dim3(M), dim3(256), 0, static_cast<cudaStream_t>(stream), static_cast<const bf16*>(x),
+                   static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps);
+}
+
+// attention of `rows` query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the first slot of
+// this call's keys, slots [rows, >= parts * 32] int32 (row stride lds), count [rows] int32; acc [rows, Hkv, parts, rep,
+// 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left zero); out [rows, H * 128] (stride ldo)
+int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, int cap, const void* base,
+                 const void* slots, int lds, const void* count, void* acc, void* ml, void* tickets, void* out, int ldo,
+                 int rows, int hkv, int parts, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bf16 *qq = static_cast<const bf16*>(q), *kk = static_cast<const bf16*>(K), *vv = static_cast<const bf16*>(V);
+  const long long* b = static_cast<const long long*>(base);
+  const int *sl = static_cast<const int*>(slots), *cn = static_cast<const int*>(count);
+  float *a = static_cast<float*>(acc), *m = static_cast<float*>(ml);
+  unsigned* t = static_cast<unsigned*>(tickets);
+  bf16* o = static_cast<bf16*>(out);
+  switch (rep) {
+    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
+    default: return -1;
+  }
+}
+
+void ek_bulk_set_pdl(int on) { g_pdl = on; }
+
+const char* ek_bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }
+
+int ek_bulk_sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
+}

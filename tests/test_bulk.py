@@ -1,0 +1,220 @@
+"""products "bulk" (eaglekit.models.bulk): where it runs and why not (CPU), and on an sm_90 GPU that its kernels are
+right against torch in fp32, that a row's bits never depend on the rows beside it, and that a decoder of a shape it
+takes verifies a tree with each row's logits bit-identical to the one-row baseline steps."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from eaglekit.errors import InputError
+from eaglekit.models import bulk
+from eaglekit.models.config import parse_target_config
+from eaglekit.train.pretrain import llama_config
+
+
+def _cfg(**over):
+    raw = llama_config(8192, 2048, 2, 16, 4, 4096, max_pos=4096, tie=False, eos_id=1)
+    return dataclasses.replace(parse_target_config(raw), **over)
+
+
+def test_shapes_it_takes_and_the_reason_it_gives_otherwise():
+    assert bulk.shape_reason(_cfg()) is None
+    from eaglekit.demo import ASSETS
+    from eaglekit.models.config import load_target_config
+
+    assert "head_dim 64" in bulk.shape_reason(load_target_config(ASSETS / "target"))
+    assert "q/k norms" in bulk.shape_reason(_cfg(qk_norm=True))
+    assert "sliding-window" in bulk.shape_reason(_cfg(sliding_window=512))
+    assert "multiples of 2048" in bulk.shape_reason(_cfg(intermediate_size=5000))
+    assert "1, 2, 4 or 8" in bulk.shape_reason(_cfg(num_heads=16, num_kv_heads=1))
+    assert bulk.reason(_cfg(), "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
+
+
+def test_products_bulk_on_a_cpu_is_a_clear_error():
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+
+    with pytest.raises(InputError, match="GPU kernel"):
+        load_pair(ASSETS / "target", device="cpu", products="bulk")
+
+
+def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(bulk, "_LIB", None)
+    monkeypatch.setattr(bulk, "library_path", lambda: tmp_path / "bulk-x.so")
+    monkeypatch.setattr(bulk, "find_nvcc", lambda: None)
+    with pytest.raises(bulk.Unavailable, match="nvcc"):
+        bulk.library()
+    assert not any(tmp_path.iterdir())  # nothing half-built left behind
+
+
+sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                          reason="needs an sm_90 GPU")
+
+
+def _rand(*shape, seed=0, scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
+
+
+ROWS = (1, 5, 8, 9, 16, 17, 40, 64)
+
+
+@pytest.mark.parametrize("epi,N,K", [(bulk.EPI_PLAIN, 6144, 4096), (bulk.EPI_PLAIN, 128256, 4096),
+                                     (bulk.EPI_RESID, 4096, 14336), (bulk.EPI_SWIGLU, 28672, 4096),
+                                     (bulk.EPI_PLAIN, 4096, 2048)])
+@pytest.mark.gpu
+@sm90
+def test_products_right_and_row_invariant(epi, N, K):
+    k = bulk.Kernels("cuda")
+    w, x = _rand(N, K, seed=1, scale=K ** -0.5), _rand(64, K, seed=2)
+    res = _rand(64, N, seed=3) if epi == bulk.EPI_RESID else None
+    alone = None
+    for M in ROWS:
+        y = k.linear(x[:M], w, epi, res[:M] if res is not None else None)
+        ref = x[:M].float() @ w.float().T
+        if epi == bulk.EPI_RESID:
+            ref = res[:M].float() + ref
+        if epi == bulk.EPI_SWIGLU:
+            ref = torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:]
+        err = (y.float() - ref).abs().max() / ref.abs().max()
+        assert err < 1e-2, (M, err)
+        if alone is None:
+            alone = torch.cat([k.linear(x[r:r + 1], w, epi, res[r:r + 1] if res is not None else None)
+                               for r in range(64)])
+        assert torch.equal(y, alone[:M]), M  # each row's bits as when it comes alone
+
+
+@pytest.mark.gpu
+@sm90
+def test_qkv_rotates_and_writes_the_cache():
+    from eaglekit.models.config import RopeConfig
+    from eaglekit.models.layers import Rotary, apply_rope
+
+    H, Hkv, hd, K, cap = 32, 8, 128, 4096, 300
+    k = bulk.Kernels("cuda")
+    w, x = _rand((H + 2 * Hkv) * hd, K, seed=4, scale=K ** -0.5), _rand(64, K, seed=5)
+    pos = torch.arange(100, 164, device="cuda")
+    cos, sin = Rotary(hd, RopeConfig(theta=500000.0)).cuda()(pos, torch.bfloat16)
+    outs = {}
+    for M in (1, 7, 64):
+        kc, vc = torch.zeros(2, Hkv, cap, hd, device="cuda", dtype=torch.bfloat16)
+        base = torch.tensor([100], device="cuda")
+        q = k.qkv(x[:M], w, (H, Hkv, hd), kc, vc, cos[:M].contiguous(), sin[:M].contiguous(), base)
+        ref = (x[:M].float() @ w.float().T).bfloat16()
+        rq, rk, rv = ref.split([H * hd, Hkv * hd, Hkv * hd], -1)
+        rq = apply_rope(rq.view(M, H, hd).transpose(0, 1).float(), cos[:M].float(), sin[:M].float())
+        rk = apply_rope(rk.view(M, Hkv, hd).transpose(0, 1).float(), cos[:M].float(), sin[:M].float())
+        assert (q.view(M, H, hd).transpose(0, 1).float() - rq).abs().max() < 0.05 * rq.abs().max()
+        assert (kc[:, 100:100 + M].float() - rk).abs().max() < 0.05 * rk.abs().max()
+        rv = rv.view(M, Hkv, hd).transpose(0, 1).float()
+        assert (vc[:, 100:100 + M].float() - rv).abs().max() < 0.02 * rv.abs().max()
+        assert not kc[:, :100].any() and not kc[:, 100 + M:].any() and not vc[:, 100 + M:].any()
+        outs[M] = (q, kc[:, 100:100 + M], vc[:, 100:100 + M])
+    for M in (7, 64):  # row 0's bits as alone
+        assert all(torch.equal(a[..., :1, :] if a.dim() == 3 else a[:1], b[..., :1, :] if b.dim() == 3 else b[:1])
+                   for a, b in zip(outs[M], outs[1]))
+
+
+def _tree(T, rng):
+    parents = [-1] + [rng.randrange(0, i) for i in range(1, T)]
+    paths = []
+    for t in range(T):
+        path, a = [], t
+        while a >= 0:
+            path.append(a)
+            a = parents[a]
+        paths.append(path[::-1])
+    return paths
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("P,rep", [(40, 4), (255, 4), (700, 8), (1500, 2)])
+def test_attention_tree_rows_equal_rows_alone(P, rep):
+    """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
+    layout: its ancestors committed), and both agree with an fp64 attention."""
+    from eaglekit.models import attend
+
+    rng = random.Random(P)
+    T, Hkv, hd = 10, 4, 128
+    H = Hkv * rep
+    S = P + T + 5
+    kb = bulk.Kernels("cuda")
+    q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
+    paths = _tree(T, rng)
+    mask = torch.zeros(1, T, S, dtype=torch.bool, device="cuda")
+    mask[..., :P] = True
+    for t, path in enumerate(paths):
+        mask[0, t, [P + a for a in path]] = True
+    base = torch.tensor([P], device="cuda")
+    slots, count, _ = attend.visible(mask, base)
+    tree = kb.attn(q, kc, vc, base, slots[0], count[0], (H, Hkv, hd), kb.scratch(T, S, Hkv, rep))
+    qd = q.view(T, H, hd).transpose(0, 1)[None].double()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qd, kc[None].double().repeat_interleave(rep, 1), vc[None].double().repeat_interleave(rep, 1),
+        attn_mask=mask[:, None])
+    assert (tree.view(T, H, hd).transpose(0, 1)[None].double() - ref).abs().max() < 2e-2
+    for t, path in enumerate(paths):
+        k1, v1 = kc.clone(), vc.clone()
+        k1[:, P:P + len(path)] = kc[:, [P + a for a in path]]
+        v1[:, P:P + len(path)] = vc[:, [P + a for a in path]]
+        m1 = torch.zeros(1, 1, S, dtype=torch.bool, device="cuda")
+        m1[..., :P + len(path)] = True
+        b1 = torch.tensor([P + len(path) - 1], device="cuda")
+        s1, c1, _ = attend.visible(m1, b1)
+        alone = kb.attn(q[t:t + 1].contiguous(), k1, v1, b1, s1[0], c1[0], (H, Hkv, hd), kb.scratch(1, S, Hkv, rep))
+        assert torch.equal(alone[0], tree[t]), (P, t)
+    assert not kb.tickets.any()  # every merge left its ticket at zero
+
+
+def _target(products, layers=2):
+    from eaglekit.models.layers import Rotary
+    from eaglekit.models.llama import LlamaModel, LlamaTarget
+
+    cfg = _cfg(num_layers=layers)
+    torch.manual_seed(0)
+    net = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.02)
+        for n, p in net.named_parameters():
+            if "norm" in n:
+                p.fill_(1.0)
+    net = net.to("cuda", torch.bfloat16)
+    net.rotary = Rotary(cfg.head_dim, cfg.rope).to("cuda")  # (its frequencies stay float32)
+    t = LlamaTarget(net, "cuda", torch.bfloat16)
+    t.fuse()
+    t.set_products(products)
+    return t
+
+
+@pytest.mark.gpu
+@sm90
+def test_decoder_tree_rows_equal_one_row_steps():
+    """The whole decoder through the bulk layers: a tree's logits, row by row, bit-identical to stepping that row's
+    path one token at a time (the baseline); and close to products "invariant" (other summation orders)."""
+    t, ref = _target("bulk"), _target("invariant")
+    rng = random.Random(0)
+    prompt = torch.randint(0, 8192, (40,), device="cuda")
+    for T in (1, 6, 9, 20):
+        paths = _tree(T, rng)
+        ids = torch.randint(0, 8192, (T,), device="cuda")
+        block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
+        for i, path in enumerate(paths):
+            block[i, path] = True
+        depths = torch.tensor([len(p) - 1 for p in paths], device="cuda")
+        outs = {}
+        for name, tg in (("bulk", t), ("invariant", ref)):
+            tg.reset(128)
+            tg.prefill(prompt)
+            outs[name] = tg.verify(ids, depths, block)[0]
+        err = (outs["bulk"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
+        assert err < 0.05, (T, err)
+        for i, path in enumerate(paths):
+            t.reset(128)
+            t.prefill(prompt)
+            for a in path:
+                logits = t.step(ids[a].view(1))
+            assert torch.equal(logits, outs["bulk"][i]), (T, i)
