@@ -5,7 +5,8 @@ every bulk kernel a programmatic dependent launch (as shipped) and with plain la
 each: the step by CUDA events (median of 200 replays), and one replay under torch.profiler: kernels by kind (count,
 summed duration; under PDL a kernel's duration includes its time parked at griddepcontrol.wait, so only the plain
 recording's sums are each kernel's own cost) and the span. Also 8 layers alone (bulk.Kernels.layer on fixed
-inputs, one graph), the shape benchmarks/layer_probe.py timed its harness variants at.
+inputs, one graph), the shape benchmarks/layer_probe.py timed its harness variants at, and the step at a verify's
+row counts.
 
     python benchmarks/bulk_step.py OUT_DIR
 """
@@ -36,20 +37,15 @@ def layers_graph(t, kern, n_layers: int = 8):
     """bulk's layer for the first n_layers layers at one row, context 512, one CUDA graph -> (ms, output)."""
     net, c = t.net, t.cfg
     x0 = torch.randn(1, 1, c.hidden_size, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).bfloat16()
-    pos = torch.tensor([512], device="cuda")
-    cos, sin = (a.reshape(1, -1).contiguous() for a in net.rotary(pos, torch.bfloat16))
-    base = torch.tensor([512], device="cuda")
-    from eaglekit.models import attend
-
-    mask = torch.zeros(1, 1, 1024, dtype=torch.bool, device="cuda")
-    mask[..., :513] = True
-    slots, count, _ = attend.visible(mask, base)
+    pos = base = torch.tensor([512], device="cuda")
+    block = torch.ones(1, 1, dtype=torch.bool, device="cuda")
+    inv_freq = net.rotary.inv_freq.float()
     scratch = kern.scratch(1, 1024, c.num_kv_heads, c.num_heads // c.num_kv_heads)
 
     def body():
         x = x0
         for i in range(n_layers):
-            x = kern.layer(net.model.layers[i], x, cos, sin, t.cache.layer(i), base, slots[0], count[0], scratch)
+            x = kern.layer(net.model.layers[i], x, pos, inv_freq, t.cache.layer(i), base, block, scratch)
         return x
 
     body()
@@ -96,19 +92,19 @@ def main():
         for k, v in list(res[f"pdl{pdl}"]["by_kind"].items())[:14]:
             print(f"   {v[0]:5d} {v[1]:8.4f} ms  {k}")
     lib.ek_bulk_set_pdl(1)
-    # how the products read x (bulk.cu's EK_XLOAD), each a library of its own swapped into the same kernels object
-    _, ref = layers_graph(t, kern)
-    for xl in (1, 2, 0):
-        kern.lib = bulk.library((f"EK_XLOAD={xl}",)) if xl else lib
-        l8, y = layers_graph(t, kern)
-        t.reset(1024)
-        logits, _ = t.prefill(prompt)
-        dec._steps.clear()
-        g, buf = dec._graphed_step(logits[-1].argmax())
-        ms = suite.events_ms(g.replay, reps=200, warm=5)
-        res[f"xload{xl}"] = {"eight_layers_ms": round(l8, 4), "same_bits": bool(torch.equal(y, ref)),
-                             "step_ms": round(ms, 4), "fraction_of_copy": round(nbytes / (ms / 1e3) / bw, 4)}
-        print(f"xload {xl}:", res[f"xload{xl}"], flush=True)
+    dec._steps.clear()  # (the plain recording's graphs must not serve the row counts below)
+    # (build options were compared here against the default, each build swapped into kern.lib and timed alternating
+    # with it: x loads, a chunk's copies by one producer lane or eight, rings of 8 or 12 slots; NOTES, sixteenth
+    # session. bulk.library(("EK_NSLOTS=12",)) builds such a variant.)
+    # a verify's shapes: the step with k rows (the token and k - 1 copies of it, as Target.step(rows=k) runs them)
+    t.reset(1024)
+    logits, _ = t.prefill(prompt)
+    res["rows_ms"] = {}
+    for rows in (1, 5, 7, 9, 17, 49):
+        g, buf = dec._graphed_step(logits[-1].argmax(), rows)
+        t.committed.fill_(512)  # (each replay commits one token: 105 of them stay inside the 1024 cache)
+        res["rows_ms"][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+    print("step at k rows (ms):", res["rows_ms"], flush=True)
     (out / "bulk_step.json").write_text(json.dumps(res, indent=1))
 
 

@@ -49,6 +49,20 @@ def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing half-built left behind
 
 
+def test_the_ctypes_signatures_match_the_cuda_source():
+    """Each entry point's argument types (bulk.ARGTYPES) against its C declaration in bulk.cu: a pointer for each
+    `void*`, an int for each `int`, a float for each `float`, in order (a mismatch is a crash on the GPU)."""
+    import ctypes
+    import re
+
+    src = bulk.SOURCE.read_text()
+    for name, types in bulk.ARGTYPES.items():
+        params = re.search(rf"\b{name}\(([^)]*)\)", src).group(1).split(",")
+        want = [ctypes.c_void_p if "*" in q else ctypes.c_float if "float" in q else ctypes.c_int
+                for q in params if q.strip()]
+        assert types == want, name
+
+
 sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                           reason="needs an sm_90 GPU")
 
@@ -96,12 +110,13 @@ def test_qkv_rotates_and_writes_the_cache():
     k = bulk.Kernels("cuda")
     w, x = _rand((H + 2 * Hkv) * hd, K, seed=4, scale=K ** -0.5), _rand(64, K, seed=5)
     pos = torch.arange(100, 164, device="cuda")
-    cos, sin = Rotary(hd, RopeConfig(theta=500000.0)).cuda()(pos, torch.bfloat16)
+    rotary = Rotary(hd, RopeConfig(theta=500000.0)).cuda()
+    cos, sin = rotary(pos, torch.bfloat16)
     outs = {}
     for M in (1, 7, 64):
         kc, vc = torch.zeros(2, Hkv, cap, hd, device="cuda", dtype=torch.bfloat16)
         base = torch.tensor([100], device="cuda")
-        q = k.qkv(x[:M], w, (H, Hkv, hd), kc, vc, cos[:M].contiguous(), sin[:M].contiguous(), base)
+        q = k.qkv(x[:M], w, (H, Hkv, hd), kc, vc, pos[:M].contiguous(), rotary.inv_freq, base)
         ref = (x[:M].float() @ w.float().T).bfloat16()
         rq, rk, rv = ref.split([H * hd, Hkv * hd, Hkv * hd], -1)
         rq = apply_rope(rq.view(M, H, hd).transpose(0, 1).float(), cos[:M].float(), sin[:M].float())
@@ -135,8 +150,6 @@ def _tree(T, rng):
 def test_attention_tree_rows_equal_rows_alone(P, rep):
     """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
     layout: its ancestors committed), and both agree with an fp64 attention."""
-    from eaglekit.models import attend
-
     rng = random.Random(P)
     T, Hkv, hd = 10, 4, 128
     H = Hkv * rep
@@ -144,13 +157,14 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
     kb = bulk.Kernels("cuda")
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
     paths = _tree(T, rng)
+    block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
+    for t, path in enumerate(paths):
+        block[t, path] = True
     mask = torch.zeros(1, T, S, dtype=torch.bool, device="cuda")
     mask[..., :P] = True
-    for t, path in enumerate(paths):
-        mask[0, t, [P + a for a in path]] = True
+    mask[0, :, P:P + T] = block
     base = torch.tensor([P], device="cuda")
-    slots, count, _ = attend.visible(mask, base)
-    tree = kb.attn(q, kc, vc, base, slots[0], count[0], (H, Hkv, hd), kb.scratch(T, S, Hkv, rep))
+    tree = kb.attn(q, kc, vc, base, block, (H, Hkv, hd), kb.scratch(T, S, Hkv, rep))
     qd = q.view(T, H, hd).transpose(0, 1)[None].double()
     ref = torch.nn.functional.scaled_dot_product_attention(
         qd, kc[None].double().repeat_interleave(rep, 1), vc[None].double().repeat_interleave(rep, 1),
@@ -160,11 +174,9 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
         k1, v1 = kc.clone(), vc.clone()
         k1[:, P:P + len(path)] = kc[:, [P + a for a in path]]
         v1[:, P:P + len(path)] = vc[:, [P + a for a in path]]
-        m1 = torch.zeros(1, 1, S, dtype=torch.bool, device="cuda")
-        m1[..., :P + len(path)] = True
-        b1 = torch.tensor([P + len(path) - 1], device="cuda")
-        s1, c1, _ = attend.visible(m1, b1)
-        alone = kb.attn(q[t:t + 1].contiguous(), k1, v1, b1, s1[0], c1[0], (H, Hkv, hd), kb.scratch(1, S, Hkv, rep))
+        b1 = torch.tensor([P + len(path) - 1], device="cuda")  # its ancestors committed, itself this call's
+        one = torch.ones(1, 1, dtype=torch.bool, device="cuda")
+        alone = kb.attn(q[t:t + 1].contiguous(), k1, v1, b1, one, (H, Hkv, hd), kb.scratch(1, S, Hkv, rep))
         assert torch.equal(alone[0], tree[t]), (P, t)
     assert not kb.tickets.any()  # every merge left its ticket at zero
 

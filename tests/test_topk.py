@@ -51,3 +51,20 @@ def test_top_probs_uses_torch_off_the_gpu():
     p, i = topk.top_probs(logits, 5)
     want_p, want_i = torch.softmax(logits, -1).topk(5, dim=-1)
     assert torch.equal(i, want_i) and torch.equal(p, want_p)
+
+
+def test_two_stage_argmax_equals_torch_argmax_with_ties_and_nan():
+    """topk.argmax (the engine's greedy pick) is torch.argmax: the first of equal maxima, a NaN taken as the largest,
+    over widths that split in chunks and widths that do not, and batched rows."""
+    from eaglekit.decoding.topk import argmax
+
+    for seed in range(60):
+        g = torch.Generator().manual_seed(seed)
+        V = [8192, 128256, 32000, 1000, 4097][seed % 5]
+        x = torch.randint(-4, 4, (3, V), generator=g).float()  # few values: many ties
+        if seed % 3 == 0:
+            x[seed % 3, torch.randint(0, V, (2,), generator=g)] = float("nan")
+        for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+            y = x.to(dev)
+            assert torch.equal(argmax(y), y.argmax(-1)), (seed, dev)
+            assert torch.equal(argmax(y[1]), y[1].argmax(-1)), (seed, dev)

@@ -30,6 +30,7 @@ from ..observe.profile import Profiler
 from .accept import accept_greedy, accept_sampling
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
+from .topk import argmax
 from .tree import TreeShape, expand
 
 PHASES = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
@@ -212,7 +213,7 @@ class Decoder:
         return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
 
     def _pick(self, logits_row, sp, gen):
-        return logits_row.argmax(-1) if sp.greedy else sample(probs(logits_row, sp), gen)
+        return argmax(logits_row) if sp.greedy else sample(probs(logits_row, sp), gen)
 
     # --- entry point -----------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
@@ -270,7 +271,7 @@ class Decoder:
             buf = torch.zeros((), dtype=torch.long, device=t.device)
 
             def step():
-                buf.copy_(t.step(buf.view(1), rows).argmax(-1))
+                buf.copy_(argmax(t.step(buf.view(1), rows)))
 
             self._steps[key] = (record_graphs([[step]], {"step": step}, [t.committed])["step"], buf)
         g, buf = self._steps[key]

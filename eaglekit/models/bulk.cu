@@ -6,7 +6,7 @@
 // PDL: a kernel lets its successor launch at once (griddepcontrol.launch_dependents) and waits for its predecessor's
 // output (griddepcontrol.wait) only where it reads it. A product's producer warp issues its weight's copies *before*
 // the wait (weights never depend on the predecessor), so the memory keeps streaming across kernel boundaries; the
-// attention copies the committed keys before its wait likewise. Reads of a predecessor's output use coherent loads.
+// attention copies the committed keys before its wait likewise. A predecessor's output is read after the wait only.
 // Safety under PDL rests on one rule every kernel here keeps: nothing written by another kernel of the step is read
 // before the wait, and nothing is written before it; every kernel has blocks that wait, so a kernel's completion
 // implies all earlier kernels' completion (what makes the scratch buffers and tickets safe to share across layers).
@@ -15,7 +15,7 @@
 // rows beside it. Products: x's rows are the A operand of mma.sync m16n8k16 (rows past M are zeros; 16-row tiles);
 // each output row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: block
 // (part, KV head, row) takes the row's logical keys [32 p, 32 p + 32) (the committed prefix, then the row's tree
-// ancestors and itself: eaglekit.models.attend.visible), and the parts are merged in order.
+// ancestors and itself, read from the tree's block), and the parts are merged in order.
 //
 // Built at first use by eaglekit.models.bulk (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
 
@@ -95,7 +95,14 @@ int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaS
 // tile i / P, piece i % P (P = K / 512, a multiple of CW): warp w takes pieces w, w + CW, ... of each tile, chains
 // them through mma.sync, and the warps' sums are added in warp order after a barrier of the consumers. LO (at most 8
 // rows): x's rows 8-15 not held (the same mma inputs, 64 registers fewer: the fastest variant measured).
-constexpr int CW = 4, NSLOTS = 8, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
+constexpr int CW = 4, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
+// ring slots a block (what it can fetch before its wait, while the kernel before it still runs): EK_NSLOTS up to 8
+// rows, 8 for more. 12 (the most that leaves two blocks an SM) ran 8 layers 2% slower than 8 (NOTES, sixteenth session)
+#ifndef EK_NSLOTS
+#define EK_NSLOTS 8
+#endif
+template <int MT>
+__host__ __device__ constexpr int ring_slots() { return MT == 1 ? EK_NSLOTS : 8; }
 constexpr int QHD = 128;  // the q/k/v product's head_dim (its tiles are 16 a head)
 enum { EPI_PLAIN = 0, EPI_RESID = 1, EPI_SWIGLU = 2, EPI_QKV = 3 };
 
@@ -103,15 +110,15 @@ struct Epi {
   const bf16* res;     // RESID: y = res + bf16(x @ W^T) ([M, N])
   bf16* kc;            // QKV: this layer's K cache [Hkv, cap, hd]; keys go to slot base + row
   bf16* vc;            // QKV: V cache, as kc
-  const bf16* cos;     // QKV: [M, hd] (rotary of each row's position)
-  const bf16* sin;
+  const long long* pos;   // QKV: [M] each row's position
+  const float* inv_freq;  // QKV: [hd / 2] the rotary frequencies (eaglekit.models.layers.rope_inv_freq)
   const long long* base;  // QKV: the first slot of this call's rows (the cache's committed length)
   int cap, qcols, kcols;  // QKV: cache slots a head, H * QHD, Hkv * QHD
 };
 
 // the weight rows of tile `tile`: its rows 0-3 are rows a .. a + 3 of W, its rows 4-7 rows b .. b + 3. Computed once
-// a tile (the producer is one thread issuing 8 copies a chunk: divisions by runtime values in its loop made the q/k/v
-// product 2x slower, NOTES)
+// a tile (the producer's loop issues the copies: divisions by runtime values there, a chunk's 8 rows each, made the
+// q/k/v product 2x slower; NOTES, sixteenth session)
 template <int EPI>
 __device__ __forceinline__ void tile_rows(int tile, int N, const Epi& e, int& a, int& b) {
   if (EPI == EPI_SWIGLU) {
@@ -170,10 +177,12 @@ __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int t
     if (c >= 4) return;
     const int head = tile >> 4, d = (tile & 15) * 4 + c, half = QHD / 2;
     const float x1 = round_bf(tile_sum<MT>(slot, mt, v)), x2 = round_bf(tile_sum<MT>(slot, mt, v + 8));
-    const bf16* cs = e.cos + static_cast<size_t>(row) * QHD;
-    const bf16* sn = e.sin + static_cast<size_t>(row) * QHD;
-    const bf16 o1 = __float2bfloat16(x1 * bf(cs[d]) - x2 * bf(sn[d]));
-    const bf16 o2 = __float2bfloat16(x2 * bf(cs[d + half]) + x1 * bf(sn[d + half]));
+    // cos and sin as eaglekit.models.layers.Rotary makes them (the angle's product in fp32, the result in bf16);
+    // columns d and d + hd / 2 share a frequency
+    const float angle = static_cast<float>(e.pos[row]) * e.inv_freq[d];
+    const float cs = round_bf(cosf(angle)), sn = round_bf(sinf(angle));
+    const bf16 o1 = __float2bfloat16(x1 * cs - x2 * sn);
+    const bf16 o2 = __float2bfloat16(x2 * cs + x1 * sn);
     const int col = head * QHD + d;
     if (col < e.qcols) {
       y[static_cast<size_t>(row) * e.qcols + col] = o1;
@@ -189,6 +198,11 @@ __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int t
         __float2bfloat16(tile_sum<MT>(slot, mt, v));
   }
 }
+
+#ifndef EK_PRODUCER_LANES
+#define EK_PRODUCER_LANES 8
+#endif
+static_assert(EK_PRODUCER_LANES == 1 || EK_PRODUCER_LANES == 8, "a chunk's copies: by one lane or by eight");
 
 // how a product reads x, its predecessor's output (EK_XLOAD, a build option for benchmarks/bulk_step.py): 0 L2 only
 // (ld.global.cg: every block's every chunk from L2), 1 the read-only path (ld.global.nc, cached in L1), 2 a plain
@@ -208,9 +222,10 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 }
 
 template <int MT, bool LO, int EPI>
-__global__ void __launch_bounds__((CW + 1) * 32)
+__global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
     gemm_rows(const bf16* __restrict__ W, const bf16* x, bf16* y, int M, int N, int K, int ldx, Epi e) {
   static_assert(!LO || MT == 1, "LO: at most 8 rows");
+  constexpr int NSLOTS = ring_slots<MT>();
   static_assert(NSLOTS % CW == 0, "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
@@ -235,18 +250,28 @@ __global__ void __launch_bounds__((CW + 1) * 32)
   pdl_trigger();  // the successor's blocks take an SM only as ours leave (100 KB of shared memory a block)
 
   if (warp == CW) {  // the producer: weights never depend on the predecessor, so no wait before streaming them
-    if (lane == 0) {
+    // lane 0 waits for a free slot and arms its barrier; the chunk's 8 row copies are issued by lanes 0-7 at once
+    // (EK_PRODUCER_LANES 8, the default) or all by lane 0 (1)
+    if (lane < EK_PRODUCER_LANES) {
       int tile = t0, piece = 0, a, b;
       tile_rows<EPI>(tile, N, e, a, b);
       for (int i = 0; i < nchunks; ++i) {
         const int s = i % NSLOTS;
-        if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
-        mbar_expect_tx(&full[s], 8 * 1024);
+        if (lane == 0) {
+          if (i >= NSLOTS) mbar_wait(&empty[s], ((i / NSLOTS) - 1) & 1);
+          mbar_expect_tx(&full[s], 8 * 1024);
+        }
         const bf16* wa = W + static_cast<size_t>(a) * K + piece * 512;
         const bf16* wb = W + static_cast<size_t>(b) * K + piece * 512;
-        for (int r = 0; r < 4; ++r) {
-          bulk_load(ring + s * MSLOT + r * MROW, wa + static_cast<size_t>(r) * K, 1024, &full[s]);
-          bulk_load(ring + s * MSLOT + (r + 4) * MROW, wb + static_cast<size_t>(r) * K, 1024, &full[s]);
+        if (EK_PRODUCER_LANES == 8) {
+          __syncwarp(0xffu);
+          const int r = lane & 3;
+          bulk_load(ring + s * MSLOT + lane * MROW, (lane < 4 ? wa : wb) + static_cast<size_t>(r) * K, 1024, &full[s]);
+        } else {
+          for (int r = 0; r < 4; ++r) {
+            bulk_load(ring + s * MSLOT + r * MROW, wa + static_cast<size_t>(r) * K, 1024, &full[s]);
+            bulk_load(ring + s * MSLOT + (r + 4) * MROW, wb + static_cast<size_t>(r) * K, 1024, &full[s]);
+          }
         }
         if (++piece == P) {
           piece = 0;
@@ -272,24 +297,30 @@ __global__ void __launch_bounds__((CW + 1) * 32)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       // this lane's x rows: mt * 16 + g (A rows 0-7) and + 8 (A rows 8-15); rows past M are zeros. Step j covers
-      // k = piece * 512 + j * 32 + t * 8 .. + 7 of a row (the same permutation of k for W and x)
+      // k = piece * 512 + j * 32 + t * 8 .. + 7 of a row (the same permutation of k for W and x). x is held XH steps
+      // at a time (more row tiles: fewer, or the registers pass 200 and one block an SM fits); the steps' order,
+      // so the bits, stay the same
+      constexpr int XH = MT == 1 ? 16 : 8;
       const int r0 = mt * 16 + g;
       const bool lo = r0 < M, hi = !LO && r0 + 8 < M;
       const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0) * ldx) + kq + t;
       const uint4* xhi = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0 + 8) * ldx) + kq + t;
-      uint4 xa[16], xb[LO ? 1 : 16];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        xa[j] = lo ? load_x(xlo + j * 4) : zero;
-        if (!LO) xb[LO ? 0 : j] = hi ? load_x(xhi + j * 4) : zero;
-      }
-      if (mt == 0) mbar_wait(&full[s], (i / NSLOTS) & 1);
+      for (int h = 0; h < 16; h += XH) {
+        uint4 xa[XH], xb[LO ? 1 : XH];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint4 w = *reinterpret_cast<const uint4*>(wrow + j * 64);
-        const uint4 xh = LO ? zero : xb[LO ? 0 : j];
-        mma16816(d[mt][j & 1], xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
-        mma16816(d[mt][j & 1], xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
+        for (int j = 0; j < XH; ++j) {
+          xa[j] = lo ? load_x(xlo + (h + j) * 4) : zero;
+          if (!LO) xb[LO ? 0 : j] = hi ? load_x(xhi + (h + j) * 4) : zero;
+        }
+        if (mt == 0 && h == 0) mbar_wait(&full[s], (i / NSLOTS) & 1);
+#pragma unroll
+        for (int j = 0; j < XH; ++j) {
+          const uint4 w = *reinterpret_cast<const uint4*>(wrow + (h + j) * 64);
+          const uint4 xh = LO ? zero : xb[LO ? 0 : j];
+          mma16816(d[mt][j & 1], xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
+          mma16816(d[mt][j & 1], xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
+        }
       }
     }
     slot_release(&empty[s], lane);
@@ -315,6 +346,7 @@ int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int 
                 cudaStream_t stream) {
   // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (NOTES: blocks that fit
   // beside the running ones take room early and unevenly, and the chain got slower)
+  constexpr int NSLOTS = ring_slots<MT>();
   const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + RSLOTS * CW * MT * 128 * 4;
   const size_t smem = need > 100 * 1024 ? need : 100 * 1024;
   static bool ready = false;
@@ -379,13 +411,14 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---- attention of T query rows (GQA, head_dim 128), each over its own visible keys ---------------------------------
-// Block (part p, KV head g, row) takes logical keys [ACH p, ACH p + ACH) of the count[row] the row sees, logical key j
-// at cache slot slots[row, j] (eaglekit.models.attend.visible: the committed prefix 0..base-1, then the row's tree
-// ancestors and itself). The committed ones are the contiguous slots [lo, base): copied by bulk copies *before* the
-// wait (the committed cache never depends on the predecessor); this call's (written by the q/k/v product's epilogue)
-// after it, by coherent loads. Scores, softmax and P.V run on the CUDA cores in fixed orders; each part leaves (acc,
-// max, sum), and the last part of (row, KV head) to finish (a ticket, reset by it for the next launch) merges the
-// parts in part order. Nothing depends on how many rows come with a row: one row alone and in a tree, the same bits.
+// Row t sees the committed prefix (slots 0 .. base - 1) and this call's tokens c whose block[t, c] is set (its tree
+// ancestors and itself; T <= 64), in that order: logical key j < base at slot j, key base + m at slot base + c_m, c_m
+// the row's m-th set column. Block (part p, KV head g, row) takes logical keys [ACH p, ACH p + ACH). The committed
+// ones are contiguous: copied by bulk copies *before* the wait (the committed cache never depends on the
+// predecessor); this call's (written by the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores,
+// softmax and P.V run on the CUDA cores in fixed orders; each part leaves (acc, max, sum), and the last part of (row,
+// KV head) to finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on
+// how many rows come with a row: one row alone and in a tree, the same bits.
 constexpr int AHD = 128, ACH = 32;
 
 __device__ __forceinline__ void bf4(const bf16* p, float (&f)[4]) {  // 4 bf16 (8 bytes) -> fp32
@@ -398,8 +431,8 @@ __device__ __forceinline__ void bf4(const bf16* p, float (&f)[4]) {  // 4 bf16 (
 template <int REP>
 __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
     attn_rows(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
-              const int* slots, int lds, const int* count, float* part_acc, float* part_ml, unsigned* tickets,
-              bf16* out, int ldo, float scale_log2) {
+              const unsigned char* block, int T, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
+              int ldo, float scale_log2) {
   constexpr int NW = REP < 4 ? 4 : REP, NT = 32 * NW;
   __shared__ __align__(128) bf16 ks[ACH * AHD];
   __shared__ __align__(128) bf16 vs[ACH * AHD];
@@ -407,12 +440,21 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
   __shared__ float qs[REP][AHD];
   __shared__ __align__(8) uint64_t bar;
   __shared__ int is_last;
+  __shared__ unsigned char cols[64];  // the row's set columns of block, in order
   pdl_trigger();
-  // count, slots and base are written before the step's layers run (not by a predecessor): read before the wait
+  // block and base are written before the step's layers run (not by a predecessor): read before the wait
   const int p = blockIdx.x, g = blockIdx.y, row = blockIdx.z, P = gridDim.x, Hkv = gridDim.y;
-  const int n = count[row], lo = p * ACH;
-  if (lo >= n) return;
+  const int lane0 = threadIdx.x % 32;
+  const unsigned char* brow = block + static_cast<size_t>(row) * T;
+  const unsigned m0 = __ballot_sync(0xffffffffu, lane0 < T && brow[lane0]);
+  const unsigned m1 = __ballot_sync(0xffffffffu, lane0 + 32 < T && brow[lane0 + 32]);
   const long long L = *base_ptr;
+  const int n = static_cast<int>(L) + __popc(m0) + __popc(m1), lo = p * ACH;
+  if (lo >= n) return;
+  if (threadIdx.x < 32) {  // warp 0: column c's rank among the set ones
+    if (m0 >> lane0 & 1) cols[__popc(m0 & ((1u << lane0) - 1))] = lane0;
+    if (m1 >> lane0 & 1) cols[__popc(m0) + __popc(m1 & ((1u << lane0) - 1))] = lane0 + 32;
+  }
   const int cnt = min(ACH, n - lo);
   const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));  // committed: slot == j
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -427,9 +469,10 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
     }
   }
   pdl_wait();  // q and this call's keys are the q/k/v product's
+  __syncthreads();  // (cols)
   for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
     const int j = pre + i / 32, u = i % 32;
-    const int sl = slots[static_cast<size_t>(row) * lds + lo + j];
+    const long long sl = L + cols[lo + j - L];
     const uint4* src = reinterpret_cast<const uint4*>((u < 16 ? K : V) + (head + sl) * AHD) + u % 16;
     reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
   }
@@ -520,10 +563,10 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
 
 template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
-                const int* slots, int lds, const int* count, float* acc, float* ml, unsigned* tickets, bf16* out,
-                int ldo, int rows, int hkv, int parts, cudaStream_t s) {
+                const unsigned char* block, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo, int rows,
+                int hkv, int parts, cudaStream_t s) {
   return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, s, q, ldq, K, V, cap,
-                   base, slots, lds, count, acc, ml, tickets, out, ldo,
+                   base, block, rows, acc, ml, tickets, out, ldo,
                    1.4426950408889634f / sqrtf(static_cast<float>(AHD)));
 }
 
@@ -553,15 +596,15 @@ int ek_bulk_linear(int epi, const void* W, const void* x, void* y, const void* r
 }
 
 // the q/k/v product of a layer: W [(H + 2 Hkv) hd, K] ([q; k; v] rows); q (rotated) -> q_out [M, H hd]; k (rotated)
-// and v -> the cache [Hkv, cap, hd] at slots *base + row; cos/sin [M, hd]
+// and v -> the cache [Hkv, cap, hd] at slots *base + row; pos [M] int64, inv_freq [hd / 2] fp32
 int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx, int H, int Hkv, int hd, void* kc,
-                void* vc, const void* cos, const void* sin, const void* base, int cap, int grid, void* stream) {
+                void* vc, const void* pos, const void* inv_freq, const void* base, int cap, int grid, void* stream) {
   if (M < 1 || M > 64 || hd != QHD || K % (512 * CW) || ldx % 8) return -1;
   Epi e = {};
   e.kc = static_cast<bf16*>(kc);
   e.vc = static_cast<bf16*>(vc);
-  e.cos = static_cast<const bf16*>(cos);
-  e.sin = static_cast<const bf16*>(sin);
+  e.pos = static_cast<const long long*>(pos);
+  e.inv_freq = static_cast<const float*>(inv_freq);
   e.base = static_cast<const long long*>(base);
   e.cap = cap, e.qcols = H * hd, e.kcols = Hkv * hd;
   return gemm_rows_for<EPI_QKV>(static_cast<const bf16*>(W), static_cast<const bf16*>(x), static_cast<bf16*>(q_out),
@@ -574,24 +617,26 @@ int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, 
                    static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps);
 }
 
-// attention of `rows` query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the first slot of
-// this call's keys, slots [rows, >= parts * 32] int32 (row stride lds), count [rows] int32; acc [rows, Hkv, parts, rep,
-// 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left zero); out [rows, H * 128] (stride ldo)
+// attention of `rows` (<= 64) query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the
+// first slot of this call's keys (the committed length), block [rows, rows] bool (row t sees new token c where set);
+// acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left zero);
+// out [rows, H * 128] (stride ldo); parts * 32 >= base + rows
 int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, int cap, const void* base,
-                 const void* slots, int lds, const void* count, void* acc, void* ml, void* tickets, void* out, int ldo,
-                 int rows, int hkv, int parts, void* stream) {
+                 const void* block, void* acc, void* ml, void* tickets, void* out, int ldo, int rows, int hkv,
+                 int parts, void* stream) {
+  if (rows < 1 || rows > 64) return -1;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bf16 *qq = static_cast<const bf16*>(q), *kk = static_cast<const bf16*>(K), *vv = static_cast<const bf16*>(V);
   const long long* b = static_cast<const long long*>(base);
-  const int *sl = static_cast<const int*>(slots), *cn = static_cast<const int*>(count);
+  const unsigned char* bl = static_cast<const unsigned char*>(block);
   float *a = static_cast<float*>(acc), *m = static_cast<float*>(ml);
   unsigned* t = static_cast<unsigned*>(tickets);
   bf16* o = static_cast<bf16*>(out);
   switch (rep) {
-    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, sl, lds, cn, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
     default: return -1;
   }
 }

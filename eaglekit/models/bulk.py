@@ -7,8 +7,9 @@ ramps it at the next one's start, and the products alone, one kernel per weight,
 launch: it lets its successor launch at once, and the successor's weight streams by bulk copies into shared memory
 *before* it waits for its input; the attention copies the committed keys before its wait likewise. A layer is seven
 kernels: RMSNorm; q/k/v with the rotary embedding and the cache write in its epilogue; attention; o with the residual
-add; RMSNorm; gate/up with SwiGLU; down with the residual add. The lm_head takes the same product. In a harness of 8
-layers this design ran the layers 17% faster than today's (NOTES, fifteenth session).
+add; RMSNorm; gate/up with SwiGLU; down with the residual add. The lm_head takes the same product. The recorded 8B
+step: 4.17-4.29 ms on an H200 (82.5-86.6% of its copy bandwidth) against "invariant"'s ~4.75 (benchmarks/NOTES.md,
+"Products bulk"; benchmarks/bulk_step.py). Verifies past 8 rows are slower than "invariant"'s (NOTES): opt-in.
 
 The arithmetic of a row never depends on the rows beside it (the products' rows are the tensor cores' A rows, the
 attention takes each row's keys in logical order in fixed 32-key parts): a token verified in a tree gives the bits it
@@ -17,8 +18,9 @@ are not invariant's (other summation orders): the guarantee holds within one kin
 
 Where it runs: eaglekit's Llama-family decoder in bf16 on an sm_90 GPU, batch 1, head_dim 128, 1-8 query heads a KV
 head, no biases, no q/k norm, no sliding window, hidden and intermediate sizes multiples of 2048 (`reason` says
-which condition fails). Built at first use with nvcc (~1 min; kept under eaglekit's cache folder, keyed by the source
-and the GPU, so the next run loads it in milliseconds). Elsewhere (prompts, batched rows, the draft), "invariant".
+which condition fails). Built at first use with nvcc (11 s on the H200; kept under eaglekit's cache folder, keyed by
+the source, so the next run loads it in milliseconds). Elsewhere (prompts over 64 tokens, batched rows, the draft),
+"invariant".
 """
 
 from __future__ import annotations
@@ -100,6 +102,14 @@ def library_path(defines: tuple[str, ...] = ()) -> Path:
     return cache_dir().parent / "cuda" / f"bulk-{digest}-sm90a.so"
 
 
+_p, _i = ctypes.c_void_p, ctypes.c_int
+ARGTYPES = {  # bulk.cu's extern "C" entry points (tests/test_bulk.py checks these against the source)
+    "ek_bulk_linear": [_i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p],
+    "ek_bulk_qkv": [_p, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _i, _i, _p],
+    "ek_bulk_rms": [_p, _p, _p, _i, _i, ctypes.c_float, _p],
+    "ek_bulk_attn": [_i, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p],
+    "ek_bulk_set_pdl": [_i],
+}
 BUILD_SECONDS: float | None = None  # what this process spent building the library (None: loaded from the cache)
 _LIB = None
 
@@ -127,12 +137,8 @@ def library(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
         os.replace(tmp, path)
         BUILD_SECONDS = time.perf_counter() - t0
     lib = ctypes.CDLL(str(path))
-    p, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.ek_bulk_linear.argtypes = [i32, p, p, p, p, i32, i32, i32, i32, i32, p]
-    lib.ek_bulk_qkv.argtypes = [p, p, p, i32, i32, i32, i32, i32, i32, p, p, p, p, p, i32, i32, p]
-    lib.ek_bulk_rms.argtypes = [p, p, p, i32, i32, ctypes.c_float, p]
-    lib.ek_bulk_attn.argtypes = [i32, p, i32, p, p, i32, p, p, i32, p, p, p, p, p, i32, i32, i32, i32, p]
-    lib.ek_bulk_set_pdl.argtypes = [i32]
+    for name, types in ARGTYPES.items():
+        getattr(lib, name).argtypes = types
     lib.ek_bulk_error.restype = ctypes.c_char_p
     if not defines:
         _LIB = lib
@@ -188,51 +194,53 @@ class Kernels:
                  "rms")
         return y
 
-    def qkv(self, h, w, heads: tuple[int, int, int], kc, vc, cos, sin, base) -> torch.Tensor:
+    def qkv(self, h, w, heads: tuple[int, int, int], kc, vc, pos, inv_freq, base) -> torch.Tensor:
         """q (rotated) [M, H hd] from h [M, K]; k (rotated) and v written to the layer's cache kc, vc [Hkv, cap, hd]
-        at slots base[0] + row. cos/sin [M, hd]; base: a device int64 (the cache's committed length)."""
+        at slots base[0] + row. pos [M] int64 (each row's position), inv_freq [hd / 2] float32 (Rotary's); base: a
+        device int64 (the cache's committed length)."""
         H, Hkv, hd = heads
         M, K = h.shape
-        assert kc.is_contiguous() and vc.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-        assert base.dtype == torch.int64 and cos.shape == (M, hd) and cos.dtype == h.dtype
+        assert kc.is_contiguous() and vc.is_contiguous() and pos.is_contiguous() and inv_freq.is_contiguous()
+        assert base.dtype == pos.dtype == torch.int64 and pos.shape == (M,) and inv_freq.dtype == torch.float32
         q = torch.empty(M, H * hd, device=h.device, dtype=h.dtype)
         self._ok(self.lib.ek_bulk_qkv(w.data_ptr(), h.data_ptr(), q.data_ptr(), M, K, K, H, Hkv, hd, kc.data_ptr(),
-                                      vc.data_ptr(), cos.data_ptr(), sin.data_ptr(), base.data_ptr(), kc.shape[1],
-                                      self.grid, _stream()), "qkv")
+                                      vc.data_ptr(), pos.data_ptr(), inv_freq.data_ptr(), base.data_ptr(),
+                                      kc.shape[1], self.grid, _stream()), "qkv")
         return q
 
     def scratch(self, rows: int, span: int, Hkv: int, rep: int):
-        """The attention's part buffers for a call of `rows` rows over `span` slots (shared by all its layers)."""
+        """The attention's part buffers for a call of `rows` rows whose keys lie below `span` (all its layers')."""
         parts = math.ceil(span / ACH)
         acc = torch.empty(rows * Hkv * parts * rep * 128, device=self.device, dtype=torch.float32)
         ml = torch.empty(rows * Hkv * parts * rep * 2, device=self.device, dtype=torch.float32)
         return acc, ml, parts
 
-    def attn(self, q, kc, vc, base, slots, count, heads, scratch) -> torch.Tensor:
-        """q [M, H hd] over the cache kc, vc [Hkv, cap, hd]: row t sees the slots slots[t, :count[t]] (int32, row
-        stride free; eaglekit.models.attend.visible), those from base[0] on written by this call. -> [M, H hd]."""
+    def attn(self, q, kc, vc, base, block, heads, scratch) -> torch.Tensor:
+        """q [M, H hd] over the cache kc, vc [Hkv, cap, hd]: row t sees the committed slots below base[0] and this
+        call's slot base[0] + c where block[t, c] (bool [M, M]: its tree ancestors and itself). -> [M, H hd]."""
         H, Hkv, hd = heads
         M = q.shape[0]
         acc, ml, parts = scratch
-        assert slots.dtype == torch.int32 and count.dtype == torch.int32 and slots.stride(-1) == 1
-        assert count.is_contiguous() and M <= MAX_ROWS and Hkv <= 64 and slots.shape[-1] <= parts * ACH
+        assert block.dtype == torch.bool and block.shape == (M, M) and block.is_contiguous()
+        assert M <= MAX_ROWS and Hkv <= 64 and acc.numel() >= M * Hkv * parts * (H // Hkv) * 128
         out = torch.empty(M, H * hd, device=q.device, dtype=q.dtype)
         self._ok(self.lib.ek_bulk_attn(H // Hkv, q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), kc.shape[1],
-                                       base.data_ptr(), slots.data_ptr(), slots.stride(-2), count.data_ptr(),
-                                       acc.data_ptr(), ml.data_ptr(), self.tickets.data_ptr(), out.data_ptr(),
-                                       out.stride(0), M, Hkv, parts, _stream()), "attention")
+                                       base.data_ptr(), block.data_ptr(), acc.data_ptr(), ml.data_ptr(),
+                                       self.tickets.data_ptr(), out.data_ptr(), out.stride(0), M, Hkv, parts,
+                                       _stream()), "attention")
         return out
 
-    def layer(self, layer, x, cos, sin, kv, base, slots, count, scratch) -> torch.Tensor:
-        """One decoder layer (eaglekit.models.llama.DecoderLayer, fused) for x [1, T, D]: seven kernels, the new
-        keys and values written to kv (the layer's cache, [1, Hkv, cap, hd] each) at base[0] + t."""
+    def layer(self, layer, x, pos, inv_freq, kv, base, block, scratch) -> torch.Tensor:
+        """One decoder layer (eaglekit.models.llama.DecoderLayer, fused) for x [1, T, D] at positions pos [T]: seven
+        kernels, the new keys and values written to kv (the layer's cache, [1, Hkv, cap, hd] each) at base[0] + t,
+        each row attending as block [T, T] says (attn)."""
         a, m = layer.self_attn, layer.mlp
         heads = (a.num_heads, a.num_kv_heads, a.head_dim)
         _, T, D = x.shape
         x2 = x.reshape(T, D)
         h = self.rms(x2, layer.input_layernorm.weight, layer.input_layernorm.eps)
-        q = self.qkv(h, a.qkv_weight, heads, kv[0][0], kv[1][0], cos, sin, base)
-        o = self.attn(q, kv[0][0], kv[1][0], base, slots, count, heads, scratch)
+        q = self.qkv(h, a.qkv_weight, heads, kv[0][0], kv[1][0], pos, inv_freq, base)
+        o = self.attn(q, kv[0][0], kv[1][0], base, block, heads, scratch)
         x2 = self.linear(o, a.o_proj.weight, EPI_RESID, x2)
         h = self.rms(x2, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
         act = self.linear(h, m.gate_up_weight, EPI_SWIGLU)

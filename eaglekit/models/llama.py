@@ -58,21 +58,21 @@ class LlamaModel(nn.Module):
         self.products = None  # the lm_head's policy; set by LlamaTarget.set_products()
 
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
-                capture: tuple[int, ...] = ()):
-        """ids [B, T]; positions [T] or [B, T]. Returns (normed hidden [B, T, H], features [B, T, C*H] | None)."""
+                capture: tuple[int, ...] = (), block=None, span=None):
+        """ids [B, T]; positions [T] or [B, T]. Returns (normed hidden [B, T, H], features [B, T, C*H] | None).
+        `block` [T, T] and `span` instead of slots and mask: a decode call of one sequence through products "bulk"
+        (its T tokens at slots cache.length + t, each seeing the committed prefix and the tokens its row of block
+        allows; no key at or past `span`)."""
         x = self.model.embed_tokens(ids)
-        cos, sin = self.rotary(positions, x.dtype)
         caught = {}
         if -1 in capture:
             caught[-1] = x
+        if block is not None:
+            return self._bulk_layers(x, positions, cache, block, span, capture, caught)
+        cos, sin = self.rotary(positions, x.dtype)
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
         fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
-        # products "bulk": a decode call of one sequence runs its layers as eaglekit.models.bulk's CUDA kernels
-        bulk = getattr(self.products, "layer_kernels", None)
-        if (bulk is not None and small and cache is not None and mask is not None and slots.dim() == 1
-                and ids.shape[0] == 1):
-            return self._bulk_layers(bulk, x, cos, sin, cache, slots, mask, capture, caught)
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
         if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
@@ -94,16 +94,16 @@ class LlamaModel(nn.Module):
         feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
         return self.model.norm(x), feats
 
-    def _bulk_layers(self, bulk, x, cos, sin, cache, slots, mask, capture, caught):
-        """forward's layers for a decode call of one sequence through eaglekit.models.bulk (products "bulk")."""
-        c = self.config
-        T, S = x.shape[1], mask.shape[-1]
-        base = slots[:1]  # this call's first slot (its tokens go to base, base + 1, ...), the cache's length
-        vis_slots, count, _ = attend.visible(mask, base)
-        scratch = bulk.scratch(T, S, c.num_kv_heads, c.num_heads // c.num_kv_heads)
-        cos, sin = cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous()
+    def _bulk_layers(self, x, positions, cache, block, span, capture, caught):
+        """forward's layers for a decode call of one sequence through eaglekit.models.bulk (products "bulk"): no
+        mask, no cos/sin tables (the kernels read the tree block and compute the rotary angles themselves)."""
+        c, bulk = self.config, self.products.layer_kernels
+        T = x.shape[1]
+        scratch = bulk.scratch(T, span, c.num_kv_heads, c.num_heads // c.num_kv_heads)
+        pos, block = positions.reshape(T).contiguous(), block.contiguous()
+        inv_freq = self.rotary.inv_freq.float().contiguous()
         for i, layer in enumerate(self.model.layers):
-            x = bulk.layer(layer, x, cos, sin, cache.layer(i), base, vis_slots[0], count[0], scratch)
+            x = bulk.layer(layer, x, pos, inv_freq, cache.layer(i), cache.length.view(1), block, scratch)
             if i in capture:
                 caught[i] = x
         return self._finish(x, caught, capture)
@@ -161,10 +161,14 @@ class LlamaTarget(Target):
     def _forward(self, ids, depths, block, capture):
         T = ids.numel()
         L = self.cache.length
-        slots = L + torch.arange(T, device=self.device)
-        mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
-        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
+        if getattr(self.net.products, "layer_kernels", None) is not None and T <= COMPILE_MAX_TOKENS:
+            # products "bulk": its kernels take the tree block itself (no [T, span] mask, no slot table)
+            h, feats = self.net(ids.view(1, T), L + depths, self.cache, capture=layers, block=block, span=self.span)
+        else:
+            slots = L + torch.arange(T, device=self.device)
+            mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
+            h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
         logits = product_module(self.net.products, self.net.lm_head, h[0]).float()
         return logits, (feats[0] if feats is not None else None)
 
