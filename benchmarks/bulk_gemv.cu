@@ -32,50 +32,7 @@ namespace {
 constexpr int SLOT = 8192;  // bytes a ring slot: one row of a 4096-wide weight
 constexpr int XMAX = 14336;  // widest K (the x row is staged in shared memory)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
-}
-
-// a consumer warp is done reading ring slot `bar`'s data: the producer may refill it. The refill is a bulk copy (the
-// async proxy) and our reads were plain loads (the generic proxy): without a proxy fence the arrive can overtake
-// loads still in flight (ptxas had put it before the last LDS returned) and the copy overwrite what they read: wrong
-// sums at random (seen at 16 rows). The fence (MEMBAR + FENCE.VIEW.ASYNC in the SASS) makes the loads complete first.
-// compute-sanitizer's racecheck reports write-after-read hazards between the copies and the loads with or without it.
-__device__ __forceinline__ void slot_release(uint64_t* bar, int lane) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bar);
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_u32(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
+#include "../eaglekit/models/bulk_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
 
 // the ring's barriers (a slot full: one arrival and its bytes; a slot empty: its one consumer warp's arrival), then
 // the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at once
@@ -240,15 +197,6 @@ int launch(const void* W, const void* x, void* y, int N, int K, int grid, int pd
 // permutation of k, the same for W and x).
 constexpr int MROW = 1088;  // bytes a weight row takes in a slot: 1024 + 64 (a 16-byte-unit shift of 4 a row)
 constexpr int MSLOT = 8 * MROW;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // XS (one row only): x staged in shared memory once after the wait, as gemv_bulk does, instead of read per chunk.
 // RED: how a tile's warp sums meet. 0: a barrier of the consumer warps a tile, then each thread adds one value over
@@ -487,13 +435,6 @@ __global__ void __launch_bounds__(128) attn_like(const __nv_bfloat16* __restrict
 // layer's attention could be, measured in benchmarks/layer_probe.py (the `pdl` modes below are that probe's
 // variants); n is read before the wait, which is safe there (written before the graph), not in general under PDL.
 constexpr int AHD = 128, AREP = 4;
-
-__device__ __forceinline__ void bf4(const __nv_bfloat16* p, float (&f)[4]) {  // 4 bf16 (8 bytes) -> fp32
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
 
 // ACH keys a part: 32 keeps a block's shared memory (18.6 KB) small enough to start beside two product blocks of
 // 100 KB (its K/V copies then run under the product before it); 64 (35.9 KB) must wait for a product block to exit

@@ -165,3 +165,17 @@ def use_triton_interpreter() -> None:
         pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernels on the GPU",
                     allow_module_level=True)
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def random_tree_paths(T: int, rng) -> list[list[int]]:
+    """A random tree of T nodes in topological order (node 0 the root, each other node's parent an earlier one) as
+    each node's path from the root: paths[t] = [0, ..., t]."""
+    parents = [-1] + [rng.randrange(0, i) for i in range(1, T)]
+    paths = []
+    for t in range(T):
+        path, a = [], t
+        while a >= 0:
+            path.append(a)
+            a = parents[a]
+        paths.append(path[::-1])
+    return paths

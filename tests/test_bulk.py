@@ -12,6 +12,7 @@ from eaglekit.errors import InputError
 from eaglekit.models import bulk
 from eaglekit.models.config import parse_target_config
 from eaglekit.train.pretrain import llama_config
+from helpers import random_tree_paths
 
 
 def _cfg(**over):
@@ -47,6 +48,12 @@ def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(bulk.Unavailable, match="nvcc"):
         bulk.library()
     assert not any(tmp_path.iterdir())  # nothing half-built left behind
+
+
+def test_an_install_without_the_cuda_source_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(bulk, "SOURCES", (tmp_path / "bulk.cu",))
+    with pytest.raises(bulk.Unavailable, match="lacks bulk.cu"):
+        bulk.library_path()
 
 
 def test_the_ctypes_signatures_match_the_cuda_source():
@@ -132,18 +139,6 @@ def test_qkv_rotates_and_writes_the_cache():
                    for a, b in zip(outs[M], outs[1]))
 
 
-def _tree(T, rng):
-    parents = [-1] + [rng.randrange(0, i) for i in range(1, T)]
-    paths = []
-    for t in range(T):
-        path, a = [], t
-        while a >= 0:
-            path.append(a)
-            a = parents[a]
-        paths.append(path[::-1])
-    return paths
-
-
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("P,rep", [(40, 4), (255, 4), (700, 8), (1500, 2)])
@@ -156,7 +151,7 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
     S = P + T + 5
     kb = bulk.Kernels("cuda")
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
-    paths = _tree(T, rng)
+    paths = random_tree_paths(T, rng)
     block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
     for t, path in enumerate(paths):
         block[t, path] = True
@@ -211,7 +206,7 @@ def test_decoder_tree_rows_equal_one_row_steps():
     rng = random.Random(0)
     prompt = torch.randint(0, 8192, (40,), device="cuda")
     for T in (1, 6, 9, 20):
-        paths = _tree(T, rng)
+        paths = random_tree_paths(T, rng)
         ids = torch.randint(0, 8192, (T,), device="cuda")
         block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
         for i, path in enumerate(paths):

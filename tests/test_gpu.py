@@ -11,6 +11,7 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+from helpers import random_tree_paths
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -228,14 +229,7 @@ def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
         g = torch.Generator(device="cuda").manual_seed(seed)
         q, k, v = (torch.randn(1, h, n, hd, device="cuda", generator=g).bfloat16()
                    for h, n in ((H, T), (Hkv, S), (Hkv, S)))
-        parents = [-1] + [rng.randrange(0, i) for i in range(1, T)]
-        paths = []
-        for t in range(T):
-            path, a = [], t
-            while a >= 0:
-                path.append(a)
-                a = parents[a]
-            paths.append(path[::-1])
+        paths = random_tree_paths(T, rng)
         mask = torch.zeros(1, T, S, dtype=torch.bool, device="cuda")
         mask[..., :P] = True
         for t, path in enumerate(paths):

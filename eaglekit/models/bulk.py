@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("bulk.cu")
+SOURCES = (SOURCE, SOURCE.with_name("bulk_ptx.cuh"))  # what a build reads (the library's name digests them)
 EPI_PLAIN, EPI_RESID, EPI_SWIGLU = 0, 1, 2
 MAX_ROWS = 64  # rows a product or the attention takes in one launch (4 tiles of 16)
 ACH = 32  # keys a part of the attention (bulk.cu)
@@ -98,7 +99,11 @@ def library_path(defines: tuple[str, ...] = ()) -> Path:
     the build options of a benchmark's variant)."""
     from .compiling import cache_dir
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(defines).encode()).hexdigest()[:16]
+    missing = [p.name for p in SOURCES if not p.exists()]
+    if missing:
+        raise Unavailable(f"this eaglekit install lacks {', '.join(missing)} (its CUDA source): reinstall eaglekit, or "
+                          "use --products invariant")
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(defines).encode()).hexdigest()[:16]
     return cache_dir().parent / "cuda" / f"bulk-{digest}-sm90a.so"
 
 
