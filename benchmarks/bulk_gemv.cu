@@ -500,24 +500,7 @@ __global__ void __launch_bounds__(128)
     for (int d = 0; d < 4; ++d) qr[r][d] = qs[r][lane * 4 + d];
   mbar_wait(&bar, 0);
   if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  // scores: warp w takes keys w, w + 4, ...; a lane 4 of the 128 dims, then a butterfly over the lanes. Keys past
-  // cnt are computed on whatever the slot holds and masked: no branch, so four keys' butterflies interleave
-#pragma unroll 4
-  for (int j = warp; j < ACH; j += 4) {
-    float k[4], s[AREP];
-    bf4(ks + j * AHD + lane * 4, k);
-#pragma unroll
-    for (int r = 0; r < AREP; ++r) {
-      s[r] = 0.f;
-#pragma unroll
-      for (int d = 0; d < 4; ++d) s[r] = fmaf(qr[r][d], k[d], s[r]);
-#pragma unroll
-      for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
-    }
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < AREP; ++r) ps[r][j] = j < cnt ? s[r] : -INFINITY;
-  }
+  part_scores<AREP, ACH, 4, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + 4, ...
   __syncthreads();
   // softmax and P.V: warp r takes query head r, a lane 4 of its dims
   const int r = warp;
@@ -535,13 +518,7 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < PL; ++i) ps[r][lane + 32 * i] = sc[i];
   __syncwarp();
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int j = 0; j < cnt; ++j) {
-    const float pj = ps[r][j];
-    float v[4];
-    bf4(vs + j * AHD + lane * 4, v);
-#pragma unroll
-    for (int d = 0; d < 4; ++d) acc[d] = fmaf(pj, v[d], acc[d]);
-  }
+  part_pv<AHD>(vs, ps[r], cnt, lane, acc);
   const size_t slot = (static_cast<size_t>(g) * P + p) * AREP + r;
   *reinterpret_cast<float4*>(part_acc + slot * AHD + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
   if (lane == 0) part_ml[slot * 2] = m, part_ml[slot * 2 + 1] = l;
