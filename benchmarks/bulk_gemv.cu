@@ -34,38 +34,6 @@ constexpr int XMAX = 14336;  // widest K (the x row is staged in shared memory)
 
 #include "../eaglekit/models/bulk_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
 
-// the ring's barriers (a slot full: one arrival and its bytes; a slot empty: its one consumer warp's arrival), then
-// the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at once
-// (its blocks then take room beside ours, unevenly); pdl 2: once our producer has issued its last copy (not here)
-__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, int nslots, int pdl) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < nslots; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
-// a launch into `stream`, as a programmatic dependent launch where pdl != 0
-template <typename... Args>
-int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, int pdl, cudaStream_t stream,
-              Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
 // the ring's smem limit raised once per kernel (a block may take more than 48 KB)
 template <typename K>
 int allow_smem(K kernel, bool& ready) {

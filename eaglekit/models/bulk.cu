@@ -37,21 +37,6 @@ __device__ __forceinline__ float round_bf(float v) { return __bfloat162float(__f
 
 int g_pdl = 1;  // launches as PDL (ek_bulk_set_pdl: 0 for plain launches, to measure what PDL gives)
 
-template <typename... Args>
-int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = g_pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
 // ---- products: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16 MT, with an epilogue --------------------------------------
 // A chunk is a tile of 8 weight rows by 512 k: 8 bulk copies of 1 KB into rows padded to MROW bytes (a warp's 16-byte
 // loads of 8 rows x 4 column groups then hit 32 distinct banks). Which weight rows make a tile is the epilogue's
@@ -195,15 +180,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
   const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
   const int nchunks = (t1 - t0) * P;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < NSLOTS; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  pdl_trigger();  // the successor's blocks take an SM only as ours leave (100 KB of shared memory a block)
+  ring_init(full, empty, NSLOTS, 1);  // then the successor may launch: its blocks take an SM only as ours leave
 
   if (warp == CW) {  // the producer: weights never depend on the predecessor, so no wait before streaming them
     // lane 0 waits for a free slot and arms its barrier; the chunk's 8 row copies are issued by lanes 0-7 at once
@@ -312,7 +289,8 @@ int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int 
     if (err != cudaSuccess) return static_cast<int>(err);
     ready = true;
   }
-  return launch_ex(gemm_rows<MT, LO, EPI>, dim3(grid), dim3((CW + 1) * 32), smem, stream, W, x, y, M, N, K, ldx, e);
+  return launch_ex(gemm_rows<MT, LO, EPI>, dim3(grid), dim3((CW + 1) * 32), smem, g_pdl, stream, W, x, y, M, N, K,
+                   ldx, e);
 }
 
 template <int EPI>
@@ -491,8 +469,8 @@ template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
                 const unsigned char* block, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo, int rows,
                 int hkv, int parts, cudaStream_t s) {
-  return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, s, q, ldq, K, V, cap,
-                   base, block, rows, acc, ml, tickets, out, ldo,
+  return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, g_pdl, s, q, ldq, K, V,
+                   cap, base, block, rows, acc, ml, tickets, out, ldo,
                    1.4426950408889634f / sqrtf(static_cast<float>(AHD)));
 }
 
@@ -539,8 +517,8 @@ int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx
 
 int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, void* stream) {
   if (K % 8) return -1;
-  return launch_ex(rms_rows, dim3(M), dim3(256), 0, static_cast<cudaStream_t>(stream), static_cast<const bf16*>(x),
-                   static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps);
+  return launch_ex(rms_rows, dim3(M), dim3(256), 0, g_pdl, static_cast<cudaStream_t>(stream),
+                   static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps);
 }
 
 // attention of `rows` (<= 64) query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the

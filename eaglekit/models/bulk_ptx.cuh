@@ -1,7 +1,7 @@
 // PTX helpers shared by eaglekit/models/bulk.cu and benchmarks/bulk_gemv.cu (the probe kernels it grew from): shared
-// addresses, mbarriers, bulk copies into shared memory, the ring's slot release, one bf16 tensor-core step, 4 bf16 to
-// fp32, and the two loops of an attention part (its scores; P.V for one query head). Included inside each file's
-// anonymous namespace.
+// addresses, mbarriers, bulk copies into shared memory, the ring's set-up and slot release, one bf16 tensor-core step,
+// 4 bf16 to fp32, the two loops of an attention part (its scores; P.V for one query head), and the host's launch.
+// Included inside each file's anonymous namespace.
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -56,6 +56,21 @@ __device__ __forceinline__ void bf4(const __nv_bfloat16* p, float (&f)[4]) {  //
   f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
 }
 
+// the ring's barriers (a slot full: one arrival and its bytes; a slot empty: its one consumer warp's arrival), then
+// the successor may launch: its producer streams its own weight while we finish (it waits for our y). pdl 1: at once
+// (its blocks then take room beside ours, unevenly); pdl 2: once our producer has issued its last copy (not here)
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, int nslots, int pdl) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < nslots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (pdl == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // the scores of an attention part: REP query heads (qr: this lane's 4 of HD dims each, pre-scaled) against ACH keys ks
 // [ACH, HD]; warp w of NW takes keys w, w + NW, ..., a lane 4 dims, then a butterfly over the lanes. Keys past cnt are
 // computed on whatever the slot holds and masked to -inf (no branch: the butterflies of several keys interleave)
@@ -90,4 +105,21 @@ __device__ __forceinline__ void part_pv(const __nv_bfloat16* vs, const float* p,
 #pragma unroll
     for (int d = 0; d < 4; ++d) acc[d] = fmaf(pj, v[d], acc[d]);
   }
+}
+
+// a launch into `stream`, as a programmatic dependent launch where pdl != 0
+template <typename... Args>
+int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, int pdl, cudaStream_t stream,
+              Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
