@@ -1,7 +1,8 @@
 """Products "bulk" (eaglekit.models.bulk) at the Llama-3.1-8B shape: where the recorded baseline step's time goes.
 
-The decoder's own graph of one greedy step (context 512 in a 1024 cache, random bf16 weights), recorded twice: with
-every bulk kernel a programmatic dependent launch (as shipped) and with plain launches (ek_bulk_set_pdl(0)). For
+The decoder's own graph of one greedy step (context 512 in a 1024 cache, random bf16 weights), recorded with the norms
+in the products (five kernels a layer, as shipped) and each norm its own kernel (seven), alternating, every kernel a
+programmatic dependent launch; then as shipped with plain launches (ek_bulk_set_pdl(0)). For
 each: the step by CUDA events (median of 200 replays), and one replay under torch.profiler: kernels by kind (count,
 summed duration; under PDL a kernel's duration includes its time parked at griddepcontrol.wait, so only the plain
 recording's sums are each kernel's own cost) and the span. Also 8 layers alone (bulk.Kernels.layer on fixed
@@ -43,10 +44,7 @@ def layers_graph(t, kern, n_layers: int = 8):
     scratch = kern.scratch(1, 1024, c.num_kv_heads, c.num_heads // c.num_kv_heads)
 
     def body():
-        x = x0
-        for i in range(n_layers):
-            x = kern.layer(net.model.layers[i], x, pos, inv_freq, t.cache.layer(i), base, block, scratch)
-        return x
+        return kern.layers(net.model.layers[:n_layers], x0, pos, inv_freq, t.cache.layer, base, block, scratch)
 
     body()
     torch.cuda.synchronize()
@@ -73,8 +71,12 @@ def main():
     res = {"copy_bandwidth_TBps": round(bw / 1e12, 3), "weight_bytes": nbytes}
     dec = Decoder(t)
     prompt = torch.randint(0, 128000, (512,), device="cuda")
-    for pdl in (1, 0):
+    # the norms in the products (five kernels a layer, the default) against each norm its own kernel (seven), side
+    # by side in two rounds, then the default with plain launches (its kernels' own durations)
+    for name, stats, pdl in (("stats", True, 1), ("rms", False, 1), ("stats", True, 1), ("rms", False, 1),
+                             ("stats", True, 0)):
         lib.ek_bulk_set_pdl(pdl)
+        kern.norm_stats = stats
         t.reset(1024)
         logits, _ = t.prefill(prompt)
         dec._steps.clear()
@@ -83,28 +85,50 @@ def main():
         ev = timeline(g.replay)
         span = (ev[-1][0] + ev[-1][1] - ev[0][0]) / 1e3
         l8, _ = layers_graph(t, kern)
-        res[f"pdl{pdl}"] = {"step_ms": round(ms, 4), "fraction_of_copy": round(nbytes / (ms / 1e3) / bw, 4),
-                            "profiled_span_ms": round(span, 4), "kernels": len(ev),
-                            "eight_layers_ms": round(l8, 4), "by_kind": kinds(ev),
-                            "one_layer": [[round(d, 2), kinds([(0, d, n)]).popitem()[0]] for _, d, n in ev[60:67]]}
-        print(json.dumps({k: v for k, v in res[f"pdl{pdl}"].items() if k not in ("by_kind", "one_layer")}))
-        print("   a layer's kernels (us):", res[f"pdl{pdl}"]["one_layer"], flush=True)
-        for k, v in list(res[f"pdl{pdl}"]["by_kind"].items())[:14]:
+        per = 5 if stats else 7
+        key = f"{name}_pdl{pdl}" + ("" if f"{name}_pdl{pdl}" not in res else "_again")
+        res[key] = {"step_ms": round(ms, 4), "fraction_of_copy": round(nbytes / (ms / 1e3) / bw, 4),
+                    "profiled_span_ms": round(span, 4), "kernels": len(ev), "eight_layers_ms": round(l8, 4),
+                    "by_kind": kinds(ev),
+                    "one_layer": [[round(d, 2), kinds([(0, d, n)]).popitem()[0]]
+                                  for _, d, n in ev[10 * per:11 * per]]}
+        print(key, json.dumps({k: v for k, v in res[key].items() if k not in ("by_kind", "one_layer")}))
+        print("   a layer's kernels (us):", res[key]["one_layer"], flush=True)
+        for k, v in list(res[key]["by_kind"].items())[:10]:
             print(f"   {v[0]:5d} {v[1]:8.4f} ms  {k}")
     lib.ek_bulk_set_pdl(1)
+    kern.norm_stats = True
     dec._steps.clear()  # (the plain recording's graphs must not serve the row counts below)
-    # (build options were compared here against the default, each build swapped into kern.lib and timed alternating
-    # with it: x loads, a chunk's copies by one producer lane or eight, rings of 8 or 12 slots; NOTES, sixteenth
-    # session. bulk.library(("EK_NSLOTS=12",)) builds such a variant.)
+    # (build options compared in earlier sessions the same way: x loads, a chunk's copies by one producer lane or
+    # eight, rings of 8 or 12 slots; NOTES, sixteenth session. bulk.library(("EK_NSLOTS=12",)) builds such a variant.)
     # a verify's shapes: the step with k rows (the token and k - 1 copies of it, as Target.step(rows=k) runs them)
     t.reset(1024)
     logits, _ = t.prefill(prompt)
-    res["rows_ms"] = {}
-    for rows in (1, 5, 7, 9, 17, 49):
+    # past 8 rows: tile groups of 2 (the default) against 1, each build swapped into kern.lib, alternating
+    variants = {"": lib, "_tg1": bulk.library(("EK_TG_WIDE=1",))}
+    for rnd in range(2):
+        for name, vlib in variants.items():
+            kern.lib = vlib
+            dec._steps.clear()
+            key = f"rows_ms{name}" + ("_again" if rnd else "")
+            res[key] = {}
+            for rows in ((1, 5, 7, 9, 17, 49) if not (name or rnd) else (9, 17, 49)):
+                g, buf = dec._graphed_step(logits[-1].argmax(), rows)
+                t.committed.fill_(512)  # (each replay commits one token: 105 of them stay inside the 1024 cache)
+                res[key][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+            print(f"step at k rows (ms), {key}:", res[key], flush=True)
+    kern.lib = lib
+    # products "invariant" (uncompiled graphs) at the same row counts, same machine: what bulk replaces
+    t.set_products("invariant")
+    dec = Decoder(t)
+    t.reset(1024)
+    logits, _ = t.prefill(prompt)
+    res["rows_ms_invariant"] = {}
+    for rows in (1, 9, 17, 49):
         g, buf = dec._graphed_step(logits[-1].argmax(), rows)
-        t.committed.fill_(512)  # (each replay commits one token: 105 of them stay inside the 1024 cache)
-        res["rows_ms"][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
-    print("step at k rows (ms):", res["rows_ms"], flush=True)
+        t.committed.fill_(512)
+        res["rows_ms_invariant"][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+    print("step at k rows (ms), invariant:", res["rows_ms_invariant"], flush=True)
     (out / "bulk_step.json").write_text(json.dumps(res, indent=1))
 
 

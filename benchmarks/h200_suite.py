@@ -39,7 +39,7 @@ COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglek
 SMALL_M = None  # rows from which products go through eaglekit.models.smallm (None: F.linear)
 PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
 DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
-SHAPES = [(3, 1, 4), (5, 4, 8), (6, 8, 48)]
+SHAPES = [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]
 ON_CYCLE = None  # called as ON_CYCLE(shape tuple, recorded Cycle, reset) after a shape's cycle is timed (fast_probe)
 
 

@@ -109,6 +109,36 @@ def test_products_right_and_row_invariant(epi, N, K):
 
 @pytest.mark.gpu
 @sm90
+def test_norm_in_the_products():
+    """A RESID product's statistics (y * g and the rows' partial sums of squares) and the next product taking the
+    norm from them: y's bits as without them, and the next product as RMSNorm then the product in fp32; each row's
+    bits as when it comes alone."""
+    k = bulk.Kernels("cuda")
+    N, K, N2, eps = 4096, 14336, 6144, 1e-5
+    w, x, res = _rand(N, K, seed=1, scale=K ** -0.5), _rand(64, K, seed=2), _rand(64, N, seed=3)
+    w2 = _rand(N2, N, seed=4, scale=N ** -0.5)
+    g = (1 + 0.3 * _rand(N, seed=5).float()).bfloat16()
+    first = None
+    for M in ROWS:
+        y, xg, ss = k.linear(x[:M], w, bulk.EPI_RESID, res[:M], stats=g)
+        assert torch.equal(y, k.linear(x[:M], w, bulk.EPI_RESID, res[:M]))
+        assert torch.equal(xg, (y.float() * g.float()).bfloat16())
+        assert ss.shape == (M, N // 8)
+        torch.testing.assert_close(ss.sum(1), y.float().pow(2).sum(1), rtol=1e-4, atol=0)
+        z = k.linear(xg, w2, norm=(ss, eps))
+        h = y.float() * torch.rsqrt(y.float().pow(2).mean(1, keepdim=True) + eps) * g.float()
+        ref = h @ w2.float().T
+        assert (z.float() - ref).abs().max() < 1e-2 * ref.abs().max(), M
+        first = first or (ss[:1], z[:1])
+        assert torch.equal(ss[:1], first[0]) and torch.equal(z[:1], first[1]), M
+    # the first layer's: the norm kernel's statistics
+    xg1, ss1 = k.rms(res, g, eps, stats=True)
+    assert torch.equal(xg1, (res.float() * g.float()).bfloat16())
+    torch.testing.assert_close(ss1[:, 0], res.float().pow(2).sum(1), rtol=1e-4, atol=0)
+
+
+@pytest.mark.gpu
+@sm90
 def test_qkv_rotates_and_writes_the_cache():
     from eaglekit.models.config import RopeConfig
     from eaglekit.models.layers import Rotary, apply_rope
@@ -141,7 +171,7 @@ def test_qkv_rotates_and_writes_the_cache():
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("P,rep", [(40, 4), (255, 4), (700, 8), (1500, 2)])
+@pytest.mark.parametrize("P,rep", [(40, 4), (255, 4), (700, 8), (1500, 2), (5000, 4)])  # 5000: parts fold chunks
 def test_attention_tree_rows_equal_rows_alone(P, rep):
     """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
     layout: its ancestors committed), and both agree with an fp64 attention."""
@@ -187,8 +217,8 @@ def _target(products, layers=2):
         for p in net.parameters():
             p.normal_(0, 0.02)
         for n, p in net.named_parameters():
-            if "norm" in n:
-                p.fill_(1.0)
+            if "norm" in n:  # (not ones: the norms' weights travel inside the bulk products)
+                p.uniform_(0.5, 1.5)
     net = net.to("cuda", torch.bfloat16)
     net.rotary = Rotary(cfg.head_dim, cfg.rope).to("cuda")  # (its frequencies stay float32)
     t = LlamaTarget(net, "cuda", torch.bfloat16)
@@ -219,6 +249,13 @@ def test_decoder_tree_rows_equal_one_row_steps():
             outs[name] = tg.verify(ids, depths, block)[0]
         err = (outs["bulk"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
         assert err < 0.05, (T, err)
+        kern = t.net.products.layer_kernels  # the norms as their own kernels: close too (other roundings)
+        kern.norm_stats = False
+        t.reset(128)
+        t.prefill(prompt)
+        seven = t.verify(ids, depths, block)[0]
+        kern.norm_stats = True
+        assert (seven - outs["bulk"]).abs().max() / outs["invariant"].abs().max() < 0.05, T
         for i, path in enumerate(paths):
             t.reset(128)
             t.prefill(prompt)

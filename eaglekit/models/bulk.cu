@@ -51,8 +51,8 @@ constexpr int CW = 4, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
 #ifndef EK_NSLOTS
 #define EK_NSLOTS 8
 #endif
-template <int MT>
-__host__ __device__ constexpr int ring_slots() { return MT == 1 ? EK_NSLOTS : 8; }
+template <int MT, bool LO>
+__host__ __device__ constexpr int ring_slots() { return MT == 1 && LO ? EK_NSLOTS : 8; }
 constexpr int QHD = 128;  // the q/k/v product's head_dim (its tiles are 16 a head)
 enum { EPI_PLAIN = 0, EPI_RESID = 1, EPI_SWIGLU = 2, EPI_QKV = 3 };
 
@@ -64,6 +64,18 @@ struct Epi {
   const float* inv_freq;  // QKV: [hd / 2] the rotary frequencies (eaglekit.models.layers.rope_inv_freq)
   const long long* base;  // QKV: the first slot of this call's rows (the cache's committed length)
   int cap, qcols, kcols;  // QKV: cache slots a head, H * QHD, Hkv * QHD
+  // a norm in the product (any EPI): x is g * h (the RMSNorm's weight times its input h, as bf16) and ss_in [M, nss]
+  // holds partial sums of h's squares; their sum in order gives each row's r = rsqrt(sum / K + eps), and the epilogue
+  // scales the row's sums by r before rounding. The norm kernel between two products is gone: its statistics come
+  // from the RESID epilogue before it (xg, ss_out) and its scale rides in the product (NOTES, seventeenth session)
+  const float* ss_in;
+  int nss;
+  float eps;
+  // RESID: also xg = bf16(y * g) ([M, N], g [N] the next norm's weight) and ss_out [M, N / 8]: each row's sum of
+  // y^2 over each tile's 8 columns (in a fixed order: epilogue)
+  bf16* xg;
+  const bf16* g;
+  float* ss_out;
 };
 
 // the weight rows of tile `tile`: its rows 0-3 are rows a .. a + 3 of W, its rows 4-7 rows b .. b + 3. Computed once
@@ -99,25 +111,47 @@ __device__ __forceinline__ float tile_sum(const float* slot, int mt, int u) {
 // gate; their up partners are values v + 8) y = bf16(bf16(silu(gate)) * up); QKV: q and k columns rotated with their
 // partner half a head away (x cos + rotate_half(x) sin, in fp32 from the rounded product), q to y [M, qcols], k and v
 // straight into the cache at slot base + row.
+// With a norm in the product (e.ss_in), every sum is first scaled by the row's r (rs[row]). RESID with e.xg also
+// writes the next norm's input and the tile's share of each row's sum of squares: the row's 8 values of the tile
+// (threads v with bits 0, 2, 3 free; row_of, col_of) added by three butterfly steps, to ss_out[row, tile]. Every
+// thread calls it (the shuffles); a row's sums depend on its own values only, whatever block holds the tile.
 template <int MT, int EPI>
 __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int tile, int M, int N, bf16* y,
-                                         const Epi& e) {
+                                         const Epi& e, const float* rs) {
   const int row = mt * 16 + row_of(v), c = col_of(v);
+  if (EPI == EPI_RESID && e.xg) {
+    const size_t o = static_cast<size_t>(row) * N + tile * 8 + c;
+    float f = 0.f;
+    if (row < M) {
+      const float sc = e.ss_in ? rs[row] : 1.f;
+      const bf16 out = __float2bfloat16(bf(e.res[o]) + round_bf(sc * tile_sum<MT>(slot, mt, v)));
+      y[o] = out;
+      f = bf(out);
+      e.xg[o] = __float2bfloat16(f * bf(e.g[tile * 8 + c]));
+    }
+    float q = f * f;
+    q += __shfl_xor_sync(0xffffffffu, q, 1);
+    q += __shfl_xor_sync(0xffffffffu, q, 4);
+    q += __shfl_xor_sync(0xffffffffu, q, 8);
+    if (row < M && (v & 13) == 0) e.ss_out[static_cast<size_t>(row) * (N / 8) + tile] = q;
+    return;
+  }
   if (row >= M) return;
+  const float sc = e.ss_in ? rs[row] : 1.f;  // (x 1 is exact: without a norm the bits are as before)
   if (EPI == EPI_PLAIN) {
-    y[static_cast<size_t>(row) * N + tile * 8 + c] = __float2bfloat16(tile_sum<MT>(slot, mt, v));
+    y[static_cast<size_t>(row) * N + tile * 8 + c] = __float2bfloat16(sc * tile_sum<MT>(slot, mt, v));
   } else if (EPI == EPI_RESID) {
     const size_t o = static_cast<size_t>(row) * N + tile * 8 + c;
-    y[o] = __float2bfloat16(bf(e.res[o]) + round_bf(tile_sum<MT>(slot, mt, v)));
+    y[o] = __float2bfloat16(bf(e.res[o]) + round_bf(sc * tile_sum<MT>(slot, mt, v)));
   } else if (EPI == EPI_SWIGLU) {
     if (c >= 4) return;
-    const float gate = round_bf(tile_sum<MT>(slot, mt, v)), up = round_bf(tile_sum<MT>(slot, mt, v + 8));
+    const float gate = round_bf(sc * tile_sum<MT>(slot, mt, v)), up = round_bf(sc * tile_sum<MT>(slot, mt, v + 8));
     const float act = round_bf(gate / (1.f + __expf(-gate)));
     y[static_cast<size_t>(row) * (N / 2) + tile * 4 + c] = __float2bfloat16(act * up);
   } else if (tile * 8 < e.qcols + e.kcols) {  // QKV, a q or k head: this value and its rotary partner
     if (c >= 4) return;
     const int head = tile >> 4, d = (tile & 15) * 4 + c, half = QHD / 2;
-    const float x1 = round_bf(tile_sum<MT>(slot, mt, v)), x2 = round_bf(tile_sum<MT>(slot, mt, v + 8));
+    const float x1 = round_bf(sc * tile_sum<MT>(slot, mt, v)), x2 = round_bf(sc * tile_sum<MT>(slot, mt, v + 8));
     // cos and sin as eaglekit.models.layers.Rotary makes them (the angle's product in fp32, the result in bf16);
     // columns d and d + hd / 2 share a frequency
     const float angle = static_cast<float>(e.pos[row]) * e.inv_freq[d];
@@ -136,7 +170,7 @@ __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int t
   } else {  // QKV, a v head
     const int col = tile * 8 + c - e.qcols - e.kcols;
     e.vc[(static_cast<size_t>(col / QHD) * e.cap + *e.base + row) * QHD + col % QHD] =
-        __float2bfloat16(tile_sum<MT>(slot, mt, v));
+        __float2bfloat16(sc * tile_sum<MT>(slot, mt, v));
   }
 }
 
@@ -162,23 +196,37 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 #endif
 }
 
-template <int MT, bool LO, int EPI>
+// TG tiles a group (a build option for the products past 8 rows, EK_TG_WIDE): a warp's piece of x, once loaded, serves
+// the TG tiles of a group (chunks ordered group, piece, tile), so x is read from L1/L2 once per TG tiles. Past 8 rows
+// x's reads, not the weight's, bound the product (M / 8 bytes of x a weight byte). Every tile's sums are the same
+// chain of mma steps whatever TG, so the bits do not depend on it.
+// tiles a group past 8 rows (1 or 2: a warp has two ring slots), and x's steps held at a time where row tiles times
+// tiles a group reach 4 (build options; benchmarks/bulk_step.py compares them)
+#ifndef EK_TG_WIDE
+#define EK_TG_WIDE 2
+#endif
+#ifndef EK_XH_WIDE
+#define EK_XH_WIDE 4
+#endif
+template <int MT, bool LO, int EPI, int TG>
 __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
     gemm_rows(const bf16* __restrict__ W, const bf16* x, bf16* y, int M, int N, int K, int ldx, Epi e) {
   static_assert(!LO || MT == 1, "LO: at most 8 rows");
-  constexpr int NSLOTS = ring_slots<MT>();
-  static_assert(NSLOTS % CW == 0, "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
+  constexpr int NSLOTS = ring_slots<MT, LO>();
+  static_assert(NSLOTS % (CW * TG) == 0, "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
+  static_assert(RSLOTS >= 2 * TG, "a warp is at most one barrier (TG tiles) ahead of the slowest");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + NSLOTS * MSLOT);
   uint64_t* empty = full + NSLOTS;
   float* red = reinterpret_cast<float*>(empty + NSLOTS);  // [RSLOTS][CW][MT][128]: a tile's warp sums
+  float* rs = red + RSLOTS * CW * MT * 128;                 // [64]: each row's norm scale (e.ss_in)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const int tiles = N / 8, P = K / 512;
-  const int t0 = static_cast<int>(static_cast<long long>(tiles) * blockIdx.x / gridDim.x);
-  const int t1 = static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x);
-  const int nchunks = (t1 - t0) * P;
+  const int groups = N / 8 / TG, P = K / 512;
+  const int g0 = static_cast<int>(static_cast<long long>(groups) * blockIdx.x / gridDim.x);
+  const int g1 = static_cast<int>(static_cast<long long>(groups) * (blockIdx.x + 1) / gridDim.x);
+  const int nchunks = (g1 - g0) * P * TG;  // chunk i: group g0 + i / (P TG), piece i / TG % P, tile i % TG of it
 
   ring_init(full, empty, NSLOTS, 1);  // then the successor may launch: its blocks take an SM only as ours leave
 
@@ -186,8 +234,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
     // lane 0 waits for a free slot and arms its barrier; the chunk's 8 row copies are issued by lanes 0-7 at once
     // (EK_PRODUCER_LANES 8, the default) or all by lane 0 (1)
     if (lane < EK_PRODUCER_LANES) {
-      int tile = t0, piece = 0, a, b;
-      tile_rows<EPI>(tile, N, e, a, b);
+      int grp = g0, piece = 0, j = 0, a, b;
+      tile_rows<EPI>(grp * TG, N, e, a, b);
       for (int i = 0; i < nchunks; ++i) {
         const int s = i % NSLOTS;
         if (lane == 0) {
@@ -206,39 +254,49 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
             bulk_load(ring + s * MSLOT + (r + 4) * MROW, wb + static_cast<size_t>(r) * K, 1024, &full[s]);
           }
         }
-        if (++piece == P) {
-          piece = 0;
-          tile_rows<EPI>(++tile, N, e, a, b);
+        if (++j == TG) {
+          j = 0;
+          if (++piece == P) piece = 0, ++grp;
         }
+        tile_rows<EPI>(grp * TG + j, N, e, a, b);  // (the next chunk's; constants only, no divisions by runtime values)
       }
     }
     return;
   }
 
-  pdl_wait();  // x (and the residual) are the predecessor's
+  pdl_wait();  // x (and the residual, and the norm's statistics) are the predecessor's
+  if (e.ss_in) {  // each row's r: its partial sums added in order (lanes i, i + 32, ..., then a butterfly)
+    for (int row = warp; row < M; row += CW) {
+      float s = 0.f;
+      for (int i = lane; i < e.nss; i += 32) s += __ldcg(e.ss_in + static_cast<size_t>(row) * e.nss + i);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) rs[row] = rsqrtf(s / K + e.eps);  // (read after the first group's barrier)
+    }
+  }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  float d[MT][2][4];  // per row tile, even and odd steps
+  float d[TG][MT][2][4];  // per tile of the group and row tile, even and odd steps
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int jt = 0; jt < TG; ++jt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) d[mt][0][r] = d[mt][1][r] = 0.f;
-  int tile = t0, piece = warp;  // chunk i's (P is a multiple of CW: a warp's pieces of a tile, then the next tile)
-  for (int i = warp; i < nchunks; i += CW, piece += CW) {
-    if (piece >= P) piece -= P, ++tile;
-    const int s = i % NSLOTS, kq = piece * 64;
-    const unsigned char* wrow = ring + s * MSLOT + g * MROW + t * 16;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) d[jt][mt][0][r] = d[jt][mt][1][r] = 0.f;
+  // a warp's pieces w, w + CW, ... of each group (P is a multiple of CW), TG chunks a piece
+  for (int grp = g0, piece = warp; grp < g1;) {
+    const int i0 = ((grp - g0) * P + piece) * TG, kq = piece * 64;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       // this lane's x rows: mt * 16 + g (A rows 0-7) and + 8 (A rows 8-15); rows past M are zeros. Step j covers
       // k = piece * 512 + j * 32 + t * 8 .. + 7 of a row (the same permutation of k for W and x). x is held XH steps
-      // at a time (more row tiles: fewer, or the registers pass 200 and one block an SM fits); the steps' order,
-      // so the bits, stay the same
-      constexpr int XH = MT == 1 ? 16 : 8;
+      // at a time (more row tiles or tiles a group: fewer, or the registers pass 200 and one block an SM fits); the
+      // steps' order, so the bits, stay the same
+      constexpr int XH = (MT == 1 && TG == 1) ? 16 : (MT * TG >= 4 ? EK_XH_WIDE : 8);
       const int r0 = mt * 16 + g;
       const bool lo = r0 < M, hi = !LO && r0 + 8 < M;
       const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0) * ldx) + kq + t;
       const uint4* xhi = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0 + 8) * ldx) + kq + t;
-#pragma unroll
+#pragma unroll(MT == 1 ? 16 : 1)  // (more row tiles: a rolled loop, or ptxas hoists the loads and spills)
       for (int h = 0; h < 16; h += XH) {
         uint4 xa[XH], xb[LO ? 1 : XH];
 #pragma unroll
@@ -246,65 +304,87 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
           xa[j] = lo ? load_x(xlo + (h + j) * 4) : zero;
           if (!LO) xb[LO ? 0 : j] = hi ? load_x(xhi + (h + j) * 4) : zero;
         }
-        if (mt == 0 && h == 0) mbar_wait(&full[s], (i / NSLOTS) & 1);
+        if (mt == 0 && h == 0)
 #pragma unroll
-        for (int j = 0; j < XH; ++j) {
-          const uint4 w = *reinterpret_cast<const uint4*>(wrow + (h + j) * 64);
-          const uint4 xh = LO ? zero : xb[LO ? 0 : j];
-          mma16816(d[mt][j & 1], xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
-          mma16816(d[mt][j & 1], xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
+          for (int jt = 0; jt < TG; ++jt) mbar_wait(&full[(i0 + jt) % NSLOTS], ((i0 + jt) / NSLOTS) & 1);
+#pragma unroll
+        for (int jt = 0; jt < TG; ++jt) {
+          const unsigned char* wrow = ring + ((i0 + jt) % NSLOTS) * MSLOT + g * MROW + t * 16;
+#pragma unroll
+          for (int j = 0; j < XH; ++j) {
+            const uint4 w = *reinterpret_cast<const uint4*>(wrow + (h + j) * 64);
+            const uint4 xh = LO ? zero : xb[LO ? 0 : j];
+            mma16816(d[jt][mt][j & 1], xa[j].x, xh.x, xa[j].y, xh.y, w.x, w.y);
+            mma16816(d[jt][mt][j & 1], xa[j].z, xh.z, xa[j].w, xh.w, w.z, w.w);
+          }
         }
       }
     }
-    slot_release(&empty[s], lane);
-    if (piece + CW >= P) {  // this warp's last piece of the tile: leave its sums, the barrier, the epilogue
-      float* slot = red + ((tile - t0) % RSLOTS) * CW * MT * 128;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+    for (int jt = 0; jt < TG; ++jt) slot_release(&empty[(i0 + jt) % NSLOTS], lane);
+    if (piece + CW >= P) {  // this warp's last piece of the group: leave its sums, the barrier, the epilogues
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          slot[(warp * MT + mt) * 128 + lane * 4 + r] = d[mt][0][r] + d[mt][1][r];
-          d[mt][0][r] = d[mt][1][r] = 0.f;
-        }
-      // (RSLOTS slots: a warp can be at most one barrier ahead of the slowest, so a slot is read before its reuse)
+      for (int jt = 0; jt < TG; ++jt) {
+        float* slot = red + (((grp - g0) * TG + jt) % RSLOTS) * CW * MT * 128;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            slot[(warp * MT + mt) * 128 + lane * 4 + r] = d[jt][mt][0][r] + d[jt][mt][1][r];
+            d[jt][mt][0][r] = d[jt][mt][1][r] = 0.f;
+          }
+      }
+      // (RSLOTS >= 2 TG slots: a warp can be at most one barrier ahead of the slowest, so a slot is read before
+      // its reuse)
       asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) epilogue<MT, EPI>(slot, threadIdx.x, mt, tile, M, N, y, e);
+      for (int jt = 0; jt < TG; ++jt) {
+        const float* slot = red + (((grp - g0) * TG + jt) % RSLOTS) * CW * MT * 128;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) epilogue<MT, EPI>(slot, threadIdx.x, mt, grp * TG + jt, M, N, y, e, rs);
+      }
     }
+    piece += CW;
+    if (piece >= P) piece -= P, ++grp;
   }
 }
 
-template <int MT, bool LO, int EPI>
+template <int MT, bool LO, int EPI, int TG>
 int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                 cudaStream_t stream) {
   // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (NOTES: blocks that fit
   // beside the running ones take room early and unevenly, and the chain got slower)
-  constexpr int NSLOTS = ring_slots<MT>();
-  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + RSLOTS * CW * MT * 128 * 4;
+  constexpr int NSLOTS = ring_slots<MT, LO>();
+  const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + (RSLOTS * CW * MT * 128 + 64) * 4;
   const size_t smem = need > 100 * 1024 ? need : 100 * 1024;
   static bool ready = false;
   if (!ready) {
-    const cudaError_t err = cudaFuncSetAttribute(gemm_rows<MT, LO, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
+    const cudaError_t err = cudaFuncSetAttribute(gemm_rows<MT, LO, EPI, TG>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return static_cast<int>(err);
     ready = true;
   }
-  return launch_ex(gemm_rows<MT, LO, EPI>, dim3(grid), dim3((CW + 1) * 32), smem, g_pdl, stream, W, x, y, M, N, K,
-                   ldx, e);
+  return launch_ex(gemm_rows<MT, LO, EPI, TG>, dim3(grid), dim3((CW + 1) * 32), smem, g_pdl, stream, W, x, y, M, N,
+                   K, ldx, e);
 }
+
 
 template <int EPI>
 int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                   cudaStream_t s) {
-  if (M <= 8) return launch_gemm<1, true, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
-  if (M <= 16) return launch_gemm<1, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
-  if (M <= 32) return launch_gemm<2, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
-  return launch_gemm<4, false, EPI>(W, x, y, M, N, K, ldx, e, grid, s);
+  constexpr int TW = EK_TG_WIDE;
+  if (M <= 8) return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+  if (N / 8 % TW) return -1;  // (bulk.py's shapes: N a multiple of 16)
+  if (M <= 16) return launch_gemm<1, false, EPI, TW>(W, x, y, M, N, K, ldx, e, grid, s);
+  // (17-32 rows: one tile a group measured faster, 7.35-7.41 ms against 7.83-7.85 for a 17-row step; NOTES)
+  if (M <= 32) return launch_gemm<2, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+  return launch_gemm<4, false, EPI, TW>(W, x, y, M, N, K, ldx, e, grid, s);
 }
 
 // ---- RMSNorm, one block a row: y = w * bf16(x / rms(x)), statistics in fp32 in a fixed order -----------------------
+// With sums: the norm for a product that takes it (Epi.ss_in, nss 1): sums[row] = the sum of x^2, y = bf16(w * x)
 __global__ void __launch_bounds__(256)
-    rms_rows(const bf16* x, const bf16* __restrict__ w, bf16* y, int K, float eps) {
+    rms_rows(const bf16* x, const bf16* __restrict__ w, bf16* y, int K, float eps, float* sums) {
   __shared__ float part[8];
   pdl_trigger();
   pdl_wait();
@@ -328,7 +408,8 @@ __global__ void __launch_bounds__(256)
   float tot = part[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) tot += part[i];
-  const float r = rsqrtf(tot / K + eps);
+  if (sums && threadIdx.x == 0) sums[blockIdx.x] = tot;
+  const float r = sums ? 1.f : rsqrtf(tot / K + eps);
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   for (int i = threadIdx.x; i < K / 8; i += 256) {
     uint4 v = __ldcg(xr + i);
@@ -338,7 +419,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 f = __bfloat1622float2(h[j]), s = __bfloat1622float2(wh[j]);
-      h[j] = __floats2bfloat162_rn(s.x * round_bf(f.x * r), s.y * round_bf(f.y * r));
+      h[j] = sums ? __floats2bfloat162_rn(s.x * f.x, s.y * f.y)
+                : __floats2bfloat162_rn(s.x * round_bf(f.x * r), s.y * round_bf(f.y * r));
     }
     yr[i] = v;
   }
@@ -347,16 +429,20 @@ __global__ void __launch_bounds__(256)
 // ---- attention of T query rows (GQA, head_dim 128), each over its own visible keys ---------------------------------
 // Row t sees the committed prefix (slots 0 .. base - 1) and this call's tokens c whose block[t, c] is set (its tree
 // ancestors and itself; T <= 64), in that order: logical key j < base at slot j, key base + m at slot base + c_m, c_m
-// the row's m-th set column. Block (part p, KV head g, row) takes logical keys [ACH p, ACH p + ACH). The committed
-// ones are contiguous: copied by bulk copies *before* the wait (the committed cache never depends on the
-// predecessor); this call's (written by the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores,
-// softmax and P.V run on the CUDA cores in fixed orders; each part leaves (acc, max, sum), and the last part of (row,
-// KV head) to finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on
-// how many rows come with a row: one row alone and in a tree, the same bits.
+// the row's m-th set column. Keys come in chunks of ACH: chunk c is logical keys [ACH c, ACH c + ACH). Block (part p,
+// KV head g, row) takes chunks p, p + P, p + 2 P, ... (P = gridDim.x parts, bounded by the caller: the grid and the
+// part buffers do not grow with the span). A chunk's committed keys are contiguous and copied by bulk copies (the
+// first chunk's *before* the wait: the committed cache never depends on the predecessor); this call's (written by
+// the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores, softmax and P.V run on the CUDA cores in
+// fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV head) to
+// finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how many
+// rows come with a row: one row alone and in a tree, the same bits.
 constexpr int AHD = 128, ACH = 32;
 
+// (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
+// 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
 template <int REP>
-__global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
+__global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     attn_rows(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
               const unsigned char* block, int T, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
               int ldo, float scale_log2) {
@@ -376,64 +462,88 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP))
   const unsigned m0 = __ballot_sync(0xffffffffu, lane0 < T && brow[lane0]);
   const unsigned m1 = __ballot_sync(0xffffffffu, lane0 + 32 < T && brow[lane0 + 32]);
   const long long L = *base_ptr;
-  const int n = static_cast<int>(L) + __popc(m0) + __popc(m1), lo = p * ACH;
-  if (lo >= n) return;
+  const int n = static_cast<int>(L) + __popc(m0) + __popc(m1), chunks = (n + ACH - 1) / ACH;
+  if (p >= chunks) return;
   if (threadIdx.x < 32) {  // warp 0: column c's rank among the set ones
     if (m0 >> lane0 & 1) cols[__popc(m0 & ((1u << lane0) - 1))] = lane0;
     if (m1 >> lane0 & 1) cols[__popc(m0) + __popc(m1 & ((1u << lane0) - 1))] = lane0 + 32;
   }
-  const int cnt = min(ACH, n - lo);
-  const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));  // committed: slot == j
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const size_t head = static_cast<size_t>(g) * cap;
-  if (tid == 0) {
-    mbar_init(&bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  // chunk c's committed keys (its first `pre` of `cnt`): bulk copies, completion on bar (thread 0)
+  auto copy_committed = [&](int c) {
+    const int lo = c * ACH, cnt = min(ACH, n - lo);
+    const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));
     mbar_expect_tx(&bar, pre * AHD * 2 * 2);
     if (pre > 0) {
       bulk_load(ks, K + (head + lo) * AHD, pre * AHD * 2, &bar);
       bulk_load(vs, V + (head + lo) * AHD, pre * AHD * 2, &bar);
     }
+  };
+  if (tid == 0) {
+    mbar_init(&bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    copy_committed(p);
   }
   pdl_wait();  // q and this call's keys are the q/k/v product's
-  __syncthreads();  // (cols)
-  for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
-    const int j = pre + i / 32, u = i % 32;
-    const long long sl = L + cols[lo + j - L];
-    const uint4* src = reinterpret_cast<const uint4*>((u < 16 ? K : V) + (head + sl) * AHD) + u % 16;
-    reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
-  }
   for (int i = tid; i < REP * AHD; i += NT)  // q pre-scaled by log2(e) / sqrt(head_dim): exp2 below
     qs[i / AHD][i % AHD] = bf(q[static_cast<size_t>(row) * ldq + static_cast<size_t>(g) * REP * AHD + i]) * scale_log2;
-  __syncthreads();
+  __syncthreads();  // (cols, qs)
   float qr[REP][4];
 #pragma unroll
   for (int r = 0; r < REP; ++r)
 #pragma unroll
     for (int d = 0; d < 4; ++d) qr[r][d] = qs[r][lane * 4 + d];
-  mbar_wait(&bar, 0);
-  part_scores<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + NW, ...
-  __syncthreads();
   const int r = warp;  // softmax and P.V: warp r takes query head r, a lane 4 of its dims
+  float Mr = -INFINITY, Lr = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};  // the part's fold of its chunks so far
+  for (int c = p, k = 0; c < chunks; c += P, ++k) {
+    if (k > 0) {  // every warp is done with the last chunk's keys and scores
+      __syncthreads();
+      if (tid == 0) copy_committed(c);
+    }
+    const int lo = c * ACH, cnt = min(ACH, n - lo);
+    const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));
+    for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
+      const int j = pre + i / 32, u = i % 32;
+      const long long sl = L + cols[lo + j - L];
+      const uint4* src = reinterpret_cast<const uint4*>((u < 16 ? K : V) + (head + sl) * AHD) + u % 16;
+      reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
+    }
+    __syncthreads();
+    mbar_wait(&bar, k & 1);
+    part_scores<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + NW, ...
+    __syncthreads();
+    if (r < REP) {
+      float sc = ps[r][lane], m = sc, l;
+#pragma unroll
+      for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      l = sc = exp2f(sc - m);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+      ps[r][lane] = sc;
+      __syncwarp();
+      if (k == 0) {  // (a part of one chunk: exactly that chunk's values)
+        part_pv<AHD>(vs, ps[r], cnt, lane, acc);
+        Mr = m, Lr = l;
+      } else {  // fold this chunk in: both rescaled to the larger max
+        float a[4] = {0.f, 0.f, 0.f, 0.f};
+        part_pv<AHD>(vs, ps[r], cnt, lane, a);
+        const float Mn = fmaxf(Mr, m), wo = exp2f(Mr - Mn), wn = exp2f(m - Mn);
+#pragma unroll
+        for (int d = 0; d < 4; ++d) acc[d] = acc[d] * wo + a[d] * wn;
+        Lr = Lr * wo + l * wn, Mr = Mn;
+      }
+    }
+  }
   const size_t first = (static_cast<size_t>(row) * Hkv + g) * P * REP + r;  // (row, g, part 0, head r)
   if (r < REP) {
-    float sc = ps[r][lane], m = sc, l;
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    l = sc = exp2f(sc - m);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    ps[r][lane] = sc;
-    __syncwarp();
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    part_pv<AHD>(vs, ps[r], cnt, lane, acc);
     const size_t slot = first + static_cast<size_t>(p) * REP;
     *reinterpret_cast<float4*>(part_acc + slot * AHD + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (lane == 0) part_ml[slot * 2] = m, part_ml[slot * 2 + 1] = l;
+    if (lane == 0) part_ml[slot * 2] = Mr, part_ml[slot * 2 + 1] = Lr;
   }
   __threadfence();
   __syncthreads();
-  const int parts = (n + ACH - 1) / ACH;
+  const int parts = min(chunks, P);
   unsigned* ticket = tickets + static_cast<size_t>(row) * Hkv + g;
   if (tid == 0) {
     is_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(parts - 1);
@@ -474,6 +584,13 @@ int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, c
                    1.4426950408889634f / sqrtf(static_cast<float>(AHD)));
 }
 
+// the norm arguments of a product (Epi): ss_in [M, nss] (null: no norm in it), eps; and for RESID, xg [M, N] and
+// ss_out [M, grid] written with g [N] (null xg: neither)
+void set_norm(Epi& e, const void* ss_in, int nss, float eps, void* xg, const void* g, void* ss_out) {
+  e.ss_in = static_cast<const float*>(ss_in), e.nss = nss, e.eps = eps;
+  e.xg = static_cast<bf16*>(xg), e.g = static_cast<const bf16*>(g), e.ss_out = static_cast<float*>(ss_out);
+}
+
 }  // namespace
 
 // The entry points (eaglekit.models.bulk calls them through ctypes): 0 on success, a cudaError_t, or -1 (a shape
@@ -481,12 +598,15 @@ int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, c
 extern "C" {
 
 // y = x @ W^T with epilogue `epi` (0 plain, 1 + res, 2 SwiGLU over [gate; up] rows: y [M, N / 2]); x [M, K] with
-// row stride ldx; M <= 64, N % 8 == 0 (SwiGLU: N % 16), K % 2048 == 0
+// row stride ldx; M <= 64, N % 8 == 0 (SwiGLU: N % 16), K % 2048 == 0; a norm in it as set_norm says
 int ek_bulk_linear(int epi, const void* W, const void* x, void* y, const void* res, int M, int N, int K, int ldx,
-                   int grid, void* stream) {
+                   const void* ss_in, int nss, float eps, void* xg, const void* g, void* ss_out, int grid,
+                   void* stream) {
   if (M < 1 || M > 64 || N % (epi == EPI_SWIGLU ? 16 : 8) || K % (512 * CW) || ldx % 8) return -1;
+  if ((xg && (epi != EPI_RESID || !g || !ss_out)) || (ss_in && nss < 1)) return -1;
   Epi e = {};
   e.res = static_cast<const bf16*>(res);
+  set_norm(e, ss_in, nss, eps, xg, g, ss_out);
   const bf16* w = static_cast<const bf16*>(W);
   const bf16* xx = static_cast<const bf16*>(x);
   bf16* yy = static_cast<bf16*>(y);
@@ -500,11 +620,14 @@ int ek_bulk_linear(int epi, const void* W, const void* x, void* y, const void* r
 }
 
 // the q/k/v product of a layer: W [(H + 2 Hkv) hd, K] ([q; k; v] rows); q (rotated) -> q_out [M, H hd]; k (rotated)
-// and v -> the cache [Hkv, cap, hd] at slots *base + row; pos [M] int64, inv_freq [hd / 2] fp32
+// and v -> the cache [Hkv, cap, hd] at slots *base + row; pos [M] int64, inv_freq [hd / 2] fp32; the norm before
+// it in the product where ss_in is given (set_norm)
 int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx, int H, int Hkv, int hd, void* kc,
-                void* vc, const void* pos, const void* inv_freq, const void* base, int cap, int grid, void* stream) {
-  if (M < 1 || M > 64 || hd != QHD || K % (512 * CW) || ldx % 8) return -1;
+                void* vc, const void* pos, const void* inv_freq, const void* base, int cap, const void* ss_in,
+                int nss, float eps, int grid, void* stream) {
+  if (M < 1 || M > 64 || hd != QHD || K % (512 * CW) || ldx % 8 || (ss_in && nss < 1)) return -1;
   Epi e = {};
+  set_norm(e, ss_in, nss, eps, nullptr, nullptr, nullptr);
   e.kc = static_cast<bf16*>(kc);
   e.vc = static_cast<bf16*>(vc);
   e.pos = static_cast<const long long*>(pos);
@@ -515,16 +638,19 @@ int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx
                                 M, (H + 2 * Hkv) * hd, K, ldx, e, grid, static_cast<cudaStream_t>(stream));
 }
 
-int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, void* stream) {
+// RMSNorm of x [M, K] -> y; with ss ([M] fp32): y = bf16(w * x) and ss the rows' sums of squares (the norm for a
+// product that takes it, nss 1)
+int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, void* ss, void* stream) {
   if (K % 8) return -1;
   return launch_ex(rms_rows, dim3(M), dim3(256), 0, g_pdl, static_cast<cudaStream_t>(stream),
-                   static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps);
+                   static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps,
+                   static_cast<float*>(ss));
 }
 
 // attention of `rows` (<= 64) query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the
 // first slot of this call's keys (the committed length), block [rows, rows] bool (row t sees new token c where set);
 // acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left zero);
-// out [rows, H * 128] (stride ldo); parts * 32 >= base + rows
+// out [rows, H * 128] (stride ldo); any parts >= 1 (a part takes chunks p, p + parts, ...)
 int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, int cap, const void* base,
                  const void* block, void* acc, void* ml, void* tickets, void* out, int ldo, int rows, int hkv,
                  int parts, void* stream) {

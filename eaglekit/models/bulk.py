@@ -5,14 +5,18 @@ Why: the step at the 8B shape sat at ~75% of the GPU's copy bandwidth with the T
 ramps it at the next one's start, and the products alone, one kernel per weight, stream at ~85% at best
 (benchmarks/NOTES.md, "The products' ceiling"). Here (eaglekit/models/bulk.cu) each kernel is a programmatic dependent
 launch: it lets its successor launch at once, and the successor's weight streams by bulk copies into shared memory
-*before* it waits for its input; the attention copies the committed keys before its wait likewise. A layer is seven
-kernels: RMSNorm; q/k/v with the rotary embedding and the cache write in its epilogue; attention; o with the residual
-add; RMSNorm; gate/up with SwiGLU; down with the residual add. The lm_head takes the same product. The recorded 8B
-step: 4.17-4.29 ms on an H200 (82.5-86.6% of its copy bandwidth) against "invariant"'s ~4.75 (benchmarks/NOTES.md,
-"Products bulk"; benchmarks/bulk_step.py). Verifies past 8 rows are slower than "invariant"'s (NOTES): opt-in.
+*before* it waits for its input; the attention copies the committed keys before its wait likewise. A layer is five
+kernels: q/k/v with its RMSNorm folded in (the norm's weight times x comes from the kernel before, its 1/rms scales
+the sums in the epilogue) and the rotary embedding and the cache write in its epilogue; attention; o with the
+residual add, whose epilogue also writes the next norm's input and its statistics; gate/up with its norm and SwiGLU;
+down as o. The lm_head takes the same product. The recorded 8B step: 4.03-4.12 ms on an H200 (86.6-89.5% of its copy
+bandwidth, four readings and the suite's) against "invariant"'s ~4.8 (benchmarks/NOTES.md, "Products bulk";
+benchmarks/bulk_step.py); verifies of 9-49 rows 5-17% faster than invariant's too. What products "auto" picks
+where it runs (eaglekit.pair.auto_products).
 
-The arithmetic of a row never depends on the rows beside it (the products' rows are the tensor cores' A rows, the
-attention takes each row's keys in logical order in fixed 32-key parts): a token verified in a tree gives the bits it
+The arithmetic of a row never depends on the rows beside it (the products' rows are the tensor cores' A rows, a
+norm's statistics are each row's own sums in a fixed order, the attention takes each row's keys in logical order in
+fixed 32-key chunks, its parts set by the span alone): a token verified in a tree gives the bits it
 gives stepped alone, so bf16 speculative output stays identical to the bf16 baseline, as with "invariant". Its bits
 are not invariant's (other summation orders): the guarantee holds within one kind.
 
@@ -31,6 +35,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +46,8 @@ SOURCE = Path(__file__).with_name("bulk.cu")
 SOURCES = (SOURCE, SOURCE.with_name("bulk_ptx.cuh"))  # what a build reads (the library's name digests them)
 EPI_PLAIN, EPI_RESID, EPI_SWIGLU = 0, 1, 2
 MAX_ROWS = 64  # rows a product or the attention takes in one launch (4 tiles of 16)
-ACH = 32  # keys a part of the attention (bulk.cu)
+ACH = 32  # keys a chunk of the attention (bulk.cu)
+MAX_PARTS = 64  # the attention's parts at most (blocks per row and KV head): 2048 keys a part each, past that folded
 REPS = (1, 2, 4, 8)  # query heads a KV head the attention is built for
 
 
@@ -109,9 +115,9 @@ def library_path(defines: tuple[str, ...] = ()) -> Path:
 
 _p, _i = ctypes.c_void_p, ctypes.c_int
 ARGTYPES = {  # bulk.cu's extern "C" entry points (tests/test_bulk.py checks these against the source)
-    "ek_bulk_linear": [_i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p],
-    "ek_bulk_qkv": [_p, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _i, _i, _p],
-    "ek_bulk_rms": [_p, _p, _p, _i, _i, ctypes.c_float, _p],
+    "ek_bulk_linear": [_i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _i, ctypes.c_float, _p, _p, _p, _i, _p],
+    "ek_bulk_qkv": [_p, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _i, _p, _i, ctypes.c_float, _i, _p],
+    "ek_bulk_rms": [_p, _p, _p, _i, _i, ctypes.c_float, _p, _p],
     "ek_bulk_attn": [_i, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p],
     "ek_bulk_set_pdl": [_i],
 }
@@ -135,12 +141,16 @@ def library(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(fd)
         t0 = time.perf_counter()
+        # (a one-time cost a user should see: the next run loads the cached library in milliseconds)
+        print(f"eaglekit: building the bulk kernels with nvcc (first use, ~10-15 s) into {path.parent}",
+              file=sys.stderr, flush=True)
         run = subprocess.run(build_command(nvcc, Path(tmp), defines), capture_output=True, text=True)
         if run.returncode != 0:
             os.unlink(tmp)
             raise Unavailable(f"nvcc could not build {SOURCE.name}: {run.stderr.strip()[-2000:]}")
         os.replace(tmp, path)
         BUILD_SECONDS = time.perf_counter() - t0
+        print(f"eaglekit: bulk kernels built in {BUILD_SECONDS:.1f} s (cached)", file=sys.stderr, flush=True)
     lib = ctypes.CDLL(str(path))
     for name, types in ARGTYPES.items():
         getattr(lib, name).argtypes = types
@@ -165,6 +175,8 @@ class Kernels:
             self.grid = 2 * self.lib.ek_bulk_sm_count()  # two 100 KB blocks an SM
         # the attention's tickets: one per (row, KV head), zero between launches (the merging block resets its own)
         self.tickets = torch.zeros(MAX_ROWS * 64, dtype=torch.int32, device=self.device)
+        # the norms inside the products (five kernels a layer) rather than their own kernels (seven)
+        self.norm_stats = True
 
     def _ok(self, err: int, what: str) -> None:
         if err:
@@ -178,31 +190,54 @@ class Kernels:
                 and x.shape[-1] == w.shape[1] and w.shape[1] % 2048 == 0 and w.shape[0] % 8 == 0
                 and w.is_contiguous() and x.is_contiguous() and 1 <= rows <= MAX_ROWS)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, epi: int = EPI_PLAIN,
-               res: torch.Tensor | None = None) -> torch.Tensor:
+    @staticmethod
+    def _norm_args(norm) -> tuple:
+        """(ss_in, nss, eps) for the library from `norm` = (ss [M, nss] fp32, eps) or None."""
+        if norm is None:
+            return None, 0, 0.0
+        ss, eps = norm
+        assert ss.dtype == torch.float32 and ss.dim() == 2 and ss.is_contiguous()
+        return ss.data_ptr(), ss.shape[1], eps
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, epi: int = EPI_PLAIN, res: torch.Tensor | None = None,
+               norm=None, stats: torch.Tensor | None = None):
         """x [.., K] @ w[N, K]^T, then the epilogue: EPI_RESID adds `res` (x's shape with N), EPI_SWIGLU takes w as
-        [gate; up] rows and gives silu(gate) * up ([.., N / 2])."""
+        [gate; up] rows and gives silu(gate) * up ([.., N / 2]).
+
+        A norm in the product (what `norm_stats` makes): `norm` = (ss, eps) says x is g * h (an RMSNorm's weight
+        times its input) with ss [M, n] partial sums of h^2; each row's sums are scaled by rsqrt(sum(ss) / K + eps)
+        before the epilogue. `stats` (EPI_RESID only): the next norm's weight g [N]; then the result is (y, y * g,
+        ss [M, N / 8]: each 8 columns' share), what the next product takes as its x and its `norm`."""
         K, N = x.shape[-1], w.shape[0]
         M = x.numel() // K
         y = torch.empty(*x.shape[:-1], N // 2 if epi == EPI_SWIGLU else N, device=x.device, dtype=x.dtype)
         if res is not None:
             assert res.is_contiguous() and res.shape == y.shape and res.dtype == y.dtype
-        self._ok(self.lib.ek_bulk_linear(epi, w.data_ptr(), x.data_ptr(), y.data_ptr(),
-                                         res.data_ptr() if res is not None else None, M, N, K, K, self.grid,
+        xg = ss = None
+        if stats is not None:
+            assert epi == EPI_RESID and stats.shape == (N,) and stats.dtype == y.dtype and stats.is_contiguous()
+            xg = torch.empty_like(y)
+            ss = torch.empty(M, N // 8, device=x.device, dtype=torch.float32)
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+        self._ok(self.lib.ek_bulk_linear(epi, w.data_ptr(), x.data_ptr(), y.data_ptr(), ptr(res), M, N, K, K,
+                                         *self._norm_args(norm), ptr(xg), ptr(stats), ptr(ss), self.grid,
                                          _stream()), "linear")
-        return y
+        return y if stats is None else (y, xg, ss)
 
-    def rms(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms(self, x: torch.Tensor, w: torch.Tensor, eps: float, stats: bool = False):
+        """RMSNorm of x [.., K]; with `stats`, the norm for a product that takes it: (w * x, ss [M, 1])."""
         K = x.shape[-1]
+        M = x.numel() // K
         y = torch.empty_like(x)
-        self._ok(self.lib.ek_bulk_rms(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // K, K, eps, _stream()),
-                 "rms")
-        return y
+        ss = torch.empty(M, 1, device=x.device, dtype=torch.float32) if stats else None
+        self._ok(self.lib.ek_bulk_rms(x.data_ptr(), w.data_ptr(), y.data_ptr(), M, K, eps,
+                                      ss.data_ptr() if stats else None, _stream()), "rms")
+        return (y, ss) if stats else y
 
-    def qkv(self, h, w, heads: tuple[int, int, int], kc, vc, pos, inv_freq, base) -> torch.Tensor:
+    def qkv(self, h, w, heads: tuple[int, int, int], kc, vc, pos, inv_freq, base, norm=None) -> torch.Tensor:
         """q (rotated) [M, H hd] from h [M, K]; k (rotated) and v written to the layer's cache kc, vc [Hkv, cap, hd]
         at slots base[0] + row. pos [M] int64 (each row's position), inv_freq [hd / 2] float32 (Rotary's); base: a
-        device int64 (the cache's committed length)."""
+        device int64 (the cache's committed length). `norm`: as linear's."""
         H, Hkv, hd = heads
         M, K = h.shape
         assert kc.is_contiguous() and vc.is_contiguous() and pos.is_contiguous() and inv_freq.is_contiguous()
@@ -210,12 +245,14 @@ class Kernels:
         q = torch.empty(M, H * hd, device=h.device, dtype=h.dtype)
         self._ok(self.lib.ek_bulk_qkv(w.data_ptr(), h.data_ptr(), q.data_ptr(), M, K, K, H, Hkv, hd, kc.data_ptr(),
                                       vc.data_ptr(), pos.data_ptr(), inv_freq.data_ptr(), base.data_ptr(),
-                                      kc.shape[1], self.grid, _stream()), "qkv")
+                                      kc.shape[1], *self._norm_args(norm), self.grid, _stream()), "qkv")
         return q
 
     def scratch(self, rows: int, span: int, Hkv: int, rep: int):
-        """The attention's part buffers for a call of `rows` rows whose keys lie below `span` (all its layers')."""
-        parts = math.ceil(span / ACH)
+        """The attention's part buffers for a call of `rows` rows whose keys lie below `span` (all its layers'):
+        one part a 32-key chunk up to MAX_PARTS, past that each part folds chunks p, p + parts, ... (so the grid and
+        these buffers stay bounded however long the span; the parts depend on the span only, never on the rows)."""
+        parts = min(math.ceil(span / ACH), MAX_PARTS)
         acc = torch.empty(rows * Hkv * parts * rep * 128, device=self.device, dtype=torch.float32)
         ml = torch.empty(rows * Hkv * parts * rep * 2, device=self.device, dtype=torch.float32)
         return acc, ml, parts
@@ -235,18 +272,51 @@ class Kernels:
                                        _stream()), "attention")
         return out
 
-    def layer(self, layer, x, pos, inv_freq, kv, base, block, scratch) -> torch.Tensor:
-        """One decoder layer (eaglekit.models.llama.DecoderLayer, fused) for x [1, T, D] at positions pos [T]: seven
-        kernels, the new keys and values written to kv (the layer's cache, [1, Hkv, cap, hd] each) at base[0] + t,
-        each row attending as block [T, T] says (attn)."""
-        a, m = layer.self_attn, layer.mlp
-        heads = (a.num_heads, a.num_kv_heads, a.head_dim)
+    def layers(self, layers, x, pos, inv_freq, cache_layer, base, block, scratch, capture=(), caught=None):
+        """The decoder layers (eaglekit.models.llama.DecoderLayer, fused) for x [1, T, D] at positions pos [T]: the new
+        keys and values of layer i written to cache_layer(i) ([1, Hkv, cap, hd] each) at base[0] + t, each row
+        attending as block [T, T] says (attn). The residual stream after layer i goes to caught[i] for i in capture.
+
+        A layer is five kernels (with `norm_stats`, the default): q/k/v with its norm in it, attention, o (+ the
+        residual, and the next norm's input and statistics in its epilogue), gate/up with its norm in it, down (as
+        o); the first layer's norm statistics come from one norm kernel. Without `norm_stats`, seven: each norm its
+        own kernel (what the sixteenth session measured; kept for benchmarks/bulk_step.py's side by side)."""
         _, T, D = x.shape
         x2 = x.reshape(T, D)
+        if not self.norm_stats:
+            for i, layer in enumerate(layers):
+                x2 = self._layer_rms(layer, x2, pos, inv_freq, cache_layer(i), base, block, scratch)
+                if i in capture:
+                    caught[i] = x2.view(1, T, D)
+            return x2.view(1, T, D)
+        ln = layers[0].input_layernorm
+        xg, ss = self.rms(x2, ln.weight, ln.eps, stats=True)
+        for i, layer in enumerate(layers):
+            a, m, kv = layer.self_attn, layer.mlp, cache_layer(i)
+            heads = (a.num_heads, a.num_kv_heads, a.head_dim)
+            post = layer.post_attention_layernorm
+            q = self.qkv(xg, a.qkv_weight, heads, kv[0][0], kv[1][0], pos, inv_freq, base,
+                         norm=(ss, layer.input_layernorm.eps))
+            o = self.attn(q, kv[0][0], kv[1][0], base, block, heads, scratch)
+            x2, hg, hs = self.linear(o, a.o_proj.weight, EPI_RESID, x2, stats=post.weight)
+            act = self.linear(hg, m.gate_up_weight, EPI_SWIGLU, norm=(hs, post.eps))
+            if i + 1 < len(layers):
+                x2, xg, ss = self.linear(act, m.down_proj.weight, EPI_RESID, x2,
+                                         stats=layers[i + 1].input_layernorm.weight)
+            else:
+                x2 = self.linear(act, m.down_proj.weight, EPI_RESID, x2)
+            if i in capture:
+                caught[i] = x2.view(1, T, D)
+        return x2.view(1, T, D)
+
+    def _layer_rms(self, layer, x2, pos, inv_freq, kv, base, block, scratch) -> torch.Tensor:
+        """One layer as seven kernels, each norm its own (x2 [T, D] -> [T, D])."""
+        a, m = layer.self_attn, layer.mlp
+        heads = (a.num_heads, a.num_kv_heads, a.head_dim)
         h = self.rms(x2, layer.input_layernorm.weight, layer.input_layernorm.eps)
         q = self.qkv(h, a.qkv_weight, heads, kv[0][0], kv[1][0], pos, inv_freq, base)
         o = self.attn(q, kv[0][0], kv[1][0], base, block, heads, scratch)
         x2 = self.linear(o, a.o_proj.weight, EPI_RESID, x2)
         h = self.rms(x2, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
         act = self.linear(h, m.gate_up_weight, EPI_SWIGLU)
-        return self.linear(act, m.down_proj.weight, EPI_RESID, x2).view(1, T, D)
+        return self.linear(act, m.down_proj.weight, EPI_RESID, x2)

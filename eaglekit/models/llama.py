@@ -102,10 +102,8 @@ class LlamaModel(nn.Module):
         scratch = bulk.scratch(T, span, c.num_kv_heads, c.num_heads // c.num_kv_heads)
         pos, block = positions.reshape(T).contiguous(), block.contiguous()
         inv_freq = self.rotary.inv_freq.float().contiguous()
-        for i, layer in enumerate(self.model.layers):
-            x = bulk.layer(layer, x, pos, inv_freq, cache.layer(i), cache.length.view(1), block, scratch)
-            if i in capture:
-                caught[i] = x
+        x = bulk.layers(self.model.layers, x, pos, inv_freq, cache.layer, cache.length.view(1), block, scratch,
+                        capture, caught)
         return self._finish(x, caught, capture)
 
 

@@ -88,7 +88,7 @@ class Invariant(SmallM):
 
 
 class Bulk(Invariant):
-    """Invariant, plus eaglekit.models.bulk's kernels: `layer_kernels.layer` runs a whole decoder layer of a decode call
+    """Invariant, plus eaglekit.models.bulk's kernels: `layer_kernels.layers` runs the decoder layers of a decode call
     (eaglekit.models.llama asks `layer_kernels`), and `linear` takes a plain product that fits them (the lm_head);
     every other product (prompts, batched rows) goes the Invariant way."""
 
