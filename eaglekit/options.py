@@ -151,7 +151,8 @@ class ModelOptions(Options):
                                "kernels from ~/.cache/eaglekit/inductor)")
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
     products: str = opt("auto", "how the decode products run: auto (on a CPU the faster of aten and onednn, timed "
-                                "at load; invariant for bf16/fp16 on a GPU, except in serve; "
+                                "at load; bulk where it runs, else invariant, for bf16/fp16 on a GPU, except in "
+                                "serve; "
                                 "F.linear elsewhere), aten (F.linear), onednn (prepacked, CPU), smallm "
                                 "(Triton, GPU), invariant (Triton, GPU: batch-invariant products and attention, bf16 "
                                 "output identical to the baseline's), bulk (CUDA, sm_90, bf16 Llama shapes: invariant "

@@ -23,13 +23,14 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
 
     `products`: how the decode products run (eaglekit.models.products). 'auto': on a CPU with eaglekit's decoder,
     uncompiled, the faster of 'aten' and 'onednn' on this machine by timing a step and a verify (~1 s;
-    `products_pick` on the target says what was timed); on a GPU in bf16/fp16, 'invariant' (below), with a draft or
-    without (so `generate --baseline` decodes the same bits as `generate`), unless `batched` (serve: many rows per
-    forward, where its 16-row tiles are untimed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn'
-    (CPU) or 'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) makes every decode product and the decode
-    attention batch-invariant, so bf16 speculative output is identical to the bf16 baseline (the draft keeps
-    F.linear). Its cost on the 8B shape, H200: the plain step +3-11%, the EAGLE-3 cycle
-    -3 to -7% (benchmarks/NOTES.md)."""
+    `products_pick` on the target says what was timed); on a GPU in bf16/fp16, 'bulk' where its kernels take the
+    model (bf16, sm_90, nvcc; eaglekit.models.bulk) and 'invariant' elsewhere, with a draft or without (so
+    `generate --baseline` decodes the same bits as `generate`), unless `batched` (serve: many rows per forward,
+    where its 16-row tiles are untimed); elsewhere F.linear (inductor compiles them). 'aten', 'onednn' (CPU) or
+    'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) and 'bulk' (sm_90 GPU, CUDA built at first use)
+    make every decode product and the decode attention batch-invariant, so bf16 speculative output is identical to
+    the bf16 baseline (the draft keeps F.linear). Their cost on the 8B shape, H200: invariant's step +3-11% over
+    F.linear's; bulk's step ~15% faster than invariant's and its verifies 5-17% (benchmarks/NOTES.md)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -69,6 +70,17 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         if products == "pick":
             target.products_pick = pick_cpu(target)
             products = target.products_pick["products"]
+        elif products == "bulk":
+            from .models import bulk
+
+            try:
+                target.set_products("bulk")
+            except bulk.Unavailable as e:  # (a build that failed: the same guarantee through Triton kernels)
+                import warnings
+
+                warnings.warn(f"products auto: bulk kernels unavailable ({e}); using invariant", stacklevel=2)
+                products = "invariant"
+                target.set_products(products)
         else:
             target.set_products(products)
     elif not ours:
@@ -94,9 +106,11 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
 
 
 def auto_products(target, device, batched: bool = False) -> str | None:
-    """What products='auto' means for this pair: 'pick' (time aten against onednn on this CPU), 'invariant' (bf16 or
-    fp16 on a GPU: speculative greedy output identical to the plain decode, whether or not a draft is loaded here,
-    and the cycle no slower), or None (F.linear, or what inductor makes of it)."""
+    """What products='auto' means for this pair: 'pick' (time aten against onednn on this CPU), 'bulk' (bf16 on an
+    sm_90 GPU with nvcc, a model its kernels take: the fastest baseline and the same guarantee as invariant's),
+    'invariant' (bf16 or fp16 on other GPUs: speculative greedy output identical to the plain decode, whether or
+    not a draft is loaded here, and the cycle no slower), or None (F.linear, or what inductor makes of it). The
+    choice never depends on the tree: `generate --baseline` must decode the bits `generate` does."""
     import torch
 
     from .models import smallm
@@ -107,7 +121,7 @@ def auto_products(target, device, batched: bool = False) -> str | None:
         return None if compiled(target) else "pick"
     if (str(device).startswith("cuda") and not batched and smallm.HAVE_TRITON
             and getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)):
-        return "invariant"
+        return "bulk" if bulk_reason(target) is None else "invariant"
     return None
 
 

@@ -77,7 +77,8 @@ def test_onednn_and_compiled_layers_do_not_mix():
 
 
 def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
-    """products='auto' on a GPU: the batch-invariant kernels for bf16/fp16, draft or not (so speculative output is
+    """products='auto' on a GPU: the batch-invariant kernels for bf16/fp16 (bulk's where they take the model,
+    invariant's elsewhere), draft or not (so speculative output is
     the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets.
     The decision alone is checked here (the kernels themselves: tests/test_attend.py, tests/test_gpu.py)."""
     from eaglekit.models import smallm
@@ -92,5 +93,13 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     assert auto_products(t32, "cuda") is None
     t32.tp = object()  # a tensor-parallel rank keeps its own products
     assert auto_products(t32, "cuda") is None and auto_products(t32, "cpu") is None
+    # where the bulk kernels take the model (bf16, sm_90, nvcc, its shapes): bulk, the same guarantee, for the
+    # baseline and every tree alike
+    import eaglekit.pair as pair
+
+    monkeypatch.setattr(pair, "bulk_reason", lambda target: None)
+    assert auto_products(t, "cuda") == "bulk" and auto_products(t, "cuda", batched=True) is None
+    monkeypatch.setattr(pair, "bulk_reason", lambda target: "no nvcc found")
+    assert auto_products(t, "cuda") == "invariant"
     monkeypatch.setattr(smallm, "HAVE_TRITON", False)
     assert auto_products(t, "cuda") is None
