@@ -84,7 +84,7 @@ ROWS = (1, 5, 8, 9, 16, 17, 40, 64)
 
 @pytest.mark.parametrize("epi,N,K", [(bulk.EPI_PLAIN, 6144, 4096), (bulk.EPI_PLAIN, 128256, 4096),
                                      (bulk.EPI_RESID, 4096, 14336), (bulk.EPI_SWIGLU, 28672, 4096),
-                                     (bulk.EPI_PLAIN, 4096, 2048)])
+                                     (bulk.EPI_PLAIN, 4096, 2048), (bulk.EPI_PLAIN, 4104, 2048)])  # 513 tiles: odd
 @pytest.mark.gpu
 @sm90
 def test_products_right_and_row_invariant(epi, N, K):

@@ -374,7 +374,11 @@ int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, in
                   cudaStream_t s) {
   constexpr int TW = EK_TG_WIDE;
   if (M <= 8) return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
-  if (N / 8 % TW) return -1;  // (bulk.py's shapes: N a multiple of 16)
+  if (N / 8 % TW) {  // (an odd number of tiles, e.g. a vocabulary of 8 x odd: one tile a group, the same bits)
+    if (M <= 16) return launch_gemm<1, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+    if (M <= 32) return launch_gemm<2, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+    return launch_gemm<4, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+  }
   if (M <= 16) return launch_gemm<1, false, EPI, TW>(W, x, y, M, N, K, ldx, e, grid, s);
   // (17-32 rows: one tile a group measured faster, 7.35-7.41 ms against 7.83-7.85 for a 17-row step; NOTES)
   if (M <= 32) return launch_gemm<2, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
