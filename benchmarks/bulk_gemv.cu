@@ -604,12 +604,7 @@ int bulk_attn_decode(int ach, const void* q, const void* K, const void* V, const
                    static_cast<__nv_bfloat16*>(out), 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), pdl);
 }
 
-const char* bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }
+const char* bulk_error(int e) { return status_message(e); }
 
-int bulk_sm_count() {
-  int dev = 0, n = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  return n;
-}
+int bulk_sm_count() { return current_sm_count(); }
 }

@@ -677,12 +677,7 @@ int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, 
 
 void ek_bulk_set_pdl(int on) { g_pdl = on; }
 
-const char* ek_bulk_error(int e) { return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments"; }
+const char* ek_bulk_error(int e) { return status_message(e); }
 
-int ek_bulk_sm_count() {
-  int dev = 0, n = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  return n;
-}
+int ek_bulk_sm_count() { return current_sm_count(); }
 }

@@ -123,3 +123,15 @@ int launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, int p
   cfg.numAttrs = pdl ? 1 : 0;
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
+
+// the entry points' host helpers: a status code's message (0 or a cudaError_t; -1 a shape the kernels do not take)
+// and the current device's SM count (the products' grid is two blocks an SM)
+inline const char* status_message(int e) {
+  return e > 0 ? cudaGetErrorString(static_cast<cudaError_t>(e)) : "bad arguments";
+}
+inline int current_sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
