@@ -196,12 +196,11 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 #endif
 }
 
-// TG tiles a group (a build option for the products past 8 rows, EK_TG_WIDE): a warp's piece of x, once loaded, serves
-// the TG tiles of a group (chunks ordered group, piece, tile), so x is read from L1/L2 once per TG tiles. Past 8 rows
-// x's reads, not the weight's, bound the product (M / 8 bytes of x a weight byte). Every tile's sums are the same
-// chain of mma steps whatever TG, so the bits do not depend on it.
-// tiles a group past 8 rows (1 or 2: a warp has two ring slots), and x's steps held at a time where row tiles times
-// tiles a group reach 4 (build options; benchmarks/bulk_step.py compares them)
+// TG tiles a group (past 8 rows; EK_TG_WIDE, 1 or 2: a warp has two ring slots): a warp's piece of x, once loaded,
+// serves the TG tiles of a group (chunks ordered group, piece, tile), so x is read from L1/L2 once per TG tiles. Past
+// 8 rows x's reads, not the weight's, bound the product (M / 8 bytes of x a weight byte). Every tile's sums are the
+// same chain of mma steps whatever TG, so the bits do not depend on it. EK_XH_WIDE: x's steps held at a time where
+// row tiles times tiles a group reach 4. (Build options: benchmarks/bulk_step.py compares them.)
 #ifndef EK_TG_WIDE
 #define EK_TG_WIDE 2
 #endif
