@@ -54,6 +54,16 @@ def layers_graph(t, kern, n_layers: int = 8):
     return suite.events_ms(g.replay, reps=200, warm=10), out
 
 
+def rows_ms(t, dec, logits, counts) -> dict:
+    """The step recorded with k rows (the token and k - 1 copies of it, as Target.step(rows=k) runs them): ms each."""
+    out = {}
+    for rows in counts:
+        g, buf = dec._graphed_step(logits[-1].argmax(), rows)
+        t.committed.fill_(512)  # (each replay commits one token: 105 of them stay inside the 1024 cache)
+        out[rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+    return out
+
+
 def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +111,7 @@ def main():
     dec._steps.clear()  # (the plain recording's graphs must not serve the row counts below)
     # (build options compared in earlier sessions the same way: x loads, a chunk's copies by one producer lane or
     # eight, rings of 8 or 12 slots; NOTES, sixteenth session. bulk.library(("EK_NSLOTS=12",)) builds such a variant.)
-    # a verify's shapes: the step with k rows (the token and k - 1 copies of it, as Target.step(rows=k) runs them)
+    # a verify's shapes (rows_ms)
     t.reset(1024)
     logits, _ = t.prefill(prompt)
     # past 8 rows: tile groups of 2 (the default) against 1, each build swapped into kern.lib, alternating
@@ -111,11 +121,7 @@ def main():
             kern.lib = vlib
             dec._steps.clear()
             key = f"rows_ms{name}" + ("_again" if rnd else "")
-            res[key] = {}
-            for rows in ((1, 5, 7, 9, 17, 49) if not (name or rnd) else (9, 17, 49)):
-                g, buf = dec._graphed_step(logits[-1].argmax(), rows)
-                t.committed.fill_(512)  # (each replay commits one token: 105 of them stay inside the 1024 cache)
-                res[key][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+            res[key] = rows_ms(t, dec, logits, (1, 5, 7, 9, 17, 49) if not (name or rnd) else (9, 17, 49))
             print(f"step at k rows (ms), {key}:", res[key], flush=True)
     kern.lib = lib
     # products "invariant" (uncompiled graphs) at the same row counts, same machine: what bulk replaces
@@ -123,11 +129,7 @@ def main():
     dec = Decoder(t)
     t.reset(1024)
     logits, _ = t.prefill(prompt)
-    res["rows_ms_invariant"] = {}
-    for rows in (1, 9, 17, 49):
-        g, buf = dec._graphed_step(logits[-1].argmax(), rows)
-        t.committed.fill_(512)
-        res["rows_ms_invariant"][rows] = round(suite.events_ms(g.replay, reps=100, warm=5), 4)
+    res["rows_ms_invariant"] = rows_ms(t, dec, logits, (1, 9, 17, 49))
     print("step at k rows (ms), invariant:", res["rows_ms_invariant"], flush=True)
     (out / "bulk_step.json").write_text(json.dumps(res, indent=1))
 
