@@ -79,7 +79,7 @@ def _rand(*shape, seed=0, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
 
 
-ROWS = (1, 5, 8, 9, 16, 17, 40, 64)
+ROWS = (1, 2, 5, 7, 8, 9, 16, 17, 40, 64)
 
 
 @pytest.mark.parametrize("epi,N,K", [(bulk.EPI_PLAIN, 6144, 4096), (bulk.EPI_PLAIN, 128256, 4096),

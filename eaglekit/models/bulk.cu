@@ -207,6 +207,13 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 #ifndef EK_XH_WIDE
 #define EK_XH_WIDE 4
 #endif
+// up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on (a build option: 99 never). Pairs halve
+// x's reads but also a warp's look-ahead in the ring (8 slots: its pair, no next chunk): the step at 8 rows 4.84 ms
+// with pairs against 4.95 with single tiles, at 2-7 rows single tiles faster (6 rows 4.40 against 4.63, 7 rows 4.62
+// against 4.74; NOTES, eighteenth session)
+#ifndef EK_TG_LO_FROM
+#define EK_TG_LO_FROM 8
+#endif
 template <int MT, bool LO, int EPI, int TG>
 __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
     gemm_rows(const bf16* __restrict__ W, const bf16* x, bf16* y, int M, int N, int K, int ldx, Epi e) {
@@ -372,7 +379,10 @@ template <int EPI>
 int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                   cudaStream_t s) {
   constexpr int TW = EK_TG_WIDE;
-  if (M <= 8) return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+  if (M <= 8) {  // (from EK_TG_LO_FROM rows, pairs of tiles: x's L1/L2 reads, M / 8 of the weight's, halved)
+    if (M >= EK_TG_LO_FROM && N / 8 % 2 == 0) return launch_gemm<1, true, EPI, 2>(W, x, y, M, N, K, ldx, e, grid, s);
+    return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
+  }
   if (N / 8 % TW) {  // (an odd number of tiles, e.g. a vocabulary of 8 x odd: one tile a group, the same bits)
     if (M <= 16) return launch_gemm<1, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
     if (M <= 32) return launch_gemm<2, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
