@@ -68,3 +68,20 @@ def test_two_stage_argmax_equals_torch_argmax_with_ties_and_nan():
             y = x.to(dev)
             assert torch.equal(argmax(y), y.argmax(-1)), (seed, dev)
             assert torch.equal(argmax(y[1]), y[1].argmax(-1)), (seed, dev)
+
+
+@pytest.mark.parametrize("n,k", [(16, 4), (68, 7), (100, 47), (5, 5), (1, 1)])
+def test_small_topk_is_topk_ties_by_index(n, k):
+    """The tree's small top-k by pairwise comparison: torch's values always; its indices where nothing ties, the
+    lower index first where values tie; and the chosen indices in increasing order for the selection."""
+    g = torch.Generator().manual_seed(n * 100 + k)
+    for t in range(100):
+        v = torch.rand(n, generator=g)
+        if t % 2:
+            v = (v * 3).round() / 3  # many exact ties
+        vals, idx = topk.small_topk(v, k)
+        ref = v.topk(k)
+        assert torch.equal(vals, ref.values) and torch.equal(v[idx], vals)
+        order = sorted(range(n), key=lambda i: (-float(v[i]), i))[:k]
+        assert idx.tolist() == order
+        assert topk.small_top_sorted(v, k).tolist() == sorted(order)

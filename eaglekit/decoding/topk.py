@@ -54,6 +54,32 @@ def argmax(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     return (j * chunk + i.gather(-1, j)).squeeze(-1)
 
 
+def ranks(v: torch.Tensor) -> torch.Tensor:
+    """Each entry's place in v [n] sorted descending, ties by index (0 the largest): by comparing all pairs, for the
+    tree's small vectors (16 children a level, ~70 candidates), where torch's topk and sort are two or three kernels
+    each (~10 us a level on an H200) and these comparisons fuse into the bookkeeping's own kernels when compiled."""
+    idx = torch.arange(v.numel(), device=v.device)
+    before = (v[None, :] > v[:, None]) | ((v[None, :] == v[:, None]) & (idx[None, :] < idx[:, None]))
+    return before.sum(1)
+
+
+def small_topk(v: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """v.topk(k) for a small vector v [n]: (values, indices), largest first, ties by index."""
+    idx = torch.arange(v.numel(), device=v.device)
+    at = ranks(v)[None, :] == torch.arange(k, device=v.device)[:, None]  # [k, n]: entry i has place r
+    pick = (at * idx).sum(1)
+    return v[pick], pick
+
+
+def small_top_sorted(v: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of v's k largest (ties by index) in increasing order: v.topk(k).indices.sort().values."""
+    idx = torch.arange(v.numel(), device=v.device)
+    chosen = ranks(v) < k
+    place = chosen.cumsum(0) - 1  # a chosen entry's place among the chosen, in index order
+    at = chosen[None, :] & (place[None, :] == torch.arange(k, device=v.device)[:, None])  # [k, n]
+    return (at * idx).sum(1)
+
+
 def torch_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """top_probs in torch: a softmax over the vocabulary, then its top k (the CPU's pick; the kernels' reference)."""
     return torch.softmax(logits.float(), -1).topk(k, dim=-1)

@@ -133,7 +133,7 @@ def _advance(f_scores, cp, ci, f_cand, h, anc, lv, K: int):
     the next lv. Candidates are numbered in generation order: level 1's K, then K * K a level."""
     cs = (f_scores[:, None] * cp).reshape(-1)
     tokens = ci.reshape(-1)
-    scores, pick = cs.topk(K)
+    scores, pick = topk.small_topk(cs, K)
     row = pick // K
     offset = K + lv * (K * K)
     return cs, tokens, f_cand.repeat_interleave(K), scores, tokens[pick], offset + pick, h[row], anc[row], lv + 1
@@ -147,7 +147,7 @@ def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, st
     depths = torch.cat([torch.full((K if level == 1 else K * K,), level, dtype=torch.long, device=dev)
                         for level in range(1, steps + 1)])
     key = scores * torch.exp(depths.float() * math.log(_DECAY))  # (no host scalar: recordable in a CUDA graph)
-    sel = key.topk(n_sel).indices.sort().values  # generation order: parents before children
+    sel = topk.small_top_sorted(key, n_sel)  # generation order: parents before children
     node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
     node_of[sel] = torch.arange(1, n_sel + 1, device=dev)
     par = parents[sel]
