@@ -183,6 +183,8 @@ def main():
                     help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
     ap.add_argument("--torch-picks", action="store_true",
                     help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
+    ap.add_argument("--torch-tree-topk", action="store_true",
+                    help="the tree's small top-k (16 children, the final selection) by torch's topk and sort")
     ap.add_argument("--gaps", default=None,
                     help="shapes whose recorded phases (and the step graphs) get a timeline of gaps, e.g. '5,1,6'")
     ap.add_argument("--out", required=True)
@@ -197,6 +199,10 @@ def main():
         from eaglekit.decoding import topk, tree
         tree.top_probs = topk.torch_top_probs
         topk.top1 = lambda logits: topk.torch_top_probs(logits, 1).indices
+    if args.torch_tree_topk:
+        from eaglekit.decoding import topk
+        topk.small_topk = lambda v, k: v.topk(k)
+        topk.small_top_sorted = lambda v, k: v.topk(k).indices.sort().values
     if args.attend:
         from eaglekit.models import attend
         c = [int(x) for x in args.attend.split(",")]
@@ -207,6 +213,7 @@ def main():
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
+           "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",
            "fused_epilogues": not args.no_fuse,
            "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
     out = Path(args.out)
@@ -242,6 +249,8 @@ def main():
                                                                 for p, g in c.recorded.items()}
         S.ON_CYCLE = on_cycle
         save()
+    else:  # each shape's row saved as it comes
+        S.ON_CYCLE = lambda shape, c, reset: (res.update(cycles=S.RESULTS["cycles"]), save())
     t1 = time.time()
     S.cycles_8b(ctx)
     res["cycles_section_s"] = round(time.time() - t1, 1)
