@@ -207,12 +207,19 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 #ifndef EK_XH_WIDE
 #define EK_XH_WIDE 4
 #endif
-// up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on (a build option: 99 never). Pairs halve
-// x's reads but also a warp's look-ahead in the ring (8 slots: its pair, no next chunk): the step at 8 rows 4.84 ms
-// with pairs against 4.95 with single tiles, at 2-7 rows single tiles faster (6 rows 4.40 against 4.63, 7 rows 4.62
-// against 4.74; NOTES, eighteenth session)
+// up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on (build options: 99 never). Pairs halve
+// x's reads but also a warp's look-ahead in the ring (8 slots: its pair, no next chunk). Measured (the 8B step at k
+// rows, NOTES, eighteenth session): pairs for every product from 2 rows on slower at 2-7 rows (6 rows 4.63 ms against
+// 4.40), faster at 8 (4.84 against 4.95); the q/k/v product never gains from them (8 rows 4.74-4.75 ms with its
+// single tiles against 4.83-4.84), the residual products from 7 rows on (7 rows 4.59 against 4.60-4.64)
 #ifndef EK_TG_LO_FROM
 #define EK_TG_LO_FROM 8
+#endif
+#ifndef EK_TG_LO_FROM_QKV
+#define EK_TG_LO_FROM_QKV 99
+#endif
+#ifndef EK_TG_LO_FROM_RESID
+#define EK_TG_LO_FROM_RESID 7
 #endif
 template <int MT, bool LO, int EPI, int TG>
 __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
@@ -379,8 +386,9 @@ template <int EPI>
 int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                   cudaStream_t s) {
   constexpr int TW = EK_TG_WIDE;
-  if (M <= 8) {  // (from EK_TG_LO_FROM rows, pairs of tiles: x's L1/L2 reads, M / 8 of the weight's, halved)
-    if (M >= EK_TG_LO_FROM && N / 8 % 2 == 0) return launch_gemm<1, true, EPI, 2>(W, x, y, M, N, K, ldx, e, grid, s);
+  if (M <= 8) {  // (pairs of tiles from the product's threshold above: x's L1/L2 reads, M / 8 of the weight's, halved)
+    constexpr int from = EPI == EPI_QKV ? EK_TG_LO_FROM_QKV : EPI == EPI_RESID ? EK_TG_LO_FROM_RESID : EK_TG_LO_FROM;
+    if (M >= from && N / 8 % 2 == 0) return launch_gemm<1, true, EPI, 2>(W, x, y, M, N, K, ldx, e, grid, s);
     return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
   }
   if (N / 8 % TW) {  // (an odd number of tiles, e.g. a vocabulary of 8 x odd: one tile a group, the same bits)
