@@ -63,21 +63,22 @@ def ranks(v: torch.Tensor) -> torch.Tensor:
     return before.sum(1)
 
 
+def _index_at(places: torch.Tensor, k: int) -> torch.Tensor:
+    """For r in 0..k-1 the index i with places[i] == r (each r held by exactly one entry)."""
+    at = places[None, :] == torch.arange(k, device=places.device)[:, None]  # [k, n]
+    return (at * torch.arange(places.numel(), device=places.device)).sum(1)
+
+
 def small_topk(v: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """v.topk(k) for a small vector v [n]: (values, indices), largest first, ties by index."""
-    idx = torch.arange(v.numel(), device=v.device)
-    at = ranks(v)[None, :] == torch.arange(k, device=v.device)[:, None]  # [k, n]: entry i has place r
-    pick = (at * idx).sum(1)
+    pick = _index_at(ranks(v), k)
     return v[pick], pick
 
 
 def small_top_sorted(v: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of v's k largest (ties by index) in increasing order: v.topk(k).indices.sort().values."""
-    idx = torch.arange(v.numel(), device=v.device)
     chosen = ranks(v) < k
-    place = chosen.cumsum(0) - 1  # a chosen entry's place among the chosen, in index order
-    at = chosen[None, :] & (place[None, :] == torch.arange(k, device=v.device)[:, None])  # [k, n]
-    return (at * idx).sum(1)
+    return _index_at(torch.where(chosen, chosen.cumsum(0) - 1, -1), k)  # a chosen entry's place among the chosen
 
 
 def torch_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
