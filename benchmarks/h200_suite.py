@@ -39,6 +39,7 @@ COMPILE_OPTIONS = None  # inductor options for the compiled layers (None: eaglek
 SMALL_M = None  # rows from which products go through eaglekit.models.smallm (None: F.linear)
 PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
 DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
+DRAFT_QUANT = None  # "int8": the draft's weights quantized (eaglekit.models.quant) in sections b and c
 SHAPES = [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]
 ON_CYCLE = None  # called as ON_CYCLE(shape tuple, recorded Cycle, reset) after a shape's cycle is timed (fast_probe)
 
@@ -153,6 +154,8 @@ def cycles_8b(ctx):
         d.embed_tokens.weight.copy_(t.embed_weight())
         d.d2t.copy_(torch.arange(32000, device="cuda") * 3 - torch.arange(32000, device="cuda"))
     d.fuse()
+    if DRAFT_QUANT:
+        d.quantize(DRAFT_QUANT)
     d.set_small_m(SMALL_M)
     if DRAFT_PRODUCTS:
         d.set_products(DRAFT_PRODUCTS)
@@ -206,7 +209,8 @@ def demo_pair(ctx):
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")]
     out = {}
     for dtype in ("bfloat16", "float32"):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, products=PRODUCTS or "auto")
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, products=PRODUCTS or "auto",
+                         draft_quant=DRAFT_QUANT)
         base_dec = Decoder(t)
         base_dec.generate(prompts[0], 16, baseline=True)
         base_runs = [base_dec.generate(p, 128, baseline=True) for p in prompts]
@@ -331,14 +335,15 @@ def main():
     ap.add_argument("--only-8b", action="store_true", help="sections a and b only")
     ap.add_argument("--products", default=None, help="the products kind of every section (default: F.linear in a "
                     "and b, load_pair's auto in c, which is invariant for bf16 on a GPU)")
+    ap.add_argument("--draft-quant", default=None, choices=["int8"], help="the draft's weights as int8 (b and c)")
     args = ap.parse_args()
-    global COMPILE, PRODUCTS
-    COMPILE, PRODUCTS = args.compile, args.products
+    global COMPILE, PRODUCTS, DRAFT_QUANT
+    COMPILE, PRODUCTS, DRAFT_QUANT = args.compile, args.products, args.draft_quant
     import transformers
 
     RESULTS.update(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(0),
                    torch=torch.__version__, transformers=transformers.__version__, compiled_layers=args.compile,
-                   products=args.products or "aten in a/b, auto in c")
+                   products=args.products or "aten in a/b, auto in c", draft_quant=args.draft_quant)
     ctx: dict = {}
     copy_bandwidth()
     baseline_8b(ctx)

@@ -34,7 +34,7 @@ def add_runtime(p, **defaults):
 
 
 def add_compile(p):
-    ModelOptions.add_args(p, only=("compile", "no_compile", "products"))
+    ModelOptions.add_args(p, only=("compile", "no_compile", "products", "draft_quant"))
 
 
 def add_tree(p):
@@ -113,7 +113,8 @@ def cmd_generate(args) -> int:
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
-                              model.dtype_name, compile=model.compile_mode, products=model.products)
+                              model.dtype_name, compile=model.compile_mode, products=model.products,
+                              draft_quant=model.draft_quant)
     if args.auto and draft is not None:
         from .observe.sweep import auto_shape
 
@@ -209,7 +210,8 @@ def cmd_sweep(args) -> int:
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
-                              compile=model.compile_mode, products=model.products)
+                              compile=model.compile_mode, products=model.products,
+                              draft_quant=model.draft_quant)
     res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
                 model.allow_other_target)
     paths = write_results(res, args.out)

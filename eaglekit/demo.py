@@ -77,7 +77,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
         torch.set_num_threads(opts.threads)
     tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
     tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode,
-                         products=model.products)
+                         products=model.products, draft_quant=model.draft_quant)
     tok = load_tokenizer(tdir)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
     picked = None
@@ -94,7 +94,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
                      "picked": picked},
             "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
             "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
-            "products_pick": getattr(tgt, "products_pick", None),
+            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
             "per_prompt": cmp.rows()}
 
 
@@ -112,6 +112,8 @@ def print_demo(res: dict) -> None:
     prod = f"; products: {res.get('products', 'aten')}" + (
         " (the faster here; ms for a step + a 6-row verify: "
         + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
+    if res.get("draft_quant"):
+        prod += f"; draft weights {res['draft_quant']}"
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
                     f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "
                     f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")

@@ -26,6 +26,7 @@ from .capture import CaptureSpec
 from .errors import InputError
 
 PRODUCTS = ("auto", "aten", "onednn", "smallm", "invariant", "bulk")  # --products (eaglekit.models.products)
+DRAFT_QUANT = ("none", "int8")  # --draft-quant (eaglekit.models.quant)
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -158,6 +159,9 @@ class ModelOptions(Options):
                                 "output identical to the baseline's), bulk (CUDA, sm_90, bf16 Llama shapes: invariant "
                                 "with whole decode layers as streaming CUDA kernels, built with nvcc at first use)",
                         choices=PRODUCTS, group="runtime")
+    draft_quant: str = opt("none", "the draft's weights: none (as stored) or int8 (weight-only, a scale per row: half "
+                                   "the bytes a draft step reads; the output stays the target's, the accept length "
+                                   "may move: eaglekit.models.quant)", choices=DRAFT_QUANT, group="runtime")
 
     def __post_init__(self):
         super().__post_init__()
@@ -200,7 +204,7 @@ class ModelOptions(Options):
         """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
         --compile. --target and --draft are declared by each command (required or not, its own help)."""
         skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else {"compile", "no_compile", "products"})
+            set() if compile else {"compile", "no_compile", "products", "draft_quant"})
         cls.add_args(parser, skip=skip, **defaults)
 
 

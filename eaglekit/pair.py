@@ -15,7 +15,7 @@ def pick_device(name: str | None = "auto") -> str:
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: str | bool = "auto", products: str = "auto",
-              batched: bool = False) -> tuple[Target, Eagle3Draft | None]:
+              batched: bool = False, draft_quant: str | None = None) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/NOTES.md); 'on' / True everywhere, 'off' / False never. The first generation pays the
@@ -30,13 +30,18 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     'smallm' (GPU, Triton) force one; 'invariant' (GPU, Triton) and 'bulk' (sm_90 GPU, CUDA built at first use)
     make every decode product and the decode attention batch-invariant, so bf16 speculative output is identical to
     the bf16 baseline (the draft keeps F.linear). Their cost on the 8B shape, H200: invariant's step +3-11% over
-    F.linear's; bulk's step ~15% faster than invariant's and its verifies 5-17% (benchmarks/NOTES.md)."""
+    F.linear's; bulk's step ~15% faster than invariant's and its verifies 5-17% (benchmarks/NOTES.md).
+
+    `draft_quant`: 'int8' runs the draft's products from int8 weights (eaglekit.models.quant: half its bytes a step;
+    the output is the target's either way, the accept length may move); None or 'none' as stored."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
+        if draft_quant not in (None, "none"):
+            draft.quantize(draft_quant)
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         compile = str(device).startswith("cuda") and hasattr(target, "compile") and getattr(target, "tp", None) is None

@@ -268,3 +268,42 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
     assert dec.baseline_rows == 1
     for p in prompts:
         assert dec.generate(p, 96).token_ids == dec.generate(p, 96, baseline=True).token_ids
+
+
+@pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
+                                       (32000, 4096, False)])
+def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated):
+    """The 8B draft's int8 products (eaglekit.models.quant) in bf16: through smallm's kernel at 1-8 rows and, at one
+    row inside torch.compile, inductor's GEMV over the widened weight: near the fp64 product over the dequantized
+    weight either way."""
+    from eaglekit.models import quant
+    from eaglekit.models.compiling import compile_decode
+
+    g = torch.Generator(device="cuda").manual_seed(N + K)
+    m = quant.Int8Linear.of(torch.randn(N, K, device="cuda", generator=g) * 0.02)
+    x = torch.randn(8, K, device="cuda", generator=g).bfloat16()
+    deq = m.qweight.double() * m.scale.double()[:, None]
+    ref = torch.nn.functional.linear(x.double(), deq)
+    if gated:
+        ref = torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:]
+    for M in (1, 4, 6, 8):
+        y = m(x[:M], gated=gated)
+        assert (y.double() - ref[:M]).abs().max() <= 2e-2 * ref.abs().max(), M
+    one = compile_decode(lambda v: m(v, gated=gated))(x[:1].view(1, 1, K))
+    assert (one.view(1, -1).double() - ref[:1]).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_int8_draft_compiled_in_graphs_keeps_the_output():
+    """The demo pair in bf16 with --draft-quant int8, compiled and recorded in CUDA graphs (bulk or invariant
+    products, as auto picks): output identical to the one-row baseline on 6 prompts, accept length near the bf16
+    draft's."""
+    prompts = _prompts(6)
+    acc = {}
+    for mode in ("none", "int8"):
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", draft_quant=mode)
+        dec = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
+        runs = [dec.generate(p, 64) for p in prompts]
+        for p, r in zip(prompts, runs):
+            assert r.token_ids == dec.generate(p, 64, baseline=True).token_ids
+        acc[mode] = sum(sum(r.metrics.accepted) for r in runs) / sum(len(r.metrics.accepted) for r in runs)
+    assert acc["int8"] >= 0.9 * acc["none"], acc

@@ -195,3 +195,33 @@ def test_config_is_traced_without_a_graph_break_once_the_table_is_read(monkeypat
     assert smallm._TABLE == {"64x32": [32, 128, 1, 4, 3]}
     assert breaks() == 0
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cfg", [(32, 256, 1, 4, 4), (32, 128, 2, 4, 4)])  # epilogue in the product; in the sum
+@pytest.mark.parametrize("gated,residual", [(False, False), (True, False), (False, True)])
+def test_int8_weights_are_widened_and_scaled_in_the_kernel(cfg, gated, residual):
+    """An int8 weight with a scale per row (eaglekit.models.quant, the draft's --draft-quant int8): the kernel widens
+    its tiles and scales each column's sum, epilogues included; right against float64 over the dequantized weight,
+    for 1 to 16 rows."""
+    from eaglekit.models import quant
+
+    N, K = 96, 512
+    g = torch.Generator().manual_seed(int(gated) + 2 * int(residual) + cfg[2])
+    w = torch.randn(2 * N if gated else N, K, generator=g) * 0.05
+    q, s = quant.quantize(w)
+    x = torch.randn(16, K, generator=g).half()
+    r = torch.randn(16, N, generator=g).half() if residual else None
+    run = smallm.kernels().run
+    full = run(x, q, cfg, residual=r, gated=gated, scale=s)
+    ref = smallm.epilogue(_ref(x, q.double() * s.double()[:, None]), r.double() if residual else None, gated)
+    assert full.shape == (16, N)
+    assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
+    unscaled = smallm.epilogue(_ref(x, q.double()), None, gated)  # the test can fail: a scale left out is far off
+    assert (unscaled - smallm.epilogue(_ref(x, q.double() * s.double()[:, None]), None, gated)).abs().max() > 1
+    for M in (1, 5):
+        part = run(x[:M], q, cfg, residual=r[:M] if residual else None, gated=gated, scale=s)
+        assert (part.double() - ref[:M]).abs().max() <= 4e-3 * ref.abs().max()
+    y = smallm.linear(x[None, :3], q, residual=r[None, :3] if residual else None, gated=gated, scale=s)
+    assert y.shape == (1, 3, N) and (y[0].double() - ref[:3]).abs().max() <= 4e-3 * ref.abs().max()
+    with pytest.raises(ValueError, match="int8"):
+        smallm.linear(x, q)  # an int8 weight without its scale

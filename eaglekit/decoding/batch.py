@@ -330,7 +330,7 @@ class BatchEngine:
             self.dk = self.draft.row_cache(self.max_batch, S + extra) if self.draft is not None else None
             if self.draft is not None:
                 d, B = self.draft, self.max_batch
-                self.h = torch.zeros(B, d.config.hidden_size, dtype=d.fc.weight.dtype, device=self.device)
+                self.h = torch.zeros(B, d.config.hidden_size, dtype=d.dtype, device=self.device)
                 self.dl = torch.zeros(B, d.config.draft_vocab_size, dtype=torch.float32, device=self.device)
         else:
             self.tk = self.tk.grown(S)

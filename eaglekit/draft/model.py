@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..capture import CaptureSpec
-from ..errors import ContractError
+from ..errors import ContractError, InputError
 from ..models.compiling import span_dynamic
 from ..models.config import RopeConfig
 from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
@@ -124,6 +124,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
         self.compiled_layer = self.compiled_whole = self.compiled_chain = None  # set by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
+        self.quantized = None  # "int8" after quantize()
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -222,7 +223,11 @@ class Eagle3Draft(nn.Module, Draft):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
 
     @property
     def committed(self) -> torch.Tensor:
@@ -232,7 +237,7 @@ class Eagle3Draft(nn.Module, Draft):
         return (self.span, self.cache.uid)
 
     def reset(self, span: int) -> None:
-        c, p = self.config, self.fc.weight
+        c, p = self.config, self.norm.weight  # (the fc's weight may be int8: quantize)
         if self.cache is None or self.cache.max_len < span or self.cache.k.dtype != p.dtype:
             self.cache = KVCache(1, c.num_kv_heads, c.head_dim, span, 1, p.device, p.dtype)
         if c.sliding_window is not None and (self.slot_pos is None or self.slot_pos.numel() < self.cache.max_len):
@@ -245,10 +250,38 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.mlp.fuse()
 
     def set_products(self, kind, from_rows: int = 2) -> None:
-        """See LlamaTarget.set_products (the fc, the layer and the lm_head)."""
+        """See LlamaTarget.set_products (the fc, the layer and the lm_head). A quantized draft's products are its
+        own (eaglekit.models.quant): it keeps F.linear's policy for anything else."""
         from ..models.products import install
 
+        if self.quantized is not None:
+            kind = None
         self.products = install(kind, self.midlayer.modules(), [self.fc, self.lm_head], from_rows)
+
+    def quantize(self, mode: str = "int8") -> None:
+        """Inference only: the fc, the layer's products and the lm_head as weight-only int8 (eaglekit.models.quant:
+        half the bytes a draft step reads; the draft's arithmetic never reaches the output, only its accept
+        length). After fuse(): the fused [q; k; v] and [gate; up] weights become int8 too, and every bf16 weight
+        they came from is let go."""
+        from ..models import quant
+
+        if mode not in quant.MODES:
+            raise InputError(f"draft quantization {mode!r} is not one of {', '.join(quant.MODES)}", code="E108",
+                             fix="pass --draft-quant int8, or leave it out")
+        if self.quantized is not None:
+            return
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        names = ["fc", "lm_head"] + [f"midlayer.self_attn.{n}_proj" for n in "qkvo"] + \
+                [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
+        quant.quantize_linears(self, names)
+        if attn.qkv_weight is not None:
+            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = quant.fused([attn.q_proj, attn.k_proj,
+                                                                                   attn.v_proj])
+            attn.qkv_bias = None  # (in the fused Int8Linear)
+        if mlp.gate_up_weight is not None:
+            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = quant.fused([mlp.gate_proj, mlp.up_proj])
+        self.quantized = mode
+        self.set_products(None)
 
     def set_small_m(self, from_rows: int | None) -> None:
         self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
@@ -271,13 +304,13 @@ class Eagle3Draft(nn.Module, Draft):
         padded entries are written past the new committed length and never seen. Returns the pre-norm
         hidden [H] and logits [Vd] of entry n - 1, which seed the next tree."""
         E = next_ids.numel()
-        dev = self.fc.weight.device
+        dev = self.device
         m = self.cache.length
         if n is None:
             n = torch.full((), E, dtype=torch.long, device=dev)
         slots = m + torch.arange(E, device=dev)
         mask = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span)
-        h, logits, _ = self(feats.to(self.fc.weight.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
+        h, logits, _ = self(feats.to(self.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
                             mask, from_target=True, head_at=(n - 1).view(1))
         self.cache.length += n
         return h[0, 0], logits[0, 0].float()
@@ -312,7 +345,7 @@ class Eagle3Draft(nn.Module, Draft):
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
-        c, p = self.config, self.fc.weight
+        c, p = self.config, self.norm.weight
         return RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
 
     @torch.inference_mode()
@@ -325,7 +358,7 @@ class Eagle3Draft(nn.Module, Draft):
         slots = m[:, None] + torch.arange(E, device=next_ids.device)
         causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
         mask = span_mask_rows(m, causal, span)
-        h, logits, _ = self(feats.to(self.fc.weight.dtype), next_ids, slots, kv.layer(0), slots, mask,
+        h, logits, _ = self(feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
                             from_target=True, head_at=(n - 1).clamp(min=0))
         kv.length += n
         return h[:, 0], logits[:, 0].float()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from . import attend, norms, smallm
 from .config import RopeConfig
+from .quant import Int8Linear
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
 # longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape
@@ -199,6 +200,8 @@ def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
     """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
     it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel, and the rotary
     embedding `rope` where its takes_rope() said so."""
+    if isinstance(w, Int8Linear):  # a quantized weight (the draft's, fused) runs its own product, its bias in it
+        return w(x, residual=residual, gated=gated)
     if getattr(policy, "fuses", False):  # (a policy object of the caller's own may not say)
         return policy.linear(x, w, b, residual=residual, gated=gated, **({"rope": rope} if rope else {}))
     return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
@@ -207,6 +210,8 @@ def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
 def product_module(policy, m: nn.Module, x, residual=None):
     """m(x) (+ residual), through `policy` when m is a plain nn.Linear (tensor-parallel linears keep their own
     forward: their all-reduce comes before the residual add)."""
+    if isinstance(m, Int8Linear):
+        return m(x, residual=residual)
     if policy is None or type(m) is not nn.Linear:
         return smallm.epilogue(m(x), residual)
     return product(policy, x, m.weight, m.bias, residual)

@@ -153,10 +153,11 @@ def product_weights(modules, heads=()) -> list[torch.Tensor]:
     out = []
     for m in modules:
         if isinstance(m, Attention):
-            out += [w for w in (m.qkv_weight, m.o_proj.weight) if w is not None]
+            out += [m.qkv_weight, getattr(m.o_proj, "weight", None)]
         elif isinstance(m, MLP) and m.gate_up_weight is not None:
-            out += [m.gate_up_weight, m.down_proj.weight]
-    return out + [h.weight for h in heads if type(h) is torch.nn.Linear]
+            out += [m.gate_up_weight, getattr(m.down_proj, "weight", None)]
+    # (an int8 draft's weights, eaglekit.models.quant, are modules of their own: not a policy's to multiply by)
+    return [w for w in out if isinstance(w, torch.Tensor)] + [h.weight for h in heads if type(h) is torch.nn.Linear]
 
 
 def make(kind: str | None, weights=(), from_rows: int = 2):

@@ -44,18 +44,22 @@ _DTYPES = (torch.bfloat16, torch.float16)
 
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `linear` takes the Triton path for this input (CUDA, or Triton's interpreter in tests; bf16/fp16;
-    at most MAX_ROWS rows)."""
-    if not HAVE_TRITON or x.dtype not in _DTYPES or w.dtype != x.dtype or w.stride(-1) != 1:
+    at most MAX_ROWS rows; w in x's dtype, or int8 with `linear`'s scale)."""
+    if not HAVE_TRITON or x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.int8) or w.stride(-1) != 1:
         return False
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     return x.numel() // x.shape[-1] <= MAX_ROWS
 
 
-def config(N: int, K: int, exact: bool = False) -> tuple[int, int, int, int, int] | None:
+def config(N: int, K: int, exact: bool = False, int8: bool = False) -> tuple[int, int, int, int, int] | None:
     """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
     (None where tuning found cuBLAS faster, unless `exact`: batch-invariant products never leave the kernel), else
-    `rule`. A function of the weight's shape only: that is what makes a row's rounding independent of M."""
+    `rule`. A function of the weight's shape only: that is what makes a row's rounding independent of M. An int8
+    weight (eaglekit.models.quant) has its own entries ("int8:NxK"; no cuBLAS to fall back on) and rule."""
+    if int8:
+        entry = tuned_table().get(f"int8:{N}x{K}")
+        return tuple(entry) if entry is not None else int8_rule(N, K)
     entry = tuned_table().get(f"{N}x{K}")
     if entry == "cublas":
         return rule(N, K) if exact else None
@@ -89,6 +93,13 @@ def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
     block_k = 256 if K % 256 == 0 else 128
     split = 2 if K > 8192 and K % (2 * block_k) == 0 else 1
     return 64, block_k, split, 4, 4
+
+
+def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
+    """`rule` for an int8 weight: a tile of the same bytes reads twice the columns of K."""
+    block_n, block_k, split, warps, stages = rule(N, K)
+    block_k *= 2
+    return block_n, block_k, split if K % (split * block_k) == 0 else 1, warps, stages
 
 
 # tile configs `tune` tries: (block_n, block_k, split, warps, stages)
@@ -189,21 +200,26 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
            exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
-           rope: tuple | None = None) -> torch.Tensor:
+           rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
     tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
     batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
     `rope` = (cos, sin [rows of x, head_dim], rope_cols): the rotary embedding of the output's heads below column
-    rope_cols, in the kernel; only where folds_rope() says it can."""
+    rope_cols, in the kernel; only where folds_rope() says it can. `scale` [rows of w] (float32): w is int8 and the
+    product is x @ (w * scale[:, None])^T (eaglekit.models.quant; no rotary then)."""
+    if (scale is None) == (w.dtype == torch.int8) or (scale is not None and rope is not None):
+        raise ValueError("smallm.linear: an int8 weight comes with its scale (and without rotary), only it")
     cfg = plan(x, w, b, enabled, exact, residual, gated)
     if rope is not None and (not exact or gated or residual is not None or not _rotates(cfg, w, b, rope[0].shape[-1])):
         raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
     if cfg is None:
+        if scale is not None:
+            return epilogue(F.linear(x, w.to(x.dtype)) * scale.to(x.dtype) + (0 if b is None else b), residual, gated)
         return epilogue(F.linear(x, w, b), residual, gated)
     N = w.shape[0] // 2 if gated else w.shape[0]
     r = residual.reshape(-1, N) if residual is not None else None
     cos, sin, rope_cols = rope if rope is not None else (None, None, 0)
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, cos, sin, rope_cols, exact)
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, cos, sin, rope_cols, exact, scale)
     y = y.view(*x.shape[:-1], N)
     return y if b is None else y + b
 
@@ -214,7 +230,7 @@ def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) ->
         return None
     if b is not None and (gated or residual is not None):
         return None
-    return config(*w.shape, exact)
+    return config(*w.shape, exact, int8=w.dtype == torch.int8)
 
 
 def folds_rope(x, w, b, head_dim: int) -> bool:
@@ -265,9 +281,9 @@ def _build(name: str):
     from .smallm_kernels import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
-            gated: bool = False, rope: tuple | None = None) -> torch.Tensor:
+            gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
         """`rope` = (cos, sin [M, head_dim], rope_cols): rotary on the output's heads below column rope_cols (cfg's
-        block_n is then per half head, as rope_config gives; one slice of K)."""
+        block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`)."""
         M, K = x.shape
         N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
@@ -286,9 +302,9 @@ def _build(name: str):
         cos, sin = cos.contiguous(), sin.contiguous()
         grid_n = triton_cdiv(N, 2 * block_n) if rope is not None else triton_cdiv(N, block_n)
         wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16))](
-            x, w, part, r, cos, sin, cos.stride(0), rope_cols, M, N, K, x.stride(0), w.stride(0), k_slice,
-            BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=split == 1, GATED=gated, RESIDUAL=residual is not None,
-            HALF=half, num_warps=warps, num_stages=stages)
+            x, w, part, r, cos, sin, scale if scale is not None else x, cos.stride(0), rope_cols, M, N, K,
+            x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=split == 1, GATED=gated,
+            RESIDUAL=residual is not None, HALF=half, SCALED=scale is not None, num_warps=warps, num_stages=stages)
         if split > 1:
             wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
                                                           RESIDUAL=residual is not None)
@@ -297,11 +313,11 @@ def _build(name: str):
     @triton_op(name, mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
-                       exact: bool) -> torch.Tensor:
-        cfg = config(*w.shape, exact)
+                       exact: bool, scale: Optional[torch.Tensor]) -> torch.Tensor:
+        cfg = config(*w.shape, exact, int8=scale is not None)
         rope = (cos, sin, rope_cols) if cos is not None else None
         if rope is not None:
             cfg = rope_config(cfg, cos.shape[-1])
-        return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, rope)
+        return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, rope, scale)
 
     return SimpleNamespace(op=small_m_linear, run=run)

@@ -37,12 +37,14 @@ def rotate(acc, acc_pair, rm, rn, c_ptr, s_ptr, stride_c, rope_cols, mask, dtype
 
 
 @triton.jit
-def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, c_ptr, s_ptr, stride_c, rope_cols, M, N, K, stride_xm, stride_wn,
-                   k_slice, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, GATED: tl.constexpr,
-                   RESIDUAL: tl.constexpr, HALF: tl.constexpr):
+def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, c_ptr, s_ptr, q_ptr, stride_c, rope_cols, M, N, K, stride_xm,
+                   stride_wn, k_slice, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr,
+                   GATED: tl.constexpr, RESIDUAL: tl.constexpr, HALF: tl.constexpr, SCALED: tl.constexpr):
     # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both.
     # HALF > 0 (rotary; one slice of K): columns come in heads of 2 * HALF, a program takes BLOCK_N columns of one
-    # head's first half and their partners HALF further on, and rotates the pairs (`rotate`) before storing
+    # head's first half and their partners HALF further on, and rotates the pairs (`rotate`) before storing.
+    # SCALED (eaglekit.models.quant): w holds int8 rows and q_ptr a float32 scale per row: the tiles are widened to
+    # x's dtype as they are read (integers up to 127: exact) and each column's sum is scaled before the epilogue
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.program_id(2) * 16 + tl.arange(0, 16)  # one 16-row tile per program: rows never share one's order
@@ -61,11 +63,15 @@ def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, c_ptr, s_ptr, stride_c, rope_c
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                      mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         wmask = (rn[:, None] < N) & (rk[None, :] < K)
-        wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wmask, other=0.0)
+        wt = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=wmask, other=0.0).to(xt.dtype)
         acc = tl.dot(xt, tl.trans(wt), acc)
         if GATED or HALF > 0:  # acc_up: the up half's columns, or the rotary partners
-            wu = tl.load(w_ptr + (pair + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0)
+            wu = tl.load(w_ptr + (pair + rn[:, None]) * stride_wn + rk[None, :], mask=wmask, other=0.0).to(xt.dtype)
             acc_up = tl.dot(xt, tl.trans(wu), acc_up)
+    if SCALED:
+        acc = acc * tl.load(q_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * tl.load(q_ptr + pair + rn, mask=rn < N, other=0.0)[None, :]
     omask = (rm[:, None] < M) & (rn[None, :] < N)
     if HALF > 0:
         first, second = rotate(acc, acc_up, rm, rn, c_ptr, s_ptr, stride_c, rope_cols, omask,

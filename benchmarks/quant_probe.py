@@ -1,0 +1,120 @@
+"""The 8B draft's products in bf16 and in int8 (eaglekit.models.quant), side by side on one GPU.
+
+For each of the draft's weights (fused q/k/v, o, [gate; up] with its SwiGLU, down, lm_head, fc): ms and TB/s (of the
+weight's own bytes) for cuBLAS in bf16 (F.linear) and inductor's compiled GEMV in bf16 at one row (what the draft runs
+today), the int8 weight through inductor's GEMV at one row and through smallm's kernel at 1 / 4 / 6 rows (its rule's
+config). With --sweep, smallm's int8 configs at `--sweep-rows` rows per weight within a time budget; the fastest go
+into this GPU's smallm table as "int8:NxK" entries (what smallm.config reads), unless --no-write. Every timing is a
+CUDA graph of calls over weight copies that exceed the L2 (smallm.graph_ms).
+
+    python benchmarks/quant_probe.py OUT [--sweep] [--budget-s 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eaglekit.models import quant, smallm  # noqa: E402
+from eaglekit.models.compiling import compile_decode  # noqa: E402
+
+# the 8B draft (hidden 4096, 32 heads / 8 KV heads of 128, intermediate 14336, draft vocab 32000, three captures)
+SHAPES = {"qkv": (6144, 8192, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
+          "down": (4096, 14336, False), "lm_head": (32000, 4096, False), "fc": (4096, 12288, False)}
+SWEEP = [c for c in itertools.product((32, 64, 128), (256, 512), (1, 2, 4), (4, 8), (3, 4))
+         if c[4] * (16 * 2 + c[0]) * c[1] <= 200 * 1024]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-rows", type=int, default=4)
+    ap.add_argument("--budget-s", type=float, default=120, help="the sweep's time over all weights")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-inductor", action="store_true", help="leave out inductor's one-row GEMVs")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": {}}
+    run = smallm.kernels().run
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t0 = time.time()
+    found = {}
+    for name, (N, K, gated) in SHAPES.items():
+        copies = max(2, -(-600_000_000 // (N * K)))  # int8 copies past ~12x the L2 (bf16 ones twice that)
+        w = [torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.02 for _ in range(copies)]
+        q = [quant.quantize(x) for x in w]
+        x = torch.randn(6, K, device="cuda", generator=g).bfloat16()
+        row = {"N": N, "K": K, "gated": gated, "bf16_gb": N * K * 2 / 1e9}
+        gb8 = N * K / 1e9
+
+        def epi(y):
+            return smallm.epilogue(y, None, gated)
+
+        for M in (1, 4, 6):
+            row[f"cublas_bf16_{M}"] = smallm.graph_ms(lambda i: epi(F.linear(x[:M], w[i])), copies)
+        if not args.no_inductor:  # (each a compile with coordinate-descent tuning: ~10-20 s)
+            gemv = compile_decode(lambda v, wi: epi(F.linear(v, wi)))
+            row["inductor_bf16_1"] = smallm.graph_ms(lambda i: gemv(x[:1], w[i]), copies)
+            gemv8 = compile_decode(lambda v, qi, si: epi(F.linear(v, qi.to(v.dtype)) * si.to(v.dtype)))
+            row["inductor_int8_1"] = smallm.graph_ms(lambda i: gemv8(x[:1], *q[i]), copies)
+        cfg = smallm.int8_rule(N, K)
+        row["rule"] = list(cfg)
+        for M in (1, 4, 6):
+            row[f"kernel_int8_{M}"] = smallm.graph_ms(
+                lambda i: run(x[:M], q[i][0], smallm.gated_config(cfg) if gated else cfg, gated=gated,
+                              scale=q[i][1]), copies)
+        if args.sweep:
+            M, times = args.sweep_rows, {}
+            stop = t0 + args.budget_s * (list(SHAPES).index(name) + 1) / len(SHAPES)
+            for c in SWEEP:
+                if time.time() > stop:
+                    break
+                if K % (c[1] * c[2]) or (gated and c[0] < 32):
+                    continue
+                try:
+                    times[c] = smallm.graph_ms(lambda i: run(x[:M], q[i][0], smallm.gated_config(c) if gated else c,
+                                                             gated=gated, scale=q[i][1]), copies)
+                except Exception as e:  # (a config the GPU cannot hold: too much shared memory)
+                    row.setdefault("sweep_errors", []).append(f"{c}: {type(e).__name__}")
+            if times:
+                best = min(times, key=times.get)
+                found[f"int8:{N}x{K}"] = list(best)
+                row["sweep"] = {"rows": M, "tried": len(times), "best": list(best), "best_ms": times[best],
+                                "best_tb_s": gb8 / times[best]}
+        for k in list(row):
+            if k.startswith(("cublas_", "inductor_", "kernel_")):
+                row[k] = round(row[k], 4)
+                bytes_gb = row["bf16_gb"] if "bf16" in k else gb8
+                row[f"{k}_tb_s"] = round(bytes_gb / row[k], 2)
+        res["weights"][name] = row
+        print(name, json.dumps(row), flush=True)
+        del w, q
+        (out / "quant_probe.json").write_text(json.dumps(res, indent=1))
+    if found and not args.no_write:
+        from eaglekit.io import atomic_write_json
+
+        p = smallm.table_path()
+        whole = json.loads(p.read_text()) if p.exists() else {}
+        whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(p, whole)
+        res["written"] = {"table": str(p), "entries": found}
+    res["seconds"] = round(time.time() - t0, 1)
+    (out / "quant_probe.json").write_text(json.dumps(res, indent=1))
+    for name, r in res["weights"].items():
+        tb = {k[:-5]: v for k, v in r.items() if k.endswith("_tb_s")}
+        print(f"{name:8s} TB/s " + ", ".join(f"{k} {v}" for k, v in tb.items()) + f"; sweep {r.get('sweep')}")
+
+if __name__ == "__main__":
+    main()
