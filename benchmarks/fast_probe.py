@@ -183,8 +183,9 @@ def main():
                     help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
     ap.add_argument("--draft-quant", default=None, choices=["int8"],
                     help="the draft's weights as int8 (eaglekit.models.quant)")
-    ap.add_argument("--draft-quant-one-row", default="inductor", choices=["inductor", "kernel"],
-                    help="an int8 draft's one-row products: inductor's fused GEMV or smallm's kernel")
+    ap.add_argument("--draft-quant-one-row", default=None, choices=["inductor", "kernel"],
+                    help="an int8 draft's one-row products: inductor's GEMV or smallm's kernel "
+                    "(default: quant.ONE_ROW)")
     ap.add_argument("--torch-picks", action="store_true",
                     help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
     ap.add_argument("--torch-tree-topk", action="store_true",
@@ -201,7 +202,7 @@ def main():
     S.DRAFT_PRODUCTS = args.draft_products
     S.DRAFT_QUANT = args.draft_quant
     from eaglekit.models import quant
-    quant.ONE_ROW = args.draft_quant_one_row
+    quant.ONE_ROW = args.draft_quant_one_row or quant.ONE_ROW
     if args.torch_picks:
         from eaglekit.decoding import topk, tree
         tree.top_probs = topk.torch_top_probs
@@ -219,7 +220,7 @@ def main():
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
-           "draft_quant": args.draft_quant, "draft_quant_one_row": args.draft_quant_one_row if args.draft_quant else None,
+           "draft_quant": args.draft_quant, "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",
            "fused_epilogues": not args.no_fuse,

@@ -30,8 +30,10 @@ from eaglekit.models.compiling import compile_decode  # noqa: E402
 # the 8B draft (hidden 4096, 32 heads / 8 KV heads of 128, intermediate 14336, draft vocab 32000, three captures)
 SHAPES = {"qkv": (6144, 8192, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
           "down": (4096, 14336, False), "lm_head": (32000, 4096, False), "fc": (4096, 12288, False)}
-SWEEP = [c for c in itertools.product((32, 64, 128), (256, 512), (1, 2, 4), (4, 8), (3, 4))
-         if c[4] * (16 * 2 + c[0]) * c[1] <= 200 * 1024]
+# likelier first (a GEMV of int8 wants many programs and many bytes in flight each): K split, 512 columns of K a tile
+SWEEP = [(bn, bk, sp, wp, st) for bk, sp, bn, st, wp in itertools.product((512, 256, 1024), (4, 2, 8, 1), (32, 64, 128),
+                                                                          (4, 3), (4, 8))
+         if st * (16 * 2 + bn) * bk <= 200 * 1024]
 
 
 def main():
@@ -49,16 +51,15 @@ def main():
     run = smallm.kernels().run
     g = torch.Generator(device="cuda").manual_seed(0)
     t0 = time.time()
-    found = {}
+    data = {}
     for name, (N, K, gated) in SHAPES.items():
         copies = max(2, -(-600_000_000 // (N * K)))  # int8 copies past ~12x the L2 (bf16 ones twice that)
         w = [torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.02 for _ in range(copies)]
         q = [quant.quantize(x) for x in w]
         x = torch.randn(6, K, device="cuda", generator=g).bfloat16()
-        row = {"N": N, "K": K, "gated": gated, "bf16_gb": N * K * 2 / 1e9}
-        gb8 = N * K / 1e9
+        row = {"N": N, "K": K, "gated": gated, "bf16_gb": N * K * 2 / 1e9, "int8_gb": N * K / 1e9}
 
-        def epi(y):
+        def epi(y, gated=gated):
             return smallm.epilogue(y, None, gated)
 
         for M in (1, 4, 6):
@@ -66,7 +67,7 @@ def main():
         if not args.no_inductor:  # (each a compile with coordinate-descent tuning: ~10-20 s)
             gemv = compile_decode(lambda v, wi: epi(F.linear(v, wi)))
             row["inductor_bf16_1"] = smallm.graph_ms(lambda i: gemv(x[:1], w[i]), copies)
-            gemv8 = compile_decode(lambda v, qi, si: epi(F.linear(v, qi.to(v.dtype)) * si.to(v.dtype)))
+            gemv8 = compile_decode(lambda v, qi, si: epi(smallm.linear(v, qi, enabled=False, scale=si)))
             row["inductor_int8_1"] = smallm.graph_ms(lambda i: gemv8(x[:1], *q[i]), copies)
         cfg = smallm.int8_rule(N, K)
         row["rule"] = list(cfg)
@@ -74,33 +75,41 @@ def main():
             row[f"kernel_int8_{M}"] = smallm.graph_ms(
                 lambda i: run(x[:M], q[i][0], smallm.gated_config(cfg) if gated else cfg, gated=gated,
                               scale=q[i][1]), copies)
-        if args.sweep:
-            M, times = args.sweep_rows, {}
-            stop = t0 + args.budget_s * (list(SHAPES).index(name) + 1) / len(SHAPES)
-            for c in SWEEP:
-                if time.time() > stop:
-                    break
-                if K % (c[1] * c[2]) or (gated and c[0] < 32):
+        res["weights"][name] = row
+        data[name] = (q, x, copies)
+        del w
+        print(name, json.dumps(row), flush=True)
+    (out / "quant_probe.json").write_text(json.dumps(res, indent=1))
+    found = {}
+    if args.sweep:  # config by config over every weight (a config compiles once: N and K are not constexprs)
+        M, times = args.sweep_rows, {name: {} for name in SHAPES}
+        for c in SWEEP:
+            if time.time() > t0 + args.budget_s:
+                break
+            for name, (N, K, gated) in SHAPES.items():
+                q, x, copies = data[name]
+                if K % (c[1] * c[2]) or K // c[2] < c[1] or (gated and c[0] < 32):
                     continue
                 try:
-                    times[c] = smallm.graph_ms(lambda i: run(x[:M], q[i][0], smallm.gated_config(c) if gated else c,
-                                                             gated=gated, scale=q[i][1]), copies)
+                    times[name][c] = smallm.graph_ms(
+                        lambda i: run(x[:M], q[i][0], smallm.gated_config(c) if gated else c, gated=gated,
+                                      scale=q[i][1]), copies)
                 except Exception as e:  # (a config the GPU cannot hold: too much shared memory)
-                    row.setdefault("sweep_errors", []).append(f"{c}: {type(e).__name__}")
-            if times:
-                best = min(times, key=times.get)
+                    res.setdefault("sweep_errors", []).append(f"{name} {c}: {type(e).__name__}")
+        for name, (N, K, gated) in SHAPES.items():
+            if times[name]:
+                best = min(times[name], key=times[name].get)
                 found[f"int8:{N}x{K}"] = list(best)
-                row["sweep"] = {"rows": M, "tried": len(times), "best": list(best), "best_ms": times[best],
-                                "best_tb_s": gb8 / times[best]}
-        for k in list(row):
-            if k.startswith(("cublas_", "inductor_", "kernel_")):
-                row[k] = round(row[k], 4)
-                bytes_gb = row["bf16_gb"] if "bf16" in k else gb8
-                row[f"{k}_tb_s"] = round(bytes_gb / row[k], 2)
-        res["weights"][name] = row
-        print(name, json.dumps(row), flush=True)
-        del w, q
-        (out / "quant_probe.json").write_text(json.dumps(res, indent=1))
+                gb8 = N * K / 1e9
+                res["weights"][name]["sweep"] = {
+                    "rows": M, "tried": len(times[name]), "best": list(best), "best_ms": round(times[name][best], 4),
+                    "best_tb_s": round(gb8 / times[name][best], 2),
+                    "top5": [[list(c), round(gb8 / t, 2)] for c, t in sorted(times[name].items(),
+                                                                            key=lambda kv: kv[1])[:5]]}
+    for row in res["weights"].values():
+        for k in [k for k in row if k.startswith(("cublas_", "inductor_", "kernel_"))]:
+            row[k] = round(row[k], 4)
+            row[f"{k}_tb_s"] = round((row["bf16_gb"] if "bf16" in k else row["int8_gb"]) / row[k], 2)
     if found and not args.no_write:
         from eaglekit.io import atomic_write_json
 

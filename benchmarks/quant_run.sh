@@ -17,6 +17,9 @@ for step in ${STEPS:-tests int8 quant main}; do
             --shapes "$S" --out "$OUT" > "$OUT/int8.log" 2>&1 ;;
     int8k) timeout "${T_PROBE:-220}" python3 benchmarks/fast_probe.py --variant int8k --products bulk --draft-quant int8 \
             --draft-quant-one-row kernel --shapes "$S" --out "$OUT" > "$OUT/int8k.log" 2>&1 ;;
+    int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 timeout "${T_PROBE:-220}" python3 benchmarks/fast_probe.py --variant int8pdl \
+            --products bulk --draft-quant int8 --shapes "$S" --out "$OUT" > "$OUT/int8pdl.log" 2>&1
+          python3 -c "import torch._inductor.config as c; print('triton.enable_pdl:', hasattr(c.triton, 'enable_pdl'))" ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \
              > "$OUT/quant.log" 2>&1 ;;
     main) timeout "${T_PROBE:-220}" python3 benchmarks/fast_probe.py --variant main --products bulk --shapes "$S" \

@@ -44,7 +44,7 @@ class RowOracle:
 
         self.t, self.net, c = target, target.net, target.cfg
         self.config = SimpleNamespace(hidden_size=1, draft_vocab_size=c.vocab_size)
-        self.fc = SimpleNamespace(weight=torch.zeros(1, dtype=target.dtype))
+        self.dtype = target.dtype  # (Draft.dtype: what the engine allocates hidden states in)
         self.noise = noise
         self.gen = torch.Generator().manual_seed(seed)
 

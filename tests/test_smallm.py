@@ -168,6 +168,11 @@ def test_config_depends_on_the_weight_only_and_tiles_k():
                  (4096, 12288), (96, 512)]:
         block_n, block_k, split, warps, stages = smallm.config(N, K)
         assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
+        block_n, block_k, split, warps, stages = smallm.int8_rule(N, K)
+        assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
+    # the H200 sweep's winners for the 8B draft (quant_probe.py), the o product's within 1%
+    assert [smallm.int8_rule(N, K) for N, K in [(6144, 8192), (28672, 4096), (4096, 14336), (32000, 4096)]] == [
+        (64, 256, 4, 4, 3), (128, 256, 1, 4, 3), (64, 256, 4, 4, 3), (128, 256, 1, 4, 3)]
 
 
 def test_config_is_traced_without_a_graph_break_once_the_table_is_read(monkeypatch, tmp_path):

@@ -7,10 +7,13 @@ row (symmetric, rounded to nearest) kept the demo pair's accept length within 0.
 3.708 against 3.688 on (5,4,8); fp8 e4m3 3.381 / 3.694; int4 in groups of 128 lost 5%: benchmarks/NOTES.md).
 
 How: `Int8Linear` stands in for an nn.Linear (and for a fused [q; k; v] or [gate; up] weight: layers.product runs
-it). Its product is x @ (q * scale[:, None])^T: on a GPU in bf16/fp16 through eaglekit.models.smallm's kernel with
-the int8 tiles widened as they are read (`SCALED`), except one row inside torch.compile, where inductor's GEMV (a
-reduction it fuses with the cast, the scale and the norm before it) reads the int8 weight itself; elsewhere
-F.linear over the widened weight (correct, not faster: the CPU demo's draft is small).
+it). Its product is x @ (q * scale[:, None])^T: on a GPU in bf16/fp16 through eaglekit.models.smallm's kernel, the
+int8 tiles widened as they are read (`SCALED`), one row or many (configs: smallm.int8_rule); elsewhere F.linear over
+the widened weight (correct, not faster: the CPU demo's draft is small). Measured on the H200 (8B shape, bulk
+target; benchmarks/NOTES.md, "int8 draft"): the (5,1,6) chain 0.65 ms against 0.99-1.00 in bf16 (last session), its
+extend 0.24 against 0.33; the cycle 1.315 steps against 1.41-1.42. Inductor's own one-row GEMV over the int8 weight
+(ONE_ROW "inductor": the cast and the scale fused into its reduction, next to the norm before it) read it at only
+~1.8 TB/s in the chain (0.94 ms).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import torch.nn as nn
 from . import smallm
 
 MODES = ("int8",)
-# one row inside torch.compile: "inductor" (its fused GEMV reduction) or "kernel" (smallm's, as for more rows);
-# read when a graph is traced (benchmarks/fast_probe.py --draft-quant-one-row compares them)
-ONE_ROW = "inductor"
+# one row inside torch.compile: "kernel" (smallm's, as for more rows) or "inductor" (its GEMV reduction over the
+# widened weight); read when a graph is traced (benchmarks/fast_probe.py --draft-quant-one-row compares them)
+ONE_ROW = "kernel"
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

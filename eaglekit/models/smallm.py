@@ -96,10 +96,15 @@ def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
 
 
 def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """`rule` for an int8 weight: a tile of the same bytes reads twice the columns of K."""
-    block_n, block_k, split, warps, stages = rule(N, K)
-    block_k *= 2
-    return block_n, block_k, split if K % (split * block_k) == 0 else 1, warps, stages
+    """The untuned config of an int8 weight, from the H200 sweep of the 8B draft's six weights (benchmarks/
+    quant_probe.py, NOTES "int8 draft"): 256 columns of K a tile and three stages everywhere; weights of 16384 rows or
+    more in 128-row tiles and one slice of K (gate/up 3.47, lm_head 3.66 TB/s of int8), the rest in 64-row tiles and
+    K in four slices (2.7-2.9 TB/s; the 4096 x 4096 o 1.76), fewer slices where K does not split so."""
+    block_k = 256 if K % 256 == 0 else 128
+    if N >= 16384:
+        return 128, block_k, 1, 4, 3
+    split = next(s for s in (4, 2, 1) if K % (s * block_k) == 0)
+    return 64, block_k, split, 4, 3
 
 
 # tile configs `tune` tries: (block_n, block_k, split, warps, stages)
@@ -213,8 +218,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enab
     if rope is not None and (not exact or gated or residual is not None or not _rotates(cfg, w, b, rope[0].shape[-1])):
         raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
     if cfg is None:
-        if scale is not None:
-            return epilogue(F.linear(x, w.to(x.dtype)) * scale.to(x.dtype) + (0 if b is None else b), residual, gated)
+        if scale is not None:  # (scaled in float32, as the kernel does: a bf16 scale would be off by up to 0.4%)
+            wide = torch.promote_types(x.dtype, torch.float32)
+            y = (F.linear(x, w.to(x.dtype)).to(wide) * scale.to(wide)).to(x.dtype)
+            return epilogue(y if b is None else y + b, residual, gated)
         return epilogue(F.linear(x, w, b), residual, gated)
     N = w.shape[0] // 2 if gated else w.shape[0]
     r = residual.reshape(-1, N) if residual is not None else None
