@@ -571,6 +571,7 @@ def _eval_args(p):
     add_tree(p)
     add_capture(p)
     add_runtime(p)
+    ModelOptions.add_args(p, only=("draft_quant",))  # (the accept length both ways: is int8 worth it here?)
     add_tp(p)
 
 
@@ -639,7 +640,8 @@ def cmd_serve(args) -> int:
                  capture_override(args), args.allow_other_target, args.backend, args.device,
                  None if args.dtype == "auto" else args.dtype, model_options(args).compile_mode,
                  False if args.no_graphs else "auto",
-                 args.chat_template, args.drain_timeout, args.log_level, args.threads, model_options(args).products)
+                 args.chat_template, args.drain_timeout, args.log_level, args.threads, model_options(args).products,
+                 model_options(args).draft_quant)
 
 
 def _serve_args(p):

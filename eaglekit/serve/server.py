@@ -14,7 +14,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           spec_max_batch: int | None = None, capture=None, allow_other_target: bool = False, backend: str = "auto",
           device: str = "auto", dtype: str | None = None, compile: str | bool = "auto", graphs="auto",
           chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
-          threads: int | None = None, products: str = "auto") -> int:
+          threads: int | None = None, products: str = "auto", draft_quant: str | None = None) -> int:
     import uvicorn
 
     from .. import __version__
@@ -39,6 +39,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     # each, some of them while requests wait); --compile asks for it on purpose
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
                               compile="off" if compile in ("auto", None) else compile, products=products,
+                              draft_quant=draft_quant,
                               batched=True)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs)
