@@ -225,7 +225,8 @@ def main():
     S.SHAPES = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
-           "draft_quant": args.draft_quant, "cudnn_sdp": not args.no_cudnn_sdp, "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
+           "draft_quant": args.draft_quant, "cudnn_sdp": not args.no_cudnn_sdp,
+           "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",
            "fused_epilogues": not args.no_fuse,
