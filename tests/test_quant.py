@@ -98,16 +98,21 @@ def test_a_quantized_draft_keeps_the_output_the_targets(model_dirs, shape):
         assert Decoder(t, d, TreeShape(*shape)).generate(prompt, 24).token_ids == want
 
 
-def test_generate_takes_draft_quant(capsys):
+def test_generate_takes_draft_quant(capsys, monkeypatch):
     from eaglekit.cli import main
     from eaglekit.demo import ASSETS
+    from eaglekit.draft.model import Eagle3Draft
 
+    modes = []
+    quantize = Eagle3Draft.quantize
+    monkeypatch.setattr(Eagle3Draft, "quantize", lambda self, mode="int8": modes.append(mode) or quantize(self, mode))
     argv = ["generate", "--target", str(ASSETS / "target"), "--draft", str(ASSETS / "draft"), "--prompt",
             "def parse(self, text):\n", "--max-new-tokens", "24", "--json"]
     outs = []
     for extra in ([], ["--draft-quant", "int8"]):
         assert main(argv + extra) == 0
         outs.append(json.loads(capsys.readouterr().out))
+    assert modes == ["int8"]  # the flag reached the draft, once
     assert outs[0]["text"] == outs[1]["text"] and outs[1]["metrics"]["new_tokens"] == 24
     with pytest.raises(SystemExit):
         main(argv + ["--draft-quant", "int3"])
