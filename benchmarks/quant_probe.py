@@ -111,14 +111,7 @@ def main():
             row[k] = round(row[k], 4)
             row[f"{k}_tb_s"] = round((row["bf16_gb"] if "bf16" in k else row["int8_gb"]) / row[k], 2)
     if found and not args.no_write:
-        from eaglekit.io import atomic_write_json
-
-        p = smallm.table_path()
-        whole = json.loads(p.read_text()) if p.exists() else {}
-        whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(p, whole)
-        res["written"] = {"table": str(p), "entries": found}
+        res["written"] = {"table": str(smallm.save_entries(found)), "entries": found}
     res["seconds"] = round(time.time() - t0, 1)
     (out / "quant_probe.json").write_text(json.dumps(res, indent=1))
     for name, r in res["weights"].items():

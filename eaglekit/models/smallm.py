@@ -168,9 +168,6 @@ def graph_ms(fn, calls: int, reps: int = 7) -> float:
 def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
     """Time every GRID config and cuBLAS for each [N, K] weight at `rows` rows (bf16, inside CUDA graphs) and keep
     the fastest, "cublas" where cuBLAS wins, in this GPU's table (atomically merged into table_path())."""
-    global _TABLE
-    from ..io import atomic_write_json
-
     run = kernels().run
     found, report = {}, []
     for N, K in shapes:
@@ -190,13 +187,23 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
             f"(cuBLAS {gb / times['cublas']:.2f})")
         del ws
     if write:
-        p = table_path()
-        whole = json.loads(p.read_text()) if p.exists() else {}
-        whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(p, whole)
-        _TABLE = None  # read again on next use (and kernels() names a new op after it)
+        save_entries(found)
     return {"table": found, "report": report}
+
+
+def save_entries(found: dict) -> Path:
+    """Merge tuned entries ("NxK" or "int8:NxK" -> config) into this GPU's table, atomically; the next use reads
+    them (and kernels() names a new op after them). Returns the table's path."""
+    global _TABLE
+    from ..io import atomic_write_json
+
+    p = table_path()
+    whole = json.loads(p.read_text()) if p.exists() else {}
+    whole.setdefault(torch.cuda.get_device_name(), {}).update(found)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(p, whole)
+    _TABLE = None
+    return p
 
 
 def triton_cdiv(a: int, b: int) -> int:
