@@ -183,9 +183,9 @@ def main():
                     help="the draft's products kind (default: F.linear, compiled by inductor; e.g. invariant)")
     ap.add_argument("--draft-quant", default=None, choices=["int8"],
                     help="the draft's weights as int8 (eaglekit.models.quant)")
-    ap.add_argument("--draft-quant-one-row", default=None, choices=["gemv", "inductor", "kernel"],
-                    help="an int8 draft's one-row products: smallm's int8 GEMV, its tile kernel or inductor's "
-                    "GEMV (default: quant.ONE_ROW)")
+    ap.add_argument("--draft-quant-one-row", default=None, choices=["inductor", "kernel"],
+                    help="an int8 draft's one-row products: inductor's GEMV or smallm's kernel "
+                    "(default: quant.ONE_ROW)")
     ap.add_argument("--no-cudnn-sdp", action="store_true",
                     help="the draft's attention without cuDNN's SDPA (torch picks flash or memory-efficient at trace "
                     "time; cuDNN's took 27 us a (5,4,8) tree level of 4 rows)")

@@ -3,13 +3,11 @@
 For each of the draft's weights (fused q/k/v, o, [gate; up] with its SwiGLU, down, lm_head, fc): ms and TB/s (of the
 weight's own bytes) for cuBLAS in bf16 (F.linear) and inductor's compiled GEMV in bf16 at one row (what the draft runs
 today), the int8 weight through inductor's GEMV at one row and through smallm's kernel at 1 / 4 / 6 rows (its rule's
-config), and the one-row int8 GEMV (smallm_kernels.gemv_int8) at its rule's config. With --sweep, smallm's int8
-configs at `--sweep-rows` rows per weight within a time budget; the fastest go into this GPU's smallm table as
-"int8:NxK" entries (what smallm.config reads), unless --no-write. With --gemv-sweep likewise the GEMV's configs at one
-row, as "int8gemv:NxK" entries ("kernel" where the tile kernel at one row beat every one). Every timing is a CUDA graph
-of calls over weight copies that exceed the L2 (smallm.graph_ms).
+config). With --sweep, smallm's int8 configs at `--sweep-rows` rows per weight within a time budget; the fastest go
+into this GPU's smallm table as "int8:NxK" entries (what smallm.config reads), unless --no-write. Every timing is a
+CUDA graph of calls over weight copies that exceed the L2 (smallm.graph_ms).
 
-    python benchmarks/quant_probe.py OUT [--sweep] [--budget-s 120] [--gemv-sweep] [--no-inductor]
+    python benchmarks/quant_probe.py OUT [--sweep] [--budget-s 120]
 """
 
 from __future__ import annotations
@@ -37,11 +35,6 @@ SWEEP = [(bn, bk, sp, wp, st) for bk, sp, bn, st, wp in itertools.product((512, 
                                                                           (4, 3), (4, 8))
          if st * (16 * 2 + bn) * bk <= 200 * 1024]
 
-# the one-row GEMV (smallm_kernels.gemv_int8): (block_n, block_k, warps), likelier first, at most 128 bytes of the
-# weight a thread a step (more spills the registers)
-GEMV_SWEEP = [(bn, bk, wp) for bk, bn, wp in itertools.product((1024, 512, 2048, 256), (16, 32, 8, 64), (4, 8, 2))
-              if bn * bk <= 128 * 32 * wp]
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -49,8 +42,6 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-rows", type=int, default=4)
     ap.add_argument("--budget-s", type=float, default=120, help="the sweep's time over all weights")
-    ap.add_argument("--gemv-sweep", action="store_true", help="sweep the one-row int8 GEMV's configs")
-    ap.add_argument("--gemv-budget-s", type=float, default=90)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--no-inductor", action="store_true", help="leave out inductor's one-row GEMVs")
     args = ap.parse_args()
@@ -84,12 +75,6 @@ def main():
             row[f"kernel_int8_{M}"] = smallm.graph_ms(
                 lambda i: run(x[:M], q[i][0], smallm.gated_config(cfg) if gated else cfg, gated=gated,
                               scale=q[i][1]), copies)
-        gcfg = smallm.gemv_rule(N, K)  # the one-row GEMV (CUDA cores) at its rule's config
-        if gcfg is not None:
-            row["gemv_rule"] = list(gcfg)
-            row["gemv_int8_1"] = smallm.graph_ms(
-                lambda i: run(x[:1], q[i][0], smallm.gated_config(gcfg) if gated else gcfg, gated=gated,
-                              scale=q[i][1]), copies)
         res["weights"][name] = row
         data[name] = (q, x, copies)
         del w
@@ -121,35 +106,8 @@ def main():
                     "best_tb_s": round(gb8 / times[name][best], 2),
                     "top5": [[list(c), round(gb8 / t, 2)] for c, t in sorted(times[name].items(),
                                                                             key=lambda kv: kv[1])[:5]]}
-    if args.gemv_sweep:  # the one-row GEMV's configs; an entry per weight: the best, or "kernel" where the tile
-        times = {name: {} for name in SHAPES}  # kernel at one row (its rule) was faster
-        t1 = time.time()
-        for c in GEMV_SWEEP:
-            if time.time() > t1 + args.gemv_budget_s:
-                break
-            for name, (N, K, gated) in SHAPES.items():
-                q, x, copies = data[name]
-                if K % c[1] or (gated and c[0] < 16):
-                    continue
-                try:
-                    times[name][c] = smallm.graph_ms(
-                        lambda i: run(x[:1], q[i][0], smallm.gated_config(c) if gated else c, gated=gated,
-                                      scale=q[i][1]), copies)
-                except Exception as e:  # (a config the GPU cannot hold: too many registers)
-                    res.setdefault("sweep_errors", []).append(f"gemv {name} {c}: {type(e).__name__}")
-        for name, (N, K, gated) in SHAPES.items():
-            if times[name]:
-                best = min(times[name], key=times[name].get)
-                tile = res["weights"][name]["kernel_int8_1"]
-                found[f"int8gemv:{N}x{K}"] = list(best) if times[name][best] < tile else "kernel"
-                gb8 = N * K / 1e9
-                res["weights"][name]["gemv_sweep"] = {
-                    "tried": len(times[name]), "best": list(best), "best_ms": round(times[name][best], 4),
-                    "best_tb_s": round(gb8 / times[name][best], 2), "tile_kernel_1_tb_s": round(gb8 / tile, 2),
-                    "top5": [[list(c), round(gb8 / t, 2)] for c, t in sorted(times[name].items(),
-                                                                            key=lambda kv: kv[1])[:5]]}
     for row in res["weights"].values():
-        for k in [k for k in row if k.startswith(("cublas_", "inductor_", "kernel_", "gemv_int8"))]:
+        for k in [k for k in row if k.startswith(("cublas_", "inductor_", "kernel_"))]:
             row[k] = round(row[k], 4)
             row[f"{k}_tb_s"] = round((row["bf16_gb"] if "bf16" in k else row["int8_gb"]) / row[k], 2)
     if found and not args.no_write:

@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call for the int8 draft (eaglekit.models.quant). STEPS picks the parts, in order (default: all but the
 # variants): tests (its GPU tests), int8 (cycles with it: fast_probe), quant (the draft's products bf16 against int8,
-# smallm's int8 configs swept: quant_probe), gemv (that probe without inductor, the one-row int8 GEMV's configs swept
-# instead: its table entries serve the steps after it), main (cycles with the stored bf16 draft on the same machine);
-# variants of int8: int8tile (one row through smallm's tile kernel, the twentieth session's before), int8ind (one row
-# through inductor's GEMV), int8pdl (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA).
-# Results land in $OUT.
+# smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants
+# of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
+# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA). Results land in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
@@ -23,14 +21,11 @@ for step in ${STEPS:-tests int8 quant main}; do
     tests) timeout "${T_TESTS:-90}" python3 -m pytest -q -p no:warnings -m gpu tests/test_gpu.py -k "${TESTS:-int8}" \
              > "$OUT/tests.log" 2>&1 ;;
     int8) probe int8 --draft-quant int8 ;;
-    int8tile) probe int8tile --draft-quant int8 --draft-quant-one-row kernel ;;
     int8ind) probe int8ind --draft-quant int8 --draft-quant-one-row inductor ;;
     int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdl --draft-quant int8 ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \
              > "$OUT/quant.log" 2>&1 ;;
-    gemv) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --no-inductor --gemv-sweep \
-             --gemv-budget-s "${SWEEP_S:-90}" > "$OUT/gemv.log" 2>&1 ;;
     main) probe main ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - t )) s"

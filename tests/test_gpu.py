@@ -273,10 +273,10 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
 @pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
                                        (32000, 4096, False)])
 def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, monkeypatch):
-    """The 8B draft's int8 products (eaglekit.models.quant) in bf16: through smallm's kernel at 2-8 rows and, at one
-    row, its int8 GEMV (the default), its tile kernel or (inside torch.compile) inductor's GEMV over the widened
-    weight, eager and compiled: near the fp64 product over the dequantized weight every way."""
-    from eaglekit.models import quant, smallm
+    """The 8B draft's int8 products (eaglekit.models.quant) in bf16: through smallm's kernel at 1-8 rows and, at one
+    row inside torch.compile, the kernel (the default) or inductor's GEMV over the widened weight: near the fp64
+    product over the dequantized weight every way."""
+    from eaglekit.models import quant
     from eaglekit.models.compiling import compile_decode
 
     g = torch.Generator(device="cuda").manual_seed(N + K)
@@ -286,15 +286,11 @@ def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, m
     ref = torch.nn.functional.linear(x.double(), deq)
     if gated:
         ref = torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:]
-    assert len(smallm.config(N, K, int8=True, rows=1)) == 3  # one row goes to the GEMV here
     for M in (1, 4, 6, 8):
         y = m(x[:M], gated=gated)
         assert (y.double() - ref[:M]).abs().max() <= 2e-2 * ref.abs().max(), M
-    for one_row in ("gemv", "kernel", "inductor"):  # (read when the graph is traced: a new function, a new trace)
+    for one_row in ("kernel", "inductor"):  # (read when the graph is traced: a new function, a new trace)
         monkeypatch.setattr(quant, "ONE_ROW", one_row)
-        if one_row != "inductor":
-            eager = m(x[:1], gated=gated)
-            assert (eager.double() - ref[:1]).abs().max() <= 2e-2 * ref.abs().max(), one_row
         one = compile_decode(lambda v: m(v, gated=gated))(x[:1].view(1, 1, K))
         assert (one.view(1, -1).double() - ref[:1]).abs().max() <= 2e-2 * ref.abs().max(), one_row
 

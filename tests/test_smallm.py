@@ -230,35 +230,3 @@ def test_int8_weights_are_widened_and_scaled_in_the_kernel(cfg, gated, residual)
     assert y.shape == (1, 3, N) and (y[0].double() - ref[:3]).abs().max() <= 4e-3 * ref.abs().max()
     with pytest.raises(ValueError, match="int8"):
         smallm.linear(x, q)  # an int8 weight without its scale
-
-
-@pytest.mark.parametrize("gated,residual", [(False, False), (True, False), (False, True)])
-def test_int8_one_row_gemv_is_right(gated, residual):
-    """The one-row int8 GEMV (smallm_kernels.gemv_int8: CUDA cores, no K slices): right against float64 over the
-    dequantized weight, epilogues included, rows past N masked (N = 88 over 16-row programs), K in several steps;
-    and `linear` sends one row to it, more rows to the tile kernel."""
-    from eaglekit.models import quant
-
-    N, K = 88, 768
-    g = torch.Generator().manual_seed(7 + int(gated) + 2 * int(residual))
-    w = torch.randn(2 * N if gated else N, K, generator=g) * 0.05
-    q, s = quant.quantize(w)
-    x = torch.randn(1, K, generator=g).half()
-    r = torch.randn(1, N, generator=g).half() if residual else None
-    ref = smallm.epilogue(_ref(x, q.double() * s.double()[:, None]), r.double() if residual else None, gated)
-    y = smallm.kernels().run(x, q, (8, 256, 4) if gated else (16, 256, 4), residual=r, gated=gated, scale=s)
-    assert y.shape == (1, N) and (y.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
-    one = smallm.linear(x[None], q, residual=r[None] if residual else None, gated=gated, scale=s)
-    assert one.shape == (1, 1, N) and (one[0].double() - ref).abs().max() <= 4e-3 * ref.abs().max()
-    assert smallm.config(N, K, int8=True, rows=1) == (16, 256, 4)  # 768: 256 tiles K, 512 and 1024 do not
-    assert len(smallm.config(N, K, int8=True, rows=2)) == 5 and len(smallm.config(N, 100, int8=True, rows=1)) == 5
-    with pytest.raises(ValueError, match="GEMV"):
-        smallm.kernels().run(torch.cat([x, x]), q, (16, 256, 4), gated=gated, scale=s)
-
-
-def test_gemv_is_chosen_by_the_table(monkeypatch):
-    """An "int8gemv:NxK" entry picks the GEMV's config, "kernel" sends the row back to the tile kernel."""
-    monkeypatch.setattr(smallm, "_TABLE", {"int8gemv:64x512": [32, 512, 8], "int8gemv:64x1024": "kernel"})
-    assert smallm.config(64, 512, int8=True, rows=1) == (32, 512, 8)
-    assert smallm.config(64, 1024, int8=True, rows=1) == smallm.int8_rule(64, 1024)
-    assert smallm.config(64, 2048, int8=True, rows=1) == smallm.gemv_rule(64, 2048) == (16, 1024, 4)

@@ -24,10 +24,9 @@ import torch.nn as nn
 from . import smallm
 
 MODES = ("int8",)
-# one row: "gemv" (smallm's int8 GEMV on the CUDA cores, where smallm.gemv_config gives a config), "kernel" (smallm's
-# tile kernel, as for more rows) or, inside torch.compile, "inductor" (its GEMV reduction over the widened weight);
-# read when a graph is traced (benchmarks/fast_probe.py --draft-quant-one-row compares them)
-ONE_ROW = "gemv"
+# one row inside torch.compile: "kernel" (smallm's, as for more rows) or "inductor" (its GEMV reduction over the
+# widened weight); read when a graph is traced (benchmarks/fast_probe.py --draft-quant-one-row compares them)
+ONE_ROW = "kernel"
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +72,7 @@ class Int8Linear(nn.Module):
         one_row = x.numel() == x.shape[-1]
         inductor = ONE_ROW == "inductor" and one_row and torch.compiler.is_compiling()
         return smallm.linear(x, self.qweight, self.bias, enabled=not inductor, exact=True, residual=residual,
-                             gated=gated, scale=self.scale, gemv=ONE_ROW == "gemv")
+                             gated=gated, scale=self.scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

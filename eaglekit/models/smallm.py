@@ -52,16 +52,12 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.numel() // x.shape[-1] <= MAX_ROWS
 
 
-def config(N: int, K: int, exact: bool = False, int8: bool = False, rows: int = 0) -> tuple | None:
+def config(N: int, K: int, exact: bool = False, int8: bool = False) -> tuple[int, int, int, int, int] | None:
     """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
     (None where tuning found cuBLAS faster, unless `exact`: batch-invariant products never leave the kernel), else
     `rule`. A function of the weight's shape only: that is what makes a row's rounding independent of M. An int8
-    weight (eaglekit.models.quant) has its own entries ("int8:NxK"; no cuBLAS to fall back on) and rule, and at one
-    row (`rows` 1) its GEMV's (block_n, block_k, warps) where `gemv_config` gives one. An int8 draft's rows need not
-    be batch-invariant: the target verifies what it proposes."""
+    weight (eaglekit.models.quant) has its own entries ("int8:NxK"; no cuBLAS to fall back on) and rule."""
     if int8:
-        if rows == 1 and (one := gemv_config(N, K)) is not None:
-            return one
         entry = tuned_table().get(f"int8:{N}x{K}")
         return tuple(entry) if entry is not None else int8_rule(N, K)
     entry = tuned_table().get(f"{N}x{K}")
@@ -107,25 +103,8 @@ def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
     block_k = 256 if K % 256 == 0 else 128
     if N >= 16384:
         return 128, block_k, 1, 4, 3
-    split = next((s for s in (4, 2) if K % (s * block_k) == 0), 1)  # (the kernel masks a K no tile divides)
+    split = next(s for s in (4, 2, 1) if K % (s * block_k) == 0)
     return 64, block_k, split, 4, 3
-
-
-def gemv_config(N: int, K: int) -> tuple[int, int, int] | None:
-    """(block_n, block_k, warps) of the one-row int8 GEMV (smallm_kernels.gemv_int8) for an [N, K] weight: this
-    GPU's entry "int8gemv:NxK" (a config, or "kernel" where the tile kernel was faster at one row), else `gemv_rule`.
-    None: the tile kernel takes the row."""
-    entry = tuned_table().get(f"int8gemv:{N}x{K}")
-    if entry == "kernel":
-        return None
-    return tuple(entry) if entry is not None else gemv_rule(N, K)
-
-
-def gemv_rule(N: int, K: int) -> tuple[int, int, int] | None:
-    """The untuned GEMV config: 16 rows a program (the weights' row counts are multiples of 16), the largest of
-    1024 / 512 / 256 columns of K that tiles K, four warps; None where none does (the tile kernel then)."""
-    block_k = next((b for b in (1024, 512, 256) if K % b == 0), None)
-    return None if block_k is None else (16, block_k, 4)
 
 
 # tile configs `tune` tries: (block_n, block_k, split, warps, stages)
@@ -233,17 +212,16 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
            exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
-           rope: tuple | None = None, scale: torch.Tensor | None = None, gemv: bool = True) -> torch.Tensor:
+           rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
     tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
     batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
     `rope` = (cos, sin [rows of x, head_dim], rope_cols): the rotary embedding of the output's heads below column
     rope_cols, in the kernel; only where folds_rope() says it can. `scale` [rows of w] (float32): w is int8 and the
-    product is x @ (w * scale[:, None])^T (eaglekit.models.quant; no rotary then), one row through the GEMV where
-    `gemv` and gemv_config give one."""
+    product is x @ (w * scale[:, None])^T (eaglekit.models.quant; no rotary then)."""
     if (scale is None) == (w.dtype == torch.int8) or (scale is not None and rope is not None):
         raise ValueError("smallm.linear: an int8 weight comes with its scale (and without rotary), only it")
-    cfg = plan(x, w, b, enabled, exact, residual, gated, gemv)
+    cfg = plan(x, w, b, enabled, exact, residual, gated)
     if rope is not None and (not exact or gated or residual is not None or not _rotates(cfg, w, b, rope[0].shape[-1])):
         raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
     if cfg is None:
@@ -255,18 +233,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enab
     N = w.shape[0] // 2 if gated else w.shape[0]
     r = residual.reshape(-1, N) if residual is not None else None
     cos, sin, rope_cols = rope if rope is not None else (None, None, 0)
-    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, cos, sin, rope_cols, exact, scale, gemv)
+    y = kernels().op(x.reshape(-1, x.shape[-1]), w, r, gated, cos, sin, rope_cols, exact, scale)
     y = y.view(*x.shape[:-1], N)
     return y if b is None else y + b
 
 
-def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False, gemv=True) -> tuple | None:
+def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) -> tuple | None:
     """The config of the weight `linear` runs this product by, None where it goes to F.linear and torch."""
     if not (enabled and usable(x, w)) or (residual is not None and residual.dtype != x.dtype):
         return None
     if b is not None and (gated or residual is not None):
         return None
-    return config(*w.shape, exact, int8=w.dtype == torch.int8, rows=x.numel() // x.shape[-1] if gemv else 0)
+    return config(*w.shape, exact, int8=w.dtype == torch.int8)
 
 
 def folds_rope(x, w, b, head_dim: int) -> bool:
@@ -314,28 +292,16 @@ def kernels():
 def _build(name: str):
     from torch.library import triton_op, wrap_triton
 
-    from .smallm_kernels import gemv_int8, smallm_partial, smallm_sum
+    from .smallm_kernels import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
             gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
         """`rope` = (cos, sin [M, head_dim], rope_cols): rotary on the output's heads below column rope_cols (cfg's
-        block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`); a
-        config of three (gemv_config) runs its one row through the GEMV."""
+        block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`)."""
         M, K = x.shape
         N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
         r = residual.contiguous() if residual is not None else x  # (x: a placeholder the kernels never read)
-        if len(cfg) == 3:  # one row, an int8 weight: the GEMV (gemv_config)
-            block_n, block_k, warps = cfg
-            if M != 1 or scale is None or rope is not None or K % block_k:
-                raise ValueError(f"the int8 GEMV takes one row of an int8 weight, K a multiple of {block_k}; "
-                                 f"got {M} rows, K={K}")
-            y = torch.empty((1, N), device=x.device, dtype=x.dtype)
-            wrap(gemv_int8)[(triton_cdiv(N, block_n),)](
-                x, w, scale, y, r, N, K, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated,
-                RESIDUAL=residual is not None, ASM=os.environ.get("TRITON_INTERPRET") != "1", num_warps=warps,
-                num_stages=1)
-            return y
         block_n, block_k, split, warps, stages = cfg
         k_slice = triton_cdiv(triton_cdiv(K, split), block_k) * block_k
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
@@ -361,8 +327,8 @@ def _build(name: str):
     @triton_op(name, mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
-                       exact: bool, scale: Optional[torch.Tensor], gemv: bool) -> torch.Tensor:
-        cfg = config(*w.shape, exact, int8=scale is not None, rows=x.shape[0] if gemv else 0)
+                       exact: bool, scale: Optional[torch.Tensor]) -> torch.Tensor:
+        cfg = config(*w.shape, exact, int8=scale is not None)
         rope = (cos, sin, rope_cols) if cos is not None else None
         if rope is not None:
             cfg = rope_config(cfg, cos.shape[-1])
