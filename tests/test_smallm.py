@@ -230,3 +230,17 @@ def test_int8_weights_are_widened_and_scaled_in_the_kernel(cfg, gated, residual)
     assert y.shape == (1, 3, N) and (y[0].double() - ref[:3]).abs().max() <= 4e-3 * ref.abs().max()
     with pytest.raises(ValueError, match="int8"):
         smallm.linear(x, q)  # an int8 weight without its scale
+
+
+def test_int8_rule_takes_a_k_no_tile_divides():
+    """An int8 weight whose K no 128-column tile divides still gets a config (one slice; the kernel masks K), and
+    the product is right."""
+    from eaglekit.models import quant
+
+    assert smallm.int8_rule(96, 200) == (64, 128, 1, 4, 3)
+    g = torch.Generator().manual_seed(3)
+    q, s = quant.quantize(torch.randn(96, 200, generator=g) * 0.05)
+    x = torch.randn(2, 200, generator=g).half()
+    y = smallm.linear(x, q, scale=s)
+    ref = _ref(x, q.double() * s.double()[:, None])
+    assert (y.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
