@@ -3,7 +3,8 @@
 # variants): tests (its GPU tests), int8 (cycles with it: fast_probe), quant (the draft's products bf16 against int8,
 # smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants
 # of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
-# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA). Results land in $OUT.
+# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both). Results land
+# in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
