@@ -25,6 +25,7 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8ind) probe int8ind --draft-quant int8 --draft-quant-one-row inductor ;;
     int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdl --draft-quant int8 ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
+    int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \
              > "$OUT/quant.log" 2>&1 ;;
     main) probe main ;;
