@@ -31,8 +31,8 @@ from eaglekit.models.compiling import compile_decode  # noqa: E402
 SHAPES = {"qkv": (6144, 8192, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
           "down": (4096, 14336, False), "lm_head": (32000, 4096, False), "fc": (4096, 12288, False)}
 # likelier first (a GEMV of int8 wants many programs and many bytes in flight each): K split, 512 columns of K a tile
-SWEEP = [(bn, bk, sp, wp, st) for bk, sp, bn, st, wp in itertools.product((512, 256, 1024), (4, 2, 8, 1), (32, 64, 128),
-                                                                          (4, 3), (4, 8))
+SWEEP = [(bn, bk, sp, wp, st) for bk, sp, bn, st, wp in itertools.product((512, 256, 1024), (4, 2, 8, 1),
+                                                                          (32, 64, 128, 16), (4, 3), (4, 8))
          if st * (16 * 2 + bn) * bk <= 200 * 1024]
 
 

@@ -24,9 +24,10 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8) probe int8 --draft-quant int8 ;;
     int8ind) probe int8ind --draft-quant int8 --draft-quant-one-row inductor ;;
     int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdl --draft-quant int8 ;;
+    int8swept) probe int8swept --draft-quant int8 ;;  # (int8 again, after quant wrote its swept table)
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
-    quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \
+    quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" ${QUANT_ARGS:-} \
              > "$OUT/quant.log" 2>&1 ;;
     main) probe main ;;
   esac
