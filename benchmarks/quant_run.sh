@@ -3,8 +3,9 @@
 # variants): tests (its GPU tests), int8 (cycles with it: fast_probe), quant (the draft's products bf16 against int8,
 # smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants
 # of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
-# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both). Results land
-# in $OUT.
+# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept
+# (int8 under another name, to run again after quant's table). QUANT_ARGS: more quant_probe arguments (e.g.
+# "--no-inductor --sweep-rows 1"). Results land in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
@@ -24,11 +25,11 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8) probe int8 --draft-quant int8 ;;
     int8ind) probe int8ind --draft-quant int8 --draft-quant-one-row inductor ;;
     int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdl --draft-quant int8 ;;
-    int8swept) probe int8swept --draft-quant int8 ;;  # (int8 again, after quant wrote its swept table)
+    int8swept) probe int8swept --draft-quant int8 ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
-    quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" ${QUANT_ARGS:-} \
-             > "$OUT/quant.log" 2>&1 ;;
+    quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \
+             ${QUANT_ARGS:-} > "$OUT/quant.log" 2>&1 ;;
     main) probe main ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - t )) s"
