@@ -206,6 +206,33 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
     assert not kb.tickets.any()  # every merge left its ticket at zero
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("rep", [1, 2, 4, 8])
+def test_attention_scores_by_halving_give_the_same_bits(rep):
+    """The build option EK_ATTN_RS=1 (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31
+    shuffles for 32 scores) pairs the lanes as the default's butterflies do: the same bits for tree rows, one part
+    and parts that fold chunks."""
+    T, Hkv, hd = 10, 4, 128
+    H = Hkv * rep
+    kb = bulk.Kernels("cuda")
+    variant = bulk.library(("EK_ATTN_RS=1",))
+    for P in (40, 700, 5000):
+        S = P + T + 5
+        q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
+        block = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+        block[5:, 1:5] = False  # (two branches)
+        base = torch.tensor([P], device="cuda")
+        outs = []
+        for lib in (kb.lib, variant):
+            kb.lib = lib
+            outs.append(kb.attn(q, kc, vc, base, block, (H, Hkv, hd), kb.scratch(T, S, Hkv, rep)))
+        kb.lib = bulk.library()
+        assert torch.equal(outs[0], outs[1]), P
+        assert outs[0].abs().sum() > 0
+    assert not kb.tickets.any()
+
+
 def _target(products, layers=2):
     from eaglekit.models.layers import Rotary
     from eaglekit.models.llama import LlamaModel, LlamaTarget

@@ -457,8 +457,12 @@ __global__ void __launch_bounds__(256)
 // the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores, softmax and P.V run on the CUDA cores in
 // fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV head) to
 // finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how many
-// rows come with a row: one row alone and in a tree, the same bits.
+// rows come with a row: one row alone and in a tree, the same bits. EK_ATTN_RS=1: the scores' lane sums by recursive
+// halving (part_scores_rs: the same bits, a third of the shuffles; not yet timed)
 constexpr int AHD = 128, ACH = 32;
+#ifndef EK_ATTN_RS  // the scores' lane sums by recursive halving (part_scores_rs; the same bits), 0: a butterfly each
+#define EK_ATTN_RS 0
+#endif
 
 // (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
 // 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
@@ -532,7 +536,11 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     }
     __syncthreads();
     mbar_wait(&bar, k & 1);
-    part_scores<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + NW, ...
+#if EK_ATTN_RS
+    part_scores_rs<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + NW, ...
+#else
+    part_scores<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);
+#endif
     __syncthreads();
     if (r < REP) {
       float sc = ps[r][lane], m = sc, l;

@@ -95,6 +95,65 @@ __device__ __forceinline__ void part_scores(const __nv_bfloat16* ks, const float
   }
 }
 
+// part_scores with the lanes' sums reduced by recursive halving instead of a butterfly a score: a warp's KW = ACH / NW
+// keys times REP heads (V <= 32 values, v = key * REP + head) are halved between lane pairs at offsets 16, 8, ...
+// until each lane holds one value's sum (V < 32: the last offsets then add the single value as the butterfly did).
+// 31 shuffles for 32 scores where the butterfly takes 160, and the same pairs in the same order (offset 16 first), so
+// every score has the bits part_scores gives (fp addition commutes). Build option EK_ATTN_RS (NOTES, twentieth
+// session: written, not yet timed)
+// one halving stage of part_scores_rs over p[0 .. N): keep one half (the upper where this lane's bit o is set), send
+// the other to lane ^ o and add what comes back; v: the first value index this lane's p[0 .. N / 2) now stand for
+template <int S, int N>
+__device__ __forceinline__ void halve(float (&p)[S], int lane, int o, int& v) {
+  const bool up = lane & o;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float keep = up ? p[i + N / 2] : p[i], send = up ? p[i] : p[i + N / 2];
+    p[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+  }
+  v += up ? N / 2 : 0;
+}
+
+template <int REP, int ACH, int NW, int HD>
+__device__ __forceinline__ void part_scores_rs(const __nv_bfloat16* ks, const float (&qr)[REP][4],
+                                               float (&ps)[REP][ACH], int cnt, int warp, int lane) {
+  constexpr int KW = ACH / NW, V = KW * REP;
+  static_assert(ACH % NW == 0 && V <= 32 && (V & (V - 1)) == 0, "a warp's scores: a power of two, at most 32");
+  static_assert(KW % 2 == 0, "keys in pairs");
+  constexpr int LV = V == 32 ? 5 : V == 16 ? 4 : V == 8 ? 3 : V == 4 ? 2 : V == 2 ? 1 : 0;
+  // the first halving as the scores come: key kk's sums against key kk + KW / 2's (values i and i + V / 2), so half
+  // the values are ever held at once (all V of them spilled ~100 bytes a thread at 64 registers; four keys at a time
+  // spilled more than two)
+  const bool up = lane & 16;
+  int v = up ? V / 2 : 0;  // the value index this lane's p[0] ends up holding
+  float p[V / 2];
+#pragma unroll
+  for (int kk = 0; kk < KW / 2; ++kk) {
+    float k[4], k2[4];
+    bf4(ks + (warp + kk * NW) * HD + lane * 4, k);
+    bf4(ks + (warp + (kk + KW / 2) * NW) * HD + lane * 4, k2);
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+      float t = 0.f, t2 = 0.f;
+#pragma unroll
+      for (int d = 0; d < 4; ++d) t = fmaf(qr[r][d], k[d], t), t2 = fmaf(qr[r][d], k2[d], t2);
+      p[kk * REP + r] = (up ? t2 : t) + __shfl_xor_sync(0xffffffffu, up ? t : t2, 16);
+    }
+  }
+  // (the other stages by template: every index a constant, so p stays in registers; a loop over the stages left it
+  // in local memory)
+  if constexpr (LV > 1) halve<V / 2, (V >> 1)>(p, lane, 8, v);
+  if constexpr (LV > 2) halve<V / 2, (V >> 2)>(p, lane, 4, v);
+  if constexpr (LV > 3) halve<V / 2, (V >> 3)>(p, lane, 2, v);
+  if constexpr (LV > 4) halve<V / 2, (V >> 4)>(p, lane, 1, v);
+#pragma unroll
+  for (int o = 16 >> LV; o; o >>= 1) p[0] += __shfl_xor_sync(0xffffffffu, p[0], o);  // (V < 32: a butterfly on)
+  if ((lane & (32 / V - 1)) == 0) {  // (V < 32: 32 / V lanes hold each value)
+    const int j = warp + (v / REP) * NW;
+    ps[v % REP][j] = j < cnt ? p[0] : -INFINITY;
+  }
+}
+
 // P.V of one query head over a part's first cnt keys: acc (this lane's 4 of HD dims) += p[j] vs[j], j in order
 template <int HD>
 __device__ __forceinline__ void part_pv(const __nv_bfloat16* vs, const float* p, int cnt, int lane, float (&acc)[4]) {
