@@ -1,0 +1,76 @@
+"""The verify attention (bulk's attn_rows) alone, default build against a variant (e.g. EK_ATTN_RS=1): the same bits,
+and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
+CUDA graph, the builds alternating. Not the step: no products beside it, no PDL neighbours.
+
+    python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_RS=1] [--rows 1,6,8]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eaglekit.models import bulk  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--define", action="append", default=[])
+    ap.add_argument("--rows", default="1,6,8")
+    ap.add_argument("--context", type=int, default=512)
+    args = ap.parse_args()
+    defines = tuple(args.define or ["EK_ATTN_RS=1"])
+    H, Hkv, hd, L, layers = 32, 8, 128, args.context, 32
+    kb = bulk.Kernels("cuda")
+    libs = {"default": bulk.library(), "variant": bulk.library(defines)}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    res = {"device": torch.cuda.get_device_name(), "defines": defines, "context": L, "rows": {}}
+    for T in (int(r) for r in args.rows.split(",")):
+        S = L + T
+        caches = [(torch.randn(Hkv, S, hd, device="cuda", generator=g).bfloat16(),
+                   torch.randn(Hkv, S, hd, device="cuda", generator=g).bfloat16()) for _ in range(layers)]
+        q = torch.randn(T, H * hd, device="cuda", generator=g).bfloat16()
+        block = torch.ones(T, T, dtype=torch.bool, device="cuda").tril().contiguous()
+        base = torch.tensor([L], device="cuda")
+        scratch = kb.scratch(T, S, Hkv, H // Hkv)
+        outs, graphs = {}, {}
+        for name, lib in libs.items():
+            kb.lib = lib
+            outs[name] = kb.attn(q, *caches[0], base, block, (H, Hkv, hd), scratch).clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # (warm-up off the capture)
+                for kc, vc in caches:
+                    kb.attn(q, kc, vc, base, block, (H, Hkv, hd), scratch)
+            torch.cuda.current_stream().wait_stream(s)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                for kc, vc in caches:
+                    kb.attn(q, kc, vc, base, block, (H, Hkv, hd), scratch)
+            graphs[name] = gr
+        times = {name: [] for name in libs}
+        for _ in range(30):
+            for name, gr in graphs.items():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                gr.replay()
+                b.record()
+                torch.cuda.synchronize()
+                times[name].append(a.elapsed_time(b))
+        row = {name: round(statistics.median(t), 4) for name, t in times.items()}
+        row["same_bits"] = bool(torch.equal(outs["default"], outs["variant"]))
+        res["rows"][T] = row
+        print(T, row, flush=True)
+        kb.lib = libs["default"]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "attn_rs_probe.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
