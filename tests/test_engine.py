@@ -167,6 +167,42 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
                 assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
 
 
+def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
+    """A tree's tokens and what its levels feed the draft are target ids (d2t applied): a chain maps its picks and
+    puts the root first inside the draft's chain, a tree's levels and its selection inside their bookkeeping. With
+    a draft vocabulary mapped past its own range (d2t an offset c >= its size), every id a draft step receives and
+    every node's token lies in [c, c + Vd), plain and compiled, and a chain's nodes are the plain chain's draft ids
+    plus c."""
+    from eaglekit.decoding import tree
+    from eaglekit.draft.base import Draft
+    from eaglekit.draft.model import Eagle3Draft
+
+    t = load_target(model_dirs["llama"])
+    V = t.info.vocab_size
+    Vd = V // 4
+    d = new_draft(t, seed=3, draft_vocab_size=Vd)
+    c = V - Vd
+    d.d2t.fill_(c)
+    fed = []
+    step = Eagle3Draft.step
+    monkeypatch.setattr(Eagle3Draft, "step", lambda self, h, ids, *a: (fed.append(ids.clone()), step(self, h, ids, *a))[1])
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(12, d.fc.in_features, generator=g)
+    for compiled in (False, True):
+        if compiled:
+            d.compile()
+        d.reset(96)
+        d.extend(feats, torch.randint(0, V, (12,), generator=g))
+        h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(Vd, generator=g) * 3
+        root = torch.tensor(7)
+        chain = tree.expand(d, h, logits, root, TreeShape(5, 1, 6))
+        assert chain.tokens[0] == 7 and torch.equal(chain.tokens[1:] - c, Draft.chain(d, h, logits, 5)), compiled
+        fed.clear()
+        wide = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
+        assert wide.tokens[0] == 7 and ((wide.tokens[1:] >= c) & (wide.tokens[1:] < V)).all(), compiled
+        assert len(fed) == 3 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
+
+
 @pytest.mark.slow
 def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     """compile() compiles the draft's fc, embedding and rotary with its layer (one graph a call), and a chain's steps,

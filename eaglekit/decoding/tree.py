@@ -88,7 +88,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     top_p, top_i = top_probs(logits_last, K)
     cand_scores, cand_tokens = [top_p], [top_i]
     cand_parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
-    f_scores, f_tokens, f_cand = top_p, top_i, torch.arange(K, device=dev)
+    f_scores, f_cand = top_p, torch.arange(K, device=dev)
     f_hidden = h_last.expand(K, -1)
     P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
     f_anc = torch.zeros(K, P, dtype=torch.bool, device=dev)
@@ -102,19 +102,19 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
             maybe_mark_dynamic(t, 0)
     # the level (less 2) as a device scalar, so that one compiled frontier and advance serve every level
     lv = torch.zeros((), dtype=torch.long, device=dev)
+    f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
     for _ in range(2, shape.steps + 1):
         anc, mask, pos, slots = ops.frontier(f_anc, rel, pending, relc, m, lv, K)
-        h, logits = draft.step(f_hidden, draft.to_target_ids(f_tokens), pos, slots, mask)
+        h, logits = draft.step(f_hidden, f_ids, pos, slots, mask)
         cp, ci = top_probs(logits, K)  # [K, K]
-        cs, toks, pars, f_scores, f_tokens, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h,
-                                                                                      anc, lv, K)
+        cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
+                                                                                   lv, K, draft.to_target_ids)
         cand_scores.append(cs)
         cand_tokens.append(toks)
         cand_parents.append(pars)
     tokens, parents, depths, mask = ops.select(cand_scores, cand_tokens, cand_parents, K, shape.steps,
-                                               shape.draft_tokens - 1)
-    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(tokens)]), parents=parents,
-                depths=depths, mask=mask)
+                                               shape.draft_tokens - 1, root_token, draft.to_target_ids)
+    return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
 
 
 def _frontier(f_anc, rel, pending, relc, m, lv, K: int):
@@ -127,21 +127,25 @@ def _frontier(f_anc, rel, pending, relc, m, lv, K: int):
     return anc, mask, (m + lv).expand(K), m + cols
 
 
-def _advance(f_scores, cp, ci, f_cand, h, anc, lv, K: int):
+def _advance(f_scores, cp, ci, f_cand, h, anc, lv, K: int, to_target):
     """The frontier's K x K children: their scores (the product of probabilities along the path), tokens and parent
-    candidates; and the next frontier, the best K of them (scores, tokens, candidate ids, hidden, ancestors), and
-    the next lv. Candidates are numbered in generation order: level 1's K, then K * K a level."""
+    candidates; and the next frontier, the best K of them (scores, tokens as target ids through `to_target`,
+    candidate ids, hidden, ancestors), and the next lv. Candidates are numbered in generation order: level 1's K,
+    then K * K a level."""
     cs = (f_scores[:, None] * cp).reshape(-1)
     tokens = ci.reshape(-1)
     scores, pick = topk.small_topk(cs, K)
     row = pick // K
     offset = K + lv * (K * K)
-    return cs, tokens, f_cand.repeat_interleave(K), scores, tokens[pick], offset + pick, h[row], anc[row], lv + 1
+    return (cs, tokens, f_cand.repeat_interleave(K), scores, to_target(tokens[pick]), offset + pick, h[row], anc[row],
+            lv + 1)
 
 
-def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int):
+def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int, root,
+            to_target):
     """The tree: the n_sel best candidates of all levels by score * DECAY**depth, in generation order (parents
-    before children), under the root -> (their draft tokens, parents, depths and the ancestor mask with the root)."""
+    before children), under the root -> (the tree's tokens: `root` then theirs through `to_target`, target ids;
+    parents, depths and the ancestor mask with the root)."""
     scores, tokens, parents = torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(cand_parents)
     dev = scores.device
     depths = torch.cat([torch.full((K if level == 1 else K * K,), level, dtype=torch.long, device=dev)
@@ -156,7 +160,8 @@ def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, st
     anc = torch.eye(n_sel + 1, dtype=torch.bool, device=dev)
     for _ in range(steps):  # each pass adds one more generation of ancestors
         anc = anc | anc[all_parents]
-    return tokens[sel], all_parents, torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc
+    return (torch.cat([root.view(1), to_target(tokens[sel])]), all_parents,
+            torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc)
 
 
 def _bookkeeping(compiled: bool):
@@ -173,11 +178,10 @@ def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
     small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no selection, since every node is
     kept; the mask, parents and depths of a chain are fixed. The draft walks the chain itself (`Draft.chain`: the
     top 1 of the softmax at each step, taken as the argmax of the logits)."""
-    dev = logits_last.device
-    toks = draft.chain(h_last, logits_last, steps)
-    parents, depths, mask = _chain_frame(steps, dev)
-    return Tree(tokens=torch.cat([root_token.view(1), draft.to_target_ids(toks)]), parents=parents,
-                depths=depths, mask=mask)
+    parents, depths, mask = _chain_frame(steps, logits_last.device)
+    # (the root and the id map inside the draft's chain: in its compiled graph, not three kernels after it)
+    return Tree(tokens=draft.chain(h_last, logits_last, steps, root=root_token), parents=parents, depths=depths,
+                mask=mask)
 
 
 _FRAMES: dict = {}

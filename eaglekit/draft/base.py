@@ -65,22 +65,24 @@ class Draft(ABC):
              mask: torch.Tensor):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32)."""
+        logits [K, Vd]: float32 or the draft's dtype; the picks widen them to float32 themselves)."""
 
     @abstractmethod
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (EAGLE-3's d2t: target_id = i + d2t[i])."""
 
-    def chain(self, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int) -> torch.Tensor:
+    def chain(self, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int,
+              root: torch.Tensor | None = None) -> torch.Tensor:
         """A chain's draft tokens (draft ids) [steps]: the top 1 of logits_last, then steps - 1 pending steps, each
         fed the previous one's hidden and pick. The node at depth d is the entry for position m - 1 + d, written at
-        slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. A draft may do
-        the same work its own faster way (Eagle3Draft: one compiled graph)."""
+        slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. With `root` (a
+        target id): the tree's tokens instead, [steps + 1] target ids, root first. A draft may do the same work its
+        own faster way (Eagle3Draft: one compiled graph, the root and the id map in it)."""
         cols = torch.arange(self.span, device=logits_last.device)
         return self.walk_chain(lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask), h_last.view(1, -1),
-                               logits_last, self.committed, cols, steps)
+                               logits_last, self.committed, cols, steps, root)
 
-    def walk_chain(self, step, h, logits_last, m, cols, steps: int) -> torch.Tensor:
+    def walk_chain(self, step, h, logits_last, m, cols, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """`chain`'s walk over a one-node step(hidden [1, H], target ids [1], slot [1], mask [1, span]) -> (hidden,
         logits) [1, ..]; m: committed entries, cols: arange(span). The one place that says where a chain's nodes go
         (Eagle3Draft's compiled chain walks with its own step)."""
@@ -92,4 +94,5 @@ class Draft(ABC):
             h, logits = step(h, self.to_target_ids(tok), slot, mask)
             tok = topk.top1(logits)[0]
             toks.append(tok)
-        return torch.cat(toks)
+        toks = torch.cat(toks)
+        return toks if root is None else torch.cat([root.view(1), self.to_target_ids(toks)])

@@ -320,20 +320,20 @@ class Eagle3Draft(nn.Module, Draft):
         """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span]."""
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False)
-        return h[0], logits[0].float()
+        return h[0], logits[0]  # (in the draft's dtype: the tree's picks widen them, no copy kernel a level)
 
     @torch.inference_mode()
-    def chain(self, h_last, logits_last, steps: int) -> torch.Tensor:
+    def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """Draft.chain; compiled, the whole chain is one graph (its steps, picks, masks and id maps: inductor fuses
         what ran as ~10 small kernels a step between the compiled layers; NOTES), unless tracing is on (it records
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
-            return super().chain(h_last, logits_last, steps)
+            return super().chain(h_last, logits_last, steps, root)
         cols = torch.arange(self.span, device=logits_last.device)
         kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic (cols stands for a mask's last dimension)
-        return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps)
+        return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps, root)
 
-    def _chain_steps(self, h, logits_last, m, cols, kv, steps: int):
+    def _chain_steps(self, h, logits_last, m, cols, kv, steps: int, root=None):
         """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
         decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay
         bf16: the same argmax as their float32 copy."""
@@ -341,7 +341,7 @@ class Eagle3Draft(nn.Module, Draft):
             h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False)
             return h[0], logits[0]
 
-        return self.walk_chain(step, h, logits_last, m, cols, steps)
+        return self.walk_chain(step, h, logits_last, m, cols, steps, root)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
