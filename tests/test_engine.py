@@ -201,6 +201,13 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
         wide = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
         assert wide.tokens[0] == 7 and ((wide.tokens[1:] >= c) & (wide.tokens[1:] < V)).all(), compiled
         assert len(fed) == 3 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    d.reset(160)  # another span: the tree's compiled bookkeeping and layers take it without compiling again
+    d.extend(feats, torch.randint(0, V, (12,), generator=g))
+    again = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
+    assert counters["stats"]["unique_graphs"] == before and again.tokens.shape == wide.tokens.shape
 
 
 @pytest.mark.slow
@@ -219,7 +226,8 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     calls = []
     for name in ("compiled_whole", "compiled_chain"):
         fn = getattr(d, name)
-        setattr(d, name, lambda *a, fn=fn, name=name: (calls.append((name, a[7] if len(a) > 7 else None)), fn(*a))[1])
+        setattr(d, name, lambda *a, fn=fn, name=name: (calls.append((name, a[7] if name == "compiled_whole" else None)),
+                                                       fn(*a))[1])
     for s, tokens in ref.items():
         assert Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids == tokens
     # the extends (target features), the tree's steps (own hidden), the chains

@@ -84,27 +84,21 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     K, dev = shape.topk, logits_last.device
     ops = _bookkeeping(getattr(draft, "compiled_layer", None) is not None)
     m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
-    S = draft.span
     top_p, top_i = top_probs(logits_last, K)
-    cand_scores, cand_tokens = [top_p], [top_i]
-    cand_parents = [torch.full((K,), -1, dtype=torch.long, device=dev)]
-    f_scores, f_cand = top_p, torch.arange(K, device=dev)
-    f_hidden = h_last.expand(K, -1)
     P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
-    f_anc = torch.zeros(K, P, dtype=torch.bool, device=dev)
-    rel = torch.arange(S, device=dev) - m  # draft slot -> index into the pending region
-    pending = (rel >= 0) & (rel < P)
-    relc = rel.clamp(0, P - 1)
+    # the first frontier's constant parts (its candidate ids, no ancestors, the level less 2 as a device scalar, so
+    # one compiled frontier and advance serve every level): made once, read only
+    no_parent, f_cand, f_anc, lv = _tree_frame(K, P, dev)
+    cols = torch.arange(draft.span, device=dev)  # the span's slots (the frontier derives its masks from them)
     if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
         from torch._dynamo import maybe_mark_dynamic
 
-        for t in (rel, pending, relc):
-            maybe_mark_dynamic(t, 0)
-    # the level (less 2) as a device scalar, so that one compiled frontier and advance serve every level
-    lv = torch.zeros((), dtype=torch.long, device=dev)
+        maybe_mark_dynamic(cols, 0)
+    cand_scores, cand_tokens, cand_parents = [top_p], [top_i], [no_parent]
+    f_scores, f_hidden = top_p, h_last.expand(K, -1)
     f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
     for _ in range(2, shape.steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, rel, pending, relc, m, lv, K)
+        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K)
         h, logits = draft.step(f_hidden, f_ids, pos, slots, mask)
         cp, ci = top_probs(logits, K)  # [K, K]
         cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
@@ -117,12 +111,15 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
 
 
-def _frontier(f_anc, rel, pending, relc, m, lv, K: int):
+def _frontier(f_anc, span_cols, m, lv, K: int):
     """The frontier of level lv + 2 (its K nodes; lv a 0-d tensor): their ancestors' pending slots and their own,
-    their mask over the draft's span (every committed slot and those pending slots), their positions and slots."""
+    their mask over the draft's span (span_cols: arange(span); every committed slot and those pending slots), their
+    positions and slots."""
+    P = f_anc.shape[1]
+    rel = span_cols - m  # draft slot -> index into the pending region
     cols = lv * K + torch.arange(K, device=f_anc.device)
-    anc = f_anc | (torch.arange(f_anc.shape[1], device=f_anc.device)[None, :] == cols[:, None])
-    mask = (rel < 0)[None, :] | (pending[None, :] & anc[:, relc])
+    anc = f_anc | (torch.arange(P, device=f_anc.device)[None, :] == cols[:, None])
+    mask = (rel < 0)[None, :] | (((rel >= 0) & (rel < P))[None, :] & anc[:, rel.clamp(0, P - 1)])
     # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
     return anc, mask, (m + lv).expand(K), m + cols
 
@@ -185,6 +182,16 @@ def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
 
 
 _FRAMES: dict = {}
+
+
+def _tree_frame(K: int, P: int, dev) -> tuple:
+    """A tree's first frontier's constant parts: no parent, candidate ids 0..K-1, no ancestors among P pending
+    slots, level 0. The same every cycle, so made once (not four small kernels a tree). Read only."""
+    key = ("tree", K, P, str(dev))
+    if key not in _FRAMES:
+        _FRAMES[key] = (torch.full((K,), -1, dtype=torch.long, device=dev), torch.arange(K, device=dev),
+                        torch.zeros(K, P, dtype=torch.bool, device=dev), torch.zeros((), dtype=torch.long, device=dev))
+    return _FRAMES[key]
 
 
 def _chain_frame(steps: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
