@@ -95,12 +95,6 @@ __device__ __forceinline__ void part_scores(const __nv_bfloat16* ks, const float
   }
 }
 
-// part_scores with the lanes' sums reduced by recursive halving instead of a butterfly a score: a warp's KW = ACH / NW
-// keys times REP heads (V <= 32 values, v = key * REP + head) are halved between lane pairs at offsets 16, 8, ...
-// until each lane holds one value's sum (V < 32: the last offsets then add the single value as the butterfly did).
-// 31 shuffles for 32 scores where the butterfly takes 160, and the same pairs in the same order (offset 16 first), so
-// every score has the bits part_scores gives (fp addition commutes). Build option EK_ATTN_RS (NOTES, twentieth
-// session: written, not yet timed)
 // one halving stage of part_scores_rs over p[0 .. N): keep one half (the upper where this lane's bit o is set), send
 // the other to lane ^ o and add what comes back; v: the first value index this lane's p[0 .. N / 2) now stand for
 template <int S, int N>
@@ -114,6 +108,12 @@ __device__ __forceinline__ void halve(float (&p)[S], int lane, int o, int& v) {
   v += up ? N / 2 : 0;
 }
 
+// part_scores with the lanes' sums reduced by recursive halving instead of a butterfly a score: a warp's KW = ACH / NW
+// keys times REP heads (V <= 32 values, v = key * REP + head) are halved between lane pairs at offsets 16, 8, ...
+// until each lane holds one value's sum (V < 32: the last offsets then add the single value as the butterfly did).
+// 31 shuffles for 32 scores where the butterfly takes 160, and the same pairs in the same order (offset 16 first), so
+// every score has the bits part_scores gives (fp addition commutes). Build option EK_ATTN_RS (NOTES, twentieth
+// session: written, not yet timed)
 template <int REP, int ACH, int NW, int HD>
 __device__ __forceinline__ void part_scores_rs(const __nv_bfloat16* ks, const float (&qr)[REP][4],
                                                float (&ps)[REP][ACH], int cnt, int warp, int lane) {
