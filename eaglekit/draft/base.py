@@ -65,7 +65,7 @@ class Draft(ABC):
              mask: torch.Tensor):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd]: float32 or the draft's dtype; the picks widen them to float32 themselves)."""
+        logits [K, Vd] float32)."""
 
     @abstractmethod
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -320,7 +320,7 @@ class Eagle3Draft(nn.Module, Draft):
         """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span]."""
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False)
-        return h[0], logits[0]  # (in the draft's dtype: the tree's picks widen them, no copy kernel a level)
+        return h[0], logits[0].float()
 
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
