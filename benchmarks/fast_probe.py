@@ -194,6 +194,9 @@ def main():
                     "Kernels of the process uses that build")
     ap.add_argument("--torch-picks", action="store_true",
                     help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
+    ap.add_argument("--top1-two-stage", action="store_true",
+                    help="a chain's pick by topk.argmax's two stages (chunk maxima, then the best chunk) instead of one "
+                    "reduction over the draft vocabulary (the same token)")
     ap.add_argument("--torch-tree-topk", action="store_true",
                     help="the tree's small top-k (16 children, the final selection) by torch's topk and sort")
     ap.add_argument("--gaps", default=None,
@@ -218,6 +221,9 @@ def main():
         from eaglekit.decoding import topk, tree
         tree.top_probs = topk.torch_top_probs
         topk.top1 = lambda logits: topk.torch_top_probs(logits, 1).indices
+    if args.top1_two_stage:
+        from eaglekit.decoding import topk
+        topk.top1 = lambda logits: topk.argmax(logits).unsqueeze(-1)
     if args.torch_tree_topk:
         from eaglekit.decoding import topk
         topk.small_topk = lambda v, k: v.topk(k)
@@ -235,6 +241,7 @@ def main():
            "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",
+           "top1": "two stages" if args.top1_two_stage else "one reduction",
            "fused_epilogues": not args.no_fuse,
            "rope_in_product": not (args.no_fuse or args.no_rope_fuse)}
     out = Path(args.out)
