@@ -1,13 +1,12 @@
 """The verify attention (bulk's attn_rows) alone, default build against a variant (e.g. EK_ATTN_RS=1): the same bits,
 and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
-CUDA graph, the builds alternating. Not the step: no products beside it, no PDL neighbours.
+CUDA graph (smallm.graph_ms), one build after the other. Not the step: no products beside it, no PDL neighbours.
 
     python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_RS=1] [--rows 1,6,8]
 """
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eaglekit.models import bulk  # noqa: E402
+from eaglekit.models import bulk, smallm  # noqa: E402
 
 
 def main():
@@ -39,31 +38,12 @@ def main():
         block = torch.ones(T, T, dtype=torch.bool, device="cuda").tril().contiguous()
         base = torch.tensor([L], device="cuda")
         scratch = kb.scratch(T, S, Hkv, H // Hkv)
-        outs, graphs = {}, {}
-        for name, lib in libs.items():
+        outs, row = {}, {}
+        for name, lib in libs.items():  # (smallm.graph_ms: one CUDA graph of the 32 launches, the median per launch)
             kb.lib = lib
             outs[name] = kb.attn(q, *caches[0], base, block, (H, Hkv, hd), scratch).clone()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):  # (warm-up off the capture)
-                for kc, vc in caches:
-                    kb.attn(q, kc, vc, base, block, (H, Hkv, hd), scratch)
-            torch.cuda.current_stream().wait_stream(s)
-            gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr):
-                for kc, vc in caches:
-                    kb.attn(q, kc, vc, base, block, (H, Hkv, hd), scratch)
-            graphs[name] = gr
-        times = {name: [] for name in libs}
-        for _ in range(30):
-            for name, gr in graphs.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                gr.replay()
-                b.record()
-                torch.cuda.synchronize()
-                times[name].append(a.elapsed_time(b))
-        row = {name: round(statistics.median(t), 4) for name, t in times.items()}
+            row[name] = round(layers * smallm.graph_ms(
+                lambda i: kb.attn(q, *caches[i], base, block, (H, Hkv, hd), scratch), layers, reps=30), 4)
         row["same_bits"] = bool(torch.equal(outs["default"], outs["variant"]))
         res["rows"][T] = row
         print(T, row, flush=True)

@@ -5,8 +5,8 @@
 # of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
 # (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept
 # (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by recursive
-# halving: bulk's EK_ATTN_RS=1, the same bits), int8top1 (a chain's pick in two stages). QUANT_ARGS: more quant_probe arguments (e.g.
-# "--no-inductor --sweep-rows 1"). Results land in $OUT.
+# halving: bulk's EK_ATTN_RS=1, the same bits), int8top1 (a chain's pick in two stages). QUANT_ARGS: more quant_probe
+# arguments (e.g. "--no-inductor --sweep-rows 1"). Results land in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
