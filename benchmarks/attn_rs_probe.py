@@ -1,8 +1,8 @@
-"""The verify attention (bulk's attn_rows) alone, default build against a variant (e.g. EK_ATTN_RS=1): the same bits,
+"""The verify attention (bulk's attn_rows) alone, default build against a variant (e.g. EK_ATTN_RS=0, the butterflies): the same bits,
 and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
 CUDA graph (smallm.graph_ms), one build after the other. Not the step: no products beside it, no PDL neighbours.
 
-    python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_RS=1] [--rows 1,6,8]
+    python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_RS=0] [--rows 1,6,8]
 """
 
 import argparse
@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--rows", default="1,6,8")
     ap.add_argument("--context", type=int, default=512)
     args = ap.parse_args()
-    defines = tuple(args.define or ["EK_ATTN_RS=1"])
+    defines = tuple(args.define or ["EK_ATTN_RS=0"])
     H, Hkv, hd, L, layers = 32, 8, 128, args.context, 32
     kb = bulk.Kernels("cuda")
     libs = {"default": bulk.library(), "variant": bulk.library(defines)}

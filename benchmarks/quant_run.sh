@@ -4,9 +4,9 @@
 # smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants
 # of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
 # (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept
-# (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by recursive
-# halving: bulk's EK_ATTN_RS=1, the same bits), int8top1 (a chain's pick in two stages). QUANT_ARGS: more quant_probe
-# arguments (e.g. "--no-inductor --sweep-rows 1"). Results land in $OUT.
+# (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by butterflies:
+# bulk's EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in
+# two stages). QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results land in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
@@ -27,7 +27,7 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8ind) probe int8ind --draft-quant int8 --draft-quant-one-row inductor ;;
     int8pdl) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdl --draft-quant int8 ;;
     int8swept) probe int8swept --draft-quant int8 ;;
-    int8rs) probe int8rs --draft-quant int8 --bulk-define EK_ATTN_RS=1 ;;
+    int8rs) probe int8rs --draft-quant int8 --bulk-define EK_ATTN_RS=0 ;;
     int8top1) probe int8top1 --draft-quant int8 --top1-two-stage ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;

@@ -210,13 +210,13 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
 @sm90
 @pytest.mark.parametrize("rep", [1, 2, 4, 8])
 def test_attention_scores_by_halving_give_the_same_bits(rep):
-    """The build option EK_ATTN_RS=1 (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31
-    shuffles for 32 scores) pairs the lanes as the default's butterflies do: the same bits for tree rows, one part
-    and parts that fold chunks."""
+    """The default build's scores (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31
+    shuffles for 32 scores) pair the lanes as the butterflies of EK_ATTN_RS=0 do: the same bits for tree rows, one
+    part and parts that fold chunks."""
     T, Hkv, hd = 10, 4, 128
     H = Hkv * rep
     kb = bulk.Kernels("cuda")
-    variant = bulk.library(("EK_ATTN_RS=1",))
+    variant = bulk.library(("EK_ATTN_RS=0",))
     for P in (40, 700, 5000):
         S = P + T + 5
         q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)

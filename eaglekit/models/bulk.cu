@@ -457,11 +457,12 @@ __global__ void __launch_bounds__(256)
 // the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores, softmax and P.V run on the CUDA cores in
 // fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV head) to
 // finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how many
-// rows come with a row: one row alone and in a tree, the same bits. EK_ATTN_RS=1: the scores' lane sums by recursive
-// halving (part_scores_rs: the same bits, a third of the shuffles; not yet timed)
+// rows come with a row: one row alone and in a tree, the same bits. The scores' lane sums go by recursive halving
+// (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224 ms at 1
+// row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), kept to check the bits against
 constexpr int AHD = 128, ACH = 32;
-#ifndef EK_ATTN_RS  // the scores' lane sums by recursive halving (part_scores_rs; the same bits), 0: a butterfly each
-#define EK_ATTN_RS 0
+#ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (the same bits)
+#define EK_ATTN_RS 1
 #endif
 
 // (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
