@@ -189,6 +189,9 @@ def main():
     ap.add_argument("--no-cudnn-sdp", action="store_true",
                     help="the draft's attention without cuDNN's SDPA (torch picks flash or memory-efficient at trace "
                     "time; cuDNN's took 27 us a (5,4,8) tree level of 4 rows)")
+    ap.add_argument("--draft-attention", default=None, choices=["sdpa", "bulk"],
+                    help="the draft's decode attention (Eagle3Draft.set_attention; default: bulk with products bulk, "
+                    "as load_pair sets it, else sdpa)")
     ap.add_argument("--bulk-define", action="append", default=[],
                     help="products bulk built with this macro (MACRO=V, repeatable; e.g. EK_ATTN_RS=1): every "
                     "Kernels of the process uses that build")
@@ -210,6 +213,7 @@ def main():
     S.PRODUCTS = args.products
     S.DRAFT_PRODUCTS = args.draft_products
     S.DRAFT_QUANT = args.draft_quant
+    S.DRAFT_ATTENTION = args.draft_attention or ("bulk" if args.products == "bulk" else "sdpa")
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.bulk_define:  # (bulk.library() hands out _LIB once loaded: the variant becomes every Kernels' library)
@@ -238,6 +242,7 @@ def main():
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
            "draft_quant": args.draft_quant, "cudnn_sdp": not args.no_cudnn_sdp, "bulk_defines": args.bulk_define,
+           "draft_attention": S.DRAFT_ATTENTION,
            "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",

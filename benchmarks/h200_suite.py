@@ -40,6 +40,7 @@ SMALL_M = None  # rows from which products go through eaglekit.models.smallm (No
 PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invariant products and attention)
 DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
 DRAFT_QUANT = None  # "int8": the draft's weights quantized (eaglekit.models.quant) in sections b and c
+DRAFT_ATTENTION = None  # the 8B draft's decode attention in section b (Eagle3Draft.set_attention; None: as load_pair)
 SHAPES = [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]
 ON_CYCLE = None  # called as ON_CYCLE(shape tuple, recorded Cycle, reset) after a shape's cycle is timed (fast_probe)
 
@@ -159,6 +160,8 @@ def cycles_8b(ctx):
     d.set_small_m(SMALL_M)
     if DRAFT_PRODUCTS:
         d.set_products(DRAFT_PRODUCTS)
+    kind = DRAFT_ATTENTION or ("bulk" if PRODUCTS == "bulk" else "sdpa")
+    RESULTS["draft_attention"] = "bulk" if d.set_attention(kind) else "sdpa"
     if COMPILE:
         d.compile(COMPILE_OPTIONS)
     ctx["draft8b"] = d

@@ -6,7 +6,8 @@
 # (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept
 # (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by butterflies:
 # bulk's EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in
-# two stages). QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results land in $OUT.
+# two stages), int8sdpa (the draft's attention by torch's SDPA, the default before the 21st session's bulk
+# pending_attention). QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
@@ -29,6 +30,7 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8swept) probe int8swept --draft-quant int8 ;;
     int8rs) probe int8rs --draft-quant int8 --bulk-define EK_ATTN_RS=0 ;;
     int8top1) probe int8top1 --draft-quant int8 --top1-two-stage ;;
+    int8sdpa) probe int8sdpa --draft-quant int8 --draft-attention sdpa ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \

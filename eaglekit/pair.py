@@ -108,6 +108,9 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     if draft is not None and hasattr(draft, "set_products"):
         # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
         draft.set_products(products if products not in ("invariant", "bulk") else None)
+    if draft is not None and hasattr(draft, "set_attention"):
+        # with bulk's kernels built for the target, the draft's decode attention takes bulk's too where its heads fit
+        draft.set_attention("bulk" if products == "bulk" else "sdpa")
 
 
 def auto_products(target, device, batched: bool = False) -> str | None:

@@ -41,6 +41,62 @@ def test_products_bulk_on_a_cpu_is_a_clear_error():
         load_pair(ASSETS / "target", device="cpu", products="bulk")
 
 
+def test_a_draft_keeps_sdpa_where_bulk_attention_cannot_run():
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+
+    _, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu")
+    assert d.set_attention("bulk") is False and d.attention == "sdpa"
+    assert not d.midlayer.self_attn.pending_kernel
+    with pytest.raises(InputError, match="sdpa or bulk"):
+        d.set_attention("flash")
+    assert bulk.draft_reason(32, 8, 128, "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
+
+
+def _pending_reference(calls):
+    """bulk.pending_attention in torch (any device): the mask from (base, block), this call's keys written first."""
+    def ref(q, k, v, kn, vn, base, block, first):
+        calls.append(block.shape)
+        T, (Hkv, S, hd) = q.shape[0], k.shape
+        f, b = int(first[0]), int(base[0])
+        k[:, f:f + T], v[:, f:f + T] = kn.transpose(0, 1), vn.transpose(0, 1)
+        mask = torch.zeros(T, S, dtype=torch.bool)
+        mask[:, :b] = True
+        mask[:, b:b + block.shape[1]] = block
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.view(T, -1, hd).transpose(0, 1)[None], k[None], v[None], attn_mask=mask[None, None], enable_gqa=True)
+        return o[0].transpose(0, 1).reshape(T, -1)
+    return ref
+
+
+def test_the_drafts_pending_form_says_what_its_masks_say(monkeypatch):
+    """The (base, block) an extend, a tree level and a chain step hand the draft's attention (set_attention "bulk")
+    name the same keys as their masks: with a torch stand-in for the kernel, the same logits and trees as SDPA's."""
+    from eaglekit.decoding import tree
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", compile="off", products="aten")
+    prompt = torch.arange(3, 43)
+    calls = []
+    got = {}
+    for kind in ("sdpa", "reference"):
+        if kind == "reference":
+            monkeypatch.setattr(bulk, "pending_attention", _pending_reference(calls))
+            d.midlayer.self_attn.pending_kernel, d._one = True, torch.ones(1, 1, dtype=torch.bool)
+        t.reset(200)
+        d.reset(200)
+        _, feats = t.prefill(prompt, d.config.capture)
+        d.extend(feats[:32], prompt[1:33])  # (32 rows: compiled or not, within the pending form's 64)
+        h, logits = d.extend(feats[32:], torch.cat([prompt[33:], prompt[:1]]))
+        got[kind] = [logits] + [tree.expand(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
+                                for s in ((4, 2, 6), (5, 4, 12), (4, 1, 5))]
+    assert len(calls) == 2 + 3 + 4 + 3  # two extends, the trees' levels, the chain's steps
+    assert torch.allclose(got["sdpa"][0], got["reference"][0], atol=1e-5)
+    for a, b in zip(got["sdpa"][1:], got["reference"][1:]):
+        assert torch.equal(a, b)
+
+
 def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(bulk, "_LIB", None)
     monkeypatch.setattr(bulk, "library_path", lambda: tmp_path / "bulk-x.so")
@@ -289,3 +345,76 @@ def test_decoder_tree_rows_equal_one_row_steps():
             for a in path:
                 logits = t.step(ids[a].view(1))
             assert torch.equal(logits, outs["bulk"][i]), (T, i)
+
+
+def _pending_case(P, C, T, rep, seed):
+    """A draft tree level: P committed slots, C pending columns of which this call's T are the last (slots
+    P + C - T ..), the earlier ones in the cache and this call's only in kn/vn (the cache holds junk there)."""
+    Hkv, hd = 2, 128
+    H = Hkv * rep
+    S = P + C + 3
+    q = _rand(T, H * hd, seed=seed)
+    kc, vc = _rand(Hkv, S, hd, seed=seed + 1), _rand(Hkv, S, hd, seed=seed + 2)
+    # this call's keys as the draft's layer has them: k a transposed view, v a slice of a wider row
+    kn = _rand(Hkv, T, hd, seed=seed + 3).transpose(0, 1)
+    vn = _rand(T, Hkv * hd + 64, seed=seed + 4)[:, 32:32 + Hkv * hd].view(T, Hkv, hd)
+    g = torch.Generator().manual_seed(seed)
+    block = torch.rand(T, C, generator=g) < 0.5
+    block[:, C - T:] = torch.eye(T, dtype=torch.bool)  # each row sees itself, not its siblings
+    return q, kc, vc, kn, vn, block.cuda(), (H, Hkv, hd)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("P,C,T,rep", [(40, 16, 4, 4), (517, 16, 4, 4), (700, 1, 1, 4), (3000, 8, 8, 8), (9, 6, 6, 2)])
+def test_pending_attention_reads_this_calls_keys_apart(P, C, T, rep):
+    """bulk.pending_attention (the draft's attention): this call's keys from kn/vn, every other from the cache, the
+    same bits as the kernel with those keys written into the cache first, and an fp64 attention's values; and the
+    op leaves them written into the cache, nothing else changed."""
+    q, kc, vc, kn, vn, block, heads = _pending_case(P, C, T, rep, seed=P + C)
+    H, Hkv, hd = heads
+    base, first = torch.tensor([P], device="cuda"), torch.tensor([P + C - T], device="cuda")
+    k1, v1 = kc.clone(), vc.clone()
+    k1[:, P + C - T:P + C], v1[:, P + C - T:P + C] = kn.transpose(0, 1), vn.transpose(0, 1)
+    got = bulk.pending_attention(q, kc, vc, kn, vn, base, block, first)
+    assert torch.equal(kc, k1) and torch.equal(vc, v1)
+    kb = bulk.kernels_for("cuda")
+    want = kb.attn(q, k1, v1, base, block.contiguous(), heads, kb.scratch(T, kc.shape[1], Hkv, rep))
+    assert torch.equal(got, want)
+    mask = torch.zeros(T, kc.shape[1], dtype=torch.bool, device="cuda")
+    mask[:, :P] = True
+    mask[:, P:P + C] = block
+    qd = q.view(T, H, hd).transpose(0, 1)[None].double()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qd, k1[None].double().repeat_interleave(rep, 1), v1[None].double().repeat_interleave(rep, 1),
+        attn_mask=mask[None, None])
+    assert (got.view(T, H, hd).transpose(0, 1)[None].double() - ref).abs().max() < 2e-2
+    assert not kb.tickets.any()
+
+
+@pytest.mark.gpu
+@sm90
+def test_pending_attention_compiled_before_the_cache_write():
+    """Under torch.compile, with the cache a narrowed view whose span is symbolic (as the draft's layer gets it):
+    the compiled function's output and cache equal the eager one's, for two spans."""
+    from torch._dynamo import maybe_mark_dynamic
+
+    def layer(q, kc, vc, kn, vn, base, block, slots):
+        out = bulk.pending_attention(q * 1, kc, vc, kn * 1, vn, base, block, slots[:1])  # (producers, as the layer's)
+        return out * 1  # (an op after it, as o_proj is)
+
+    compiled = torch.compile(layer, fullgraph=True)
+    for P in (300, 301):
+        C, T, rep = 16, 4, 4
+        q, kc, vc, kn, vn, block, heads = _pending_case(P, C, T, rep, seed=7)
+        base = torch.tensor([P], device="cuda")
+        slots = torch.arange(P + C - T, P + C, device="cuda")
+        caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+        views = [(k[:, :P + C], v[:, :P + C]) for k, v in caches]
+        for t in views[1]:
+            maybe_mark_dynamic(t, 1)
+        eager = layer(q, *views[0], kn, vn, base, block, slots)
+        got = compiled(q, *views[1], kn, vn, base, block, slots)
+        assert torch.equal(eager, got)
+        assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+        assert torch.equal(caches[1][0][:, P + C - T:P + C], kn.transpose(0, 1))

@@ -185,7 +185,8 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
     d.d2t.fill_(c)
     fed = []
     step = Eagle3Draft.step
-    monkeypatch.setattr(Eagle3Draft, "step", lambda self, h, ids, *a: (fed.append(ids.clone()), step(self, h, ids, *a))[1])
+    monkeypatch.setattr(Eagle3Draft, "step",
+                        lambda self, h, ids, *a, **k: (fed.append(ids.clone()), step(self, h, ids, *a, **k))[1])
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(12, d.fc.in_features, generator=g)
     for compiled in (False, True):

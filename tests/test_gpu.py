@@ -309,3 +309,48 @@ def test_int8_draft_compiled_in_graphs_keeps_the_output():
             assert r.token_ids == dec.generate(p, 64, baseline=True).token_ids
         acc[mode] = sum(sum(r.metrics.accepted) for r in runs) / sum(len(r.metrics.accepted) for r in runs)
     assert acc["int8"] >= 0.9 * acc["none"], acc
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU")
+def test_draft_attention_bulk_against_sdpa_compiled():
+    """A bf16 draft of head_dim 128 (bulk's pending_attention takes it), compiled: an extend's and a tree level's
+    logits with the draft's attention by bulk's kernel against SDPA's, within bf16 rounding; a (5,4,8) tree and a
+    (5,1,6) chain expand through it."""
+    from eaglekit.decoding import tree
+    from eaglekit.draft.model import DraftConfig, Eagle3Draft
+
+    cfg = DraftConfig(hidden_size=1024, intermediate_size=2048, num_heads=8, num_kv_heads=2, vocab_size=4096,
+                      draft_vocab_size=1024, head_dim=128)
+    torch.manual_seed(0)
+    d = Eagle3Draft(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in d.parameters():
+            p.normal_(0, 0.05)
+        d.d2t.zero_()
+    d.fuse()
+    d.compile()
+    feats = torch.randn(300, 3 * 1024, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 4096, (300,), device="cuda")
+    out = {}
+    for kind in ("sdpa", "bulk"):
+        assert d.set_attention(kind) == (kind == "bulk")
+        d.reset(400)
+        d.cache.k.zero_(), d.cache.v.zero_()  # (the level-1 slots the step sees: zeros in both runs)
+        d.extend(feats[:292], ids[:292])  # (292 rows: SDPA either way, over 64)
+        h, logits = d.extend(feats[292:], ids[292:])  # 8 rows: the pending route
+        m = d.committed
+        K, P = 4, 16
+        anc = torch.zeros(K, P, dtype=torch.bool, device="cuda")
+        anc[:, :K] = anc[:, K:2 * K] = torch.eye(K, dtype=torch.bool, device="cuda")  # a level-2 node: parent j, itself
+        cols = torch.arange(d.span, device="cuda")
+        rel = cols - m
+        mask = (rel < 0)[None] | (((rel >= 0) & (rel < P))[None] & anc[:, rel.clamp(0, P - 1)])
+        hs, ls = d.step(h.expand(K, -1), ids[:K], (m + 1).expand(K), m + 4 + torch.arange(K, device="cuda"), mask,
+                        pending=(m.view(1), anc))
+        out[kind] = (logits, ls)
+        t = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 4, 8))
+        c = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 1, 6))
+        assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
+    for a, b in zip(out["sdpa"], out["bulk"]):
+        assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()

@@ -99,7 +99,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
     for _ in range(2, shape.steps + 1):
         anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K)
-        h, logits = draft.step(f_hidden, f_ids, pos, slots, mask)
+        h, logits = draft.step(f_hidden, f_ids, pos, slots, mask, pending=(m.view(1), anc))
         cp, ci = top_probs(logits, K)  # [K, K]
         cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
                                                                                    lv, K, draft.to_target_ids)

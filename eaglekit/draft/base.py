@@ -62,10 +62,11 @@ class Draft(ABC):
 
     @abstractmethod
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor):
+             mask: torch.Tensor, pending=None):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32)."""
+        logits [K, Vd] float32). `pending` (or None): the same mask as (base [1], block [K, C] bool), every slot
+        below base[0] and the slots base[0] + c where block[k, c], for a draft whose attention takes that form."""
 
     @abstractmethod
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,7 @@ class DraftLayer(nn.Module):
         self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
 
-    def forward(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None):
+    def forward(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, pending=None):
         if self.norm_before_residual:
             h = self.hidden_norm(h)
             residual = h
@@ -97,7 +97,7 @@ class DraftLayer(nn.Module):
         x = torch.cat([self.input_layernorm(emb), h], dim=-1)
         if trace.ENABLED:
             trace.record("draft.concat", x, width=x.shape[-1])
-        h, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv, residual=residual)
+        h, new_kv = self.self_attn(x, cos, sin, kv, slots, mask, extra_kv, residual=residual, pending=pending)
         return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
@@ -125,6 +125,8 @@ class Eagle3Draft(nn.Module, Draft):
         self.compiled_layer = self.compiled_whole = self.compiled_chain = None  # set by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
+        self.attention = "sdpa"  # the decode attention (set_attention)
+        self._one = None  # a chain step's pending block [[True]] (set_attention)
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -148,19 +150,20 @@ class Eagle3Draft(nn.Module, Draft):
         return h
 
     def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None,
-                head_at=None):
+                head_at=None, pending=None):
         """hidden [B, T, C*H_t] (from_target) or [B, T, H] (own output); ids [B, T] target ids.
 
         Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v)). `head_at` [B] (long): only row
         head_at[b] of each sequence goes through the norm and the lm_head, and h and logits are [B, 1, ..] (an
-        extend needs its last entry's: the head's product then runs on 1 row instead of T)."""
+        extend needs its last entry's: the head's product then runs on 1 row instead of T). `pending`: the mask as
+        (base, block), for the decode attention set_attention picks (eaglekit.models.layers.Attention)."""
         if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
             # the layer's own kernels, where eager code ran ~6 small kernels a draft step (NOTES); tracing (which
             # records them) and a sliding window (which writes slot positions) take the path below
             kv = span_dynamic(mask, kv)
-            return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target, head_at)
+            return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target, head_at, pending)
         if from_target:
             h = self.project(hidden)
         else:
@@ -175,19 +178,21 @@ class Eagle3Draft(nn.Module, Draft):
             mask = self._window(positions, slots, mask, extra_kv)
         if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
             kv = span_dynamic(mask, kv)
-            return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at)
-        return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at)
+            return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at, pending=pending)
+        return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at, pending)
 
-    def _whole(self, hidden, ids, positions, kv, slots, mask, from_target: bool, head_at=None):
+    def _whole(self, hidden, ids, positions, kv, slots, mask, from_target: bool, head_at=None, pending=None):
         """forward without tracing, a sliding window or extra_kv: what compile() compiles whole."""
         h = self.project(hidden) if from_target else hidden
         cos, sin = self.rotary(positions, h.dtype)
-        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask, head_at=head_at)
+        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask, head_at=head_at,
+                                    pending=pending)
 
-    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, head_at=None):
+    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, head_at=None,
+                        pending=None):
         """The layer, the norm and the lm_head: what compile() compiles (the head's product, the largest weight the
         draft reads per step, then becomes one kernel with the norm)."""
-        h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv)
+        h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv, pending)
         if head_at is not None:
             h = h.gather(1, head_at.view(-1, 1, 1).expand(h.shape[0], 1, h.shape[-1]))
         hn = self.norm(h)
@@ -286,6 +291,24 @@ class Eagle3Draft(nn.Module, Draft):
     def set_small_m(self, from_rows: int | None) -> None:
         self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
 
+    def set_attention(self, kind: str = "sdpa") -> bool:
+        """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
+        "bulk" (eaglekit.models.bulk.pending_attention: the verify's attention kernel, keys split in 32-key parts;
+        cuDNN's SDPA does not split them at a few rows, 27 us a tree level at the 8B shape against ~10, NOTES) where
+        it runs this draft; elsewhere "sdpa" stays. -> whether "bulk" runs. Like the products, it changes the
+        draft's rounding only, never the output (the target verifies)."""
+        from ..models import bulk
+
+        if kind not in ("sdpa", "bulk"):
+            raise InputError(f"draft attention {kind!r} is not sdpa or bulk", code="E108", fix="pass sdpa or bulk")
+        c, p = self.config, self.norm.weight
+        on = kind == "bulk" and c.sliding_window is None and bulk.draft_reason(
+            c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
+        self.midlayer.self_attn.pending_kernel = on
+        self.attention = "bulk" if on else "sdpa"
+        self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
+        return on
+
     def compile(self, options: dict | None = None) -> None:
         """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
         embedding, rotary, layer, head), a chain's steps as one graph, and the layer and head alone (what traced or
@@ -309,17 +332,18 @@ class Eagle3Draft(nn.Module, Draft):
         if n is None:
             n = torch.full((), E, dtype=torch.long, device=dev)
         slots = m + torch.arange(E, device=dev)
-        mask = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span)
+        block = torch.ones(E, E, dtype=torch.bool, device=dev).tril_()
+        mask = span_mask(m, block, self.span)
         h, logits, _ = self(feats.to(self.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
-                            mask, from_target=True, head_at=(n - 1).view(1))
+                            mask, from_target=True, head_at=(n - 1).view(1), pending=self._pending(m, block))
         self.cache.length += n
         return h[0, 0], logits[0, 0].float()
 
     @torch.inference_mode()
-    def step(self, hidden, ids, positions, slots, mask):
+    def step(self, hidden, ids, positions, slots, mask, pending=None):
         """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span]."""
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
-                            from_target=False)
+                            from_target=False, pending=pending if self._one is not None else None)
         return h[0], logits[0].float()
 
     @torch.inference_mode()
@@ -328,7 +352,10 @@ class Eagle3Draft(nn.Module, Draft):
         what ran as ~10 small kernels a step between the compiled layers; NOTES), unless tracing is on (it records
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
-            return super().chain(h_last, logits_last, steps, root)
+            return self.walk_chain(lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask,
+                                                                        self._pending(slot, self._one)),
+                                   h_last.view(1, -1), logits_last, self.committed,
+                                   torch.arange(self.span, device=logits_last.device), steps, root)
         cols = torch.arange(self.span, device=logits_last.device)
         kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic (cols stands for a mask's last dimension)
         return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps, root)
@@ -337,11 +364,16 @@ class Eagle3Draft(nn.Module, Draft):
         """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
         decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay
         bf16: the same argmax as their float32 copy."""
-        def step(h, ids, slot, mask):
-            h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False)
+        def step(h, ids, slot, mask):  # (a chain node sees every slot below its own: base = its slot, block [[1]])
+            h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False,
+                                       pending=self._pending(slot, self._one))
             return h[0], logits[0]
 
         return self.walk_chain(step, h, logits_last, m, cols, steps, root)
+
+    def _pending(self, base, block):
+        """(base [1], block) for the attention set_attention picked; None under SDPA (which reads the mask)."""
+        return (base.view(1), block) if self._one is not None else None
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:

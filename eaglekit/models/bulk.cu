@@ -447,17 +447,21 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// ---- attention of T query rows (GQA, head_dim 128), each over its own visible keys ---------------------------------
-// Row t sees the committed prefix (slots 0 .. base - 1) and this call's tokens c whose block[t, c] is set (its tree
-// ancestors and itself; T <= 64), in that order: logical key j < base at slot j, key base + m at slot base + c_m, c_m
-// the row's m-th set column. Keys come in chunks of ACH: chunk c is logical keys [ACH c, ACH c + ACH). Block (part p,
-// KV head g, row) takes chunks p, p + P, p + 2 P, ... (P = gridDim.x parts, bounded by the caller: the grid and the
-// part buffers do not grow with the span). A chunk's committed keys are contiguous and copied by bulk copies (the
-// first chunk's *before* the wait: the committed cache never depends on the predecessor); this call's (written by
-// the q/k/v product's epilogue) after it, by L2 loads (ld.global.cg). Scores, softmax and P.V run on the CUDA cores in
-// fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV head) to
-// finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how many
-// rows come with a row: one row alone and in a tree, the same bits. The scores' lane sums go by recursive halving
+// ---- attention of query rows (GQA, head_dim 128), each over its own visible keys ----------------------------------
+// Row t sees the committed prefix (slots 0 .. base - 1) and the pending keys c whose block[t, c] is set (block [rows,
+// C], C <= 64: in a verify this call's tokens, C = rows, its tree ancestors and itself; in a draft tree every pending
+// node so far), in that order: logical key j < base at slot j, key base + m at slot base + c_m, c_m the row's m-th set
+// column. Keys come in chunks of ACH: chunk c is logical keys [ACH c, ACH c + ACH). Block (part p, KV head g, row)
+// takes chunks p, p + P, p + 2 P, ... (P = gridDim.x parts, bounded by the caller: the grid and the part buffers do
+// not grow with the span). A chunk's committed keys are contiguous and copied by bulk copies (the first chunk's
+// *before* the wait: the committed cache never depends on the predecessor); the pending ones after it, by L2 loads
+// (ld.global.cg), from the cache (a verify's: written by the q/k/v product's epilogue), except with new0 (the draft's
+// calls): this call's own rows' keys r, at slots *new0 + r, from kn/vn, and part 0 of (row r, KV head) writes them
+// to the cache there (no other block reads those slots: torch.compile then passes the cache itself, where an
+// index_copy_ beside the op made it copy the whole cache each call, NOTES). Scores, softmax and P.V run on the CUDA cores in fixed orders; a part folds its chunks in
+// order into one (acc, max, sum), and the last part of (row, KV head) to finish (a ticket, reset by it for the next
+// launch) merges the parts in part order. Nothing depends on how many rows come with a row: one row alone and in a
+// tree, the same bits. The scores' lane sums go by recursive halving
 // (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224 ms at 1
 // row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), kept to check the bits against
 constexpr int AHD = 128, ACH = 32;
@@ -471,7 +475,8 @@ template <int REP>
 __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     attn_rows(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
               const unsigned char* block, int T, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
-              int ldo, float scale_log2) {
+              int ldo, float scale_log2, const long long* new0, const bf16* kn, const bf16* vn, int kn_t, int kn_h,
+              int vn_t, int vn_h) {
   constexpr int NW = REP < 4 ? 4 : REP, NT = 32 * NW;
   __shared__ __align__(128) bf16 ks[ACH * AHD];
   __shared__ __align__(128) bf16 vs[ACH * AHD];
@@ -512,6 +517,13 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     copy_committed(p);
   }
   pdl_wait();  // q and this call's keys are the q/k/v product's
+  const int c0 = new0 ? static_cast<int>(*new0 - L) : 0, nrow = new0 ? gridDim.z : 0;  // kn/vn: columns c0 + r
+  if (new0 && p == 0 && tid < 32) {  // this row's key (lanes 0-15) and value (16-31) into the cache
+    const bf16* src = tid < 16 ? kn + static_cast<size_t>(row) * kn_t + static_cast<size_t>(g) * kn_h
+                               : vn + static_cast<size_t>(row) * vn_t + static_cast<size_t>(g) * vn_h;
+    bf16* dst = const_cast<bf16*>(tid < 16 ? K : V) + (head + L + c0 + row) * AHD;
+    reinterpret_cast<uint4*>(dst)[tid % 16] = reinterpret_cast<const uint4*>(src)[tid % 16];
+  }
   for (int i = tid; i < REP * AHD; i += NT)  // q pre-scaled by log2(e) / sqrt(head_dim): exp2 below
     qs[i / AHD][i % AHD] = bf(q[static_cast<size_t>(row) * ldq + static_cast<size_t>(g) * REP * AHD + i]) * scale_log2;
   __syncthreads();  // (cols, qs)
@@ -530,9 +542,12 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     const int lo = c * ACH, cnt = min(ACH, n - lo);
     const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));
     for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
-      const int j = pre + i / 32, u = i % 32;
-      const long long sl = L + cols[lo + j - L];
-      const uint4* src = reinterpret_cast<const uint4*>((u < 16 ? K : V) + (head + sl) * AHD) + u % 16;
+      const int j = pre + i / 32, u = i % 32, c = cols[lo + j - L], r = c - c0;
+      const bf16* key = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
+                            ? (u < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
+                                      : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h)
+                            : (u < 16 ? K : V) + (head + L + c) * AHD;
+      const uint4* src = reinterpret_cast<const uint4*>(key) + u % 16;
       reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
     }
     __syncthreads();
@@ -605,13 +620,22 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
   for (int d = 0; d < 4; ++d) dst[d] = __float2bfloat16(o[d] / Ls);
 }
 
+// the pending keys' source for launch_attn: this call's rows' keys in kn/vn from slot *first on (strides in elements:
+// a row, a KV head), or first null (every pending key in the cache)
+struct NewKeys {
+  const long long* first;
+  const bf16 *kn, *vn;
+  int kn_t, kn_h, vn_t, vn_h;
+};
+
 template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
-                const unsigned char* block, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo, int rows,
-                int hkv, int parts, cudaStream_t s) {
+                const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,
+                int rows, int hkv, int parts, const NewKeys& nk, cudaStream_t s) {
   return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, g_pdl, s, q, ldq, K, V,
-                   cap, base, block, rows, acc, ml, tickets, out, ldo,
-                   1.4426950408889634f / sqrtf(static_cast<float>(AHD)));
+                   cap, base, block, cols, acc, ml, tickets, out, ldo,
+                   1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn, nk.vn, nk.kn_t, nk.kn_h,
+                   nk.vn_t, nk.vn_h);
 }
 
 // the norm arguments of a product (Epi): ss_in [M, nss] (null: no norm in it), eps; and for RESID, xg [M, N] and
@@ -678,13 +702,16 @@ int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, 
 }
 
 // attention of `rows` (<= 64) query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the
-// first slot of this call's keys (the committed length), block [rows, rows] bool (row t sees new token c where set);
-// acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left zero);
-// out [rows, H * 128] (stride ldo); any parts >= 1 (a part takes chunks p, p + parts, ...)
+// committed length (slot base + c: pending key c), block [rows, cols] bool (cols <= 64; row t sees pending key c where
+// set); acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left
+// zero); out [rows, H * 128] (stride ldo); any parts >= 1 (a part takes chunks p, p + parts, ...). first (or null):
+// the slot of this call's row 0 key, rows r's key and value read from kn + r kn_t + g kn_h (vn likewise; KV head g;
+// 16-byte aligned) instead of the cache, and written to the cache at slot *first + r
 int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, int cap, const void* base,
-                 const void* block, void* acc, void* ml, void* tickets, void* out, int ldo, int rows, int hkv,
-                 int parts, void* stream) {
-  if (rows < 1 || rows > 64) return -1;
+                 const void* block, int cols, void* acc, void* ml, void* tickets, void* out, int ldo, int rows,
+                 int hkv, int parts, const void* first, const void* kn, const void* vn, int kn_t, int kn_h, int vn_t,
+                 int vn_h, void* stream) {
+  if (rows < 1 || rows > 64 || cols < 1 || cols > 64 || (first && (!kn || !vn))) return -1;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bf16 *qq = static_cast<const bf16*>(q), *kk = static_cast<const bf16*>(K), *vv = static_cast<const bf16*>(V);
   const long long* b = static_cast<const long long*>(base);
@@ -692,11 +719,13 @@ int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, 
   float *a = static_cast<float*>(acc), *m = static_cast<float*>(ml);
   unsigned* t = static_cast<unsigned*>(tickets);
   bf16* o = static_cast<bf16*>(out);
+  const NewKeys nk = {static_cast<const long long*>(first), static_cast<const bf16*>(kn), static_cast<const bf16*>(vn),
+                      kn_t, kn_h, vn_t, vn_h};
   switch (rep) {
-    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
-    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, bl, a, m, t, o, ldo, rows, hkv, parts, s);
+    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
+    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
+    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
+    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
     default: return -1;
   }
 }

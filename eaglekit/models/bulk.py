@@ -118,7 +118,8 @@ ARGTYPES = {  # bulk.cu's extern "C" entry points (tests/test_bulk.py checks the
     "ek_bulk_linear": [_i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _i, ctypes.c_float, _p, _p, _p, _i, _p],
     "ek_bulk_qkv": [_p, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _i, _p, _i, ctypes.c_float, _i, _p],
     "ek_bulk_rms": [_p, _p, _p, _i, _i, ctypes.c_float, _p, _p],
-    "ek_bulk_attn": [_i, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _p],
+    "ek_bulk_attn": [_i, _p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p, _p, _i, _i, _i, _i,
+                     _p],
     "ek_bulk_set_pdl": [_i],
 }
 BUILD_SECONDS: float | None = None  # what this process spent building the library (None: loaded from the cache)
@@ -257,18 +258,33 @@ class Kernels:
         ml = torch.empty(rows * Hkv * parts * rep * 2, device=self.device, dtype=torch.float32)
         return acc, ml, parts
 
-    def attn(self, q, kc, vc, base, block, heads, scratch) -> torch.Tensor:
-        """q [M, H hd] over the cache kc, vc [Hkv, cap, hd]: row t sees the committed slots below base[0] and this
-        call's slot base[0] + c where block[t, c] (bool [M, M]: its tree ancestors and itself). -> [M, H hd]."""
+    def attn(self, q, kc, vc, base, block, heads, scratch, new=None) -> torch.Tensor:
+        """q [M, H hd] over the cache kc, vc [Hkv, cap, hd] (slot stride hd; cap: the head stride in slots): row t sees
+        the committed slots below base[0] and the pending slot base[0] + c where block[t, c] (bool [M, C], C <= 64;
+        a verify's: [M, M], its tree ancestors and itself). -> [M, H hd]. `new` = (first, kn, vn): row r's own key
+        is not in the cache yet but at kn[r], vn[r] ([M, Hkv, hd] views, head_dim innermost), its slot first[0] + r;
+        the kernel reads it there and writes it to the cache (the draft's calls: pending_attention)."""
         H, Hkv, hd = heads
         M = q.shape[0]
         acc, ml, parts = scratch
-        assert block.dtype == torch.bool and block.shape == (M, M) and block.is_contiguous()
+        assert block.dtype == torch.bool and block.dim() == 2 and block.shape[0] == M and block.is_contiguous()
+        assert 1 <= block.shape[1] <= 64 and kc.stride(-1) == 1 and kc.stride(-2) == hd and vc.stride() == kc.stride()
         assert M <= MAX_ROWS and Hkv <= 64 and acc.numel() >= M * Hkv * parts * (H // Hkv) * 128
         out = torch.empty(M, H * hd, device=q.device, dtype=q.dtype)
-        self._ok(self.lib.ek_bulk_attn(H // Hkv, q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), kc.shape[1],
-                                       base.data_ptr(), block.data_ptr(), acc.data_ptr(), ml.data_ptr(),
-                                       self.tickets.data_ptr(), out.data_ptr(), out.stride(0), M, Hkv, parts,
+        first = kn = vn = None
+        strides = (0, 0, 0, 0)
+        if new is not None:
+            first, kn, vn = new
+            assert first.dtype == torch.int64 and kn.shape == vn.shape == (M, Hkv, hd)
+            # (16-byte rows: the kernel moves them in uint4s)
+            kn, vn = (t if t.stride(-1) == 1 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0
+                      and t.data_ptr() % 16 == 0 else t.contiguous() for t in (kn, vn))
+            strides = (kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1))
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+        self._ok(self.lib.ek_bulk_attn(H // Hkv, q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(),
+                                       kc.stride(0) // hd, base.data_ptr(), block.data_ptr(), block.shape[1],
+                                       acc.data_ptr(), ml.data_ptr(), self.tickets.data_ptr(), out.data_ptr(),
+                                       out.stride(0), M, Hkv, parts, ptr(first), ptr(kn), ptr(vn), *strides,
                                        _stream()), "attention")
         return out
 
@@ -320,3 +336,69 @@ class Kernels:
         h = self.rms(x2, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
         act = self.linear(h, m.gate_up_weight, EPI_SWIGLU)
         return self.linear(act, m.down_proj.weight, EPI_RESID, x2)
+
+
+# --- the attention alone, as a torch op: the draft's decode attention (eaglekit.models.layers.Attention `pending`) ---
+def draft_reason(num_heads: int, num_kv_heads: int, head_dim: int, device, dtype) -> str | None:
+    """Why `pending_attention` cannot run a draft layer of these heads on `device` in `dtype`, or None where it can."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "it runs on CUDA GPUs only"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return "it needs an sm_90 GPU (H100/H200: bulk copies and mbarriers)"
+    if dtype != torch.bfloat16:
+        return "it runs bf16 only"
+    if head_dim != 128:
+        return f"head_dim {head_dim} is not 128"
+    if num_heads % num_kv_heads or num_heads // num_kv_heads not in REPS:
+        return f"{num_heads} query heads over {num_kv_heads} KV heads is not 1, 2, 4 or 8 a KV head"
+    if find_nvcc() is None and not library_path().exists():
+        return "no nvcc found (set CUDA_HOME or put nvcc on PATH) to build its kernels"
+    return None
+
+
+_BY_DEVICE: dict = {}
+_PENDING_OP = None
+
+
+def kernels_for(device) -> Kernels:
+    """One Kernels per device (its tickets are the attention's: launches on one stream take them in turn)."""
+    key = str(torch.device(device))
+    if key not in _BY_DEVICE:
+        _BY_DEVICE[key] = Kernels(device)
+    return _BY_DEVICE[key]
+
+
+def pending_attention(q, k, v, kn, vn, base, block, first) -> torch.Tensor:
+    """`Kernels.attn` as a registered op (torch.compile keeps it whole, CUDA graphs record its launch): q [T, H hd]
+    over the cache k, v [Hkv, S, hd] (views of one layer's, S the span), row t seeing the slots below base[0] and the
+    pending slot base[0] + c where block[t, c] ([T, C] bool, C <= 64); this call's keys kn, vn [T, Hkv, hd], for
+    slots first[0] + r, are read from there and written into k, v by the kernel (the op mutates the cache: with an
+    index_copy_ beside a custom op, inductor copied the whole cache each call, NOTES). -> [T, H hd]. Why for a
+    draft: cuDNN's SDPA took 27 us a level at 4 tree rows (no split of the keys), this ~12 (NOTES)."""
+    global _PENDING_OP
+    if _PENDING_OP is None:
+        _PENDING_OP = _register_pending()
+    return _PENDING_OP(q, k, v, kn, vn, base, block, first)
+
+
+def _register_pending():
+    from torch.library import custom_op
+
+    from .compiling import op_name
+
+    @custom_op(op_name("pending_attention", __file__, *SOURCES), mutates_args=("k", "v"), device_types="cuda")
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kn: torch.Tensor, vn: torch.Tensor, base: torch.Tensor,
+           block: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        T, Hkv, (_, S, hd) = q.shape[0], k.shape[0], k.shape
+        H = q.shape[1] // hd
+        kb = kernels_for(q.device)
+        q = q if q.stride(1) == 1 else q.contiguous()
+        return kb.attn(q, k, v, base, block.contiguous(), (H, Hkv, hd), kb.scratch(T, S, Hkv, H // Hkv),
+                       new=(first, kn, vn))
+
+    @op.register_fake
+    def _(q, k, v, kn, vn, base, block, first):
+        return q.new_empty(q.shape)
+
+    return op
