@@ -47,7 +47,7 @@ def test_a_draft_keeps_sdpa_where_bulk_attention_cannot_run():
 
     _, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu")
     assert d.set_attention("bulk") is False and d.attention == "sdpa"
-    assert not d.midlayer.self_attn.pending_kernel
+    assert d.midlayer.self_attn.pending_kernel is None
     with pytest.raises(InputError, match="sdpa or bulk"):
         d.set_attention("flash")
     assert bulk.draft_reason(32, 8, 128, "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
@@ -69,7 +69,7 @@ def _pending_reference(calls):
     return ref
 
 
-def test_the_drafts_pending_form_says_what_its_masks_say(monkeypatch):
+def test_the_drafts_pending_form_says_what_its_masks_say():
     """The (base, block) an extend, a tree level and a chain step hand the draft's attention (set_attention "bulk")
     name the same keys as their masks: with a torch stand-in for the kernel, the same logits and trees as SDPA's."""
     from eaglekit.decoding import tree
@@ -82,8 +82,8 @@ def test_the_drafts_pending_form_says_what_its_masks_say(monkeypatch):
     got = {}
     for kind in ("sdpa", "reference"):
         if kind == "reference":
-            monkeypatch.setattr(bulk, "pending_attention", _pending_reference(calls))
-            d.midlayer.self_attn.pending_kernel, d._one = True, torch.ones(1, 1, dtype=torch.bool)
+            d.midlayer.self_attn.pending_kernel = _pending_reference(calls)
+            d._one = torch.ones(1, 1, dtype=torch.bool)
         t.reset(200)
         d.reset(200)
         _, feats = t.prefill(prompt, d.config.capture)

@@ -304,7 +304,7 @@ class Eagle3Draft(nn.Module, Draft):
         c, p = self.config, self.norm.weight
         on = kind == "bulk" and c.sliding_window is None and bulk.draft_reason(
             c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
-        self.midlayer.self_attn.pending_kernel = on
+        self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
         self.attention = "bulk" if on else "sdpa"
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
         return on

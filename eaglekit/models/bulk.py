@@ -376,10 +376,17 @@ def pending_attention(q, k, v, kn, vn, base, block, first) -> torch.Tensor:
     slots first[0] + r, are read from there and written into k, v by the kernel (the op mutates the cache: with an
     index_copy_ beside a custom op, inductor copied the whole cache each call, NOTES). -> [T, H hd]. Why for a
     draft: cuDNN's SDPA took 27 us a level at 4 tree rows (no split of the keys), this ~12 (NOTES)."""
+    return pending_op()(q, k, v, kn, vn, base, block, first)
+
+
+def pending_op():
+    """pending_attention's registered op (an OpOverload), registered on first use: fetch it before torch.compile
+    traces a call (Eagle3Draft.set_attention does), since dynamo cannot trace the registration (the name's digest):
+    the graph broke there, and the H200's chain ran its pieces eagerly (NOTES)."""
     global _PENDING_OP
     if _PENDING_OP is None:
-        _PENDING_OP = _register_pending()
-    return _PENDING_OP(q, k, v, kn, vn, base, block, first)
+        _PENDING_OP = _register_pending()._opoverload
+    return _PENDING_OP
 
 
 def _register_pending():

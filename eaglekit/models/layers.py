@@ -101,9 +101,9 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
         self.products = None  # a policy of eaglekit.models.products (set_products); None: F.linear
-        # the decode attention for calls that pass `pending` (a draft's): eaglekit.models.bulk.pending_attention where
-        # set (Eagle3Draft.set_attention), SDPA otherwise
-        self.pending_kernel = False
+        # the decode attention for calls that pass `pending` (a draft's): an op as eaglekit.models.bulk.pending_attention
+        # (bulk.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
+        self.pending_kernel = None
 
     def fuse(self) -> None:
         """Inference only: q/k/v weights become row views of one [q; k; v] matrix (no extra memory)."""
@@ -119,7 +119,7 @@ class Attention(nn.Module):
         batch-invariant attention kernel runs instead of SDPA. `pending` = (base [1], block [T, C] bool): `mask` in
         the form a cached call of one sequence has, every slot below base[0] and the pending slots base[0] + c where
         block[t, c], this call's tokens at consecutive slots among them; with `pending_kernel` set (and T, C <= 64)
-        bulk's attention runs on it instead of SDPA (the draft's calls).
+        that op (bulk's attention) runs on it instead of SDPA (the draft's calls).
 
         Without a cache, attention is over the T new tokens with `mask` [B|1, T, T] (None = causal).
         `extra_kv` (training only) is a list of earlier (k, v) blocks the queries may also see; the
@@ -154,14 +154,12 @@ class Attention(nn.Module):
                 # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
                 *vis, base = visible
                 out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
-            elif (pending is not None and self.pending_kernel and B == 1 and slots.dim() == 1 and T <= 64
+            elif (pending is not None and self.pending_kernel is not None and B == 1 and slots.dim() == 1 and T <= 64
                   and pending[1].shape[-1] <= 64):
-                from . import bulk
-
                 # the op writes this call's keys into the cache itself (the slots from slots[0] on: consecutive)
                 rows = q[0].transpose(0, 1).reshape(T, H * hd)
-                out = bulk.pending_attention(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
-                                             v_in[0].transpose(0, 1), *pending, slots[:1])
+                out = self.pending_kernel(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
+                                          v_in[0].transpose(0, 1), *pending, slots[:1])
                 return product_module(self.products, self.o_proj, out.view(B, T, H * hd), residual), new_kv
             if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
                 idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
