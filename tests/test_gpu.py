@@ -313,7 +313,7 @@ def test_int8_draft_compiled_in_graphs_keeps_the_output():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
-def test_draft_attention_bulk_against_sdpa_compiled():
+def test_draft_attention_bulk_against_sdpa():
     """A bf16 draft of head_dim 128 (bulk's pending_attention takes it), eager (the compiled op has its own test in
     test_bulk.py; compiling this draft twice ran past 140 s): an extend's and a tree level's logits with the draft's
     attention by bulk's kernel against SDPA's, within bf16 rounding; a (5,4,8) tree and a (5,1,6) chain expand
