@@ -57,6 +57,10 @@ class Unavailable(RuntimeError):
 
 def reason(cfg, device, dtype) -> str | None:
     """Why the bulk layer cannot run a model of this config on `device` in `dtype`, or None where it can."""
+    return _device_reason(device, dtype) or shape_reason(cfg) or _build_reason()
+
+
+def _device_reason(device, dtype) -> str | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "it runs on CUDA GPUs only"
@@ -64,18 +68,32 @@ def reason(cfg, device, dtype) -> str | None:
         return "it needs an sm_90 GPU (H100/H200: bulk copies and mbarriers)"
     if dtype != torch.bfloat16:
         return "it runs bf16 only"
-    why = shape_reason(cfg)
-    if why is None and find_nvcc() is None:
-        return "no nvcc found (set CUDA_HOME or put nvcc on PATH) to build its kernels"
-    return why
+    return None
+
+
+def _build_reason() -> str | None:
+    """None where the kernels can be had: nvcc to build them, or this source's build already in the cache."""
+    try:
+        if find_nvcc() is None and not library_path().exists():
+            return "no nvcc found (set CUDA_HOME or put nvcc on PATH) to build its kernels"
+    except Unavailable as e:  # (an install without the CUDA source)
+        return str(e)
+    return None
+
+
+def _heads_reason(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+    if head_dim != 128:
+        return f"head_dim {head_dim} is not 128"
+    if num_heads % num_kv_heads or num_heads // num_kv_heads not in REPS:
+        return f"{num_heads} query heads over {num_kv_heads} KV heads is not 1, 2, 4 or 8 a KV head"
+    return None
 
 
 def shape_reason(cfg) -> str | None:
     """Why the bulk kernels do not take a model of this config (eaglekit.models.config.TargetConfig), or None."""
+    heads = _heads_reason(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     checks = [
-        (cfg.head_dim == 128, f"head_dim {cfg.head_dim} is not 128"),
-        (cfg.num_heads % cfg.num_kv_heads == 0 and cfg.num_heads // cfg.num_kv_heads in REPS,
-         f"{cfg.num_heads} query heads over {cfg.num_kv_heads} KV heads is not 1, 2, 4 or 8 a KV head"),
+        (heads is None, heads),
         (cfg.hidden_size % 2048 == 0 and cfg.intermediate_size % 2048 == 0
          and cfg.num_heads * cfg.head_dim % 2048 == 0,
          "hidden, intermediate and attention widths must be multiples of 2048"),
@@ -341,20 +359,7 @@ class Kernels:
 # --- the attention alone, as a torch op: the draft's decode attention (eaglekit.models.layers.Attention `pending`) ---
 def draft_reason(num_heads: int, num_kv_heads: int, head_dim: int, device, dtype) -> str | None:
     """Why `pending_attention` cannot run a draft layer of these heads on `device` in `dtype`, or None where it can."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return "it runs on CUDA GPUs only"
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return "it needs an sm_90 GPU (H100/H200: bulk copies and mbarriers)"
-    if dtype != torch.bfloat16:
-        return "it runs bf16 only"
-    if head_dim != 128:
-        return f"head_dim {head_dim} is not 128"
-    if num_heads % num_kv_heads or num_heads // num_kv_heads not in REPS:
-        return f"{num_heads} query heads over {num_kv_heads} KV heads is not 1, 2, 4 or 8 a KV head"
-    if find_nvcc() is None and not library_path().exists():
-        return "no nvcc found (set CUDA_HOME or put nvcc on PATH) to build its kernels"
-    return None
+    return _device_reason(device, dtype) or _heads_reason(num_heads, num_kv_heads, head_dim) or _build_reason()
 
 
 _BY_DEVICE: dict = {}
