@@ -97,8 +97,9 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     cand_scores, cand_tokens, cand_parents = [top_p], [top_i], [no_parent]
     f_scores, f_hidden = top_p, h_last.expand(K, -1)
     f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
+    with_mask = not draft.takes_pending(P)  # (a draft that attends by (base, block) needs no mask: no kernel for it)
     for _ in range(2, shape.steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K)
+        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, with_mask)
         h, logits = draft.step(f_hidden, f_ids, pos, slots, mask, pending=(m.view(1), anc))
         cp, ci = top_probs(logits, K)  # [K, K]
         cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
@@ -111,15 +112,15 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
 
 
-def _frontier(f_anc, span_cols, m, lv, K: int):
+def _frontier(f_anc, span_cols, m, lv, K: int, with_mask: bool = True):
     """The frontier of level lv + 2 (its K nodes; lv a 0-d tensor): their ancestors' pending slots and their own,
-    their mask over the draft's span (span_cols: arange(span); every committed slot and those pending slots), their
-    positions and slots."""
+    their mask over the draft's span (span_cols: arange(span); every committed slot and those pending slots; None
+    without `with_mask`), their positions and slots."""
     P = f_anc.shape[1]
     rel = span_cols - m  # draft slot -> index into the pending region
     cols = lv * K + torch.arange(K, device=f_anc.device)
     anc = f_anc | (torch.arange(P, device=f_anc.device)[None, :] == cols[:, None])
-    mask = (rel < 0)[None, :] | (((rel >= 0) & (rel < P))[None, :] & anc[:, rel.clamp(0, P - 1)])
+    mask = (rel < 0)[None, :] | (((rel >= 0) & (rel < P))[None, :] & anc[:, rel.clamp(0, P - 1)]) if with_mask else None
     # a frontier node at depth d is the draft entry for position m - 1 + d (its token is at m + d)
     return anc, mask, (m + lv).expand(K), m + cols
 

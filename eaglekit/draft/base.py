@@ -66,7 +66,12 @@ class Draft(ABC):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
         logits [K, Vd] float32). `pending` (or None): the same mask as (base [1], block [K, C] bool), every slot
-        below base[0] and the slots base[0] + c where block[k, c], for a draft whose attention takes that form."""
+        below base[0] and the slots base[0] + c where block[k, c], for a draft whose attention takes that form;
+        mask may then be None where takes_pending(C) says so."""
+
+    def takes_pending(self, cols: int) -> bool:
+        """Whether `step` attends by its `pending` form alone for blocks of `cols` columns (no mask needed)."""
+        return False
 
     @abstractmethod
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -126,7 +126,8 @@ class Eagle3Draft(nn.Module, Draft):
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
         self.attention = "sdpa"  # the decode attention (set_attention)
-        self._one = None  # a chain step's pending block [[True]] (set_attention)
+        self._one = None  # a chain step's pending block [[True]] (set_attention; None: the attention is SDPA's)
+        self._consts: dict = {}  # the pending form's constants (causal blocks, the mask stand-in), made once
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -307,7 +308,26 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
         self.attention = "bulk" if on else "sdpa"
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
+        self._consts = {}
         return on
+
+    def takes_pending(self, cols: int) -> bool:
+        """Draft.takes_pending: with set_attention("bulk"), blocks of up to 64 pending columns (its kernel's)."""
+        return self._one is not None and cols <= 64
+
+    def _causal(self, E: int) -> torch.Tensor:
+        """An extend's block: its E entries causal among themselves (made once per E)."""
+        if ("causal", E) not in self._consts:
+            self._consts["causal", E] = torch.ones(E, E, dtype=torch.bool, device=self.device).tril_()
+        return self._consts["causal", E]
+
+    def _unread_mask(self, T: int) -> torch.Tensor:
+        """A [1, T, span] stand-in for the mask where the attention takes the pending form and reads no mask: it
+        carries the span's size (span_dynamic, the layer) and costs no kernel (an expanded view; its values are
+        False: were it ever read, it would hide every key, not pass for a mask)."""
+        if "unread" not in self._consts:
+            self._consts["unread"] = torch.zeros(1, 1, 1, dtype=torch.bool, device=self.device)
+        return self._consts["unread"].expand(1, T, self.span)
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
@@ -332,18 +352,27 @@ class Eagle3Draft(nn.Module, Draft):
         if n is None:
             n = torch.full((), E, dtype=torch.long, device=dev)
         slots = m + torch.arange(E, device=dev)
-        block = torch.ones(E, E, dtype=torch.bool, device=dev).tril_()
-        mask = span_mask(m, block, self.span)
+        if self.takes_pending(E):  # (no mask to build: ~8 small kernels a cycle)
+            mask, pending = self._unread_mask(E), (m.view(1), self._causal(E))
+        else:
+            mask, pending = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span), None
         h, logits, _ = self(feats.to(self.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
-                            mask, from_target=True, head_at=(n - 1).view(1), pending=self._pending(m, block))
+                            mask, from_target=True, head_at=(n - 1).view(1), pending=pending)
         self.cache.length += n
         return h[0, 0], logits[0, 0].float()
 
     @torch.inference_mode()
     def step(self, hidden, ids, positions, slots, mask, pending=None):
-        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span]."""
+        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span] (None
+        where takes_pending says `pending` serves)."""
+        if pending is not None and not self.takes_pending(pending[1].shape[-1]):
+            pending = None
+        if mask is None:
+            if pending is None:
+                raise ValueError("Eagle3Draft.step: no mask, and no pending form this draft's attention takes")
+            mask = self._unread_mask(ids.shape[0])[0]
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
-                            from_target=False, pending=pending if self._one is not None else None)
+                            from_target=False, pending=pending)
         return h[0], logits[0].float()
 
     @torch.inference_mode()

@@ -154,8 +154,11 @@ class Attention(nn.Module):
                 # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
                 *vis, base = visible
                 out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
-            elif (pending is not None and self.pending_kernel is not None and B == 1 and slots.dim() == 1 and T <= 64
-                  and pending[1].shape[-1] <= 64):
+            elif pending is not None and self.pending_kernel is not None:
+                if not (B == 1 and slots.dim() == 1 and T <= 64 and pending[1].shape[-1] <= 64):
+                    # (the caller may have passed a mask it never filled: no fallback to SDPA on it)
+                    raise ValueError(f"the pending form takes one sequence of <= 64 rows and columns, got B={B}, "
+                                     f"T={T}, block {tuple(pending[1].shape)} (see Eagle3Draft.takes_pending)")
                 # the op writes this call's keys into the cache itself (the slots from slots[0] on: consecutive)
                 rows = q[0].transpose(0, 1).reshape(T, H * hd)
                 out = self.pending_kernel(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
