@@ -127,7 +127,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.quantized = None  # "int8" after quantize()
         self.attention = "sdpa"  # the decode attention (set_attention)
         self._one = None  # a chain step's pending block [[True]] (set_attention; None: the attention is SDPA's)
-        self._consts: dict = {}  # the pending form's constants (causal blocks, the mask stand-in), made once
+        self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
     # --- the network -------------------------------------------------------------------------------
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -308,26 +308,33 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
         self.attention = "bulk" if on else "sdpa"
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
-        self._consts = {}
         return on
 
     def takes_pending(self, cols: int) -> bool:
         """Draft.takes_pending: with set_attention("bulk"), blocks of up to 64 pending columns (its kernel's)."""
         return self._one is not None and cols <= 64
 
+    def _arange(self, E: int) -> torch.Tensor:
+        """arange(E) on the draft's device, made once per E (an extend's slots: one kernel a cycle fewer)."""
+        return self._const(("arange", E), lambda dev: torch.arange(E, device=dev))
+
     def _causal(self, E: int) -> torch.Tensor:
         """An extend's block: its E entries causal among themselves (made once per E)."""
-        if ("causal", E) not in self._consts:
-            self._consts["causal", E] = torch.ones(E, E, dtype=torch.bool, device=self.device).tril_()
-        return self._consts["causal", E]
+        return self._const(("causal", E), lambda dev: torch.ones(E, E, dtype=torch.bool, device=dev).tril_())
 
     def _unread_mask(self, T: int) -> torch.Tensor:
         """A [1, T, span] stand-in for the mask where the attention takes the pending form and reads no mask: it
         carries the span's size (span_dynamic, the layer) and costs no kernel (an expanded view; its values are
         False: were it ever read, it would hide every key, not pass for a mask)."""
-        if "unread" not in self._consts:
-            self._consts["unread"] = torch.zeros(1, 1, 1, dtype=torch.bool, device=self.device)
-        return self._consts["unread"].expand(1, T, self.span)
+        return self._const(("unread",), lambda dev: torch.zeros(1, 1, 1, dtype=torch.bool, device=dev)).expand(
+            1, T, self.span)
+
+    def _const(self, key: tuple, make) -> torch.Tensor:
+        """self._consts[key] on the draft's device, made by make(device) the first time (read only)."""
+        key = key + (str(self.device),)
+        if key not in self._consts:
+            self._consts[key] = make(self.device)
+        return self._consts[key]
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
@@ -351,7 +358,7 @@ class Eagle3Draft(nn.Module, Draft):
         m = self.cache.length
         if n is None:
             n = torch.full((), E, dtype=torch.long, device=dev)
-        slots = m + torch.arange(E, device=dev)
+        slots = m + self._arange(E)
         if self.takes_pending(E):  # (no mask to build: ~8 small kernels a cycle)
             mask, pending = self._unread_mask(E), (m.view(1), self._causal(E))
         else:
