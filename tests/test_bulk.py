@@ -97,6 +97,48 @@ def test_the_drafts_pending_form_says_what_its_masks_say():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
+def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
+    """The draft compiled (as on a GPU) with a registered op in the pending form's place (a CPU stand-in of
+    pending_attention: mutates the cache, reads no mask): no graph break (one broke the H200's chain graph at the
+    op's registration), and the same logits and trees as the compiled SDPA draft."""
+    from torch._dynamo.utils import counters
+    from torch.library import custom_op
+
+    from eaglekit.decoding import tree
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+
+    ref = _pending_reference([])
+
+    @custom_op("eaglekit_test::pending_cpu", mutates_args=("k", "v"))
+    def stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kn: torch.Tensor, vn: torch.Tensor,
+                 base: torch.Tensor, block: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return ref(q, k, v, kn, vn, base, block, first)
+
+    stand_in.register_fake(lambda q, *a: q.new_empty(q.shape))
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", compile="on", products="aten")
+    prompt = torch.arange(5, 53)
+    got = {}
+    for kind in ("sdpa", "op"):
+        if kind == "op":
+            d.midlayer.self_attn.pending_kernel = stand_in._opoverload
+            d._one = torch.ones(1, 1, dtype=torch.bool)
+        torch._dynamo.reset()
+        counters.clear()
+        t.reset(200)
+        d.reset(200)
+        _, feats = t.prefill(prompt, d.config.capture)
+        d.extend(feats[:40], prompt[1:41])
+        h, logits = d.extend(feats[40:], torch.cat([prompt[41:], prompt[:1]]))
+        got[kind] = [logits] + [tree.expand(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
+                                for s in ((4, 2, 6), (4, 1, 5))]
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    assert torch.allclose(got["sdpa"][0], got["op"][0], atol=1e-5)
+    for a, b in zip(got["sdpa"][1:], got["op"][1:]):
+        assert torch.equal(a, b)
+
+
 def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(bulk, "_LIB", None)
     monkeypatch.setattr(bulk, "library_path", lambda: tmp_path / "bulk-x.so")
