@@ -458,12 +458,12 @@ __global__ void __launch_bounds__(256)
 // (ld.global.cg), from the cache (a verify's: written by the q/k/v product's epilogue), except with new0 (the draft's
 // calls): this call's own rows' keys r, at slots *new0 + r, from kn/vn, and part 0 of (row r, KV head) writes them
 // to the cache there (no other block reads those slots: torch.compile then passes the cache itself, where an
-// index_copy_ beside the op made it copy the whole cache each call, NOTES). Scores, softmax and P.V run on the CUDA cores in fixed orders; a part folds its chunks in
-// order into one (acc, max, sum), and the last part of (row, KV head) to finish (a ticket, reset by it for the next
-// launch) merges the parts in part order. Nothing depends on how many rows come with a row: one row alone and in a
-// tree, the same bits. The scores' lane sums go by recursive halving
-// (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224 ms at 1
-// row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), kept to check the bits against
+// index_copy_ beside the op made it copy the whole cache each call, NOTES). Scores, softmax and P.V run on the CUDA
+// cores in fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV
+// head) to finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how
+// many rows come with a row: one row alone and in a tree, the same bits. The scores' lane sums go by recursive
+// halving (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224
+// ms at 1 row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), to check the bits
 constexpr int AHD = 128, ACH = 32;
 #ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (the same bits)
 #define EK_ATTN_RS 1
