@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(256)
 // halving (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224
 // ms at 1 row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), to check the bits
 constexpr int AHD = 128, ACH = 32;
-#ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (the same bits)
+#ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (same bits)
 #define EK_ATTN_RS 1
 #endif
 
