@@ -193,7 +193,7 @@ def main():
                     help="the draft's decode attention (Eagle3Draft.set_attention; default: bulk with products bulk, "
                     "as load_pair sets it, else sdpa)")
     ap.add_argument("--bulk-define", action="append", default=[],
-                    help="products bulk built with this macro (MACRO=V, repeatable; e.g. EK_ATTN_RS=1): every "
+                    help="products bulk built with this macro (MACRO=V, repeatable; e.g. EK_ATTN_RS=0): every "
                     "Kernels of the process uses that build")
     ap.add_argument("--torch-picks", action="store_true",
                     help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
