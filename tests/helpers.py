@@ -111,7 +111,7 @@ class OracleDraft(Draft):
         self._committed = torch.tensor(m + n)
         return torch.zeros(1), logits[n - 1]
 
-    def step(self, hidden, ids, positions, slots, mask, pending=None):
+    def step(self, hidden, ids, positions, slots, mask):
         N = ids.numel()
         full = torch.cat([torch.ones(N, 1, dtype=torch.bool), mask], dim=1)
         return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)

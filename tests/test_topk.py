@@ -25,6 +25,15 @@ def test_kernel_top_k_is_torchs(rows, V, k):
     assert torch.allclose(p, want_p, rtol=1e-5, atol=1e-12)
 
 
+def test_bf16_logits_give_what_their_float32_copy_gives():
+    """The tree hands the picks a draft step's logits unwidened (Draft.step widen=False): both paths widen them
+    exactly first, so the same ids and the same probabilities, bit for bit."""
+    logits = (torch.randn(4, 5000, generator=torch.Generator().manual_seed(3)) * 4).bfloat16()
+    for pick in (topk.kernel_top_probs, topk.torch_top_probs):
+        (p16, i16), (p32, i32) = pick(logits, 4), pick(logits.float(), 4)
+        assert torch.equal(i16, i32) and torch.equal(p16, p32) and p16.dtype == torch.float32
+
+
 def test_ties_go_to_the_smaller_id_and_minus_inf_is_never_picked_over_a_logit():
     V = 4500  # three chunks, the last one short
     logits = torch.full((2, V), float("-inf"))

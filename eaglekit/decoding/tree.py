@@ -97,10 +97,15 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     cand_scores, cand_tokens, cand_parents = [top_p], [top_i], [no_parent]
     f_scores, f_hidden = top_p, h_last.expand(K, -1)
     f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
-    with_mask = not draft.takes_pending(P)  # (a draft that attends by (base, block) needs no mask: no kernel for it)
+    # a draft that attends by (base, block) needs no mask (no kernel for it) and hands its logits over unwidened
+    # (top_probs widens them to float32 itself: the same probabilities, no copy kernel a level)
+    by_pending = draft.takes_pending(P)
     for _ in range(2, shape.steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, with_mask)
-        h, logits = draft.step(f_hidden, f_ids, pos, slots, mask, pending=(m.view(1), anc))
+        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, not by_pending)
+        if by_pending:
+            h, logits = draft.step(f_hidden, f_ids, pos, slots, None, pending=(m.view(1), anc), widen=False)
+        else:
+            h, logits = draft.step(f_hidden, f_ids, pos, slots, mask)
         cp, ci = top_probs(logits, K)  # [K, K]
         cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
                                                                                    lv, K, draft.to_target_ids)

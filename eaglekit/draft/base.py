@@ -62,15 +62,16 @@ class Draft(ABC):
 
     @abstractmethod
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor, pending=None):
+             mask: torch.Tensor):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32). `pending` (or None): the same mask as (base [1], block [K, C] bool), every slot
-        below base[0] and the slots base[0] + c where block[k, c], for a draft whose attention takes that form;
-        mask may then be None where takes_pending(C) says so."""
+        logits [K, Vd] float32)."""
 
     def takes_pending(self, cols: int) -> bool:
-        """Whether `step` attends by its `pending` form alone for blocks of `cols` columns (no mask needed)."""
+        """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then the tree calls
+        step(hidden, ids, positions, slots, None, pending=(base [1], block [K, cols] bool), widen=False), the mask
+        being every slot below base[0] and the slots base[0] + c where block[k, c], and the logits may come in the
+        draft's dtype (widen=False: the tree's picks widen them). Default: no (step gets the mask)."""
         return False
 
     @abstractmethod

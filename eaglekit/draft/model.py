@@ -369,9 +369,10 @@ class Eagle3Draft(nn.Module, Draft):
         return h[0, 0], logits[0, 0].float()
 
     @torch.inference_mode()
-    def step(self, hidden, ids, positions, slots, mask, pending=None):
+    def step(self, hidden, ids, positions, slots, mask, pending=None, widen: bool = True):
         """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span] (None
-        where takes_pending says `pending` serves)."""
+        where takes_pending says `pending` serves: Draft.takes_pending). Logits float32, or with widen=False in the
+        draft's dtype."""
         if pending is not None and not self.takes_pending(pending[1].shape[-1]):
             pending = None
         if mask is None:
@@ -380,7 +381,7 @@ class Eagle3Draft(nn.Module, Draft):
             mask = self._unread_mask(ids.shape[0])[0]
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False, pending=pending)
-        return h[0], logits[0].float()
+        return h[0], logits[0].float() if widen else logits[0]
 
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
