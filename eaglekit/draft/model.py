@@ -295,7 +295,7 @@ class Eagle3Draft(nn.Module, Draft):
     def set_attention(self, kind: str = "sdpa") -> bool:
         """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
         "bulk" (eaglekit.models.bulk.pending_attention: the verify's attention kernel, keys split in 32-key parts;
-        cuDNN's SDPA does not split them at a few rows, 27 us a tree level at the 8B shape against ~10, NOTES) where
+        cuDNN's SDPA does not split them at a few rows, 27 us a tree level at the 8B shape against ~12, NOTES) where
         it runs this draft; elsewhere "sdpa" stays. -> whether "bulk" runs. Like the products, it changes the
         draft's rounding only, never the output (the target verifies)."""
         from ..models import bulk
@@ -305,6 +305,11 @@ class Eagle3Draft(nn.Module, Draft):
         c, p = self.config, self.norm.weight
         on = kind == "bulk" and c.sliding_window is None and bulk.draft_reason(
             c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
+        if on:  # the op and its kernels made now, not at a first call that a CUDA graph's capture may be recording
+            try:
+                bulk.kernels_for(p.device)
+            except bulk.Unavailable:  # (a build that failed: SDPA serves, as products fall back to invariant)
+                on = False
         self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
         self.attention = "bulk" if on else "sdpa"
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
