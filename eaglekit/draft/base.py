@@ -68,10 +68,10 @@ class Draft(ABC):
         logits [K, Vd] float32)."""
 
     def takes_pending(self, cols: int) -> bool:
-        """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then the tree calls
-        step(hidden, ids, positions, slots, None, pending=(base [1], block [K, cols] bool), widen=False), the mask
-        being every slot below base[0] and the slots base[0] + c where block[k, c], and the logits may come in the
-        draft's dtype (widen=False: the tree's picks widen them). Default: no (step gets the mask)."""
+        """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then trees and
+        chains call step(hidden, ids, positions, slots, None, pending=(base [1], block [K, cols] bool), widen=False),
+        the mask being every slot below base[0] and the slots base[0] + c where block[k, c], and the logits may come
+        in the draft's dtype (widen=False: the picks widen them). Default: no (step gets the mask)."""
         return False
 
     @abstractmethod
@@ -85,9 +85,15 @@ class Draft(ABC):
         slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. With `root` (a
         target id): the tree's tokens instead, [steps + 1] target ids, root first. A draft may do the same work its
         own faster way (Eagle3Draft: one compiled graph, the root and the id map in it)."""
-        cols = torch.arange(self.span, device=logits_last.device)
-        return self.walk_chain(lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask), h_last.view(1, -1),
-                               logits_last, self.committed, cols, steps, root)
+        dev = logits_last.device
+        cols = torch.arange(self.span, device=dev)
+        if self.takes_pending(1):  # a node sees every slot below its own: base its slot, block [[1]] (takes_pending)
+            one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+            step = lambda h, ids, slot, mask: self.step(h, ids, slot, slot, None, pending=(slot, one),  # noqa: E731
+                                                        widen=False)
+        else:
+            step = lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask)  # noqa: E731
+        return self.walk_chain(step, h_last.view(1, -1), logits_last, self.committed, cols, steps, root)
 
     def walk_chain(self, step, h, logits_last, m, cols, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """`chain`'s walk over a one-node step(hidden [1, H], target ids [1], slot [1], mask [1, span]) -> (hidden,

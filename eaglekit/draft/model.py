@@ -125,8 +125,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.compiled_layer = self.compiled_whole = self.compiled_chain = None  # set by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
-        self.attention = "sdpa"  # the decode attention (set_attention)
-        self._one = None  # a chain step's pending block [[True]] (set_attention; None: the attention is SDPA's)
+        self._one = None  # a chain step's pending block [[True]] (made by set_attention)
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
     # --- the network -------------------------------------------------------------------------------
@@ -311,13 +310,17 @@ class Eagle3Draft(nn.Module, Draft):
             except bulk.Unavailable:  # (a build that failed: SDPA serves, as products fall back to invariant)
                 on = False
         self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
-        self.attention = "bulk" if on else "sdpa"
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
         return on
 
+    @property
+    def attention(self) -> str:
+        """The decode attention set_attention picked: "bulk" or "sdpa"."""
+        return "sdpa" if self.midlayer.self_attn.pending_kernel is None else "bulk"
+
     def takes_pending(self, cols: int) -> bool:
         """Draft.takes_pending: with set_attention("bulk"), blocks of up to 64 pending columns (its kernel's)."""
-        return self._one is not None and cols <= 64
+        return self.midlayer.self_attn.pending_kernel is not None and cols <= 64
 
     def _arange(self, E: int) -> torch.Tensor:
         """arange(E) on the draft's device, made once per E (an extend's slots: one kernel a cycle fewer)."""
@@ -394,10 +397,7 @@ class Eagle3Draft(nn.Module, Draft):
         what ran as ~10 small kernels a step between the compiled layers; NOTES), unless tracing is on (it records
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
-            return self.walk_chain(lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask,
-                                                                        self._pending(slot, self._one)),
-                                   h_last.view(1, -1), logits_last, self.committed,
-                                   torch.arange(self.span, device=logits_last.device), steps, root)
+            return super().chain(h_last, logits_last, steps, root)
         cols = torch.arange(self.span, device=logits_last.device)
         kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic (cols stands for a mask's last dimension)
         return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps, root)
@@ -406,16 +406,14 @@ class Eagle3Draft(nn.Module, Draft):
         """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
         decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay
         bf16: the same argmax as their float32 copy."""
+        pending = self.takes_pending(1)
+
         def step(h, ids, slot, mask):  # (a chain node sees every slot below its own: base = its slot, block [[1]])
             h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False,
-                                       pending=self._pending(slot, self._one))
+                                       pending=(slot.view(1), self._one) if pending else None)
             return h[0], logits[0]
 
         return self.walk_chain(step, h, logits_last, m, cols, steps, root)
-
-    def _pending(self, base, block):
-        """(base [1], block) for the attention set_attention picked; None under SDPA (which reads the mask)."""
-        return (base.view(1), block) if self._one is not None else None
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
