@@ -141,8 +141,9 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
 
 @pytest.mark.slow
 def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
-    """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too:
-    the same trees as the plain functions, for several shapes and seeds, the draft's layer compiled in both."""
+    """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too,
+    inside one graph with its levels (grow_tree) or between them: the same trees as the plain functions, for several
+    shapes and seeds, the draft's layer compiled in all three."""
     from eaglekit.decoding import tree
 
     t = load_target(model_dirs["llama"])
@@ -159,12 +160,15 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
             h = torch.randn(d.hidden_size, generator=g)
             logits = torch.randn(d.draft_vocab_size, generator=g) * 3
             root = torch.tensor(7)
-            compiled = tree.expand(d, h, logits, root, shape)
+            whole = tree.expand(d, h, logits, root, shape)  # the whole tree one graph (Eagle3Draft.grow_tree)
             with monkeypatch.context() as mp:
+                mp.setattr(d, "compiled_tree", None)
+                compiled = tree.expand(d, h, logits, root, shape)  # level by level, the bookkeeping compiled
                 mp.setattr(tree, "_bookkeeping", lambda compiled: plain_ops)
                 plain = tree.expand(d, h, logits, root, shape)
             for field in ("tokens", "parents", "depths", "mask"):
                 assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
+                assert torch.equal(getattr(whole, field), getattr(plain, field)), (shape, seed, field, "whole")
 
 
 def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
@@ -199,9 +203,15 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
         chain = tree.expand(d, h, logits, root, TreeShape(5, 1, 6))
         assert chain.tokens[0] == 7 and torch.equal(chain.tokens[1:] - c, Draft.chain(d, h, logits, 5)), compiled
         fed.clear()
+        whole, d.compiled_tree = d.compiled_tree, None  # (compiled: the levels over step, bookkeeping compiled)
         wide = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
         assert wide.tokens[0] == 7 and ((wide.tokens[1:] >= c) & (wide.tokens[1:] < V)).all(), compiled
         assert len(fed) == 3 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
+        d.compiled_tree = whole
+        if compiled:  # the whole tree as one graph (step not called): the same tree
+            fed.clear()
+            one = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
+            assert not fed and all(torch.equal(a, b) for a, b in zip(vars(one).values(), vars(wide).values()))
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
@@ -225,14 +235,15 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     ref = {s: Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids for s in ((3, 1, 4), (3, 2, 6))}
     d.compile()
     calls = []
-    for name in ("compiled_whole", "compiled_chain"):
+    for name in ("compiled_whole", "compiled_chain", "compiled_tree"):
         fn = getattr(d, name)
         setattr(d, name, lambda *a, fn=fn, name=name: (calls.append((name, a[7] if name == "compiled_whole" else None)),
                                                        fn(*a))[1])
     for s, tokens in ref.items():
         assert Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids == tokens
-    # the extends (target features), the tree's steps (own hidden), the chains
-    assert {("compiled_whole", True), ("compiled_whole", False), ("compiled_chain", None)} <= set(calls)
+    # the extends (target features), the chains, the trees (their steps inside the tree's graph)
+    assert {("compiled_whole", True), ("compiled_chain", None), ("compiled_tree", None)} <= set(calls)
+    assert ("compiled_whole", False) not in calls
     d.reset(64)
     g = torch.Generator().manual_seed(1)
     d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))

@@ -354,3 +354,37 @@ def test_draft_attention_bulk_against_sdpa():
         assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
     for a, b in zip(out["sdpa"], out["bulk"]):
         assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()
+
+
+def test_compiled_whole_tree_is_the_level_walk():
+    """A compiled draft grows a tree as one graph (Eagle3Draft.grow_tree: the levels' layers with bulk's attention,
+    the top-k kernels as a registered op, the bookkeeping): the same tree as the level-by-level walk over the same
+    compiled layer (compiled_tree None), for a (5,4,8) tree at two spans (the second compiles nothing new)."""
+    from eaglekit.decoding import tree
+    from eaglekit.draft.model import DraftConfig, Eagle3Draft
+
+    cfg = DraftConfig(hidden_size=1024, intermediate_size=2048, num_heads=8, num_kv_heads=2, vocab_size=4096,
+                      draft_vocab_size=1024, head_dim=128)
+    torch.manual_seed(0)
+    d = Eagle3Draft(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in d.parameters():
+            p.normal_(0, 0.05)
+        d.d2t.copy_(torch.arange(1024, device="cuda") * 3)  # draft id i -> target id 4 i
+    d.fuse()
+    assert d.set_attention("bulk")
+    d.compile()
+    feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 4096, (40,), device="cuda")
+    for span, n in ((200, 33), (300, 40)):
+        d.reset(span)
+        d.extend(feats[:n - 8], ids[:n - 8])
+        h, logits = d.extend(feats[n - 8:n], ids[n - 8:n])
+        shape = tree.TreeShape(5, 4, 8)
+        whole = tree.expand(d, h, logits, ids[0], shape)
+        kept, d.compiled_tree = d.compiled_tree, None
+        levels = tree.expand(d, h, logits, ids[0], shape)
+        d.compiled_tree = kept
+        for field in ("tokens", "parents", "depths", "mask"):
+            assert torch.equal(getattr(whole, field), getattr(levels, field)), (span, field)
+        assert (whole.tokens[1:] % 4 == 0).all()  # target ids (d2t applied)

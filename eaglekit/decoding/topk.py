@@ -15,7 +15,6 @@ every drafted token), so a few ulps never touch the output.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
@@ -88,7 +87,14 @@ def torch_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
 def kernel_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """top_probs through the kernels, whatever the device (tests run them in Triton's interpreter on the CPU)."""
+    return _launch(logits, k)
+
+
+def _launch(logits: torch.Tensor, k: int, wrap=lambda kernel: kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two kernels on logits [..., V]; `wrap`: torch.library.wrap_triton inside the registered op."""
     import triton
+
+    from . import topk_kernels
 
     lead, V = logits.shape[:-1], logits.shape[-1]
     x = logits.reshape(-1, V).contiguous()
@@ -100,71 +106,32 @@ def kernel_top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     s = torch.empty(R, CH, dtype=torch.float32, device=dev)
     p_out = torch.empty(R, k, dtype=torch.float32, device=dev)
     i_out = torch.empty(R, k, dtype=torch.int64, device=dev)
-    kern = kernels()
-    kern.chunk_top[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
-    kern.merge_top[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
-                         NB=triton.next_power_of_2(CH * k), num_warps=1)
+    wrap(topk_kernels.chunk_top)[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
+    wrap(topk_kernels.merge_top)[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
+                                       NB=triton.next_power_of_2(CH * k), num_warps=1)
     return p_out.view(*lead, k), i_out.view(*lead, k)
 
 
-@functools.cache
-def kernels():
-    """Built on first use, so importing eaglekit never needs Triton. (A functools cache: the tree's code runs eagerly,
-    never inside torch.compile, which would trace through it; eaglekit.models.smallm says why it keeps a global.)"""
-    from types import SimpleNamespace
+_OP = None
 
-    import triton
-    import triton.language as tl
 
-    @triton.jit
-    def chunk_top(x_ptr, v_ptr, i_ptr, m_ptr, s_ptr, V, CH: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
-        r = tl.program_id(0)
-        c = tl.program_id(1)
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < V
-        x = tl.load(x_ptr + r.to(tl.int64) * V + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        mc = tl.max(x, 0)
-        # a chunk of -inf logits adds nothing (and computes no exp(-inf - -inf))
-        shift = tl.where(mc > float("-inf"), mc, 0.0)
-        s = tl.sum(tl.where(valid & (x > float("-inf")), tl.exp(x - shift), 0.0), 0)
-        tl.store(m_ptr + r * CH + c, mc)
-        tl.store(s_ptr + r * CH + c, s)
-        alive = valid
-        base = (r * CH + c) * K
-        for j in tl.static_range(K):
-            xa = tl.where(alive, x, float("-inf"))
-            best = tl.max(xa, 0)
-            # the smallest id among the best; none left alive (a chunk shorter than K) -> V - 1 at -inf, never picked
-            # over a finite logit in the merge
-            idx = tl.minimum(tl.min(tl.where(alive & (xa == best), offs, V), 0), V - 1)
-            alive = alive & (offs != idx)
-            tl.store(v_ptr + base + j, best)
-            tl.store(i_ptr + base + j, idx)
+def probs_op():
+    """top_probs as a registered op (torch.library.triton_op): inside torch.compile's graphs (a draft's whole tree,
+    Eagle3Draft.grow_tree) inductor keeps its two kernels and fuses the bookkeeping around them, and CUDA graphs
+    record them. Fetch it before any trace (as smallm.kernels: the registration reads its files). Returns
+    op(logits [R, V], k) -> (probabilities [R, k] float32, ids [R, k] int64), what kernel_top_probs returns."""
+    global _OP
+    if _OP is None:
+        from torch.library import triton_op
 
-    @triton.jit
-    def merge_top(v_ptr, i_ptr, m_ptr, s_ptr, p_ptr, o_ptr, V, CH: tl.constexpr, K: tl.constexpr, CB: tl.constexpr,
-                  NB: tl.constexpr):
-        r = tl.program_id(0)
-        c = tl.arange(0, CB)
-        cm = c < CH
-        mc = tl.load(m_ptr + r * CH + c, mask=cm, other=float("-inf"))
-        sc = tl.load(s_ptr + r * CH + c, mask=cm, other=0.0)
-        M = tl.max(mc, 0)
-        M = tl.where(M > float("-inf"), M, 0.0)  # a row of -inf logits: S = 0, probabilities 0/0 as softmax's NaN
-        S = tl.sum(tl.where(cm & (mc > float("-inf")), sc * tl.exp(mc - M), 0.0), 0)
-        n = tl.arange(0, NB)
-        nm = n < CH * K
-        v = tl.load(v_ptr + r * CH * K + n, mask=nm, other=float("-inf"))
-        ix = tl.load(i_ptr + r * CH * K + n, mask=nm, other=0)
-        alive = nm
-        for j in tl.static_range(K):
-            va = tl.where(alive, v, float("-inf"))
-            best = tl.max(va, 0)
-            tie = alive & (va == best)
-            pick = tl.min(tl.where(tie, ix, V), 0)
-            pos = tl.min(tl.where(tie & (ix == pick), n, NB), 0)  # one candidate, even if two chunks named the same id
-            alive = alive & (n != pos)
-            tl.store(p_ptr + r * K + j, tl.exp(best - M) / S)
-            tl.store(o_ptr + r * K + j, tl.minimum(pick, V - 1).to(tl.int64))
+        from ..models.compiling import op_name
+        from . import topk_kernels
 
-    return SimpleNamespace(chunk_top=chunk_top, merge_top=merge_top)
+        @triton_op(op_name("top_probs", __file__, topk_kernels.__file__), mutates_args=())
+        def top_probs_kernels(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+            from torch.library import wrap_triton
+
+            return _launch(logits, k, wrap_triton)
+
+        _OP = top_probs_kernels
+    return _OP

@@ -80,41 +80,59 @@ def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_t
 
 def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
           shape: TreeShape) -> Tree:
-    """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree)."""
-    K, dev = shape.topk, logits_last.device
-    ops = _bookkeeping(getattr(draft, "compiled_layer", None) is not None)
-    m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
-    top_p, top_i = top_probs(logits_last, K)
+    """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree): the draft's
+    own walk where it has one (Draft.grow_tree: Eagle3Draft compiled, the whole tree one graph), else `walk_tree`
+    over its `step` with the bookkeeping compiled where its layers are."""
+    K, dev, n_sel = shape.topk, logits_last.device, shape.draft_tokens - 1
     P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
-    # the first frontier's constant parts (its candidate ids, no ancestors, the level less 2 as a device scalar, so
-    # one compiled frontier and advance serve every level): made once, read only
-    no_parent, f_cand, f_anc, lv = _tree_frame(K, P, dev)
-    cols = torch.arange(draft.span, device=dev)  # the span's slots (the frontier derives its masks from them)
-    if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
-        from torch._dynamo import maybe_mark_dynamic
+    frame = _tree_frame(K, P, dev)
+    grown = draft.grow_tree(h_last, logits_last, root_token, frame, shape.steps, n_sel)
+    if grown is None:
+        ops = _bookkeeping(getattr(draft, "compiled_layer", None) is not None)
+        m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
+        cols = torch.arange(draft.span, device=dev)  # the span's slots (the frontier derives its masks from them)
+        if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
+            from torch._dynamo import maybe_mark_dynamic
 
-        maybe_mark_dynamic(cols, 0)
+            maybe_mark_dynamic(cols, 0)
+        # a draft that attends by (base, block) needs no mask (no kernel for it) and hands its logits over unwidened
+        # (top_probs widens them to float32 itself: the same probabilities, no copy kernel a level)
+        by_pending = draft.takes_pending(P)
+        if by_pending:
+            def step(h, ids, pos, slots, mask, anc):
+                return draft.step(h, ids, pos, slots, None, pending=(m.view(1), anc), widen=False)
+        else:
+            def step(h, ids, pos, slots, mask, anc):
+                return draft.step(h, ids, pos, slots, mask)
+        grown = walk_tree(step, draft.to_target_ids, ops, top_probs, h_last, logits_last, root_token, m, cols, frame,
+                          shape.steps, n_sel, with_mask=not by_pending)
+    tokens, parents, depths, mask = grown
+    return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
+
+
+def walk_tree(step, to_target, ops, top, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int,
+              with_mask: bool = True) -> tuple:
+    """The tree's levels and selection: step(hidden [K, H], target ids [K], positions, slots, mask [K, span] or None,
+    ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level; `top` is top_probs or its registered op; `ops`
+    the bookkeeping (frontier, advance, select: plain or compiled twins); m committed entries, cols arange(span),
+    frame `_tree_frame`'s. -> (tokens, parents, depths, mask) of the tree. The one place that says how a tree grows:
+    `_tree` walks it eagerly, Eagle3Draft's compiled tree inside one graph (the same code, so the same trees)."""
+    no_parent, f_cand, f_anc, lv = frame
+    K = f_cand.numel()
+    top_p, top_i = top(logits_last, K)
     cand_scores, cand_tokens, cand_parents = [top_p], [top_i], [no_parent]
     f_scores, f_hidden = top_p, h_last.expand(K, -1)
-    f_ids = draft.to_target_ids(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
-    # a draft that attends by (base, block) needs no mask (no kernel for it) and hands its logits over unwidened
-    # (top_probs widens them to float32 itself: the same probabilities, no copy kernel a level)
-    by_pending = draft.takes_pending(P)
-    for _ in range(2, shape.steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, not by_pending)
-        if by_pending:
-            h, logits = draft.step(f_hidden, f_ids, pos, slots, None, pending=(m.view(1), anc), widen=False)
-        else:
-            h, logits = draft.step(f_hidden, f_ids, pos, slots, mask)
-        cp, ci = top_probs(logits, K)  # [K, K]
+    f_ids = to_target(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
+    for _ in range(2, steps + 1):
+        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, with_mask)
+        h, logits = step(f_hidden, f_ids, pos, slots, mask, anc)
+        cp, ci = top(logits, K)  # [K, K]
         cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
-                                                                                   lv, K, draft.to_target_ids)
+                                                                                   lv, K, to_target)
         cand_scores.append(cs)
         cand_tokens.append(toks)
         cand_parents.append(pars)
-    tokens, parents, depths, mask = ops.select(cand_scores, cand_tokens, cand_parents, K, shape.steps,
-                                               shape.draft_tokens - 1, root_token, draft.to_target_ids)
-    return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
+    return ops.select(cand_scores, cand_tokens, cand_parents, K, steps, n_sel, root, to_target)
 
 
 def _frontier(f_anc, span_cols, m, lv, K: int, with_mask: bool = True):
@@ -167,12 +185,17 @@ def _select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, st
             torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc)
 
 
+PLAIN_OPS = SimpleNamespace(frontier=_frontier, advance=_advance, select=_select, compiled=False)
+
+
 def _bookkeeping(compiled: bool):
     """The tree's bookkeeping between draft steps: compiled where the draft's layers are (a GPU by default), where
     its ~20 small kernels a level and ~30 for the selection fold into a few (NOTES: 190 kernels, 0.31 ms of a
     (5,4,8) cycle's draft phase); the plain functions elsewhere (the same code, so the same trees)."""
-    return SimpleNamespace(frontier=twin(_frontier, compiled), advance=twin(_advance, compiled),
-                           select=twin(_select, compiled), compiled=compiled)
+    if not compiled:
+        return PLAIN_OPS
+    return SimpleNamespace(frontier=twin(_frontier, True), advance=twin(_advance, True), select=twin(_select, True),
+                           compiled=True)
 
 
 def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,

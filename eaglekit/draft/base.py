@@ -95,6 +95,13 @@ class Draft(ABC):
             step = lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask)  # noqa: E731
         return self.walk_chain(step, h_last.view(1, -1), logits_last, self.committed, cols, steps, root)
 
+    def grow_tree(self, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor, frame: tuple, steps: int,
+                  n_sel: int) -> tuple | None:
+        """A tree (topk > 1) the draft's own faster way, or None (the default): then eaglekit.decoding.tree walks it
+        over `step`. If not None: what eaglekit.decoding.tree.walk_tree returns for these arguments (frame: its
+        first frontier, tree._tree_frame), e.g. that walk inside one compiled graph (Eagle3Draft)."""
+        return None
+
     def walk_chain(self, step, h, logits_last, m, cols, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """`chain`'s walk over a one-node step(hidden [1, H], target ids [1], slot [1], mask [1, span]) -> (hidden,
         logits) [1, ..]; m: committed entries, cols: arange(span). The one place that says where a chain's nodes go

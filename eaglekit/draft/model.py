@@ -122,10 +122,11 @@ class Eagle3Draft(nn.Module, Draft):
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
-        self.compiled_layer = self.compiled_whole = self.compiled_chain = None  # set by compile()
+        self.compiled_layer = self.compiled_whole = self.compiled_chain = self.compiled_tree = None  # by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
         self._one = None  # a chain step's pending block [[True]] (made by set_attention)
+        self._top = None  # the compiled tree's pick: topk.probs_op() on a GPU, None (torch's) elsewhere (grow_tree)
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
     # --- the network -------------------------------------------------------------------------------
@@ -353,6 +354,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
         self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
         self.compiled_chain = compile_decode(Eagle3Draft._chain_steps, options)
+        self.compiled_tree = compile_decode(Eagle3Draft._tree_steps, options)
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
@@ -414,6 +416,47 @@ class Eagle3Draft(nn.Module, Draft):
             return h[0], logits[0]
 
         return self.walk_chain(step, h, logits_last, m, cols, steps, root)
+
+    @torch.inference_mode()
+    def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
+        """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
+        bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
+        graphs of their own: ~20 more kernels and their boundaries a (5,4,8) tree; NOTES); None (the engine's walk)
+        where the chain would not be compiled either."""
+        if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
+            return None
+        from ..decoding import topk
+
+        K = frame[1].numel()
+        # the pick: the top-k kernels as a registered op on a GPU (fetched here, before any trace), torch elsewhere
+        self._top = (topk.probs_op() if logits_last.is_cuda and topk.HAVE_TRITON and K <= topk.MAX_K else None)
+        cols = torch.arange(self.span, device=logits_last.device)
+        kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic, as in the chain
+        return self.compiled_tree(self, h_last, logits_last, root, self.cache.length, cols, kv, frame, steps, n_sel)
+
+    def _tree_steps(self, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):
+        """grow_tree's walk (what compile() compiles whole): tree.walk_tree with the plain bookkeeping over the layer
+        itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
+        drops them (the layer reads only their width)."""
+        from ..decoding import topk
+        from ..decoding.tree import PLAIN_OPS, walk_tree
+
+        K = frame[1].numel()
+        pending = self.takes_pending(max((steps - 1) * K, 1))
+
+        def step(hidden, ids, pos, slots, mask, anc):
+            h, logits, _ = self._whole(hidden[None], ids[None], pos, kv, slots, mask[None], False,
+                                       pending=(m.view(1), anc) if pending else None)
+            return h[0], logits[0]
+
+        def top(logits, k):
+            if self._top is None:
+                return topk.torch_top_probs(logits, k)
+            p, i = self._top(logits.reshape(-1, logits.shape[-1]), k)
+            return p.view(*logits.shape[:-1], k), i.view(*logits.shape[:-1], k)
+
+        return walk_tree(step, self.to_target_ids, PLAIN_OPS, top, h_last, logits_last, root, m, cols, frame, steps,
+                         n_sel)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
