@@ -196,7 +196,11 @@ def main():
                     help="products bulk built with this macro (MACRO=V, repeatable; e.g. EK_ATTN_RS=0): every "
                     "Kernels of the process uses that build")
     ap.add_argument("--torch-picks", action="store_true",
-                    help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels)")
+                    help="the draft's picks as before: torch's softmax + top-k (a chain's and a tree's levels; a "
+                    "compiled draft's whole tree keeps its top-k op: add --level-tree)")
+    ap.add_argument("--level-tree", action="store_true",
+                    help="a compiled draft's tree level by level (the layer, the pick and the bookkeeping graphs of "
+                    "their own each level), as before the 22nd session's whole-tree graph (Eagle3Draft.grow_tree)")
     ap.add_argument("--top1-two-stage", action="store_true",
                     help="a chain's pick by topk.argmax's two stages (chunk maxima, then the best chunk) instead of one "
                     "reduction over the draft vocabulary (the same token)")
@@ -214,6 +218,7 @@ def main():
     S.DRAFT_PRODUCTS = args.draft_products
     S.DRAFT_QUANT = args.draft_quant
     S.DRAFT_ATTENTION = args.draft_attention or ("bulk" if args.products == "bulk" else "sdpa")
+    S.LEVEL_TREE = args.level_tree
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.bulk_define:  # (bulk.library() hands out _LIB once loaded: the variant becomes every Kernels' library)
@@ -242,7 +247,7 @@ def main():
     res = {"variant": args.variant, "compiled": S.COMPILE, "options": S.COMPILE_OPTIONS, "small_m": S.SMALL_M,
            "products": S.PRODUCTS, "draft_products": S.DRAFT_PRODUCTS, "attend": args.attend,
            "draft_quant": args.draft_quant, "cudnn_sdp": not args.no_cudnn_sdp, "bulk_defines": args.bulk_define,
-           "draft_attention": S.DRAFT_ATTENTION,
+           "draft_attention": S.DRAFT_ATTENTION, "draft_tree_graph": "levels" if args.level_tree else "whole",
            "draft_quant_one_row": quant.ONE_ROW if args.draft_quant else None,
            "draft_picks": "torch softmax + topk" if args.torch_picks else "argmax (chain), topk kernels (tree)",
            "tree_topk": "torch" if args.torch_tree_topk else "pairwise comparisons",

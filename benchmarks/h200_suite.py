@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -41,6 +42,7 @@ PRODUCTS = None  # a target products kind instead (e.g. "invariant": batch-invar
 DRAFT_PRODUCTS = None  # the draft's products kind in section b (None: F.linear, what inductor makes of it)
 DRAFT_QUANT = None  # "int8": the draft's weights quantized (eaglekit.models.quant) in sections b and c
 DRAFT_ATTENTION = None  # the 8B draft's decode attention in section b (Eagle3Draft.set_attention; None: as load_pair)
+LEVEL_TREE = False  # the 8B draft's tree level by level in section b (compiled_tree None; fast_probe --level-tree)
 SHAPES = [(3, 1, 4), (5, 1, 6), (5, 4, 8), (6, 8, 48)]
 ON_CYCLE = None  # called as ON_CYCLE(shape tuple, recorded Cycle, reset) after a shape's cycle is timed (fast_probe)
 
@@ -63,6 +65,24 @@ def section(name):
 
 def events_ms(fn, reps=50, warm=3):
     return median_ms(fn, reps, warm, cuda=True)
+
+
+def reset_events_ms(fn, reset, reps=50, warm=3):
+    """events_ms of fn with reset() run before each call, outside the timed span (a cycle's lengths put back)."""
+    for _ in range(warm):
+        reset()
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        reset()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
 
 
 @section("copy bandwidth")
@@ -164,6 +184,9 @@ def cycles_8b(ctx):
     RESULTS["draft_attention"] = "bulk" if d.set_attention(kind) else "sdpa"
     if COMPILE:
         d.compile(COMPILE_OPTIONS)
+        if LEVEL_TREE:  # a tree level by level (each level's layer, pick and bookkeeping graphs of their own)
+            d.compiled_tree = None
+    RESULTS["draft_tree_graph"] = "levels" if LEVEL_TREE or d.compiled_tree is None else "whole"
     ctx["draft8b"] = d
     prompt = torch.randint(0, 128000, (512,), device="cuda")
     rows = RESULTS["cycles"] = []  # (filled shape by shape: a run cut by its time limit keeps what it measured)
@@ -176,27 +199,37 @@ def cycles_8b(ctx):
         L = t.length
         c = Cycle(t, d, shape, spec)
         c.start(prompt[0], h, dl)
-        c.record(greedy=True)
+        c.record(greedy=True, whole=True)  # the phases' graphs (what Decoder replays) and the cycle as one graph
 
-        def one():
+        def reset():
             t.committed.fill_(L)
             d.committed.fill_(L)
+
+        def by_phase():  # five graph launches a cycle, as the Decoder runs it
             for p in PHASES:
                 c.recorded[p].replay()
 
-        total = events_ms(one, reps=50)
+        # timed as the baseline step is: events around the graph launches alone (the lengths' reset before the first
+        # event); until the 22nd session the reset's two kernels were inside the span: "cycle_ms_as_before". Beside
+        # it the cycle as one graph ("cycle_ms_one_graph": slower on the H200 in the 22nd session, not the Decoder's)
+        total = reset_events_ms(by_phase, reset)
+        one_graph = reset_events_ms(c.recorded["cycle"].replay, reset)
+        as_before = events_ms(lambda: (reset(), by_phase()), reps=50)
         phases = {}
         for p in PHASES:
             t.committed.fill_(L)
             d.committed.fill_(L)
             phases[p] = round(events_ms(c.recorded[p].replay, reps=20), 4)
         row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
-               "cycle_over_baseline": round(total / ctx["step_ms"], 4), "phases_ms": phases}
+               "cycle_over_baseline": round(total / ctx["step_ms"], 4), "cycle_ms_one_graph": round(one_graph, 4),
+               "cycle_ms_as_before": round(as_before, 4),
+               "phases_ms": phases}
         rows.append(row)
         if ON_CYCLE is not None:
             ON_CYCLE((steps, topk, dt), c, lambda: (t.committed.fill_(L), d.committed.fill_(L)))
-        print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step; "
-              f"phases {phases}")
+        print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step "
+              f"(one graph: {one_graph:.3f} ms = {one_graph / ctx['step_ms']:.3f}; the reset inside the span, as "
+              f"before: {as_before:.3f} = {as_before / ctx['step_ms']:.3f}); phases {phases}")
 
 
 @section("c. demo pair end to end")

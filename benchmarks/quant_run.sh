@@ -7,7 +7,8 @@
 # (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by butterflies:
 # bulk's EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in
 # two stages), int8sdpa (the draft's attention by torch's SDPA, the default before the 21st session's bulk
-# pending_attention). QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
+# pending_attention), int8levels (a compiled tree level by level: each level's layer, pick and bookkeeping graphs of
+# their own, the default before the 22nd session's whole-tree graph). PROBE_ARGS: more fast_probe arguments (e.g. "--gaps 5,4,8"); QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
@@ -17,7 +18,7 @@ S=${SHAPES:-"5,1,6;5,4,8"}
 probe() {  # variant, fast_probe arguments...
   local v=$1; shift
   timeout "${T_PROBE:-220}" python3 benchmarks/fast_probe.py --variant "$v" --products bulk --shapes "$S" --out "$OUT" \
-    "$@" > "$OUT/$v.log" 2>&1
+    "$@" ${PROBE_ARGS:-} > "$OUT/$v.log" 2>&1
 }
 for step in ${STEPS:-tests int8 quant main}; do
   t=$(date +%s)
@@ -31,6 +32,7 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8rs) probe int8rs --draft-quant int8 --bulk-define EK_ATTN_RS=0 ;;
     int8top1) probe int8top1 --draft-quant int8 --top1-two-stage ;;
     int8sdpa) probe int8sdpa --draft-quant int8 --draft-attention sdpa ;;
+    int8levels) probe int8levels --draft-quant int8 --level-tree ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \

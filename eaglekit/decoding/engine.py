@@ -154,12 +154,22 @@ class Cycle:
         self.root.copy_(self.bonus)
 
     # --- CUDA graphs ----------------------------------------------------------------------------
-    def record(self, greedy: bool) -> None:
-        """Record each phase in a CUDA graph (sampling keeps its accept on the host side: not recorded)."""
-        phases = {p: getattr(self, p) for p in PHASES}
-        self.recorded = record_graphs([list(phases.values())],
-                                      {p: fn for p, fn in phases.items() if greedy or p != "accept"},
+    def record(self, greedy: bool, whole: bool = False) -> None:
+        """Record each phase in a CUDA graph (sampling keeps its accept on the host side: not recorded); with
+        `whole` (greedy only) also the five phases in order as one graph, "cycle" (benchmarks/h200_suite.py times
+        it beside the phases' graphs: on an H200 one graph ran a cycle 0.05-0.1 ms slower than five back to back,
+        benchmarks/NOTES.md, twenty-second session, so the Decoder replays the phases' graphs)."""
+        fns = {p: getattr(self, p) for p in PHASES}
+        record = {p: fn for p, fn in fns.items() if greedy or p != "accept"}
+        if whole and greedy:
+            record["cycle"] = self.whole
+        self.recorded = record_graphs([list(fns.values())], record,
                                       [self.t.committed, self.d.committed, self.root, self.h, self.dl])
+
+    def whole(self) -> None:
+        """A greedy cycle's five phases in order (what the "cycle" graph holds)."""
+        for p in PHASES:
+            getattr(self, p)()
 
     def run(self, phase: str) -> None:
         if self.recorded is not None and phase in self.recorded:
@@ -285,7 +295,7 @@ class Decoder:
         key = (self.shape, greedy, t.storage_key(), d.storage_key())
         if key not in self._cycles:
             self._cycles[key] = Cycle(t, d, self.shape, self.capture)
-            self._cycles[key].record(greedy)
+            self._cycles[key].record(greedy)  # a graph a phase (one graph a cycle measured slower: Cycle.record)
         return self._cycles[key]
 
     def _speculative(self, ids, em: Emitter, sp, gen) -> GenerationMetrics:
