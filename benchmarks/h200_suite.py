@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -63,26 +62,8 @@ def section(name):
     return wrap
 
 
-def events_ms(fn, reps=50, warm=3):
-    return median_ms(fn, reps, warm, cuda=True)
-
-
-def reset_events_ms(fn, reset, reps=50, warm=3):
-    """events_ms of fn with reset() run before each call, outside the timed span (a cycle's lengths put back)."""
-    for _ in range(warm):
-        reset()
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        reset()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+def events_ms(fn, reps=50, warm=3, before=None):
+    return median_ms(fn, reps, warm, cuda=True, before=before)
 
 
 @section("copy bandwidth")
@@ -212,21 +193,19 @@ def cycles_8b(ctx):
         # timed as the baseline step is: events around the graph launches alone (the lengths' reset before the first
         # event); until the 22nd session the reset's two kernels were inside the span: "cycle_ms_as_before". Beside
         # it the cycle as one graph ("cycle_ms_one_graph": slower on the H200 in the 22nd session, not the Decoder's)
-        total = reset_events_ms(by_phase, reset)
-        one_graph = reset_events_ms(c.recorded["cycle"].replay, reset)
+        total = events_ms(by_phase, before=reset)
+        one_graph = events_ms(c.recorded["cycle"].replay, before=reset)
         as_before = events_ms(lambda: (reset(), by_phase()), reps=50)
         phases = {}
         for p in PHASES:
-            t.committed.fill_(L)
-            d.committed.fill_(L)
+            reset()
             phases[p] = round(events_ms(c.recorded[p].replay, reps=20), 4)
         row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
                "cycle_over_baseline": round(total / ctx["step_ms"], 4), "cycle_ms_one_graph": round(one_graph, 4),
-               "cycle_ms_as_before": round(as_before, 4),
-               "phases_ms": phases}
+               "cycle_ms_as_before": round(as_before, 4), "phases_ms": phases}
         rows.append(row)
         if ON_CYCLE is not None:
-            ON_CYCLE((steps, topk, dt), c, lambda: (t.committed.fill_(L), d.committed.fill_(L)))
+            ON_CYCLE((steps, topk, dt), c, reset)
         print(f"   ({steps},{topk},{dt}): cycle {total:.3f} ms = {total / ctx['step_ms']:.3f} x the baseline step "
               f"(one graph: {one_graph:.3f} ms = {one_graph / ctx['step_ms']:.3f}; the reset inside the span, as "
               f"before: {as_before:.3f} = {as_before / ctx['step_ms']:.3f}); phases {phases}")

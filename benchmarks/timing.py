@@ -18,14 +18,19 @@ def graph_ms(body, reps: int = 30) -> float:
     return per_call(lambda i: body(), 1, reps)
 
 
-def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None) -> float:
+def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None, before=None) -> float:
+    """`before`: called before each call, outside the timed span (e.g. a cycle's lengths put back)."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     for _ in range(warm):
+        if before is not None:
+            before()
         fn()
     if cuda:
         torch.cuda.synchronize()
     out = []
     for _ in range(reps):
+        if before is not None:
+            before()
         if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()

@@ -313,12 +313,9 @@ def test_int8_draft_compiled_in_graphs_keeps_the_output():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
-def test_draft_attention_bulk_against_sdpa():
-    """A bf16 draft of head_dim 128 (bulk's pending_attention takes it), eager (the compiled op has its own test in
-    test_bulk.py; compiling this draft twice ran past 140 s): an extend's and a tree level's logits with the draft's
-    attention by bulk's kernel against SDPA's, within bf16 rounding; a (5,4,8) tree and a (5,1,6) chain expand
-    through it."""
-    from eaglekit.decoding import tree
+def _draft_of_head_dim_128(offset: int = 0):
+    """A small bf16 draft whose attention bulk's pending_attention takes (head_dim 128), random weights, fused;
+    d2t maps draft id i to target id i + offset * i."""
     from eaglekit.draft.model import DraftConfig, Eagle3Draft
 
     cfg = DraftConfig(hidden_size=1024, intermediate_size=2048, num_heads=8, num_kv_heads=2, vocab_size=4096,
@@ -328,8 +325,19 @@ def test_draft_attention_bulk_against_sdpa():
     with torch.no_grad():
         for p in d.parameters():
             p.normal_(0, 0.05)
-        d.d2t.zero_()
+        d.d2t.copy_(torch.arange(1024, device="cuda") * offset)
     d.fuse()
+    return d
+
+
+def test_draft_attention_bulk_against_sdpa():
+    """A bf16 draft of head_dim 128 (bulk's pending_attention takes it), eager (the compiled op has its own test in
+    test_bulk.py; compiling this draft twice ran past 140 s): an extend's and a tree level's logits with the draft's
+    attention by bulk's kernel against SDPA's, within bf16 rounding; a (5,4,8) tree and a (5,1,6) chain expand
+    through it."""
+    from eaglekit.decoding import tree
+
+    d = _draft_of_head_dim_128()
     feats = torch.randn(300, 3 * 1024, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 4096, (300,), device="cuda")
     out = {}
@@ -361,17 +369,8 @@ def test_compiled_whole_tree_is_the_level_walk():
     the top-k kernels as a registered op, the bookkeeping): the same tree as the level-by-level walk over the same
     compiled layer (compiled_tree None), for a (5,4,8) tree at two spans (the second compiles nothing new)."""
     from eaglekit.decoding import tree
-    from eaglekit.draft.model import DraftConfig, Eagle3Draft
 
-    cfg = DraftConfig(hidden_size=1024, intermediate_size=2048, num_heads=8, num_kv_heads=2, vocab_size=4096,
-                      draft_vocab_size=1024, head_dim=128)
-    torch.manual_seed(0)
-    d = Eagle3Draft(cfg).to("cuda", torch.bfloat16).eval()
-    with torch.no_grad():
-        for p in d.parameters():
-            p.normal_(0, 0.05)
-        d.d2t.copy_(torch.arange(1024, device="cuda") * 3)  # draft id i -> target id 4 i
-    d.fuse()
+    d = _draft_of_head_dim_128(offset=3)  # draft id i -> target id 4 i
     assert d.set_attention("bulk")
     d.compile()
     feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)

@@ -421,7 +421,7 @@ class Eagle3Draft(nn.Module, Draft):
     def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
         """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
         bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
-        graphs of their own: ~20 more kernels and their boundaries a (5,4,8) tree; NOTES); None (the engine's walk)
+        graphs of their own: 26 more kernels and their boundaries a (5,4,8) tree; NOTES); None (the engine's walk)
         where the chain would not be compiled either."""
         if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
             return None
