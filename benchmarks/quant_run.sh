@@ -8,7 +8,8 @@
 # bulk's EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in
 # two stages), int8sdpa (the draft's attention by torch's SDPA, the default before the 21st session's bulk
 # pending_attention), int8levels (a compiled tree level by level: each level's layer, pick and bookkeeping graphs of
-# their own, the default before the 22nd session's whole-tree graph). PROBE_ARGS: more fast_probe arguments (e.g. "--gaps 5,4,8"); QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
+# their own, the default before the 22nd session's whole-tree graph). PROBE_ARGS: more fast_probe arguments (e.g.
+# "--gaps 5,4,8"); QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/out}
