@@ -62,6 +62,21 @@ def section(name):
     return wrap
 
 
+def gpu_state() -> dict:
+    """The GPU's clocks, power, temperature and active throttle reasons now (nvidia-smi; {} where it fails): the
+    draft's latency-bound phases ran 0.05-0.1 ms apart between processes on one machine (NOTES, twenty-second
+    session), and the SM clock is the first suspect."""
+    import subprocess
+
+    q = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return {}
+    return dict(zip(q.split(","), (v.strip() for v in out.split(","))))
+
+
 def events_ms(fn, reps=50, warm=3, before=None):
     return median_ms(fn, reps, warm, cuda=True, before=before)
 
@@ -126,12 +141,14 @@ def baseline_8b(ctx):
     t.reset(1024)
     t.prefill(prompt)
     tok = logits[-1].argmax()
+    state = gpu_state()  # (right after the graphed steps were timed)
     eager = events_ms(lambda: t.step(tok.view(1)), reps=10, warm=2)
     tps = 1e3 / ms
     bw = RESULTS.get("copy_bandwidth_bytes_per_s", 4.25e12)
     RESULTS["baseline_8b"] = {"tokens_per_s": round(tps, 2), "step_ms": round(ms, 4),
                               "bandwidth_fraction": round(tps * nbytes / bw, 4), "eager_step_ms": round(eager, 3),
-                              "roofline_tokens_per_s": round(bw / nbytes, 1), "context": 512, "graphs": True}
+                              "roofline_tokens_per_s": round(bw / nbytes, 1), "context": 512, "graphs": True,
+                              "gpu_state": state}
     print(f"   graphed step {ms:.3f} ms = {tps:.1f} tok/s = {tps * nbytes / bw:.1%} of copy bandwidth "
           f"(roofline {bw / nbytes:.0f} tok/s); eager {eager:.2f} ms")
     ctx["step_ms"] = ms
@@ -194,6 +211,7 @@ def cycles_8b(ctx):
         # event); until the 22nd session the reset's two kernels were inside the span: "cycle_ms_as_before". Beside
         # it the cycle as one graph ("cycle_ms_one_graph": slower on the H200 in the 22nd session, not the Decoder's)
         total = events_ms(by_phase, before=reset)
+        state = gpu_state()  # (right after the cycles ran: the clocks they ran at)
         one_graph = events_ms(c.recorded["cycle"].replay, before=reset)
         as_before = events_ms(lambda: (reset(), by_phase()), reps=50)
         phases = {}
@@ -202,7 +220,7 @@ def cycles_8b(ctx):
             phases[p] = round(events_ms(c.recorded[p].replay, reps=20), 4)
         row = {"steps": steps, "topk": topk, "draft_tokens": dt, "cycle_ms": round(total, 4),
                "cycle_over_baseline": round(total / ctx["step_ms"], 4), "cycle_ms_one_graph": round(one_graph, 4),
-               "cycle_ms_as_before": round(as_before, 4), "phases_ms": phases}
+               "cycle_ms_as_before": round(as_before, 4), "phases_ms": phases, "gpu_state": state}
         rows.append(row)
         if ON_CYCLE is not None:
             ON_CYCLE((steps, topk, dt), c, reset)
