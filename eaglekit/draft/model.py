@@ -372,7 +372,7 @@ class Eagle3Draft(nn.Module, Draft):
         if self.takes_pending(E):  # (no mask to build: ~8 small kernels a cycle)
             mask, pending = self._unread_mask(E), (m.view(1), self._causal(E))
         else:
-            mask, pending = span_mask(m, torch.ones(E, E, dtype=torch.bool, device=dev).tril_(), self.span), None
+            mask, pending = span_mask(m, self._causal(E), self.span), None
         h, logits, _ = self(feats.to(self.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
                             mask, from_target=True, head_at=(n - 1).view(1), pending=pending)
         self.cache.length += n
