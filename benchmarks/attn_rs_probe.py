@@ -1,8 +1,9 @@
-"""The verify attention (bulk's attn_rows) alone, default build against a variant (e.g. EK_ATTN_RS=0, the butterflies): the same bits,
-and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
+"""The verify attention (bulk's attention kernel) alone, default build against a variant (EK_ATTN_RS=0: attn_rows's
+butterflies, the same bits; EK_ATTN_MMA=0: attn_rows, CUDA cores, a block a row, against attn_tiles's tensor cores):
+whether the bits are the same, the largest difference, and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
 CUDA graph (smallm.graph_ms), one build after the other. Not the step: no products beside it, no PDL neighbours.
 
-    python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_RS=0] [--rows 1,6,8]
+    python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_MMA=0] [--rows 1,6,8]
 """
 
 import argparse
@@ -24,7 +25,7 @@ def main():
     ap.add_argument("--rows", default="1,6,8")
     ap.add_argument("--context", type=int, default=512)
     args = ap.parse_args()
-    defines = tuple(args.define or ["EK_ATTN_RS=0"])
+    defines = tuple(args.define or ["EK_ATTN_MMA=0"])
     H, Hkv, hd, L, layers = 32, 8, 128, args.context, 32
     kb = bulk.Kernels("cuda")
     libs = {"default": bulk.library(), "variant": bulk.library(defines)}
@@ -45,6 +46,7 @@ def main():
             row[name] = round(layers * smallm.graph_ms(
                 lambda i: kb.attn(q, *caches[i], base, block, (H, Hkv, hd), scratch), layers, reps=30), 4)
         row["same_bits"] = bool(torch.equal(outs["default"], outs["variant"]))
+        row["max_abs_diff"] = float((outs["default"].float() - outs["variant"].float()).abs().max())
         res["rows"][T] = row
         print(T, row, flush=True)
         kb.lib = libs["default"]

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One H200 call for the int8 draft (eaglekit.models.quant). STEPS picks the parts, in order (default: all but the
 # variants): tests (its GPU tests), int8 (cycles with it: fast_probe), quant (the draft's products bf16 against int8,
-# smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants
-# of int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
-# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept
-# (int8 under another name, to run again after quant's table), int8rs (the target's attention scores by butterflies:
-# bulk's EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in
-# two stages), int8sdpa (the draft's attention by torch's SDPA, the default before the 21st session's bulk
-# pending_attention), int8levels (a compiled tree level by level: each level's layer, pick and bookkeeping graphs of
-# their own, the default before the 22nd session's whole-tree graph). PROBE_ARGS: more fast_probe arguments (e.g.
+# smallm's int8 configs swept: quant_probe), main (cycles with the stored bf16 draft on the same machine); variants of
+# int8: int8ind (one row through inductor's GEMV: what "int8" was in the nineteenth session's call 1), int8pdl
+# (inductor's PDL on), int8nocudnn (the draft's attention without cuDNN's SDPA), int8pdlnocudnn (both), int8swept (int8
+# under another name, to run again after quant's table), int8rs (the target's attention scores by butterflies: bulk's
+# EK_ATTN_RS=0, the same bits; halving is the default since the 21st session), int8top1 (a chain's pick in two stages),
+# int8sdpa (the draft's attention by torch's SDPA, the default before the 21st session's bulk pending_attention),
+# int8levels (a compiled tree level by level: each level's layer, pick and bookkeeping graphs of their own, the default
+# before the 22nd session's whole-tree graph), int8rows (the attention by bulk's attn_rows, a block a row on the CUDA
+# cores: EK_ATTN_MMA=0, the default before the 23rd session's attn_tiles). PROBE_ARGS: more fast_probe arguments (e.g.
 # "--gaps 5,4,8"); QUANT_ARGS: more quant_probe arguments (e.g. "--no-inductor --sweep-rows 1"). Results: $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -34,6 +35,7 @@ for step in ${STEPS:-tests int8 quant main}; do
     int8top1) probe int8top1 --draft-quant int8 --top1-two-stage ;;
     int8sdpa) probe int8sdpa --draft-quant int8 --draft-attention sdpa ;;
     int8levels) probe int8levels --draft-quant int8 --level-tree ;;
+    int8rows) probe int8rows --draft-quant int8 --bulk-define EK_ATTN_MMA=0 ;;
     int8nocudnn) probe int8nocudnn --draft-quant int8 --no-cudnn-sdp ;;
     int8pdlnocudnn) TORCHINDUCTOR_ENABLE_PDL=1 probe int8pdlnocudnn --draft-quant int8 --no-cudnn-sdp ;;
     quant) timeout "${T_QUANT:-200}" python3 benchmarks/quant_probe.py "$OUT" --sweep --budget-s "${SWEEP_S:-90}" \

@@ -269,15 +269,19 @@ def test_qkv_rotates_and_writes_the_cache():
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("P,rep", [(40, 4), (255, 4), (700, 8), (1500, 2), (5000, 4)])  # 5000: parts fold chunks
-def test_attention_tree_rows_equal_rows_alone(P, rep):
+@pytest.mark.parametrize("P,rep,T", [(40, 4, 10), (255, 4, 10), (700, 8, 10), (1500, 2, 10), (5000, 4, 10),
+                                     (300, 1, 10), (100, 4, 64), (33, 8, 64)])  # 5000: parts fold chunks
+@pytest.mark.parametrize("kernel", ["tiles", "rows"])
+def test_attention_tree_rows_equal_rows_alone(P, rep, T, kernel):
     """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
-    layout: its ancestors committed), and both agree with an fp64 attention."""
+    layout: its ancestors committed), and both agree with an fp64 attention; by attn_tiles (the default: tensor
+    cores, a 16-row tile a block) and by attn_rows (EK_ATTN_MMA=0: CUDA cores, a block a row)."""
     rng = random.Random(P)
-    T, Hkv, hd = 10, 4, 128
+    Hkv, hd = 4, 128
     H = Hkv * rep
     S = P + T + 5
     kb = bulk.Kernels("cuda")
+    kb.lib = bulk.library(("EK_ATTN_MMA=0",) if kernel == "rows" else ())
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
     paths = random_tree_paths(T, rng)
     block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
@@ -308,13 +312,13 @@ def test_attention_tree_rows_equal_rows_alone(P, rep):
 @sm90
 @pytest.mark.parametrize("rep", [1, 2, 4, 8])
 def test_attention_scores_by_halving_give_the_same_bits(rep):
-    """The default build's scores (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31
-    shuffles for 32 scores) pair the lanes as the butterflies of EK_ATTN_RS=0 do: the same bits for tree rows, one
-    part and parts that fold chunks."""
+    """attn_rows's scores (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31 shuffles for
+    32 scores) pair the lanes as the butterflies of EK_ATTN_RS=0 do: the same bits for tree rows, one part and parts
+    that fold chunks."""
     T, Hkv, hd = 10, 4, 128
     H = Hkv * rep
     kb = bulk.Kernels("cuda")
-    variant = bulk.library(("EK_ATTN_RS=0",))
+    rows, variant = bulk.library(("EK_ATTN_MMA=0",)), bulk.library(("EK_ATTN_MMA=0", "EK_ATTN_RS=0"))
     for P in (40, 700, 5000):
         S = P + T + 5
         q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
@@ -322,10 +326,9 @@ def test_attention_scores_by_halving_give_the_same_bits(rep):
         block[5:, 1:5] = False  # (two branches)
         base = torch.tensor([P], device="cuda")
         outs = []
-        for lib in (kb.lib, variant):
+        for lib in (rows, variant):
             kb.lib = lib
             outs.append(kb.attn(q, kc, vc, base, block, (H, Hkv, hd), kb.scratch(T, S, Hkv, rep)))
-        kb.lib = bulk.library()
         assert torch.equal(outs[0], outs[1]), P
         assert outs[0].abs().sum() > 0
     assert not kb.tickets.any()

@@ -468,6 +468,9 @@ constexpr int AHD = 128, ACH = 32;
 #ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (same bits)
 #define EK_ATTN_RS 1
 #endif
+#ifndef EK_ATTN_MMA  // 1: the attention by attn_tiles (tensor cores, a tile of rows a block), 0: by attn_rows (below)
+#define EK_ATTN_MMA 1
+#endif
 
 // (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
 // 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
@@ -620,6 +623,337 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
   for (int d = 0; d < 4; ++d) dst[d] = __float2bfloat16(o[d] / Ls);
 }
 
+// ---- the same attention on the tensor cores: all of a KV head's query rows at once ----------------------------------
+// attn_rows reads a part's keys once per row and runs its scores and P.V on the CUDA cores, one (row, KV head) a block:
+// at 8 rows 8 blocks read the same keys and the SMs run out of issue slots (the verify's attention cost 0.24 ms over
+// the step's at (5,4,8), NOTES). Here block (part p, KV head g, tile) holds a 16-row tile of query heads (16 / REP
+// rows of the call, REP heads each) as the A operand of mma.sync m16n8k16 and reads each chunk's keys once for the
+// tile: scores S = Q K^T and O += P V on the tensor cores. Warp w of the block takes chunks TW p + w, then + TW P, ...
+// (P = gridDim.x parts, set by the span alone), folding them FlashAttention-2 style: a running max and sum a query
+// row, O rescaled by 2^(m_old - m_new) and the chunk's P V (P rounded to bf16, as FlashAttention does) added by one
+// fma; the warps' states are combined in warp order, the parts merged in part order by the last part to finish.
+// Row invariance: an mma's D row reads its own A row only (the products rely on it too), every sum runs in an order
+// set by logical key positions, and a chunk's keys sit where the row's logical order puts them: a chunk wholly below
+// the committed length holds the same keys for every row (loaded once, the tile's rows in one pass); a chunk past it
+// is a "tail": each row takes its own pass over it, its keys addressed through ldmatrix's per-lane row addresses (the
+// committed ones in the warp's tile, the row's pending ones in a pool of the call's pending keys, a zero row past the
+// row's last key), and only that row's state takes the pass's result (a select: the others keep their bits).
+constexpr int TW = 4;           // warps a block (chunks a part)
+constexpr int KROW = AHD + 8;   // a key's row in shared memory: 272 bytes, so ldmatrix's eight rows hit distinct banks
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {  // lo in the low half (the lower column)
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// the dynamic shared memory of attn_tiles for a call of C pending columns: TW tiles of ACH keys and values, the pool of
+// C pending keys and values, a zero row, TW slots of fp32 state for 16 query rows
+__host__ __device__ constexpr int tiles_smem(int C) {
+  return (TW * 2 * ACH + 2 * C + 1) * KROW * 2 + TW * (16 * AHD + 32) * 4;
+}
+
+template <int REP>
+__global__ void __launch_bounds__(32 * TW)
+    attn_tiles(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
+               const unsigned char* block, int C, int R, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
+               int ldo, float scale_log2, const long long* new0, const bf16* kn, const bf16* vn, int kn_t, int kn_h,
+               int vn_t, int vn_h) {
+  constexpr int TR = 16 / REP;  // rows of the call a tile
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* const tiles = reinterpret_cast<bf16*>(smem);  // [TW][2][ACH][KROW]: warp w's chunk, keys then values
+  bf16* const kp = tiles + TW * 2 * ACH * KROW;        // [C][KROW] the pending keys (column order), then values
+  bf16* const vp = kp + C * KROW;
+  bf16* const zero = vp + C * KROW;
+  __shared__ unsigned char cols[TR][64];  // a row's set columns of block, in order
+  __shared__ int nk[TR];                  // a row's logical keys (0: past the call's rows)
+  __shared__ int is_last;
+  pdl_trigger();
+  const int p = blockIdx.x, g = blockIdx.y, mt = blockIdx.z, P = gridDim.x, Hkv = gridDim.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const long long L = *base_ptr;  // (block and base are written before the step's layers: read before the wait)
+  const int Li = static_cast<int>(L), r0 = mt * TR;
+  for (int rr = warp; rr < TR; rr += TW) {
+    const int r = r0 + rr;
+    if (r >= R) {
+      if (lane == 0) nk[rr] = 0;
+      continue;
+    }
+    const unsigned char* brow = block + static_cast<size_t>(r) * C;
+    const unsigned m0 = __ballot_sync(0xffffffffu, lane < C && brow[lane]);
+    const unsigned m1 = __ballot_sync(0xffffffffu, lane + 32 < C && brow[lane + 32]);
+    if (m0 >> lane & 1) cols[rr][__popc(m0 & ((1u << lane) - 1))] = lane;
+    if (m1 >> lane & 1) cols[rr][__popc(m0) + __popc(m1 & ((1u << lane) - 1))] = lane + 32;
+    if (lane == 0) nk[rr] = Li + __popc(m0) + __popc(m1);
+  }
+  for (int i = tid; i < KROW / 8; i += 32 * TW) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  int nmax = 0;
+#pragma unroll
+  for (int rr = 0; rr < TR; ++rr) nmax = max(nmax, nk[rr]);
+  const int cmax = (nmax + ACH - 1) / ACH;  // the chunks of the tile's longest row
+  if (TW * p >= cmax) return;               // no chunk here for any of its rows (no ticket either)
+  const size_t head = static_cast<size_t>(g) * cap;
+  bf16* const kt = tiles + warp * 2 * ACH * KROW;
+  bf16* const vt = kt + ACH * KROW;
+  auto load_committed = [&](int c) {  // chunk c's committed keys (below L) into this warp's tile, row j: key 32 c + j
+    const int lo = c * ACH, pre = max(0, min(ACH, Li - lo));
+    const bf16* src = (lane < 16 ? K : V) + (head + lo) * AHD + (lane % 16) * 8;
+    bf16* dst = (lane < 16 ? kt : vt) + (lane % 16) * 8;
+    for (int j = 0; j < pre; ++j) cp16(dst + j * KROW, src + static_cast<size_t>(j) * AHD);
+    cp_commit();
+  };
+  int c = TW * p + warp;
+  if (c < cmax) load_committed(c);  // (the committed cache never depends on the predecessor: before the wait)
+  pdl_wait();                       // q and this call's keys are the q/k/v product's
+  const int c0 = new0 ? static_cast<int>(*new0 - L) : 0, nrow = new0 ? R : 0;  // kn/vn: columns c0 + r
+  if (new0 && p == 0)  // this tile's rows' keys (lanes 0-15) and values (16-31) into the cache
+    for (int rr = warp; rr < TR && r0 + rr < R; rr += TW) {
+      const int r = r0 + rr;
+      const bf16* src = lane < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
+                                  : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h;
+      bf16* dst = const_cast<bf16*>(lane < 16 ? K : V) + (head + L + c0 + r) * AHD;
+      reinterpret_cast<uint4*>(dst)[lane % 16] = reinterpret_cast<const uint4*>(src)[lane % 16];
+    }
+  bool tail = false;  // a chunk of this part at or past the committed length's: the pool is needed
+  for (int cc = TW * p; cc < cmax; cc += TW * P) tail |= cc + TW - 1 >= Li / ACH;
+  if (tail) {
+    for (int i = tid; i < C * 32; i += 32 * TW) {  // column col: 16 units of 16 bytes of its key, then 16 of its value
+      const int col = i / 32, u = i % 32, r = col - c0;
+      const bf16* src = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
+                            ? (u < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
+                                      : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h)
+                            : (u < 16 ? K : V) + (head + L + col) * AHD;
+      cp16((u < 16 ? kp : vp) + col * KROW + (u % 16) * 8, src + (u % 16) * 8);
+    }
+    cp_commit();
+  }
+  // the tile's query heads as A fragments, k-step kk (dims 16 kk ..): query row qi -> row r0 + qi / REP, head
+  // g REP + qi % REP; this lane's rows gid (h2 0) and gid + 8 (h2 1); rows past the call's: zeros
+  uint32_t qa[8][4];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const int qi = gid + 8 * h2, r = r0 + qi / REP;
+    const bf16* qrow = q + static_cast<size_t>(r < R ? r : 0) * ldq + static_cast<size_t>(g * REP + qi % REP) * AHD;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      qa[kk][h2] = r < R ? *reinterpret_cast<const uint32_t*>(qrow + 16 * kk + 2 * tig) : 0u;
+      qa[kk][2 + h2] = r < R ? *reinterpret_cast<const uint32_t*>(qrow + 16 * kk + 8 + 2 * tig) : 0u;
+    }
+  }
+  cp_wait_all();
+  __syncthreads();  // (the pool, the first tiles)
+  float m_[2] = {-INFINITY, -INFINITY}, l_[2] = {0.f, 0.f}, o[16][4];
+#pragma unroll
+  for (int dn = 0; dn < 16; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+  // one pass over chunk [lo, lo + 32) for the tile's rows rr (all where rr < 0): n the row's keys (keys at or past it
+  // are masked), its pending keys in cols[rr], the chunk's committed keys in the tile tk, tv
+  auto pass = [&](int lo, int rr, int n, const bf16* tk, const bf16* tv) {
+    auto addr = [&](int j, bool val) {  // the smem row of the chunk's key j (0..31) for this pass
+      const int J = lo + j;
+      const bf16* row = J < Li ? (val ? tv : tk) + j * KROW
+                               : J < n ? (val ? vp : kp) + cols[rr < 0 ? 0 : rr][J - Li] * KROW : zero;
+      return smem_u32(row);
+    };
+    float s[4][4];
+#pragma unroll
+    for (int jt = 0; jt < 4; ++jt) {  // keys 8 jt .. 8 jt + 7: this lane addresses key 8 jt + lane % 8, dims 8 (lane / 8)
+      s[jt][0] = s[jt][1] = s[jt][2] = s[jt][3] = 0.f;
+      const uint32_t ka = addr(8 * jt + (lane & 7), false) + (lane >> 3) * 16;
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {  // dims 32 qq ..: k-steps 2 qq and 2 qq + 1
+        uint32_t b[4];
+        ldsm4(b, ka + qq * 64);
+        mma16816(s[jt], qa[2 * qq][0], qa[2 * qq][1], qa[2 * qq][2], qa[2 * qq][3], b[0], b[1]);
+        mma16816(s[jt], qa[2 * qq + 1][0], qa[2 * qq + 1][1], qa[2 * qq + 1][2], qa[2 * qq + 1][3], b[2], b[3]);
+      }
+    }
+    bool sel[2];
+    float alpha[2], mnew[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {  // s[jt][2 h2 + e]: query row gid + 8 h2, key 8 jt + 2 tig + e
+      sel[h2] = rr < 0 || (gid + 8 * h2) / REP == rr;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int jt = 0; jt < 4; ++jt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[jt][2 * h2 + e];
+          v = lo + 8 * jt + 2 * tig + e < n ? v * scale_log2 : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mnew[h2] = sel[h2] ? fmaxf(m_[h2], mx) : m_[h2];
+      alpha[h2] = sel[h2] ? exp2f(m_[h2] - mnew[h2]) : 1.f;
+      float sum = 0.f;
+#pragma unroll
+      for (int jt = 0; jt < 4; ++jt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[jt][2 * h2 + e];
+          v = sel[h2] ? exp2f(v - mnew[h2]) : 0.f;
+          sum += v;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (sel[h2]) l_[h2] = fmaf(l_[h2], alpha[h2], sum), m_[h2] = mnew[h2];
+    }
+    uint32_t pa[2][4];  // P as A fragments: k-step ks takes keys 16 ks .. 16 ks + 15 (n-tiles 2 ks, 2 ks + 1)
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      pa[ks][0] = pack_bf2(s[2 * ks][0], s[2 * ks][1]);
+      pa[ks][1] = pack_bf2(s[2 * ks][2], s[2 * ks][3]);
+      pa[ks][2] = pack_bf2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    }
+    uint32_t va[2];  // values (ldmatrix.trans): this lane addresses key 16 ks + 8 ((lane / 8) % 2) + lane % 8
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) va[ks] = addr(16 * ks + ((lane >> 3) & 1) * 8 + (lane & 7), true) + (lane >> 4) * 16;
+#pragma unroll
+    for (int dd = 0; dd < 8; ++dd) {  // dims 16 dd .. 16 dd + 15: n-tiles 2 dd, 2 dd + 1
+      float t0[4] = {0.f, 0.f, 0.f, 0.f}, t1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t b[4];
+        ldsm4t(b, va[ks] + dd * 32);
+        mma16816(t0, pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3], b[0], b[1]);
+        mma16816(t1, pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3], b[2], b[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h2 = e / 2;
+        o[2 * dd][e] = sel[h2] ? fmaf(o[2 * dd][e], alpha[h2], t0[e]) : o[2 * dd][e];
+        o[2 * dd + 1][e] = sel[h2] ? fmaf(o[2 * dd + 1][e], alpha[h2], t1[e]) : o[2 * dd + 1][e];
+      }
+    }
+  };
+  // a tail chunk (past the committed length: a pass a row) in the first round, of a tile whose rows all end there, is
+  // left to the step after this loop, which spreads the passes over the warps: there each slot (warp) folds at most
+  // one chunk a row, so a pass starts from a fresh state wherever it runs and gives the bits its own warp would
+  const bool one_round = cmax <= TW * P;
+  for (int k = 0; c < cmax; c += TW * P, ++k) {
+    if (k > 0) {  // (spans past TW P chunks: this warp's next chunk, once its last pass is done with the tile)
+      __syncwarp();
+      load_committed(c);
+      cp_wait_all();
+      __syncwarp();
+    }
+    const int lo = c * ACH;
+    if (lo + ACH <= Li) {
+      pass(lo, -1, lo + ACH, kt, vt);
+    } else if (!one_round) {
+      for (int rr = 0; rr < TR; ++rr)
+        if (lo < nk[rr]) pass(lo, rr, nk[rr], kt, vt);
+    }
+  }
+  // the slots: warp w's (O, m, l) for the tile's 16 query rows, combined in warp order below
+  float* const cw = reinterpret_cast<float*>(zero + KROW);  // [TW][16 AHD + 32]: O [16][AHD], m [16], l [16]
+  auto to_slot = [&](int w, int rr) {  // this warp's state into slot w: the rows of tile row rr (all where rr < 0)
+    float* ws = cw + w * (16 * AHD + 32);
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      if (rr >= 0 && (gid + 8 * h2) / REP != rr) continue;
+#pragma unroll
+      for (int dn = 0; dn < 16; ++dn)
+        *reinterpret_cast<float2*>(ws + (gid + 8 * h2) * AHD + 8 * dn + 2 * tig) =
+            make_float2(o[dn][2 * h2], o[dn][2 * h2 + 1]);
+      if (tig == 0) ws[16 * AHD + gid + 8 * h2] = m_[h2], ws[16 * AHD + 16 + gid + 8 * h2] = l_[h2];
+    }
+  };
+  to_slot(warp, -1);
+  __syncthreads();
+  if (one_round) {  // the part's tail chunks times the tile's rows, pair i to warp i % TW
+    const int cf = max(TW * p, Li / ACH), cl = min(TW * p + TW, cmax);
+    for (int i = warp; i < (cl - cf) * TR; i += TW) {
+      const int cc = cf + i / TR, rr = i % TR, lo = cc * ACH;
+      if (lo >= nk[rr]) continue;
+      m_[0] = m_[1] = -INFINITY, l_[0] = l_[1] = 0.f;
+#pragma unroll
+      for (int dn = 0; dn < 16; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+      const bf16* tk = tiles + (cc % TW) * 2 * ACH * KROW;  // (the committed keys of chunk cc: its own warp's tile)
+      pass(lo, rr, nk[rr], tk, tk + ACH * KROW);
+      to_slot(cc % TW, rr);
+    }
+    __syncthreads();
+  }
+  const int qi = tid / 8, d0 = (tid % 8) * 16, r = r0 + qi / REP, h = qi % REP;  // this thread: 16 dims of a row
+  const size_t first = (static_cast<size_t>(r) * Hkv + g) * P * REP + h;  // (row, g, part 0, head h)
+  if (r < R) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < TW; ++w) M = fmaxf(M, cw[w * (16 * AHD + 32) + 16 * AHD + qi]);
+    if (M > -INFINITY) {  // this part holds keys of the row
+      float Ls = 0.f, a[16];
+#pragma unroll
+      for (int d = 0; d < 16; ++d) a[d] = 0.f;
+#pragma unroll
+      for (int w = 0; w < TW; ++w) {
+        const float* ws = cw + w * (16 * AHD + 32);
+        const float mw = ws[16 * AHD + qi];
+        if (mw == -INFINITY) continue;  // (no chunk of the row in this warp)
+        const float wt = exp2f(mw - M);
+        Ls = fmaf(ws[16 * AHD + 16 + qi], wt, Ls);
+#pragma unroll
+        for (int d = 0; d < 16; ++d) a[d] = fmaf(ws[qi * AHD + d0 + d], wt, a[d]);
+      }
+      const size_t slot = first + static_cast<size_t>(p) * REP;
+#pragma unroll
+      for (int d = 0; d < 16; d += 4)
+        *reinterpret_cast<float4*>(part_acc + slot * AHD + d0 + d) = make_float4(a[d], a[d + 1], a[d + 2], a[d + 3]);
+      if (d0 == 0) part_ml[slot * 2] = M, part_ml[slot * 2 + 1] = Ls;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  unsigned* ticket = tickets + static_cast<size_t>(mt) * Hkv + g;
+  if (tid == 0) {
+    const int parts = min((cmax + TW - 1) / TW, P);
+    is_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(parts - 1);
+    if (is_last) *ticket = 0;  // every part has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last || r >= R) return;
+  __threadfence();
+  // the merge of the row's parts, in part order (other blocks' values: L2 reads)
+  const int parts = min(((nk[qi / REP] + ACH - 1) / ACH + TW - 1) / TW, P);
+  float M = -INFINITY, Ls = 0.f, a[16];
+#pragma unroll 4
+  for (int cpart = 0; cpart < parts; ++cpart) M = fmaxf(M, __ldcg(part_ml + (first + cpart * REP) * 2));
+#pragma unroll
+  for (int d = 0; d < 16; ++d) a[d] = 0.f;
+#pragma unroll 4  // (four parts' loads in flight at once: each part is a round trip to L2 otherwise)
+  for (int cpart = 0; cpart < parts; ++cpart) {
+    const size_t slot = first + static_cast<size_t>(cpart) * REP;
+    const float wt = exp2f(__ldcg(part_ml + slot * 2) - M);
+    Ls = fmaf(__ldcg(part_ml + slot * 2 + 1), wt, Ls);
+#pragma unroll
+    for (int d = 0; d < 16; d += 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + slot * AHD + d0 + d));
+      a[d] = fmaf(v.x, wt, a[d]), a[d + 1] = fmaf(v.y, wt, a[d + 1]);
+      a[d + 2] = fmaf(v.z, wt, a[d + 2]), a[d + 3] = fmaf(v.w, wt, a[d + 3]);
+    }
+  }
+  bf16* dst = out + static_cast<size_t>(r) * ldo + (static_cast<size_t>(g) * REP + h) * AHD + d0;
+#pragma unroll
+  for (int d = 0; d < 16; d += 2)
+    *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(a[d] / Ls, a[d + 1] / Ls);
+}
+
 // the pending keys' source for launch_attn: this call's rows' keys in kn/vn from slot *first on (strides in elements:
 // a row, a KV head), or first null (every pending key in the cache)
 struct NewKeys {
@@ -632,10 +966,28 @@ template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
                 const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,
                 int rows, int hkv, int parts, const NewKeys& nk, cudaStream_t s) {
+#if EK_ATTN_MMA
+  // (a part of attn_tiles is TW chunks: its parts from the span's as attn_rows counts them, so still the span's alone)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static unsigned long long big_smem = 0;  // the devices on which attn_tiles<REP> may take its most shared memory
+  if (!(big_smem >> dev & 1)) {
+    const cudaError_t e = cudaFuncSetAttribute(attn_tiles<REP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               tiles_smem(64));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    big_smem |= 1ull << dev;
+  }
+  const int tr = 16 / REP;
+  return launch_ex(attn_tiles<REP>, dim3((parts + TW - 1) / TW, hkv, (rows + tr - 1) / tr), dim3(32 * TW),
+                   static_cast<size_t>(tiles_smem(cols)), g_pdl, s, q, ldq, K, V, cap, base, block, cols, rows, acc, ml,
+                   tickets, out, ldo, 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn, nk.vn,
+                   nk.kn_t, nk.kn_h, nk.vn_t, nk.vn_h);
+#else
   return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, g_pdl, s, q, ldq, K, V,
                    cap, base, block, cols, acc, ml, tickets, out, ldo,
                    1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn, nk.vn, nk.kn_t, nk.kn_h,
                    nk.vn_t, nk.vn_h);
+#endif
 }
 
 // the norm arguments of a product (Epi): ss_in [M, nss] (null: no norm in it), eps; and for RESID, xg [M, N] and
