@@ -1,7 +1,8 @@
 """The verify attention (bulk's attention kernel) alone, default build against a variant (EK_ATTN_RS=0: attn_rows's
-butterflies, the same bits; EK_ATTN_MMA=0: attn_rows, CUDA cores, a block a row, against attn_tiles's tensor cores):
-whether the bits are the same, the largest difference, and ms for 32 launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a
-CUDA graph (smallm.graph_ms), one build after the other. Not the step: no products beside it, no PDL neighbours.
+butterflies, the same bits; EK_ATTN_MMA=0: attn_rows, CUDA cores, a block a row, against attn_tiles's tensor cores;
+EK_ATTN_MTB=1: attn_tiles one tile a block): whether the bits are the same, the largest difference, and ms for 32
+launches (an 8B step's layers, each its own 512-key cache so the caches exceed the L2) at k rows, in a CUDA graph
+(smallm.graph_ms), one build after the other. Not the step: no products beside it, no PDL neighbours.
 
     python benchmarks/attn_rs_probe.py OUT [--define EK_ATTN_MMA=0] [--rows 1,6,8]
 """
@@ -42,6 +43,9 @@ def main():
         outs, row = {}, {}
         for name, lib in libs.items():  # (smallm.graph_ms: one CUDA graph of the 32 launches, the median per launch)
             kb.lib = lib
+            # (NaNs where the output will be allocated: the caching allocator hands the last freed block of this size
+            # back, so an output a variant failed to write would otherwise show the default's values)
+            torch.full((T, H * hd), float("nan"), device="cuda", dtype=torch.bfloat16)
             outs[name] = kb.attn(q, *caches[0], base, block, (H, Hkv, hd), scratch).clone()
             row[name] = round(layers * smallm.graph_ms(
                 lambda i: kb.attn(q, *caches[i], base, block, (H, Hkv, hd), scratch), layers, reps=30), 4)

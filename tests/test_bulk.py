@@ -271,17 +271,18 @@ def test_qkv_rotates_and_writes_the_cache():
 @sm90
 @pytest.mark.parametrize("P,rep,T", [(40, 4, 10), (255, 4, 10), (700, 8, 10), (1500, 2, 10), (5000, 4, 10),
                                      (300, 1, 10), (100, 4, 64), (33, 8, 64)])  # 5000: parts fold chunks
-@pytest.mark.parametrize("kernel", ["tiles", "rows"])
+@pytest.mark.parametrize("kernel", ["tiles", "tiles1", "rows"])
 def test_attention_tree_rows_equal_rows_alone(P, rep, T, kernel):
     """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
     layout: its ancestors committed), and both agree with an fp64 attention; by attn_tiles (the default: tensor
-    cores, a 16-row tile a block) and by attn_rows (EK_ATTN_MMA=0: CUDA cores, a block a row)."""
+    cores, 16-row tiles of query heads, two a block from three tiles on), by attn_tiles one tile a block
+    (EK_ATTN_MTB=1) and by attn_rows (EK_ATTN_MMA=0: CUDA cores, a block a row)."""
     rng = random.Random(P)
     Hkv, hd = 4, 128
     H = Hkv * rep
     S = P + T + 5
     kb = bulk.Kernels("cuda")
-    kb.lib = bulk.library(("EK_ATTN_MMA=0",) if kernel == "rows" else ())
+    kb.lib = bulk.library({"tiles": (), "tiles1": ("EK_ATTN_MTB=1",), "rows": ("EK_ATTN_MMA=0",)}[kernel])
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
     paths = random_tree_paths(T, rng)
     block = torch.zeros(T, T, dtype=torch.bool, device="cuda")

@@ -13,9 +13,10 @@
 //
 // Batch invariance (bf16 speculative output identical to the baseline's): a row's arithmetic never depends on the
 // rows beside it. Products: x's rows are the A operand of mma.sync m16n8k16 (rows past M are zeros; 16-row tiles);
-// each output row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: block
-// (part, KV head, row) takes the row's logical keys [32 p, 32 p + 32) (the committed prefix, then the row's tree
-// ancestors and itself, read from the tree's block), and the parts are merged in order.
+// each output row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: a row's
+// logical keys (the committed prefix, then its tree ancestors and itself, read from the tree's block) go in fixed
+// 32-key chunks to fixed places (attn_tiles: chunk c to part c / 4, slot c % 4, the row's query heads as A rows of the
+// mma; attn_rows, EK_ATTN_MMA=0: block (part, KV head, row) takes chunks p, p + P, ...), merged in a fixed order.
 //
 // Built at first use by eaglekit.models.bulk (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
 
@@ -471,6 +472,9 @@ constexpr int AHD = 128, ACH = 32;
 #ifndef EK_ATTN_MMA  // 1: the attention by attn_tiles (tensor cores, a tile of rows a block), 0: by attn_rows (below)
 #define EK_ATTN_MMA 1
 #endif
+#ifndef EK_ATTN_MTB  // attn_tiles's tiles a block at most (2: two where the call has three or more; 1: one)
+#define EK_ATTN_MTB 2
+#endif
 
 // (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
 // 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
@@ -626,17 +630,19 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
 // ---- the same attention on the tensor cores: all of a KV head's query rows at once ----------------------------------
 // attn_rows reads a part's keys once per row and runs its scores and P.V on the CUDA cores, one (row, KV head) a block:
 // at 8 rows 8 blocks read the same keys and the SMs run out of issue slots (the verify's attention cost 0.24 ms over
-// the step's at (5,4,8), NOTES). Here block (part p, KV head g, tile) holds a 16-row tile of query heads (16 / REP
-// rows of the call, REP heads each) as the A operand of mma.sync m16n8k16 and reads each chunk's keys once for the
-// tile: scores S = Q K^T and O += P V on the tensor cores. Warp w of the block takes chunks TW p + w, then + TW P, ...
-// (P = gridDim.x parts, set by the span alone), folding them FlashAttention-2 style: a running max and sum a query
-// row, O rescaled by 2^(m_old - m_new) and the chunk's P V (P rounded to bf16, as FlashAttention does) added by one
-// fma; the warps' states are combined in warp order, the parts merged in part order by the last part to finish.
+// the step's at (5,4,8), NOTES). Here block (part p, KV head g, z) holds MTB 16-row tiles of query heads (16 / REP
+// rows of the call, REP heads each) as the A operands of mma.sync m16n8k16 and reads each chunk's keys once for them:
+// scores S = Q K^T and O += P V on the tensor cores. Chunk slot w (warps w, w + TW, ...: one a tile) takes chunks
+// TW p + w, then + TW P, ... (P = gridDim.x parts, set by the span alone), folding them FlashAttention-2 style: a
+// running max and sum a query row, O rescaled by 2^(m_old - m_new) and the chunk's P V (P rounded to bf16, as
+// FlashAttention does) added by one fma; the slots' states are combined in slot order, the parts merged in part order
+// by the last part to finish. H200, 32 launches at 512 keys: 0.23 ms at 1 row as attn_rows, 0.28 against 0.33 at 4,
+// 0.34 against 0.38 at 8, 0.84 against 1.42 at 49 (NOTES, 23rd session).
 // Row invariance: an mma's D row reads its own A row only (the products rely on it too), every sum runs in an order
 // set by logical key positions, and a chunk's keys sit where the row's logical order puts them: a chunk wholly below
 // the committed length holds the same keys for every row (loaded once, the tile's rows in one pass); a chunk past it
 // is a "tail": each row takes its own pass over it, its keys addressed through ldmatrix's per-lane row addresses (the
-// committed ones in the warp's tile, the row's pending ones in a pool of the call's pending keys, a zero row past the
+// committed ones in the slot's tile, the row's pending ones in a pool of the call's pending keys, a zero row past the
 // row's last key), and only that row's state takes the pass's result (a select: the others keep their bits).
 constexpr int TW = 4;           // warps a block (chunks a part)
 constexpr int KROW = AHD + 8;   // a key's row in shared memory: 272 bytes, so ldmatrix's eight rows hit distinct banks
@@ -656,38 +662,43 @@ __device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ __forceinline__ void named_sync(int id, int threads) {  // the warps of one chunk slot (barrier id >= 1)
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {  // lo in the low half (the lower column)
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
 // the dynamic shared memory of attn_tiles for a call of C pending columns: TW tiles of ACH keys and values, the pool of
-// C pending keys and values, a zero row, TW slots of fp32 state for 16 query rows
-__host__ __device__ constexpr int tiles_smem(int C) {
-  return (TW * 2 * ACH + 2 * C + 1) * KROW * 2 + TW * (16 * AHD + 32) * 4;
+// C pending keys and values, a zero row, TW slots of fp32 state for 16 query rows a tile (MTB tiles a block)
+__host__ __device__ constexpr int tiles_smem(int C, int MTB) {
+  return (TW * 2 * ACH + 2 * C + 1) * KROW * 2 + TW * MTB * (16 * AHD + 32) * 4;
 }
 
-template <int REP>
-__global__ void __launch_bounds__(32 * TW)
+template <int REP, int MTB>
+__global__ void __launch_bounds__(32 * TW * MTB)
     attn_tiles(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
                const unsigned char* block, int C, int R, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
                int ldo, float scale_log2, const long long* new0, const bf16* kn, const bf16* vn, int kn_t, int kn_h,
                int vn_t, int vn_h) {
-  constexpr int TR = 16 / REP;  // rows of the call a tile
+  constexpr int TR = 16 / REP, TRB = TR * MTB, NT = 32 * TW * MTB;  // rows of the call a tile, a block; threads
+  constexpr int SL = 16 * AHD + 32;                                  // a slot's floats
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* const tiles = reinterpret_cast<bf16*>(smem);  // [TW][2][ACH][KROW]: warp w's chunk, keys then values
+  bf16* const tiles = reinterpret_cast<bf16*>(smem);  // [TW][2][ACH][KROW]: chunk slot w's keys, then values
   bf16* const kp = tiles + TW * 2 * ACH * KROW;        // [C][KROW] the pending keys (column order), then values
   bf16* const vp = kp + C * KROW;
   bf16* const zero = vp + C * KROW;
-  __shared__ unsigned char cols[TR][64];  // a row's set columns of block, in order
-  __shared__ int nk[TR];                  // a row's logical keys (0: past the call's rows)
+  __shared__ unsigned char cols[TRB][64];  // a row's set columns of block, in order
+  __shared__ int nk[TRB];                  // a row's logical keys (0: past the call's rows)
   __shared__ int is_last;
   pdl_trigger();
-  const int p = blockIdx.x, g = blockIdx.y, mt = blockIdx.z, P = gridDim.x, Hkv = gridDim.y;
+  const int p = blockIdx.x, g = blockIdx.y, P = gridDim.x, Hkv = gridDim.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int wk = warp % TW, wt = warp / TW;  // this warp's chunk slot and tile: tile wt's rows, chunks TW p + wk, ...
   const long long L = *base_ptr;  // (block and base are written before the step's layers: read before the wait)
-  const int Li = static_cast<int>(L), r0 = mt * TR;
-  for (int rr = warp; rr < TR; rr += TW) {
+  const int Li = static_cast<int>(L), r0 = blockIdx.z * TRB;  // the block's rows r0 ..; tile wt's: r0 + wt TR ..
+  for (int rr = warp; rr < TRB; rr += TW * MTB) {
     const int r = r0 + rr;
     if (r >= R) {
       if (lane == 0) nk[rr] = 0;
@@ -700,29 +711,29 @@ __global__ void __launch_bounds__(32 * TW)
     if (m1 >> lane & 1) cols[rr][__popc(m0) + __popc(m1 & ((1u << lane) - 1))] = lane + 32;
     if (lane == 0) nk[rr] = Li + __popc(m0) + __popc(m1);
   }
-  for (int i = tid; i < KROW / 8; i += 32 * TW) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < KROW / 8; i += NT) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   int nmax = 0;
 #pragma unroll
-  for (int rr = 0; rr < TR; ++rr) nmax = max(nmax, nk[rr]);
-  const int cmax = (nmax + ACH - 1) / ACH;  // the chunks of the tile's longest row
+  for (int rr = 0; rr < TRB; ++rr) nmax = max(nmax, nk[rr]);
+  const int cmax = (nmax + ACH - 1) / ACH;  // the chunks of the block's longest row
   if (TW * p >= cmax) return;               // no chunk here for any of its rows (no ticket either)
   const size_t head = static_cast<size_t>(g) * cap;
-  bf16* const kt = tiles + warp * 2 * ACH * KROW;
+  bf16* const kt = tiles + wk * 2 * ACH * KROW;  // (the MTB warps of slot wk share its tile: each loads a share)
   bf16* const vt = kt + ACH * KROW;
-  auto load_committed = [&](int c) {  // chunk c's committed keys (below L) into this warp's tile, row j: key 32 c + j
+  auto load_committed = [&](int c) {  // chunk c's committed keys (below L) into the slot's tile, row j: key 32 c + j
     const int lo = c * ACH, pre = max(0, min(ACH, Li - lo));
     const bf16* src = (lane < 16 ? K : V) + (head + lo) * AHD + (lane % 16) * 8;
     bf16* dst = (lane < 16 ? kt : vt) + (lane % 16) * 8;
-    for (int j = 0; j < pre; ++j) cp16(dst + j * KROW, src + static_cast<size_t>(j) * AHD);
+    for (int j = wt; j < pre; j += MTB) cp16(dst + j * KROW, src + static_cast<size_t>(j) * AHD);
     cp_commit();
   };
-  int c = TW * p + warp;
+  int c = TW * p + wk;
   if (c < cmax) load_committed(c);  // (the committed cache never depends on the predecessor: before the wait)
   pdl_wait();                       // q and this call's keys are the q/k/v product's
   const int c0 = new0 ? static_cast<int>(*new0 - L) : 0, nrow = new0 ? R : 0;  // kn/vn: columns c0 + r
-  if (new0 && p == 0)  // this tile's rows' keys (lanes 0-15) and values (16-31) into the cache
-    for (int rr = warp; rr < TR && r0 + rr < R; rr += TW) {
+  if (new0 && p == 0)  // this block's rows' keys (lanes 0-15) and values (16-31) into the cache
+    for (int rr = warp; rr < TRB && r0 + rr < R; rr += TW * MTB) {
       const int r = r0 + rr;
       const bf16* src = lane < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
                                   : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h;
@@ -732,7 +743,7 @@ __global__ void __launch_bounds__(32 * TW)
   bool tail = false;  // a chunk of this part at or past the committed length's: the pool is needed
   for (int cc = TW * p; cc < cmax; cc += TW * P) tail |= cc + TW - 1 >= Li / ACH;
   if (tail) {
-    for (int i = tid; i < C * 32; i += 32 * TW) {  // column col: 16 units of 16 bytes of its key, then 16 of its value
+    for (int i = tid; i < C * 32; i += NT) {  // column col: 16 units of 16 bytes of its key, then 16 of its value
       const int col = i / 32, u = i % 32, r = col - c0;
       const bf16* src = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
                             ? (u < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
@@ -742,12 +753,12 @@ __global__ void __launch_bounds__(32 * TW)
     }
     cp_commit();
   }
-  // the tile's query heads as A fragments, k-step kk (dims 16 kk ..): query row qi -> row r0 + qi / REP, head
+  // tile wt's query heads as A fragments, k-step kk (dims 16 kk ..): query row qi -> row r0 + wt TR + qi / REP, head
   // g REP + qi % REP; this lane's rows gid (h2 0) and gid + 8 (h2 1); rows past the call's: zeros
   uint32_t qa[8][4];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
-    const int qi = gid + 8 * h2, r = r0 + qi / REP;
+    const int qi = gid + 8 * h2, r = r0 + wt * TR + qi / REP;
     const bf16* qrow = q + static_cast<size_t>(r < R ? r : 0) * ldq + static_cast<size_t>(g * REP + qi % REP) * AHD;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
@@ -760,18 +771,18 @@ __global__ void __launch_bounds__(32 * TW)
   float m_[2] = {-INFINITY, -INFINITY}, l_[2] = {0.f, 0.f}, o[16][4];
 #pragma unroll
   for (int dn = 0; dn < 16; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-  // one pass over chunk [lo, lo + 32) for the tile's rows rr (all where rr < 0): n the row's keys (keys at or past it
-  // are masked), its pending keys in cols[rr], the chunk's committed keys in the tile tk, tv
+  // one pass over chunk [lo, lo + 32) for the tile's row rr (all its rows where rr < 0): n the row's keys (keys at or
+  // past it are masked), its pending keys in cols[wt TR + rr], the chunk's committed keys in the tile tk, tv
   auto pass = [&](int lo, int rr, int n, const bf16* tk, const bf16* tv) {
     auto addr = [&](int j, bool val) {  // the smem row of the chunk's key j (0..31) for this pass
       const int J = lo + j;
       const bf16* row = J < Li ? (val ? tv : tk) + j * KROW
-                               : J < n ? (val ? vp : kp) + cols[rr < 0 ? 0 : rr][J - Li] * KROW : zero;
+                               : J < n ? (val ? vp : kp) + cols[wt * TR + (rr < 0 ? 0 : rr)][J - Li] * KROW : zero;
       return smem_u32(row);
     };
     float s[4][4];
 #pragma unroll
-    for (int jt = 0; jt < 4; ++jt) {  // keys 8 jt .. 8 jt + 7: this lane addresses key 8 jt + lane % 8, dims 8 (lane / 8)
+    for (int jt = 0; jt < 4; ++jt) {  // keys 8 jt ..: this lane addresses key 8 jt + lane % 8, dims 8 (lane / 8) ..
       s[jt][0] = s[jt][1] = s[jt][2] = s[jt][3] = 0.f;
       const uint32_t ka = addr(8 * jt + (lane & 7), false) + (lane >> 3) * 16;
 #pragma unroll
@@ -847,24 +858,24 @@ __global__ void __launch_bounds__(32 * TW)
   // one chunk a row, so a pass starts from a fresh state wherever it runs and gives the bits its own warp would
   const bool one_round = cmax <= TW * P;
   for (int k = 0; c < cmax; c += TW * P, ++k) {
-    if (k > 0) {  // (spans past TW P chunks: this warp's next chunk, once its last pass is done with the tile)
-      __syncwarp();
+    if (k > 0) {  // (spans past TW P chunks: the slot's next chunk, once its warps' last passes are done with the tile)
+      named_sync(1 + wk, 32 * MTB);
       load_committed(c);
       cp_wait_all();
-      __syncwarp();
+      named_sync(1 + wk, 32 * MTB);
     }
     const int lo = c * ACH;
     if (lo + ACH <= Li) {
       pass(lo, -1, lo + ACH, kt, vt);
     } else if (!one_round) {
       for (int rr = 0; rr < TR; ++rr)
-        if (lo < nk[rr]) pass(lo, rr, nk[rr], kt, vt);
+        if (lo < nk[wt * TR + rr]) pass(lo, rr, nk[wt * TR + rr], kt, vt);
     }
   }
-  // the slots: warp w's (O, m, l) for the tile's 16 query rows, combined in warp order below
-  float* const cw = reinterpret_cast<float*>(zero + KROW);  // [TW][16 AHD + 32]: O [16][AHD], m [16], l [16]
-  auto to_slot = [&](int w, int rr) {  // this warp's state into slot w: the rows of tile row rr (all where rr < 0)
-    float* ws = cw + w * (16 * AHD + 32);
+  // the slots: chunk slot w's (O, m, l) for tile t's 16 query rows, combined in slot order below
+  float* const cw = reinterpret_cast<float*>(zero + KROW);  // [TW][MTB][SL]: O [16][AHD], m [16], l [16]
+  auto to_slot = [&](int w, int rr) {  // this warp's state into slot w of its tile: tile row rr's rows (all: rr < 0)
+    float* ws = cw + (w * MTB + wt) * SL;
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       if (rr >= 0 && (gid + 8 * h2) / REP != rr) continue;
@@ -875,37 +886,38 @@ __global__ void __launch_bounds__(32 * TW)
       if (tig == 0) ws[16 * AHD + gid + 8 * h2] = m_[h2], ws[16 * AHD + 16 + gid + 8 * h2] = l_[h2];
     }
   };
-  to_slot(warp, -1);
+  to_slot(wk, -1);
   __syncthreads();
-  if (one_round) {  // the part's tail chunks times the tile's rows, pair i to warp i % TW
+  if (one_round) {  // the part's tail chunks times tile wt's rows, pair i to the tile's warp i % TW
     const int cf = max(TW * p, Li / ACH), cl = min(TW * p + TW, cmax);
-    for (int i = warp; i < (cl - cf) * TR; i += TW) {
-      const int cc = cf + i / TR, rr = i % TR, lo = cc * ACH;
-      if (lo >= nk[rr]) continue;
+    for (int i = wk; i < (cl - cf) * TR; i += TW) {
+      const int cc = cf + i / TR, rr = i % TR, lo = cc * ACH, n = nk[wt * TR + rr];
+      if (lo >= n) continue;
       m_[0] = m_[1] = -INFINITY, l_[0] = l_[1] = 0.f;
 #pragma unroll
       for (int dn = 0; dn < 16; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
       const bf16* tk = tiles + (cc % TW) * 2 * ACH * KROW;  // (the committed keys of chunk cc: its own warp's tile)
-      pass(lo, rr, nk[rr], tk, tk + ACH * KROW);
+      pass(lo, rr, n, tk, tk + ACH * KROW);
       to_slot(cc % TW, rr);
     }
     __syncthreads();
   }
-  const int qi = tid / 8, d0 = (tid % 8) * 16, r = r0 + qi / REP, h = qi % REP;  // this thread: 16 dims of a row
+  // this thread: 16 dims of query row qi of tile t
+  const int t = tid / 128, qi = tid % 128 / 8, d0 = (tid % 8) * 16, rb = t * TR + qi / REP, r = r0 + rb, h = qi % REP;
   const size_t first = (static_cast<size_t>(r) * Hkv + g) * P * REP + h;  // (row, g, part 0, head h)
   if (r < R) {
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < TW; ++w) M = fmaxf(M, cw[w * (16 * AHD + 32) + 16 * AHD + qi]);
+    for (int w = 0; w < TW; ++w) M = fmaxf(M, cw[(w * MTB + t) * SL + 16 * AHD + qi]);
     if (M > -INFINITY) {  // this part holds keys of the row
       float Ls = 0.f, a[16];
 #pragma unroll
       for (int d = 0; d < 16; ++d) a[d] = 0.f;
 #pragma unroll
       for (int w = 0; w < TW; ++w) {
-        const float* ws = cw + w * (16 * AHD + 32);
+        const float* ws = cw + (w * MTB + t) * SL;
         const float mw = ws[16 * AHD + qi];
-        if (mw == -INFINITY) continue;  // (no chunk of the row in this warp)
+        if (mw == -INFINITY) continue;  // (no chunk of the row in this slot)
         const float wt = exp2f(mw - M);
         Ls = fmaf(ws[16 * AHD + 16 + qi], wt, Ls);
 #pragma unroll
@@ -920,7 +932,7 @@ __global__ void __launch_bounds__(32 * TW)
   }
   __threadfence();
   __syncthreads();
-  unsigned* ticket = tickets + static_cast<size_t>(mt) * Hkv + g;
+  unsigned* ticket = tickets + static_cast<size_t>(blockIdx.z) * Hkv + g;
   if (tid == 0) {
     const int parts = min((cmax + TW - 1) / TW, P);
     is_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(parts - 1);
@@ -930,7 +942,7 @@ __global__ void __launch_bounds__(32 * TW)
   if (!is_last || r >= R) return;
   __threadfence();
   // the merge of the row's parts, in part order (other blocks' values: L2 reads)
-  const int parts = min(((nk[qi / REP] + ACH - 1) / ACH + TW - 1) / TW, P);
+  const int parts = min(((nk[rb] + ACH - 1) / ACH + TW - 1) / TW, P);
   float M = -INFINITY, Ls = 0.f, a[16];
 #pragma unroll 4
   for (int cpart = 0; cpart < parts; ++cpart) M = fmaxf(M, __ldcg(part_ml + (first + cpart * REP) * 2));
@@ -962,26 +974,41 @@ struct NewKeys {
   int kn_t, kn_h, vn_t, vn_h;
 };
 
+// attn_tiles with MTB tiles a block (two: a chunk's keys read once for both, the block twice the warps)
+template <int REP, int MTB>
+int launch_tiles(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
+                 const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,
+                 int rows, int hkv, int parts, int blocks, const NewKeys& nk, cudaStream_t s) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static unsigned long long big_smem = 0;  // the devices on which it may take its most shared memory
+  if (!(big_smem >> dev & 1)) {
+    const cudaError_t e = cudaFuncSetAttribute(attn_tiles<REP, MTB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               tiles_smem(64, MTB));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    big_smem |= 1ull << dev;
+  }
+  return launch_ex(attn_tiles<REP, MTB>, dim3(parts, hkv, blocks), dim3(32 * TW * MTB),
+                   static_cast<size_t>(tiles_smem(cols, MTB)), g_pdl, s, q, ldq, K, V, cap, base, block, cols, rows,
+                   acc, ml, tickets, out, ldo, 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn,
+                   nk.vn, nk.kn_t, nk.kn_h, nk.vn_t, nk.vn_h);
+}
+
 template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
                 const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,
                 int rows, int hkv, int parts, const NewKeys& nk, cudaStream_t s) {
 #if EK_ATTN_MMA
-  // (a part of attn_tiles is TW chunks: its parts from the span's as attn_rows counts them, so still the span's alone)
-  int dev = 0;
-  cudaGetDevice(&dev);
-  static unsigned long long big_smem = 0;  // the devices on which attn_tiles<REP> may take its most shared memory
-  if (!(big_smem >> dev & 1)) {
-    const cudaError_t e = cudaFuncSetAttribute(attn_tiles<REP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               tiles_smem(64));
-    if (e != cudaSuccess) return static_cast<int>(e);
-    big_smem |= 1ull << dev;
-  }
-  const int tr = 16 / REP;
-  return launch_ex(attn_tiles<REP>, dim3((parts + TW - 1) / TW, hkv, (rows + tr - 1) / tr), dim3(32 * TW),
-                   static_cast<size_t>(tiles_smem(cols)), g_pdl, s, q, ldq, K, V, cap, base, block, cols, rows, acc, ml,
-                   tickets, out, ldo, 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn, nk.vn,
-                   nk.kn_t, nk.kn_h, nk.vn_t, nk.vn_h);
+  // (a part of attn_tiles is TW chunks: its parts from the span's as attn_rows counts them, so still the span's alone.
+  // Two tiles a block from three tiles on: at 49 rows 0.84 against 1.05 ms for 32 launches, but at two tiles (5-8 rows
+  // of 4 heads a KV head) slower, 0.362 against 0.343 at 8 rows and 4.63 against 4.55 ms for a (5,4,8) verify:
+  // NOTES, 23rd session; the bits are the same either way)
+  const int tr = 16 / REP, tiles = (rows + tr - 1) / tr, P = (parts + TW - 1) / TW;
+  if (tiles > 2 && EK_ATTN_MTB > 1)
+    return launch_tiles<REP, 2>(q, ldq, K, V, cap, base, block, cols, acc, ml, tickets, out, ldo, rows, hkv, P,
+                                (tiles + 1) / 2, nk, s);
+  return launch_tiles<REP, 1>(q, ldq, K, V, cap, base, block, cols, acc, ml, tickets, out, ldo, rows, hkv, P, tiles,
+                              nk, s);
 #else
   return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, g_pdl, s, q, ldq, K, V,
                    cap, base, block, cols, acc, ml, tickets, out, ldo,

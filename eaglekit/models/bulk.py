@@ -270,7 +270,8 @@ class Kernels:
     def scratch(self, rows: int, span: int, Hkv: int, rep: int):
         """The attention's part buffers for a call of `rows` rows whose keys lie below `span` (all its layers'):
         one part a 32-key chunk up to MAX_PARTS, past that each part folds chunks p, p + parts, ... (so the grid and
-        these buffers stay bounded however long the span; the parts depend on the span only, never on the rows)."""
+        these buffers stay bounded however long the span; the parts depend on the span only, never on the rows).
+        The default kernel (attn_tiles) takes four chunks a part, so it uses the first ceil(parts / 4) of them."""
         parts = min(math.ceil(span / ACH), MAX_PARTS)
         acc = torch.empty(rows * Hkv * parts * rep * 128, device=self.device, dtype=torch.float32)
         ml = torch.empty(rows * Hkv * parts * rep * 2, device=self.device, dtype=torch.float32)
