@@ -853,9 +853,9 @@ __global__ void __launch_bounds__(32 * TW * MTB)
       }
     }
   };
-  // a tail chunk (past the committed length: a pass a row) in the first round, of a tile whose rows all end there, is
-  // left to the step after this loop, which spreads the passes over the warps: there each slot (warp) folds at most
-  // one chunk a row, so a pass starts from a fresh state wherever it runs and gives the bits its own warp would
+  // a tail chunk (past the committed length: a pass a row) of a block whose rows all end in the first round is left to
+  // the step after this loop, which spreads the passes over the tile's warps: there each slot folds at most one chunk
+  // a row, so a pass starts from a fresh state wherever it runs and gives the bits its own slot's warp would
   const bool one_round = cmax <= TW * P;
   for (int k = 0; c < cmax; c += TW * P, ++k) {
     if (k > 0) {  // (spans past TW P chunks: the slot's next chunk, once its warps' last passes are done with the tile)
@@ -896,7 +896,7 @@ __global__ void __launch_bounds__(32 * TW * MTB)
       m_[0] = m_[1] = -INFINITY, l_[0] = l_[1] = 0.f;
 #pragma unroll
       for (int dn = 0; dn < 16; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-      const bf16* tk = tiles + (cc % TW) * 2 * ACH * KROW;  // (the committed keys of chunk cc: its own warp's tile)
+      const bf16* tk = tiles + (cc % TW) * 2 * ACH * KROW;  // (the committed keys of chunk cc: its slot's tile)
       pass(lo, rr, n, tk, tk + ACH * KROW);
       to_slot(cc % TW, rr);
     }
@@ -918,10 +918,10 @@ __global__ void __launch_bounds__(32 * TW * MTB)
         const float* ws = cw + (w * MTB + t) * SL;
         const float mw = ws[16 * AHD + qi];
         if (mw == -INFINITY) continue;  // (no chunk of the row in this slot)
-        const float wt = exp2f(mw - M);
-        Ls = fmaf(ws[16 * AHD + 16 + qi], wt, Ls);
+        const float wgt = exp2f(mw - M);
+        Ls = fmaf(ws[16 * AHD + 16 + qi], wgt, Ls);
 #pragma unroll
-        for (int d = 0; d < 16; ++d) a[d] = fmaf(ws[qi * AHD + d0 + d], wt, a[d]);
+        for (int d = 0; d < 16; ++d) a[d] = fmaf(ws[qi * AHD + d0 + d], wgt, a[d]);
       }
       const size_t slot = first + static_cast<size_t>(p) * REP;
 #pragma unroll
@@ -951,13 +951,13 @@ __global__ void __launch_bounds__(32 * TW * MTB)
 #pragma unroll 4  // (four parts' loads in flight at once: each part is a round trip to L2 otherwise)
   for (int cpart = 0; cpart < parts; ++cpart) {
     const size_t slot = first + static_cast<size_t>(cpart) * REP;
-    const float wt = exp2f(__ldcg(part_ml + slot * 2) - M);
-    Ls = fmaf(__ldcg(part_ml + slot * 2 + 1), wt, Ls);
+    const float wgt = exp2f(__ldcg(part_ml + slot * 2) - M);
+    Ls = fmaf(__ldcg(part_ml + slot * 2 + 1), wgt, Ls);
 #pragma unroll
     for (int d = 0; d < 16; d += 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + slot * AHD + d0 + d));
-      a[d] = fmaf(v.x, wt, a[d]), a[d + 1] = fmaf(v.y, wt, a[d + 1]);
-      a[d + 2] = fmaf(v.z, wt, a[d + 2]), a[d + 3] = fmaf(v.w, wt, a[d + 3]);
+      a[d] = fmaf(v.x, wgt, a[d]), a[d + 1] = fmaf(v.y, wgt, a[d + 1]);
+      a[d + 2] = fmaf(v.z, wgt, a[d + 2]), a[d + 3] = fmaf(v.w, wgt, a[d + 3]);
     }
   }
   bf16* dst = out + static_cast<size_t>(r) * ldo + (static_cast<size_t>(g) * REP + h) * AHD + d0;
