@@ -476,6 +476,13 @@ constexpr int AHD = 128, ACH = 32;
 #define EK_ATTN_MTB 2
 #endif
 
+// this call's row r's key (or value) for KV head g, where the draft's calls hand them apart (kn/vn: element strides)
+__device__ __forceinline__ const bf16* new_row(const bf16* kn, const bf16* vn, int r, int g, int kn_t, int kn_h,
+                                               int vn_t, int vn_h, bool key) {
+  return key ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
+             : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h;
+}
+
 // (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
 // 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
 template <int REP>
@@ -526,8 +533,7 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
   pdl_wait();  // q and this call's keys are the q/k/v product's
   const int c0 = new0 ? static_cast<int>(*new0 - L) : 0, nrow = new0 ? gridDim.z : 0;  // kn/vn: columns c0 + r
   if (new0 && p == 0 && tid < 32) {  // this row's key (lanes 0-15) and value (16-31) into the cache
-    const bf16* src = tid < 16 ? kn + static_cast<size_t>(row) * kn_t + static_cast<size_t>(g) * kn_h
-                               : vn + static_cast<size_t>(row) * vn_t + static_cast<size_t>(g) * vn_h;
+    const bf16* src = new_row(kn, vn, row, g, kn_t, kn_h, vn_t, vn_h, tid < 16);
     bf16* dst = const_cast<bf16*>(tid < 16 ? K : V) + (head + L + c0 + row) * AHD;
     reinterpret_cast<uint4*>(dst)[tid % 16] = reinterpret_cast<const uint4*>(src)[tid % 16];
   }
@@ -551,8 +557,7 @@ __global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
     for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
       const int j = pre + i / 32, u = i % 32, c = cols[lo + j - L], r = c - c0;
       const bf16* key = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
-                            ? (u < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
-                                      : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h)
+                            ? new_row(kn, vn, r, g, kn_t, kn_h, vn_t, vn_h, u < 16)
                             : (u < 16 ? K : V) + (head + L + c) * AHD;
       const uint4* src = reinterpret_cast<const uint4*>(key) + u % 16;
       reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
@@ -735,8 +740,7 @@ __global__ void __launch_bounds__(32 * TW * MTB)
   if (new0 && p == 0)  // this block's rows' keys (lanes 0-15) and values (16-31) into the cache
     for (int rr = warp; rr < TRB && r0 + rr < R; rr += TW * MTB) {
       const int r = r0 + rr;
-      const bf16* src = lane < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
-                                  : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h;
+      const bf16* src = new_row(kn, vn, r, g, kn_t, kn_h, vn_t, vn_h, lane < 16);
       bf16* dst = const_cast<bf16*>(lane < 16 ? K : V) + (head + L + c0 + r) * AHD;
       reinterpret_cast<uint4*>(dst)[lane % 16] = reinterpret_cast<const uint4*>(src)[lane % 16];
     }
@@ -746,8 +750,7 @@ __global__ void __launch_bounds__(32 * TW * MTB)
     for (int i = tid; i < C * 32; i += NT) {  // column col: 16 units of 16 bytes of its key, then 16 of its value
       const int col = i / 32, u = i % 32, r = col - c0;
       const bf16* src = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
-                            ? (u < 16 ? kn + static_cast<size_t>(r) * kn_t + static_cast<size_t>(g) * kn_h
-                                      : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h)
+                            ? new_row(kn, vn, r, g, kn_t, kn_h, vn_t, vn_h, u < 16)
                             : (u < 16 ? K : V) + (head + L + col) * AHD;
       cp16((u < 16 ? kp : vp) + col * KROW + (u % 16) * 8, src + (u % 16) * 8);
     }
