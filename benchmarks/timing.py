@@ -1,6 +1,7 @@
-"""The one timer of the benchmark scripts: median milliseconds per call of `fn`, after `warm` untimed calls.
+"""The one timer of the suite and the lab probes: milliseconds per call of `fn`, after `warm` untimed calls.
 On a GPU each call sits between two CUDA events (device time of what the call enqueued, synchronised after
-each call); on a CPU, perf_counter around the call."""
+each call); on a CPU, perf_counter around the call. `before` runs before each call, outside the timed span
+(e.g. a cycle's lengths put back), so scaffolding never counts as the thing measured."""
 
 from __future__ import annotations
 
@@ -10,16 +11,7 @@ import time
 import torch
 
 
-def graph_ms(body, reps: int = 30) -> float:
-    """Median ms of one replay of `body` recorded once in a CUDA graph (eaglekit's recorder: warm-up on a side stream
-    first; events around each replay)."""
-    from eaglekit.models.smallm import graph_ms as per_call
-
-    return per_call(lambda i: body(), 1, reps)
-
-
-def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None, before=None) -> float:
-    """`before`: called before each call, outside the timed span (e.g. a cycle's lengths put back)."""
+def samples_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None, before=None) -> list[float]:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     for _ in range(warm):
         if before is not None:
@@ -42,4 +34,16 @@ def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None, before=Non
             t = time.perf_counter()
             fn()
             out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
+    return out
+
+
+def median_ms(fn, reps: int, warm: int = 2, cuda: bool | None = None, before=None) -> float:
+    return statistics.median(samples_ms(fn, reps, warm, cuda, before))
+
+
+def graph_ms(body, reps: int = 30) -> float:
+    """Median ms of one replay of `body` recorded once in a CUDA graph (eaglekit's recorder: warm-up on a side stream
+    first; events around each replay)."""
+    from eaglekit.kernels.invariant_gemm import graph_ms as per_call
+
+    return per_call(lambda i: body(), 1, reps)

@@ -1,0 +1,180 @@
+"""Batched EAGLE-3 decoding (eaglekit.decoding.batch.BatchEngine, what `eaglekit serve` runs).
+
+    batch-cycles   per batch size, the plain batched step and the batched cycle (chain (3,1,4)), each its CUDA graphs
+                   replayed, at the 8B shape (random bf16 weights; `tiny=true`: a tiny float32 shape, runs on a CPU).
+                   Output tok/s with the draft is REPLAYED at `accept_length` (default the demo pair's 2.79 for
+                   (3,1,4)): B x accept / cycle; without: B / step. SGLang's published ratios beside them.
+    batch-demo     the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, greedy
+                   outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from ..registry import as_list, case, suite
+from ..schema import stats, value
+from ..timing import samples_ms
+
+# SGLang's published EAGLE-3 speedups over no draft (chain of 3, H100), by batch size
+SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
+
+
+def build_pair(tiny: bool, device: str):
+    from eaglekit.capture import CaptureSpec
+    from eaglekit.draft.model import DraftConfig, Eagle3Draft
+    from eaglekit.models.config import parse_target_config
+    from eaglekit.models.llama import LlamaModel, LlamaTarget
+    from eaglekit.train.pretrain import llama_config
+
+    if tiny:
+        V, H, L, heads, kvh, inter, Vd, dtype = 512, 64, 4, 4, 2, 128, 256, torch.float32
+    else:
+        V, H, L, heads, kvh, inter, Vd, dtype = 128256, 4096, 32, 32, 8, 14336, 32000, torch.bfloat16
+    raw = llama_config(V, H, L, heads, kvh, inter, max_pos=8192, tie=False, eos_id=V - 1)
+    raw["rope_theta"] = 500000.0
+    cfg = parse_target_config(raw)
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):  # built in place: no float32 copy of 8B parameters on the way
+            net = LlamaModel(cfg)
+            dcfg = DraftConfig(hidden_size=H, intermediate_size=inter, num_heads=heads, num_kv_heads=kvh,
+                               vocab_size=V, draft_vocab_size=Vd, rope=cfg.rope, capture=CaptureSpec.default(L),
+                               max_position_embeddings=8192)
+            d = Eagle3Draft(dcfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for w in list(net.parameters()) + list(d.parameters()):
+            w.normal_(0, 0.02, generator=g)  # timing does not depend on the values, but never time zeros
+        d.embed_tokens.weight.copy_(net.model.embed_tokens.weight)
+        d.d2t.copy_(torch.arange(Vd, device=device) * (V // Vd) - torch.arange(Vd, device=device))
+        d.t2d.zero_()
+        d.t2d[torch.arange(Vd, device=device) * (V // Vd)] = True
+    t = LlamaTarget(net, device, dtype)
+    t.fuse()
+    d.fuse()
+    return t, d, raw
+
+
+@case("batch-cycles", "batched step and cycle per batch size (chain (3,1,4)), replayed tok/s and speedup",
+      defaults={"tiny": False, "sizes": [1, 2, 4, 8, 16, 32, 64], "context": 512, "max_new": 256, "reps": 30,
+                "accept_length": 2.79},
+      quick={"sizes": [1, 8, 64], "reps": 10})
+@torch.inference_mode()  # the engine's state tensors are inference tensors
+def batch_cycles(p, ctx):
+    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.tree import TreeShape
+
+    cuda = torch.cuda.is_available() and not p["tiny"]
+    if not cuda and not p["tiny"]:
+        raise RuntimeError("the 8B shape needs a CUDA GPU; on a CPU pass --param tiny=true")
+    device = "cuda" if cuda else "cpu"
+    context = min(p["context"], 64) if p["tiny"] else p["context"]
+    t, d, raw = build_pair(p["tiny"], device)
+    acc, metrics, rows = p["accept_length"], {}, []
+    g = torch.Generator().manual_seed(1)
+    sizes = as_list(p["sizes"])
+    for B in sizes:
+        eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda)
+        for i in range(B):
+            prompt = torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g).tolist()
+            eng.add(Request(f"r{i}", prompt, p["max_new"], eos_ids=()))
+        eng.step()  # prefill every row, record this size's graphs (GPU), one cycle
+        c = eng._rows()
+        state = [c.tk.length, c.dk.length, c.root, c.h, c.dl]
+        snap = [x.clone() for x in state]
+
+        def restore():  # outside the timed span
+            for x, v in zip(state, snap):  # noqa: B023 (called within this iteration)
+                x.copy_(v)
+
+        def cycle():
+            for ph in c.SPEC:  # noqa: B023 (called within this iteration)
+                c.run(ph)  # noqa: B023 (called within this iteration)
+
+        def step():
+            c.run("plain")  # noqa: B023 (called within this iteration)
+            c.run("plain_commit")  # noqa: B023 (called within this iteration)
+
+        cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=restore), "ms")
+        base = stats(samples_ms(step, p["reps"], cuda=cuda, before=restore), "ms")
+        ratio = cyc["median"] / base["median"]
+        metrics[f"step_ms_b{B}"] = base
+        metrics[f"cycle_ms_b{B}"] = cyc
+        metrics[f"speedup_replayed_b{B}"] = value(acc / ratio, "x")
+        rows.append({"batch": B, "speedup_replayed": round(acc / ratio, 3), "sglang_speedup": SGLANG.get(B)})
+        del eng
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    paying = [r["batch"] for r in rows if r["speedup_replayed"] > 1.0]
+    first_loss = next((r["batch"] for r in rows if r["speedup_replayed"] <= 1.0), None)
+    rec = (max(b for b in paying if first_loss is None or b < first_loss) if paying and paying[0] == rows[0]["batch"]
+           else 0)
+    return {"metrics": metrics,
+            "details": {"shape": "tiny" if p["tiny"] else "llama-3.1-8b", "dtype": str(t.dtype), "tree": [3, 1, 4],
+                        "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows,
+                        "recommended_spec_max_batch": rec, "context": context}}
+
+
+@case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
+      defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None},
+      quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1})
+@torch.inference_mode()
+def batch_demo(p, ctx):
+    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    if p["threads"]:
+        torch.set_num_threads(p["threads"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # float32: identical greedy outputs with and without the draft are then a real check; uncompiled, as `serve`
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
+                     products=p["products"], batched=True)
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
+    metrics, identity = {}, {}
+    sizes = as_list(p["sizes"])
+    for B in sizes:
+        res = {}
+        for name, draft in (("draft", d), ("no_draft", None)):
+            eng = BatchEngine(t, draft, max_batch=B, spec_max_batch=B)
+            for _rep in range(2):  # the first pass records every graph and span the timed second one meets
+                got: dict[str, list[int]] = {}
+                for i in range(B * p["waves"]):
+                    eng.add(Request(f"r{i}", prompts[i % len(prompts)], p["new_tokens"], eos_ids=()))
+                d0, a0 = eng.spec_stats["num_drafts"], eng.spec_stats["num_accepted_tokens"]
+                t0, c0 = time.perf_counter(), time.process_time()
+                while eng.has_work:
+                    for ev in eng.step():
+                        got.setdefault(ev.rid, []).extend(ev.token_ids)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            ntok = sum(len(v) for v in got.values())
+            drafts = eng.spec_stats["num_drafts"] - d0
+            accepted = eng.spec_stats["num_accepted_tokens"] - a0
+            res[name] = {"tok_s": ntok / dt, "tok_cpu_s": ntok / cpu, "outputs": got,
+                         "accept": 1 + accepted / drafts if drafts else None}
+        metrics[f"tokens_per_s_b{B}_draft"] = value(res["draft"]["tok_s"], "tok/s")
+        metrics[f"tokens_per_s_b{B}_no_draft"] = value(res["no_draft"]["tok_s"], "tok/s")
+        metrics[f"speedup_b{B}"] = value(res["draft"]["tok_s"] / res["no_draft"]["tok_s"], "x")
+        metrics[f"speedup_cpu_time_b{B}"] = value(res["draft"]["tok_cpu_s"] / res["no_draft"]["tok_cpu_s"], "x")
+        if res["draft"]["accept"]:
+            metrics[f"accept_length_b{B}"] = value(res["draft"]["accept"], "tokens/verify")
+        identity[f"outputs_identical_b{B}"] = res["draft"]["outputs"] == res["no_draft"]["outputs"]
+    return {"metrics": metrics, "identity": identity,
+            "details": {"device": device, "dtype": "float32", "threads": torch.get_num_threads(),
+                        "products": str(getattr(t, "products_choice", None))}}
+
+
+suite("h200-batch", "batched decoding: the 8B shape's batched step and cycle per batch size, the demo pair batched",
+      ["batch-cycles", "batch-demo"])
+suite("cpu-batch", "the demo pair through the batched engine on this machine", ["batch-demo"])

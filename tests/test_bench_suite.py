@@ -1,0 +1,76 @@
+"""The benchmark suite's plumbing (benchmarks/): the registry lists its suites, a result is written in the one schema
+and read back, compare and table print two results side by side and one as markdown, and a tiny case runs end to
+end through the command line. Timings are not checked: only that they are there, in their units."""
+
+import json
+
+import pytest
+
+from benchmarks import registry, schema
+from benchmarks.__main__ import main
+from benchmarks.report import compare_lines, markdown_table
+
+
+def _result(speedup: float) -> dict:
+    res = schema.new_result("cpu-demo", "a test")
+    res["cases"].append({"case": "demo-decode", "params": {"prompts": 2},
+                         "metrics": {"speedup": schema.stats([speedup, speedup * 1.1, speedup * 0.9], "x"),
+                                     "tokens_per_s": schema.value(100.0, "tok/s")},
+                         "identity": {"greedy_output_equals_target": True}})
+    return res
+
+
+def test_the_registry_lists_the_suites():
+    registry.load()
+    for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch"):
+        assert name in registry.SUITES
+        for case, _ in registry.SUITES[name].cases:
+            assert case in registry.CASES
+
+
+def test_stats_and_the_schema_round_trip(tmp_path):
+    m = schema.stats([3.0, 1.0, 2.0, 4.0, 5.0], "ms")
+    assert (m["median"], m["n"], m["unit"]) == (3.0, 5, "ms")
+    assert 1.0 <= m["p10"] <= m["median"] <= m["p90"] <= 5.0
+    res = _result(1.5)
+    for key in ("cpu", "torch", "transformers", "gpu"):
+        assert key in res["machine"]
+    path = schema.write(tmp_path / "r.json", res)
+    back = schema.read(path)
+    assert back == json.loads(json.dumps(res))
+    assert back["schema"] == "eaglekit-bench/1" and back["cases"][0]["metrics"]["speedup"]["median"] == 1.5
+
+
+def test_files_of_other_shapes_are_refused(tmp_path):
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"baseline_8b": {"tokens_per_s": 200}}))
+    with pytest.raises(schema.SchemaError, match="not an eaglekit-bench/1 result"):
+        schema.read(p)
+    bad = _result(1.0)
+    del bad["cases"][0]["metrics"]["speedup"]["p90"]
+    with pytest.raises(schema.SchemaError, match="p90"):
+        schema.validate(bad)
+
+
+def test_compare_and_table(tmp_path, capsys):
+    a, b = _result(1.5), _result(1.8)
+    lines = "\n".join(compare_lines(a, b))
+    assert "speedup" in lines and "1.200" in lines  # B / A of the medians
+    md = markdown_table(a, link="benchmarks/results/x.json")
+    assert "| [demo-decode](benchmarks/results/x.json) | speedup (x) | 1.5 |" in md
+    schema.write(tmp_path / "a.json", a)
+    schema.write(tmp_path / "b.json", b)
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert "1.200" in capsys.readouterr().out
+
+
+def test_a_tiny_case_runs_through_the_command_line(tmp_path):
+    out = tmp_path / "cycle.json"
+    rc = main(["run", "cpu-cycle", "--quick", "--out", str(out), "--param", "reps=2", "--param", "shapes=3,1,4",
+               "--param", "products=aten", "--param", "context=16", "--notes", "test"])
+    assert rc == 0
+    res = schema.read(out)
+    (c,) = res["cases"]
+    assert c["case"] == "demo-cycle" and "error" not in c
+    assert c["metrics"]["step_ms"]["n"] == 2 and c["metrics"]["cycle_ms_3_1_4"]["unit"] == "ms"
+    assert res["notes"] == "test" and res["command"].endswith("--notes test")
