@@ -4,10 +4,16 @@
     GET  /v1/models, /health, /metrics (Prometheus, vLLM names), /server_info and /get_server_info (SGLang)
 
 Every refusal is an OpenAI error body {"error": {"message", "type", "param", "code"}}: 400 for bad input
-(checked before the request reaches the engine, and before any streamed byte), 429 when the queue is full,
-503 while shutting down. A client that goes away is cancelled in the engine at once (slot and KV freed).
+(checked before the request reaches the engine, and before any streamed byte), 408 for a body that does not
+arrive within --read-timeout, 413 for one larger than --max-body-mb, 429 when the queue is full, 503 while
+shutting down (and for a request still running when --drain-timeout ends: a stream then ends with an error
+event and `data: [DONE]`). A client that goes away is cancelled in the engine at once (slot and KV freed).
 Responses carry `usage` and, as an extension, `spec_decode` (this request's accept length on SGLang's
 scale: tokens per verify step, bonus included).
+
+The event loop does no CPU work of size set by a client: JSON parsing, tokenization, chat templates and
+detokenization run in worker threads (`prep` and `text`), so that one large prompt does not stall /health or
+other clients' streams.
 """
 
 from __future__ import annotations
@@ -17,17 +23,20 @@ import json
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..decoding.sampling import SamplingParams
 from ..errors import EaglekitError
 from ..observe import trace
 from ..tokenizer import encode
 from .detok import Detokenizer
+from .limits import MAX_BODY_MB, READ_TIMEOUT_S, PromptBound, read_body
 from .metrics import ServerMetrics
 from .protocol import ApiError, bad, chat_ids, from_eaglekit, parse_chat, parse_completion, parse_json
 from .scheduler import Handle, Scheduler
@@ -64,10 +73,20 @@ def _sse(obj) -> str:
 
 def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int = 8, max_queue: int = 64,
               chat_template: str | None = None, info: dict | None = None, drain_timeout: float = 120.0,
-              speculative: bool = False, positions: int = 0, vocab_size: int | None = None) -> FastAPI:
+              speculative: bool = False, positions: int = 0, vocab_size: int | None = None,
+              max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S) -> FastAPI:
     """`engine`: a BatchEngine (or anything with its interface); `served`: the model names accepted in `model`
-    (the first is the one /v1/models lists first); `context`: the target's context length in tokens."""
+    (the first is the one /v1/models lists first); `context`: the target's context length in tokens.
+    `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
     metrics = ServerMetrics(served[0], speculative, positions)
+    max_body = int(max_body_mb * 2**20)
+    bound = PromptBound(tokenizer, context)
+    # two pools: a long tokenization in `prep` must not delay the detokenization of running streams in `text`
+    prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="eaglekit-prep")
+    text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eaglekit-text")
+
+    async def in_prep(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(prep, fn, *args)
 
     def finished(h: Handle) -> None:
         _trace("serve.request.done", rid=h.rid, reason=h.stop_reason, completion_tokens=h.tokens,
@@ -80,16 +99,24 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
     async def lifespan(app):
         sched.start()
         yield
-        await sched.drain(drain_timeout)  # uvicorn has already waited for open responses (SIGTERM)
+        await sched.drain(drain_timeout)  # no-op after app.state.drain (SIGTERM); the end of a test's server
+        await sched.close()
+        prep.shutdown(wait=False, cancel_futures=True)
+        text_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="eaglekit", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.engine = sched, metrics, engine
+    app.state.drain = lambda: sched.drain(drain_timeout)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
-        if e.status == 400:
-            metrics.reject("bad_request")
-        return JSONResponse(e.body(), status_code=e.status)
+        if e.status in (400, 408, 413):
+            metrics.reject({400: "bad_request", 408: "timeout", 413: "too_large"}[e.status])
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request, e):
+        return Response(status_code=499)  # the client left mid-upload: nobody reads this, nothing to log
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e):
@@ -136,6 +163,10 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         from ..decoding.batch import Request
 
         max_tokens = p.max_tokens if p.max_tokens is not None else default_max
+        if len(prompt_ids) >= context:  # no room for one new token, whatever max_tokens says
+            raise bad(f"the prompt is {len(prompt_ids)} tokens, {len(prompt_ids) - context + 1} more than the "
+                      f"model's context of {context} tokens leaves for it (one token is kept for the answer); "
+                      f"shorten it", "messages" if p.messages is not None else "prompt", "context_length_exceeded")
         if len(prompt_ids) + max_tokens > context:
             raise bad(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
                       f"context of {context} tokens", "max_tokens" if p.max_tokens is not None else "prompt",
@@ -157,6 +188,11 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         _trace("serve.request", rid=rid, prompt_tokens=len(prompt_ids), max_tokens=req.max_new_tokens,
                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, stop=list(p.stop), stream=p.stream)
         detok = Detokenizer(tokenizer, p.stop)
+        loop = asyncio.get_running_loop()
+
+        async def push(ids, final):  # a decode of a short window, off the event loop
+            return await loop.run_in_executor(text_pool, detok.push, ids, final)
+
         created = int(time.time())
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": p.model}
@@ -181,7 +217,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
                         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}]})
                     async for ev in h:
-                        text = detok.push(ev.token_ids, final=ev.finished)
+                        text = await push(ev.token_ids, ev.finished)
                         fr = finish_reason(h) if ev.finished else None
                         if not text and fr is None:
                             continue  # a character still incomplete, or text held back for a stop string
@@ -207,7 +243,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         async def collect():
             text = []
             async for ev in h:
-                text.append(detok.push(ev.token_ids, final=ev.finished))
+                text.append(await push(ev.token_ids, ev.finished))
                 if ev.finished:
                     break
             return "".join(text)
@@ -233,17 +269,30 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": p.model, "choices": [choice], "usage": usage(h), "spec_decode": spec(h)}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        p = parse_completion(parse_json(await request.body()), served)
-        ids = encode(tokenizer, p.prompt) if isinstance(p.prompt, str) else list(p.prompt)
+    def completion_ids(raw: bytes):  # prep thread
+        p = parse_completion(parse_json(raw), served)
+        if isinstance(p.prompt, str):
+            bound.check(p.prompt, "prompt")
+            ids = encode(tokenizer, p.prompt)
+        else:
+            ids = list(p.prompt)
         if vocab_size is not None and not all(0 <= i < vocab_size for i in ids):
             raise bad(f"prompt token ids must lie in 0..{vocab_size - 1}", "prompt", "invalid_token_id")
+        return p, ids
+
+    def chat_prompt_ids(raw: bytes):  # prep thread
+        p = parse_chat(parse_json(raw), served)
+        bound.check("".join(m["content"] for m in p.messages), "messages")
+        return p, chat_ids(tokenizer, p.messages, chat_template)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        p, ids = await in_prep(completion_ids, await read_body(request, max_body, read_timeout))
         return await run(request, p, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        p = parse_chat(parse_json(await request.body()), served)
-        return await run(request, p, chat_ids(tokenizer, p.messages, chat_template), chat=True)
+        p, ids = await in_prep(chat_prompt_ids, await read_body(request, max_body, read_timeout))
+        return await run(request, p, ids, chat=True)
 
     return app

@@ -20,8 +20,10 @@ class ApiError(Exception):
                  type: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_exceeded",
+        self.type = type or {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
+                             413: "invalid_request_error", 429: "rate_limit_exceeded",
                              503: "service_unavailable"}.get(status, "server_error")
+        self.headers: dict | None = None  # extra response headers (Connection: close for an unread body)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -54,11 +56,16 @@ class Parsed:
     extra: dict = field(default_factory=dict)
 
 
+SEED_RANGE = (-2**63, 2**63 - 1)  # a signed 64-bit integer, as vLLM's `seed` (torch seeds a generator with it)
+
+
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # the C decoder's recursion guard: arrays or objects nested ~1000 deep
+        raise bad("the request body's JSON is nested too deep", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", code="invalid_json")
     return body
@@ -74,6 +81,18 @@ def _num(body, name, default, lo=None, hi=None, integer=False):
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise bad(f"'{name}' must be {rng}, got {v!r}", name)
     return v
+
+
+def check_text(s: str, param: str) -> str:
+    """`s` if it is encodable as UTF-8. JSON may carry a lone surrogate (\\ud800 with no low half): Python
+    keeps it in the str, and the tokenizer (or any UTF-8 writer) fails on it later."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"'{param}' holds a lone surrogate (U+{ord(s[e.start]):04X} at character {e.start}): a JSON "
+                  f"\\u escape of a high surrogate must be followed by its low half", param,
+                  "invalid_unicode") from None
+    return s
 
 
 def _unsupported(body, name, ok, what):
@@ -114,6 +133,8 @@ def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
         stop = tuple(stop)
     else:
         raise bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    for s in stop:
+        check_text(s, "stop")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad("'ignore_eos' must be true or false", "ignore_eos")
@@ -122,7 +143,8 @@ def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
         model=model, stream=stream, include_usage=bool(opts.get("include_usage")), max_tokens=max_tokens,
         temperature=float(_num(body, "temperature", 1.0, lo=0, hi=2)),
         top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1)), top_k=max(top_k, 0),
-        seed=_num(body, "seed", None, integer=True), stop=tuple(s for s in stop if s), ignore_eos=ignore_eos)
+        seed=_num(body, "seed", None, *SEED_RANGE, integer=True), stop=tuple(s for s in stop if s),
+        ignore_eos=ignore_eos)
 
 
 def parse_completion(body: dict, served: list[str]) -> Parsed:
@@ -134,6 +156,7 @@ def parse_completion(body: dict, served: list[str]) -> Parsed:
     if isinstance(prompt, str):
         if not prompt:
             raise bad("'prompt' is empty", "prompt")
+        check_text(prompt, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         pass
     elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
@@ -167,7 +190,8 @@ def parse_chat(body: dict, served: list[str]) -> Parsed:
             content = ""
         elif not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": check_text(m["role"], f"messages[{i}].role"),
+                    "content": check_text(content, f"messages[{i}].content")})
     p.messages = out
     return p
 

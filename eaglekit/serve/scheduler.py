@@ -44,10 +44,11 @@ class Handle:
         self.finished = False
         self.stop_reason: str | None = None
 
-    def cancel(self) -> None:
-        """The client went away: free the slot now (idempotent; a finished request is left alone)."""
+    def cancel(self, err: ApiError | None = None) -> None:
+        """The client went away (or the drain ran out): free the slot now, wake the waiter with `err`
+        (idempotent; a finished request is left alone)."""
         if not self.finished:
-            self.sched._cancel(self)
+            self.sched._cancel(self, err)
 
     def __aiter__(self):
         return self
@@ -106,13 +107,13 @@ class Scheduler:
         self._post(("add", req))
         return h
 
-    def _cancel(self, h: Handle) -> None:
+    def _cancel(self, h: Handle, err: ApiError | None = None) -> None:
         h.finished, h.stop_reason = True, "cancelled"
         if self.handles.pop(h.rid, None) is not None:
             self.cancelled += 1
             self.metrics.finished("abort")
             self._post(("cancel", h.rid))
-            h.queue.put_nowait(ApiError(503, "the request was cancelled", code="cancelled"))  # wakes a waiter
+            h.queue.put_nowait(err or ApiError(503, "the request was cancelled", code="cancelled"))  # wakes a waiter
 
     def _deliver(self, events, t: float) -> None:
         m = self.metrics
@@ -148,14 +149,20 @@ class Scheduler:
             h.queue.put_nowait(err)
 
     async def drain(self, timeout: float) -> None:
-        """Refuse new requests, let the ones in flight finish (up to `timeout` s), then stop the thread."""
+        """Refuse new requests, let the ones in flight finish (up to `timeout` s), then end the rest with a 503
+        their clients receive (a JSON error, or a stream's error event and [DONE]). The engine thread keeps
+        running, so that those responses are written; close() stops it."""
         self.accepting = False
         t0 = time.monotonic()
         while self.handles and time.monotonic() - t0 < timeout:
             await asyncio.sleep(0.05)
         for h in list(self.handles.values()):
-            h.cancel()
-        self.stop()
+            h.cancel(ApiError(503, f"the server is shutting down and this request did not finish within "
+                                   f"--drain-timeout ({timeout:g} s)", code="shutting_down"))
+
+    async def close(self) -> None:
+        """Stop the engine thread without blocking the event loop (it may be inside a step)."""
+        await asyncio.to_thread(self.stop)
 
     def stop(self) -> None:
         with self._cv:

@@ -1,12 +1,123 @@
-"""Load the pair, build the batched engine and the app, run uvicorn until SIGTERM/SIGINT, drain, exit 0."""
+"""Load the pair, build the batched engine and the app, run uvicorn until SIGTERM/SIGINT, drain, exit 0.
+
+Every option is checked (check_options) before the tokenizer or the model loads: a bad port or template is
+an error in a second, not after the load. On SIGTERM the listening socket closes, requests in flight get
+--drain-timeout seconds to finish, the rest end with a 503 their clients read (eaglekit.serve.app), then
+uvicorn closes the connections and the process exits 0.
+"""
 
 from __future__ import annotations
 
+import math
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from ..errors import InputError
+from .limits import MAX_BODY_MB, READ_TIMEOUT_S
+
+FLUSH_S = 10  # after the drain: time for the last responses (the 503s) to be written before uvicorn cancels
+
+
+def chat_template_text(value: str) -> str:
+    """--chat-template as vLLM reads it: a value holding `{{` or `{%` is the template itself; anything else is
+    the path of a file that holds it (a path that names no file is an error, not a one-line template)."""
+    if "{{" in value or "{%" in value:
+        text, where = value, "the --chat-template text"
+    else:
+        f = Path(value)
+        if f.is_dir():
+            raise InputError(f"--chat-template {value} is a directory, expected a Jinja template file", code="E114",
+                             fix="pass the template file (e.g. template.jinja), or the template text itself")
+        if not f.is_file():
+            raise InputError(f"--chat-template {value!r} is neither an existing file nor a template (a template "
+                             f"holds '{{{{' or '{{%')", code="E114",
+                             fix="pass the path of a Jinja file, or the template text, e.g. "
+                                 "--chat-template \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"")
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"--chat-template {f} is not UTF-8 text ({e.reason} at byte {e.start})", code="E116",
+                             fix="save the template as UTF-8") from None
+        where = str(f)
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise InputError(f"{where} is not a valid Jinja template: {e.message} (line {e.lineno})", code="E115",
+                         fix="fix the template; transformers renders it with jinja2") from None
+    return text
+
+
+def check_port(host: str, port: int) -> None:
+    """The address can be bound now (it may still be taken before uvicorn binds it, seconds later)."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port} is not a TCP port", fix="pass a port in 1..65535 (0: any free port, "
+                         "printed at start)", code="E108")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InputError(f"--host {host!r} is not an address this machine can listen on ({e.strerror})",
+                         fix="use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)", code="E113") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise InputError(f"cannot listen on {host}:{port}: {e.strerror}", code="E113",
+                             fix="pick another --port (0: any free port) or stop what holds this one") from None
+
+
+def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8, max_queue: int = 64,
+                  spec_max_batch: int | None = None, chat_template: str | None = None, drain_timeout: float = 120.0,
+                  threads: int | None = None, max_body_mb: float = MAX_BODY_MB,
+                  read_timeout: float = READ_TIMEOUT_S) -> str | None:
+    """Every serve option, before anything loads (E108 / E113-E116). Returns the chat template's text."""
+    def need(ok, flag, value, rule, example):
+        if not ok:
+            raise InputError(f"{flag} {value!r} is not valid: it must be {rule}", fix=f"e.g. {flag} {example}",
+                             code="E108")
+
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    need(max_batch >= 1, "--max-batch", max_batch, ">= 1", 8)
+    need(max_queue >= 0, "--max-queue", max_queue, ">= 0", 64)
+    need(spec_max_batch is None or spec_max_batch >= 0, "--spec-max-batch", spec_max_batch,
+         ">= 0 (0: never use the draft)", 4)
+    need(threads is None or threads >= 1, "--threads", threads, ">= 1 (leave it out for torch's choice)", 2)
+    need(number(drain_timeout) and drain_timeout >= 0, "--drain-timeout", drain_timeout,
+         "a number of seconds >= 0", 120)
+    need(number(max_body_mb) and max_body_mb > 0, "--max-body-mb", max_body_mb, "a size in MiB > 0", MAX_BODY_MB)
+    need(number(read_timeout) and read_timeout > 0, "--read-timeout", read_timeout, "a number of seconds > 0",
+         READ_TIMEOUT_S)
+    template = chat_template_text(chat_template) if chat_template else None
+    check_port(host, port)
+    return template
+
+
+def _uvicorn_server(config, drain, announce: bool):
+    """A uvicorn.Server whose shutdown drains the scheduler before uvicorn waits on (and, past its own timeout,
+    cancels) the open responses; defined here because uvicorn is imported only once the options are good."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if announce and self.servers and self.servers[0].sockets:  # --port 0: say which port was picked
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                print(f"eaglekit serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+
+        async def shutdown(self, sockets=None):
+            for s in self.servers:
+                s.close()  # no new connections while the requests in flight finish
+            await drain()  # ... and those past --drain-timeout end with a 503 their clients read
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1", port: int = 8000,
@@ -14,7 +125,10 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           spec_max_batch: int | None = None, capture=None, allow_other_target: bool = False, backend: str = "auto",
           device: str = "auto", dtype: str | None = None, compile: str | bool = "auto", graphs="auto",
           chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
-          threads: int | None = None, products: str = "auto", draft_quant: str | None = None) -> int:
+          threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
+          max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S) -> int:
+    template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
+                             threads, max_body_mb, read_timeout)
     import uvicorn
 
     from .. import __version__
@@ -22,14 +136,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     from ..pair import load_pair
     from ..tokenizer import load_tokenizer
     from .app import build_app
+    from .limits import h11_protocol
 
-    if max_batch < 1 or max_queue < 0:
-        raise InputError(f"--max-batch must be >= 1 and --max-queue >= 0 (got {max_batch}, {max_queue})",
-                         fix="e.g. --max-batch 8 --max-queue 64", code="E108")
-    template = None
-    if chat_template:
-        f = Path(chat_template)
-        template = f.read_text() if f.is_file() else chat_template  # a file, or the template itself
     if threads:
         import torch
 
@@ -66,10 +174,11 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
             "tp_size": tp.world if tp is not None else 1}
     app = build_app(engine, tok, served, target.info.max_position_embeddings, max_batch, max_queue, template, info,
                     drain_timeout, speculative=draft is not None,
-                    positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size)
+                    positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size,
+                    max_body_mb=max_body_mb, read_timeout=read_timeout)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=int(drain_timeout))
-    server = uvicorn.Server(config)
+                            http=h11_protocol(read_timeout), timeout_graceful_shutdown=FLUSH_S)
+    server = _uvicorn_server(config, app.state.drain, announce=port == 0)
     # uvicorn drains open responses on SIGTERM, then re-raises the signal to the handler that was there before
     # it started; with the default handler the process would die by the signal after a clean drain
     drained = lambda sig, frame: None  # noqa: E731
