@@ -1,8 +1,8 @@
-"""The draft's pick per level on a GPU, side by side: torch's softmax + top-k against eaglekit.decoding.topk's two
+"""The draft's pick per level on a GPU, side by side: torch's softmax + top-k against eaglekit.kernels.topk's two
 kernels (a tree's levels) and the argmax (a chain's), each replayed in a CUDA graph as the cycle runs it; the
 kernels' ids checked equal to torch's and their probabilities close.
 
-    python benchmarks/pick_bench.py OUT.json
+    python benchmarks/lab/pick_bench.py OUT.json
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from timing import median_ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.timing import median_ms  # noqa: E402
 
-from eaglekit.decoding.engine import record_graphs  # noqa: E402
-from eaglekit.decoding.topk import kernel_top_probs, torch_top_probs  # noqa: E402
+from eaglekit.kernels.graphs import record_graphs  # noqa: E402
+from eaglekit.kernels.topk import kernel_top_probs, torch_top_probs  # noqa: E402
 
 
 def graphed(fn):

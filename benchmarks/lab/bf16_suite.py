@@ -10,7 +10,7 @@ kernels. This script measures both sides of that trade on one GPU:
     b. the Llama-3.1-8B shape (random bf16 weights, context 512), graphed baseline step at 1, 4, 6, 8 rows:
        what a k-row reference step costs against the 1-row step
 
-    python benchmarks/bf16_suite.py OUT.json        (GPU, ~2 minutes)
+    python benchmarks/lab/bf16_suite.py OUT.json        (GPU, ~2 minutes)
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from timing import median_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
+from benchmarks.timing import median_ms  # noqa: E402  (the suite's timer)
 
 SHAPES = [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)]
 
 
-def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, compile: str = "off",
+def demo_identity(n_prompts: int, max_new: int, compile: str = "off",
                   products: str = "auto") -> list[dict]:
     from eaglekit.decoding.compare import compare
     from eaglekit.decoding.engine import Decoder
@@ -43,9 +43,6 @@ def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, comp
     # uncompiled by default, as results/2026-12-01_h200_bf16.json was measured
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
                      products=products)
-    if small_m is not None:
-        t.set_small_m(small_m)
-        d.set_small_m(small_m)
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n_prompts]]
     rows = []
@@ -68,7 +65,7 @@ def demo_identity(n_prompts: int, max_new: int, small_m: int | None = None, comp
 
 
 def step_cost(ctx: int, reps: int) -> list[dict]:
-    from batch_suite import build_pair
+    from benchmarks.cases.batch import build_pair
 
     from eaglekit.decoding.engine import Decoder
 
@@ -94,7 +91,6 @@ def main():
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--small-m", type=int, default=None, help="products of this many rows on use models.smallm")
     ap.add_argument("--compile", default="off", choices=("auto", "on", "off"))
     ap.add_argument("--products", default="auto", help="load_pair's products (invariant: batch-invariant kernels)")
     ap.add_argument("--no-steps", action="store_true", help="leave out the 8B-shape step timing")
@@ -104,10 +100,10 @@ def main():
         SHAPES[:] = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompts": args.prompts,
-           "max_new_tokens": args.max_new, "small_m": args.small_m, "compile": args.compile,
+           "max_new_tokens": args.max_new, "compile": args.compile,
            "products": args.products, "shapes": SHAPES}
     print("== a. demo pair, bf16", flush=True)
-    res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.small_m, args.compile, args.products)
+    res["demo_bf16"] = demo_identity(args.prompts, args.max_new, args.compile, args.products)
     if not args.no_steps:
         print("== b. 8B-shape step at k rows", flush=True)
         res["step_rows_8b"] = step_cost(512, args.reps)

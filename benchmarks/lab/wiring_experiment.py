@@ -2,7 +2,7 @@
 captures that differ from its training (after_layers shifted by -1 / +1, the default with the embedding
 swapped in for the low layer). Same shapes, no error anywhere: only acceptance shows the fault.
 
-    python benchmarks/wiring_experiment.py [--target DIR --draft DIR --prompts N --max-new-tokens N]
+    python benchmarks/lab/wiring_experiment.py [--target DIR --draft DIR --prompts N --max-new-tokens N]
 
 Defaults to the shipped demo pair on its held-out prompts, greedy, chain (3, 1, 4), on the CPU.
 """

@@ -5,10 +5,10 @@ down 39.0 at M=1, a line of slope 3.33 TB/s through them), and the step runs fou
 lets its successor launch before it ends (`griddepcontrol.launch_dependents`); the successor can then read what no
 predecessor writes (its weight) before it waits (`griddepcontrol.wait`) for what one does (its input row). This
 times, in one CUDA graph, eight layers' worth of the step's four products (M=1, each product's input the previous
-one's output) with smallm's tiling, as plain launches and as PDL launches that do 0, 1 or 2 weight tiles' loads
+one's output) with invariant_gemm's tiling, as plain launches and as PDL launches that do 0, 1 or 2 weight tiles' loads
 (into L2, as prefetches) before the wait, side by side; and checks the outputs equal the plain launches'.
 
-    python benchmarks/pdl_probe.py OUT
+    python benchmarks/lab/pdl_probe.py OUT
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import graph_ms  # noqa: E402  (benchmarks/timing.py, beside this script)
+from benchmarks.timing import graph_ms  # noqa: E402  (the suite's timer)
 
-from eaglekit.models import smallm  # noqa: E402
+from eaglekit.kernels import invariant_gemm  # noqa: E402
 
 
 @triton.jit
@@ -81,7 +81,7 @@ def add_parts(part_ptr, y_ptr, M, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, G
 def linear(x, w, y, part, gdc: bool, prefetch: int):
     M, K = x.shape
     N = w.shape[0]
-    block_n, block_k, split, warps, stages = smallm.config(N, K, exact=True)
+    block_n, block_k, split, warps, stages = invariant_gemm.config(N, K, exact=True)
     k_slice = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     kw = {"launch_pdl": True} if gdc else {}
     product[(triton.cdiv(N, block_n), split)](x, w, y if split == 1 else part, M, N, K, x.stride(0), w.stride(0),

@@ -6,7 +6,7 @@ the same token as 1 row and as row 0 of a k-row chain. Per step it records the s
 bit-identical, and their largest difference (garbage shows as a large one, rounding as a small one), and at the end
 dynamo's recompile counters.
 
-    python benchmarks/invariant_probe.py OUT.json [--steps 300 --rows 4]
+    python benchmarks/lab/invariant_probe.py OUT.json [--steps 300 --rows 4]
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """How close can the step's products get to the read bandwidth, and which kernel style gets there? (Fast v2, goal 1)
 
-pdl_probe.py measured smallm's products chained as in a step at 3.67-3.71 TB/s (85-86% of the copy figure), and
-draft_fp8 showed smallm taking the same time for fp8 weights as for bf16 ones: bound per weight element, not per
+pdl_probe.py measured invariant_gemm's products chained as in a step at 3.67-3.71 TB/s (85-86% of the copy figure), and
+draft_fp8 showed invariant_gemm taking the same time for fp8 weights as for bf16 ones: bound per weight element, not per
 byte. If the bf16 products are bound the same way, a kernel that spends less per element streams faster. This puts
 side by side, on pdl_probe's chain (eight layers of q/k/v, o, gate/up, down; one CUDA graph each):
 
     the ceilings: a 2 GB copy (read + write), torch.sum over the chain's weights, a Triton read-and-sum of them
-    smallm (a 16-row tile through tl.dot, the invariant default), a GEMV in Triton (fp32 multiply-adds and a sum
+    invariant_gemm (a 16-row tile through tl.dot, the invariant default), a GEMV in Triton (fp32 multiply-adds and a sum
     over K: no dot, no operand layout), F.linear (cuBLAS), torch.compile'd F.linear
 
 at 1 row (the baseline step) and at 8 (a verify), each product's output checked against F.linear's in float.
 
-    python benchmarks/product_ceiling.py OUT [--layers 8] [--ceilings-only | --by-size]
+    python benchmarks/lab/product_ceiling.py OUT [--layers 8] [--ceilings-only | --by-size]
 
---by-size: the ceilings, then each weight shape alone as a pure read and as smallm's product (results and what they
+--by-size: the ceilings, then each weight shape alone as a pure read and as invariant_gemm's product (results and what they
 say: benchmarks/NOTES.md, "The products' ceiling").
 """
 
@@ -32,11 +32,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pdl_probe import Chain  # noqa: E402
-from timing import graph_ms  # noqa: E402
+from benchmarks.timing import graph_ms  # noqa: E402
 
-from eaglekit.models import smallm  # noqa: E402
+from eaglekit.kernels import invariant_gemm  # noqa: E402
 
 
 @triton.jit
@@ -123,7 +123,7 @@ def ceilings(res: dict, gb: int = 4):
 
 def read_by_size(res: dict, chain: "Chain", big_rate: float):
     """A pure read (read_grid, its best tiling above) of each of the step's weight shapes as its own kernel, over the
-    chain's eight copies in turn (nothing stays in L2), next to smallm's product of the same weights at one row: does
+    chain's eight copies in turn (nothing stays in L2), next to invariant_gemm's product of the same weights at one row: does
     a kernel that only streams one weight already lose the time the products lose (then only streaming across
     products, one persistent kernel, gets nearer the ceiling), or does it reach the big buffer's rate (`big_rate`,
     bytes per second)?"""
@@ -146,7 +146,7 @@ def read_by_size(res: dict, chain: "Chain", big_rate: float):
 
 
 def smallm_linear(x, w, y):
-    return smallm.kernels().run(x, w, smallm.config(*w.shape, exact=True))
+    return invariant_gemm.kernels().run(x, w, invariant_gemm.config(*w.shape, exact=True))
 
 
 def aten_linear(x, w, y):
@@ -192,7 +192,7 @@ def main():
             save()
         w0 = chain.ws[0][0]
         ref = F.linear(chain.x0.float()[:, : w0.shape[1]], w0.float())  # the chain's first product, in float
-        variants = {"smallm (tl.dot)": smallm_linear, "F.linear (cuBLAS)": aten_linear,
+        variants = {"invariant_gemm (tl.dot)": smallm_linear, "F.linear (cuBLAS)": aten_linear,
                     "compiled F.linear": torch.compile(lambda x, w, y: F.linear(x, w), dynamic=False)}
         for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4), (4, 512, 4), (8, 256, 2)):
             variants[f"gemv {bn}x{bk} w{wp}"] = gemv_linear(bn, bk, wp)

@@ -6,7 +6,7 @@ wall time) and its second (what a compiled run costs once warm). Shapes share wh
 compiles nothing new shows 0 graphs). On a CPU this measures graph counts and compile time of the same code a GPU
 compiles (inductor's C++ backend, not Triton: the seconds differ, the counts do not).
 
-    python benchmarks/compile_cost.py OUT.json [--device cuda] [--shapes "3,1,4;5,1,6;5,4,8"]
+    python benchmarks/lab/compile_cost.py OUT.json [--device cuda] [--shapes "3,1,4;5,1,6;5,4,8"]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

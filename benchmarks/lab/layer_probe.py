@@ -3,9 +3,9 @@ every kernel a programmatic dependent launch (Fast v2, goal 1; benchmarks/NOTES.
 layer").
 
 bulk_probe.py measured layers whose attention was a stand-in (~3 us, reading 2 MB); the step's attention takes ~11.5
-us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand-in with
-- today's attention (eaglekit.models.attend on the cache with this step's k/v apart, the DIRECT path a decode step
-  takes, and the cache write the step does), with today's norms (eaglekit.models.norms) and smallm's products: today's
+us a layer (eaglekit.kernels.invariant_attention: two Triton kernels). This replaces the stand-in with
+- today's attention (eaglekit.kernels.invariant_attention on the cache with this step's k/v apart, the DIRECT path a decode step
+  takes, and the cache write the step does), with today's norms (eaglekit.kernels.invariant_norm) and invariant_gemm's products: today's
   layer, less the epilogues that ride inside its products;
 - `attn_decode` (bulk_gemv.cu): a decode attention whose K/V stream into shared memory before it waits for its
   predecessor, parts merged in order by the last one to finish; checked here against an fp64 attention;
@@ -15,7 +15,7 @@ us a layer (eaglekit.models.attend: two Triton kernels). This replaces the stand
   the same bits as the plain one at 1, 6 and 16 rows (NOTES: "A race in the products' ring, and a packed product");
 and times eight layers of each combination in one CUDA graph, two rounds in opposite orders.
 
-    python benchmarks/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check | --six | --epi]
+    python benchmarks/lab/layer_probe.py OUT [LAYERS] [--check-only | --gemm-check | --six | --epi]
 
 (--check-only: the checks alone, e.g. under compute-sanitizer; --gemm-check: the products' checks alone; --six: after
 the checks, the products at a verify's 6 rows instead of the 1-row layers; --epi: only the 1-row rows that show
@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 from bulk_probe import Bulk, Gemm, Layers, _ok, _stream, build  # noqa: E402
 
-from eaglekit.models import attend, norms, smallm  # noqa: E402
+from eaglekit.kernels import invariant_attention, invariant_gemm, invariant_norm  # noqa: E402
 
 H, HKV, HD, CAP, CTX = 32, 8, 128, 1024, 512
 # bulk_gemm's codes (8 slots): the last warp adds a tile's sums (no barrier); W packed (one 8 KB copy a chunk);
@@ -141,8 +141,8 @@ def check_attention(lib) -> dict:
         ref = reference(q, k, v, n)
         mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
         mask[..., :n] = True
-        slots, count, _ = attend.visible(mask)
-        ours = attend.attend(q.view(1, H, 1, HD), k[None], v[None], slots, count).transpose(1, 2).reshape(-1)
+        slots, count, _ = invariant_attention.visible(mask)
+        ours = invariant_attention.attend(q.view(1, H, 1, HD), k[None], v[None], slots, count).transpose(1, 2).reshape(-1)
         row = {"rel_err": ((outs[0].double() - ref).norm() / ref.norm()).item(),
                "all_written": bool(torch.isfinite(outs[0]).all()),
                "same_bits_again_and_pdl": all(torch.equal(outs[0], o) for o in (outs[1], outs[2], outs[4], outs[5])),
@@ -229,7 +229,7 @@ class RealLayers(Layers):
         mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
         mask[..., :CTX] = True
         self.base = torch.tensor([CTX - 1], device="cuda")
-        self.slots, self.count, self.old = attend.visible(mask, self.base)  # once a step, as the decoder does
+        self.slots, self.count, self.old = invariant_attention.visible(mask, self.base)  # once a step, as the decoder does
         self.pos = torch.tensor([CTX - 1], device="cuda")
         self.attn = {(pdl, ach): Attention(lib, pdl, ach=ach) for pdl in (0, 1, 2, 3, 5, 9) for ach in (32, 64)}
 
@@ -244,7 +244,7 @@ class RealLayers(Layers):
 
         def norm(x):
             if self.norm_kind == "eaglekit":
-                return norms.rms_norm(x, self.norm_w, 1e-5)
+                return invariant_norm.rms_norm(x, self.norm_w, 1e-5)
             _ok(lib, lib.bulk_rms(x.data_ptr(), self.normed.data_ptr(), 1, 4096, x.stride(0), pdl, _stream()), "rms")
             return self.normed
 
@@ -262,7 +262,7 @@ class RealLayers(Layers):
             vn = qkv[:, 5120:].view(1, 1, HKV, HD).transpose(1, 2)
             k.index_copy_(2, self.pos, kn)  # the step's cache write (two small kernels a layer in the step)
             v.index_copy_(2, self.pos, vn)
-            o = attend.attend(q, k, v, self.slots, self.count, self.old, (kn, vn, self.base))
+            o = invariant_attention.attend(q, k, v, self.slots, self.count, self.old, (kn, vn, self.base))
             return o.transpose(1, 2).reshape(1, 4096)
 
         def run():
@@ -293,7 +293,7 @@ def main():
     n = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 8  # layers
     if "--six" in sys.argv:
         return six_rows(lib, sms, n, res, save)
-    smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
+    smallm_fn = lambda x, w, y: invariant_gemm.linear(x, w, exact=True)  # noqa: E731
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # as bulk_probe: PDL, at least 100 KB a block (two an SM)
     fma = Bulk(lib, 4, 8, 2 * sms, 1, 100)
     gemm_last = Gemm(lib, 4, GEMM_LAST, 2 * sms, 1, 100)
@@ -305,11 +305,11 @@ def main():
     res.update(layers=len(layers.ws), weight_bytes=layers.nbytes, context=CTX)
     epilogues = PackedEpilogues(lib, 2 * sms, 1, weights)
     # (name, products, small kernels PDL, norm, attention or "alone": the products without the rest of the layer)
-    today = "today: smallm, eaglekit norms, eaglekit attention + cache write"
+    today = "today: invariant_gemm, eaglekit invariant_norm, eaglekit attention + cache write"
     variants = [(today, smallm_fn, 0, "eaglekit", "eaglekit"),
-                ("smallm, eaglekit norms, attn_decode 64 plain", smallm_fn, 0, "eaglekit", "cuda64"),
-                ("smallm, eaglekit norms, attn_decode 32 plain", smallm_fn, 0, "eaglekit", "cuda32"),
-                ("smallm, CUDA norms plain, stand-in attention plain", smallm_fn, 0, "cuda", "stand-in"),
+                ("invariant_gemm, eaglekit invariant_norm, attn_decode 64 plain", smallm_fn, 0, "eaglekit", "cuda64"),
+                ("invariant_gemm, eaglekit invariant_norm, attn_decode 32 plain", smallm_fn, 0, "eaglekit", "cuda32"),
+                ("invariant_gemm, CUDA norms plain, stand-in attention plain", smallm_fn, 0, "cuda", "stand-in"),
                 ("gemm pdl, CUDA norms pdl, stand-in attention pdl", gemm, 1, "cuda", "stand-in"),
                 ("gemm pdl, CUDA norms pdl, attn_decode 64 pdl", gemm, 1, "cuda", "cuda64"),
                 ("gemm pdl, CUDA norms pdl, attn_decode 32 pdl", gemm, 1, "cuda", "cuda32"),
@@ -394,17 +394,17 @@ def table(variants: dict, shape: str):
 
 
 def six_rows(lib, sms: int, n: int, res: dict, save):
-    """A verify's shape, 6 rows ((3,1,4) verifies 5, (5,1,6) 7): today's products (smallm, plain launches) against
+    """A verify's shape, 6 rows ((3,1,4) verifies 5, (5,1,6) 7): today's products (invariant_gemm, plain launches) against
     gemm and the packed <= 8-row gemm with every kernel PDL, in whole layers with the stand-in norms and attention
     (bulk_probe.Layers: they take any row count) and alone. Two rounds in opposite orders."""
     layers = Layers(lib, n, 6)
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)
     packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, [w for ws in layers.ws for w in ws])
-    smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
-    variants = [("6 rows: smallm, stand-in norms and attention, plain", smallm_fn, 0, True),
+    smallm_fn = lambda x, w, y: invariant_gemm.linear(x, w, exact=True)  # noqa: E731
+    variants = [("6 rows: invariant_gemm, stand-in norms and attention, plain", smallm_fn, 0, True),
                 ("6 rows: gemm, stand-in norms and attention, all pdl", gemm, 1, True),
                 ("6 rows: gemm packed <=8 rows, stand-in norms and attention, all pdl", packed_lo, 1, True),
-                ("6 rows, products alone: smallm", smallm_fn, 0, False),
+                ("6 rows, products alone: invariant_gemm", smallm_fn, 0, False),
                 ("6 rows, products alone: gemm pdl", gemm, 1, False),
                 ("6 rows, products alone: gemm packed <=8 rows pdl", packed_lo, 1, False)]
     res.update(layers=n, weight_bytes=layers.nbytes, six_rows={})

@@ -5,8 +5,8 @@ without the draft and their ratio, TTFT / TPOT medians, and the server's own acc
 /metrics counters). Greedy, so the two servers' outputs are the same text; the ratio is what the draft buys
 under that load.
 
-    python benchmarks/serve_suite.py OUT.json --device cuda                  # GPU (~2 minutes)
-    python benchmarks/serve_suite.py OUT.json --device cpu --threads 1 --levels 1,4 --num-prompts 8
+    python benchmarks/lab/serve_suite.py OUT.json --device cuda                  # GPU (~2 minutes)
+    python benchmarks/lab/serve_suite.py OUT.json --device cpu --threads 1 --levels 1,4 --num-prompts 8
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eaglekit.demo import ASSETS  # noqa: E402

@@ -10,10 +10,10 @@ waits only for its x). This builds the kernels with nvcc and
 - checks them: fresh random inputs against an fp64 product, NaN-poisoned outputs all written, the same bits at other
   grid sizes and slot counts, and for the tensor-core variant each row's bits the same alone and among 6 or 16 rows;
 - times the chain of the 8B step's products (pdl_probe.Chain: eight layers, one CUDA graph) at 1 and 6 rows against
-  smallm's, side by side, and whole layers (the products with norm and attention stand-ins between them, plain or
+  invariant_gemm's, side by side, and whole layers (the products with norm and attention stand-ins between them, plain or
   as PDL participants).
 
-    python benchmarks/bulk_probe.py OUT [LAYERS] [--repeat]
+    python benchmarks/lab/bulk_probe.py OUT [LAYERS] [--repeat]
 
 (--repeat: the whole layers only, three rounds in alternating order.) Needs a Hopper GPU and nvcc.
 """
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
-from pdl_probe import Chain  # noqa: E402  (benchmarks/pdl_probe.py: the 8B step's products, chained)
+from pdl_probe import Chain  # noqa: E402  (benchmarks/lab/pdl_probe.py: the 8B step's products, chained)
 
-from eaglekit.models import smallm  # noqa: E402
+from eaglekit.kernels import invariant_gemm  # noqa: E402
 
 
 def build(out: Path) -> ctypes.CDLL:
@@ -163,7 +163,7 @@ def check_gemm(lib, sms: int) -> dict:
                "same_bits_x_staged": bool(torch.equal(out[(1, XS, 2 * sms)], y16[:1])),
                "same_bits_other_grids": bool(torch.equal(out[(1, 4, sms)], out[(1, 8, 2 * sms)])
                                              and torch.equal(out[(6, 12, 77)], out[(6, 8, 2 * sms)])),
-               "smallm_rel_err_16": ((smallm.linear(x, w, exact=True).double() - ref).norm()
+               "smallm_rel_err_16": ((invariant_gemm.linear(x, w, exact=True).double() - ref).norm()
                                      / ref.norm()).item()}
         res[f"{N}x{K}"] = row
         print(f"check gemm {N}x{K}: {row}", flush=True)
@@ -190,7 +190,7 @@ def check(lib, sms: int) -> dict:
         res[f"{N}x{K}"] = {"rel_err": rel, "all_written": bool(torch.isfinite(outs[0]).all()),
                            "same_bits_other_grids": all(torch.equal(outs[0], o) for o in outs[1:3]),
                            "rel_err_8_warps": ((outs[3].double() - ref).norm() / ref.norm()).item(),
-                           "smallm_rel_err": ((smallm.linear(x, w, exact=True).double() - ref).norm()
+                           "smallm_rel_err": ((invariant_gemm.linear(x, w, exact=True).double() - ref).norm()
                                               / ref.norm()).item()}
         print(f"check {N}x{K}: {res[f'{N}x{K}']}", flush=True)
         del w
@@ -216,16 +216,16 @@ def main():
             res["check_gemm"] = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
         save()
     res["variants"] = {}
-    smallm_fn = lambda x, w, y: smallm.linear(x, w, exact=True)  # noqa: E731
+    smallm_fn = lambda x, w, y: invariant_gemm.linear(x, w, exact=True)  # noqa: E731
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)  # pdl 1: the successor may launch at once; at least 100 KB: 2 blocks an SM
     gemm0 = Gemm(lib, 4, 8, 2 * sms, 0, 100)
     for rows in (1, 6):
         layers = Layers(lib, int(sys.argv[2]) if len(sys.argv) > 2 else 8, rows)
         res.update(layers=len(layers.ws), weight_bytes=layers.nbytes)
         # (name, products, small kernels as PDL participants, whole layers or the products alone)
-        variants = [("products alone: smallm", smallm_fn, 0, False),
+        variants = [("products alone: invariant_gemm", smallm_fn, 0, False),
                     ("products alone: gemm pdl1", gemm, 1, False),
-                    ("layers: smallm, small kernels plain", smallm_fn, 0, True),
+                    ("layers: invariant_gemm, small kernels plain", smallm_fn, 0, True),
                     ("layers: gemm pdl0, small kernels plain", gemm0, 0, True),
                     ("layers: gemm pdl1, small kernels pdl", gemm, 1, True),
                     ("layers: gemm s12 pdl1, small kernels pdl", Gemm(lib, 4, 12, 2 * sms, 1, 110), 1, True)]
@@ -234,7 +234,7 @@ def main():
             variants += [("layers: bulk w4 s8 pdl1, small kernels pdl", Bulk(lib, 4, 8, 2 * sms, 1, 100), 1, True),
                          ("layers: gemm x staged pdl1, small kernels pdl", gemm_xs, 1, True),
                          ("products alone: gemm x staged pdl1", gemm_xs, 1, False)]
-        variants += [("layers: smallm, small kernels plain (again)", smallm_fn, 0, True)]
+        variants += [("layers: invariant_gemm, small kernels plain (again)", smallm_fn, 0, True)]
         if repeat:
             whole = [v for v in variants[2:-1] if "s12" not in v[0] and v[3]]
             variants = [(f"{v[0]} #{r}", *v[1:]) for r in range(3) for v in (whole if r % 2 == 0 else whole[::-1])]

@@ -1,12 +1,12 @@
 """Products of 1..8 rows by the Llama-3.1-8B weights (and its EAGLE-3 draft's): cuBLAS (F.linear) against
-eaglekit.models.smallm's kernel over a grid of tile configs, each timed inside a CUDA graph (a graph of R calls
+eaglekit.kernels.invariant_gemm's kernel over a grid of tile configs, each timed inside a CUDA graph (a graph of R calls
 over R different weights, so the timing is launch-free and the weights come from HBM, not L2).
 
-    python benchmarks/smallm_sweep.py --out DIR        # one H200: ~2 minutes
+    python benchmarks/lab/invariant_gemm_sweep.py --out DIR        # one H200: ~2 minutes
 
 Writes DIR/smallm_sweep.json: per (N, K, rows) the cuBLAS time, the best config and its time, the default
-config's (smallm.config: tuned if the table has it) time, and bytes/s for each; prints a table. With --tune it
-first runs smallm.tune (every config of smallm.GRID at 6 rows, cuBLAS too) and stores the winners for this GPU.
+config's (invariant_gemm.config: tuned if the table has it) time, and bytes/s for each; prints a table. With --tune it
+first runs invariant_gemm.tune (every config of invariant_gemm.GRID at 6 rows, cuBLAS too) and stores the winners for this GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eaglekit.models import smallm
+from eaglekit.kernels import invariant_gemm
 
 SHAPES = {  # name: (N, K)
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -35,8 +35,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tune", action="store_true", help="instead: smallm.tune() over its GRID at 6 rows, written to "
-                    "this GPU's table (smallm.table_path()), then the sweep with the tuned configs as 'default'")
+    ap.add_argument("--tune", action="store_true", help="instead: invariant_gemm.tune() over its GRID at 6 rows, written to "
+                    "this GPU's table (invariant_gemm.table_path()), then the sweep with the tuned configs as 'default'")
     ap.add_argument("--epilogues", action="store_true", help="instead: the fused epilogues of the invariant "
                     "policy (gate_up gated over a grid of configs, down with its residual add) against the plain "
                     "product followed by the same epilogue in torch")
@@ -48,18 +48,18 @@ def main():
         return epilogues(out)
     if args.tune:
         t0 = time.time()
-        tuned = smallm.tune([SHAPES[n] for n in names])
+        tuned = invariant_gemm.tune([SHAPES[n] for n in names])
         tuned["wall_s"] = round(time.time() - t0, 1)
         (out / "smallm_tune.json").write_text(json.dumps(tuned, indent=1))
-    graph_ms = smallm.graph_ms
-    run = smallm.kernels().run
+    graph_ms = invariant_gemm.graph_ms
+    run = invariant_gemm.kernels().run
     results = []
     for name in names:
         N, K = SHAPES[name]
         nbytes = N * K * 2
         ws = weights(N, K)
         copies = len(ws)
-        default = smallm.config(N, K) or GRID[0]  # (None: tuned to cuBLAS)
+        default = invariant_gemm.config(N, K) or GRID[0]  # (None: tuned to cuBLAS)
         for M in ROWS:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
@@ -97,7 +97,7 @@ def time_configs(label: str, cfgs, call, ref: torch.Tensor, copies: int) -> dict
         err = (call(0, cfg).float() - ref).abs().max().item() / ref.abs().max().item()
         if err > 2e-2:
             raise SystemExit(f"{label} cfg={cfg}: relative error {err:.3g}")
-        timed[cfg] = smallm.graph_ms(lambda i, c=cfg: call(i, c), copies)
+        timed[cfg] = invariant_gemm.graph_ms(lambda i, c=cfg: call(i, c), copies)
     return timed
 
 
@@ -114,23 +114,23 @@ GATED_GRID = [c for c in itertools.product((32, 64, 128), (64, 128, 256), (1,), 
 
 
 def epilogues(out: Path) -> None:
-    """gate_up + SwiGLU and down + residual: one kernel (smallm's epilogue) against the product and torch after it,
+    """gate_up + SwiGLU and down + residual: one kernel (invariant_gemm's epilogue) against the product and torch after it,
     each inside a CUDA graph over weights that stream from HBM (8B shapes, rows 1 and 6)."""
-    graph_ms, run = smallm.graph_ms, smallm.kernels().run
+    graph_ms, run = invariant_gemm.graph_ms, invariant_gemm.kernels().run
     rows = []
     for name, gated in (("gate_up", True), ("down", False)):
         N, K = SHAPES[name]
         ws = weights(N, K)
         copies = len(ws)
-        plain = smallm.config(N, K, exact=True)
+        plain = invariant_gemm.config(N, K, exact=True)
         width = N // 2 if gated else N
         for M in (1, 6):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             r = torch.randn(M, width, device="cuda", dtype=torch.bfloat16)
-            ref = smallm.epilogue(F.linear(x.float(), ws[0].float()), None if gated else r.float(), gated)
-            apart = graph_ms(lambda i: smallm.epilogue(run(x, ws[i], plain), None if gated else r, gated), copies)
+            ref = invariant_gemm.epilogue(F.linear(x.float(), ws[0].float()), None if gated else r.float(), gated)
+            apart = graph_ms(lambda i: invariant_gemm.epilogue(run(x, ws[i], plain), None if gated else r, gated), copies)
             cfgs = [c for c in GATED_GRID if K % c[1] == 0] if gated else []
-            default = smallm.gated_config(plain) if gated else plain
+            default = invariant_gemm.gated_config(plain) if gated else plain
             timed = time_configs(f"{name} rows={M}", [default] + cfgs,
                                  lambda i, c: run(x, ws[i], c, residual=None if gated else r, gated=gated), ref, copies)
             best = min(timed, key=timed.get)

@@ -32,7 +32,7 @@ namespace {
 constexpr int SLOT = 8192;  // bytes a ring slot: one row of a 4096-wide weight
 constexpr int XMAX = 14336;  // widest K (the x row is staged in shared memory)
 
-#include "../eaglekit/models/bulk_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
+#include "../eaglekit/models/hopper_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
 
 // the ring's smem limit raised once per kernel (a block may take more than 48 KB)
 template <typename K>
