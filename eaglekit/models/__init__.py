@@ -1,4 +1,4 @@
-"""The target side: our compact decoder for the Llama family, and an adapter over transformers."""
+"""The target side: our compact decoders (the Llama family; the DeepSeek family), and an adapter over transformers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from ..errors import InputError
 from .base import Target, TargetInfo
 from .config import FAMILIES, TargetConfig, check_folder_json, load_target_config, read_json
+from .deepseek_config import DEEPSEEK_FAMILIES, load_deepseek_config
 
 BACKENDS = ("auto", "ours", "hf")
 
@@ -27,8 +28,9 @@ def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.
 
 
 def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", dtype=None) -> Target:
-    """Load a Hugging Face model folder as a Target. `auto` picks our decoder for llama/mistral/qwen2/qwen3
-    and the transformers adapter for everything else."""
+    """Load a Hugging Face model folder as a Target. `auto` picks our decoders for llama/mistral/qwen2/qwen3
+    (models.llama) and deepseek_v2/deepseek_v3/kimi_k2 (models.deepseek), the transformers adapter for everything
+    else and for configs our decoders do not implement."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"target folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
@@ -45,14 +47,23 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     dt = resolve_dtype(dtype, device)
     raw = read_json(folder / "config.json", "target config")
     check_folder_json(folder)
+    deepseek = raw.get("model_type") in DEEPSEEK_FAMILIES
     if backend == "auto":
-        backend = "ours" if raw.get("model_type") in FAMILIES else "hf"
+        backend = "ours" if raw.get("model_type") in FAMILIES + DEEPSEEK_FAMILIES else "hf"
         if backend == "ours":
             try:
-                load_target_config(folder)
+                load_deepseek_config(folder) if deepseek else load_target_config(folder)
             except InputError:
-                backend = "hf"  # e.g. an unusual rope type: transformers handles it
-    if backend == "tp":
+                backend = "hf"  # e.g. an unusual rope type or routing: transformers handles it
+    if backend == "tp" and deepseek:
+        raise InputError("tensor parallelism (--tp / torchrun) runs eaglekit's Llama-family decoder only; DeepSeek "
+                         "models run on one device (docs/deepseek.md: how TP of MLA and EP of the experts would go)",
+                         fix="run without --tp (one GPU), or with --backend hf", code="E192")
+    if backend == "ours" and deepseek:
+        from .deepseek import DeepSeekTarget
+
+        target = DeepSeekTarget.from_folder(folder, device, dt)
+    elif backend == "tp":
         from .tp import TPLlamaTarget
 
         target = TPLlamaTarget.from_folder(folder, tp, dt, tp.lm_head)
@@ -64,6 +75,8 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
         from .hf import HFTarget
 
         target = HFTarget.from_folder(folder, device, dt)
+    # which decoder serves this target, for reports (generate --json's metrics.backend): deepseek, ours, tp, hf
+    target.backend = getattr(type(target), "backend", None) or backend
     from ..tokenizer import tokenizer_fingerprint
 
     target.tokenizer_fingerprint = tokenizer_fingerprint(folder)
@@ -71,5 +84,5 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     return target
 
 
-__all__ = ["BACKENDS", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target", "load_target_config",
+__all__ = ["BACKENDS", "DEEPSEEK_FAMILIES", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target", "load_target_config",
            "resolve_dtype"]

@@ -1,0 +1,294 @@
+"""Our DeepSeek-family decoder (DeepSeek-V2 / V2-Lite, DeepSeek-V3 / R1, Kimi-K2): MLA attention over a static
+latent cache (eaglekit.models.mla) and DeepSeek's mixture of experts (eaglekit.models.moe), the first
+`first_k_dense_replace` layers dense.
+
+Parameter names match transformers' DeepseekV3ForCausalLM / DeepseekV2ForCausalLM (the checkpoints' names); a
+checkpoint's per-expert tensors (mlp.experts.<e>.gate_proj.weight, ...) are stacked at load, and layers past
+num_hidden_layers (DeepSeek-V3's multi-token-prediction layer, model.layers.61) are not read. The residual stream
+after any layer can be captured (CaptureSpec.after_layers; -1 is the embedding), as in eaglekit.models.llama.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import InputError
+from .base import Target, TargetInfo
+from .deepseek_config import DeepSeekConfig, load_deepseek_config
+from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, span_mask, span_mask_rows
+from .mla import MLA, LatentCache, MLARotary, RowLatent
+from .moe import MoE
+from .weights import load_state_dict_into, read_folder_tensors
+
+
+class DeepSeekLayer(nn.Module):
+    def __init__(self, c: DeepSeekConfig, index: int):
+        super().__init__()
+        self.self_attn = MLA(c)
+        self.mlp = MoE(c) if c.is_moe(index) else MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Body(nn.Module):
+    def __init__(self, c: DeepSeekConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DeepSeekLayer(c, i) for i in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+def _span_dynamic(mask, kv):
+    """Before a compiled call: the cache rows passed narrowed to the span S (mask [.., T, S]), S a symbolic size, so
+    a new span does not compile again (as eaglekit.kernels.compiling.span_dynamic for [B, H, S, hd] caches)."""
+    from torch._dynamo import maybe_mark_dynamic
+
+    S = mask.shape[-1]
+    kv = kv[:, :S]
+    maybe_mark_dynamic(mask, mask.dim() - 1)
+    maybe_mark_dynamic(kv, 1)
+    return kv
+
+
+class DeepSeekModel(nn.Module):
+    """The network itself: ids -> (final normed hidden, captured residual streams)."""
+
+    def __init__(self, c: DeepSeekConfig):
+        super().__init__()
+        self.config = c
+        self.model = _Body(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = MLARotary(c)
+        self.compiled_layer = None  # set by DeepSeekTarget.compile()
+
+    def forward(self, ids, positions, cache=None, slots=None, mask=None, capture: tuple[int, ...] = ()):
+        """ids [B, T]; positions [T] or [B, T]; cache a LatentCache / RowLatent (or None: attention over the T
+        tokens, causal); mask [B|1, T, S]. -> (normed hidden [B, T, H], features [B, T, C*H] | None)."""
+        x = self.model.embed_tokens(ids)
+        caught = {}
+        if -1 in capture:
+            caught[-1] = x
+        cos, sin = self.rotary(positions, x.dtype)
+        # the compiled layer serves the small fixed shapes of decoding; prompts of any length run plain
+        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None
+                                       and ids.shape[1] <= COMPILE_MAX_TOKENS) else None
+        for i, layer in enumerate(self.model.layers):
+            kv = cache.layer(i) if cache is not None else None
+            if fast is not None:
+                x = fast(layer, x, cos, sin, _span_dynamic(mask, kv), slots, mask)
+            else:
+                x = layer(x, cos, sin, kv, slots, mask)
+            if i in capture:
+                caught[i] = x
+        feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
+        return self.model.norm(x), feats
+
+
+# a checkpoint's per-expert tensors: model.layers.<l>.mlp.experts.<e>.<gate|up|down>_proj.weight
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def convert_checkpoint(tensors: dict[str, torch.Tensor], c: DeepSeekConfig, folder) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors -> this module's state dict: per-expert weights stacked (gate_up_proj = [gate; up]
+    per expert), layers past num_hidden_layers (multi-token prediction) dropped. Tensors already stacked (as
+    transformers 5 holds them) pass as they are."""
+    out, experts = {}, {}
+    for k, v in tensors.items():
+        m = _LAYER.match(k)
+        if m and int(m.group(1)) >= c.num_layers:
+            continue
+        e = _EXPERT.match(k)
+        if e:
+            experts.setdefault(e.group(1), {}).setdefault(int(e.group(2)), {})[e.group(3)] = v
+        else:
+            out[k] = v
+    E = c.n_routed_experts
+    for prefix, per in experts.items():
+        missing = [i for i in range(E) if i not in per or len(per[i]) != 3]
+        if missing:
+            raise InputError(f"checkpoint in {folder} lacks weights of {len(missing)} experts of {prefix} (e.g. expert "
+                             f"{missing[0]}); config.json says n_routed_experts {E}",
+                             fix="check that config.json belongs to these weights", code="E107")
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([per[i]["gate_proj"], per[i]["up_proj"]]) for i in
+                                                     range(E)])
+        out[f"{prefix}.down_proj"] = torch.stack([per[i]["down_proj"] for i in range(E)])
+        per.clear()
+    return out
+
+
+class DeepSeekTarget(Target):
+    """A target backed by our DeepSeek-family decoder (the interface and behaviour of models.llama.LlamaTarget)."""
+
+    backend = "deepseek"
+
+    def __init__(self, net: DeepSeekModel, device, dtype):
+        self.net = net.eval()
+        self.config = c = net.config
+        self.device, self.dtype = torch.device(device), dtype
+        self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
+                               c.eos_token_ids, c.fingerprint)
+        self.cache: LatentCache | None = None
+
+    @classmethod
+    def from_folder(cls, folder, device="cpu", dtype=torch.float32) -> "DeepSeekTarget":
+        folder = Path(folder)
+        cfg = load_deepseek_config(folder)
+        with torch.device("meta"):
+            net = DeepSeekModel(cfg)
+        tensors = convert_checkpoint(read_folder_tensors(folder, "target"), cfg, folder)
+        if cfg.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        router = {k: v for k, v in tensors.items() if k.endswith((".mlp.gate.weight", ".e_score_correction_bias"))}
+        load_state_dict_into(net, tensors, folder, dtype=dtype, device=device,
+                             tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {})
+        for k, v in router.items():  # the router stays float32 (its scores decide which experts run)
+            mod, _, name = k.rpartition(".")
+            t = v.to(device=device, dtype=torch.float32)
+            m = net.get_submodule(mod)
+            if name == "weight":
+                m.weight = nn.Parameter(t, requires_grad=False)
+            else:
+                m.e_score_correction_bias = t
+        net.rotary = MLARotary(cfg).to(device)
+        target = cls(net, device, dtype)
+        target.fuse()
+        return target
+
+    # --- Target interface --------------------------------------------------------------------------
+    static = True
+
+    def reset(self, span: int) -> None:
+        c = self.config
+        if self.cache is None or self.cache.max_len < span:
+            self.cache = LatentCache(c.num_layers, c.latent_width, span, 1, self.device, self.dtype)
+        self.cache.length.zero_()
+        self.span = span
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.length) if self.cache is not None else 0
+
+    @property
+    def committed(self) -> torch.Tensor:
+        return self.cache.length
+
+    def storage_key(self) -> tuple:
+        return (self.span, self.cache.uid)
+
+    def _layers(self, capture) -> tuple[int, ...]:
+        return capture.validate(self.config.num_layers).after_layers if capture is not None else ()
+
+    def _forward(self, ids, depths, block, capture):
+        T = ids.numel()
+        L = self.cache.length
+        slots = L + torch.arange(T, device=self.device)
+        mask = span_mask(L, block, self.span, None, depths)
+        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, self._layers(capture))
+        logits = self.net.lm_head(h[0]).float()
+        return logits, (feats[0] if feats is not None else None)
+
+    def _advance(self, n: int) -> None:
+        self.cache.length += n
+
+    @torch.inference_mode()
+    def keep(self, path, n, in_place: bool = False) -> None:
+        if in_place:  # the accepted rows already sit at slots length .. length + n - 1
+            self.cache.length += n
+        else:
+            self.cache.keep(path, n)
+
+    # --- batched decoding ----------------------------------------------------------------------------
+    batched = True
+
+    def row_cache(self, batch: int, span: int) -> RowLatent:
+        c = self.config
+        return RowLatent(c.num_layers, c.latent_width, span, batch, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward_rows(self, kv, ids, depths, block, span, capture=None):
+        T = ids.shape[1]
+        L = kv.length
+        slots = L[:, None] + torch.arange(T, device=self.device)
+        mask = span_mask_rows(L, block, span, None, depths)
+        h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, self._layers(capture))
+        return self.net.lm_head(h).float(), feats
+
+    def compile(self, options: dict | None = None) -> None:
+        """torch.compile the decoder layer for the decode shapes (one compiled graph per token count and layer kind,
+        dense or MoE, shared by the layers of that kind; the engine records the compiled kernels in its CUDA
+        graphs). Compiled, a token's experts run as fused gathers of the stacked weights (eaglekit.models.moe)."""
+        from ..kernels.compiling import compile_decode
+
+        self.net.compiled_layer = compile_decode(DeepSeekLayer.forward, options)
+
+    def fuse(self) -> None:
+        """Fused gate/up projections of the dense and shared-expert MLPs (same memory, fewer kernels)."""
+        for m in self.net.modules():
+            if isinstance(m, MLP):
+                m.fuse()
+
+    @torch.inference_mode()
+    def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
+        net, c, dev = self.net, self.config, self.device
+        B, P = ids.shape
+        S = P + max_new
+        cache = LatentCache(c.num_layers, c.latent_width, S, B, dev, self.dtype)
+        real = torch.arange(S, device=dev)[None, :] >= pad[:, None]  # [B, S] left padding is never attended to
+        g = torch.Generator(device=dev).manual_seed(seed)
+        pos = (torch.arange(P, device=dev)[None] - pad[:, None]).clamp(min=0)
+        mask = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :P]
+        h, _ = net(ids, pos, cache, torch.arange(P, device=dev), mask)
+        out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        eos = torch.tensor(list(eos_ids) or [-1], device=dev)
+        last = h[:, -1]
+        for t in range(max_new):
+            logits = net.lm_head(last).float()
+            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(_probs(logits, sp), 1, generator=g).squeeze(1)
+            out[:, t] = tok
+            done |= torch.isin(tok, eos)
+            if t + 1 == max_new or bool(done.all()):
+                return out[:, :t + 1]
+            slot = P + t
+            h, _ = net(tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev),
+                       real[:, None, :slot + 1])
+            last = h[:, -1]
+        return out
+
+    @torch.no_grad()
+    def features(self, ids, pad_mask=None, capture=None):
+        # batches are right-padded, so plain causal attention is exact for every real token
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.net(ids, pos, None, None, None, self._layers(capture))
+
+    def lm_head_weight(self):
+        return self.net.lm_head.weight
+
+    def embed_weight(self):
+        return self.net.model.embed_tokens.weight
+
+
+def _probs(logits: torch.Tensor, sp) -> torch.Tensor:
+    """The sampling distribution of SamplingParams `sp` (temperature, then top-k, then top-p): the definition of
+    eaglekit.decoding.sampling.probs, restated here because models may not import from decoding (a layer above)."""
+    x = logits.float() / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        x = x.masked_fill(x < x.topk(sp.top_k, dim=-1).values[..., -1:], float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if sp.top_p < 1.0:
+        ps, idx = p.sort(dim=-1, descending=True)
+        drop = torch.zeros_like(ps, dtype=torch.bool).scatter(-1, idx, (ps.cumsum(-1) - ps) >= sp.top_p)
+        p = p.masked_fill(drop, 0.0)
+        p = p / p.sum(-1, keepdim=True)
+    return p

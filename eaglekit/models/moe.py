@@ -1,0 +1,154 @@
+"""DeepSeek's mixture of experts: the router (V2 softmax, V3 / Kimi-K2 sigmoid with correction bias and
+group-limited top-k), the routed experts as stacked weights, the shared experts.
+
+The routed experts' weights are stacked as transformers 5 holds them (gate_up_proj [E, 2I, D], down_proj
+[E, D, I]); a checkpoint's per-expert tensors are stacked at load. How a call runs its experts:
+
+- gather (decode calls): each token indexes the stacked weights by its own top-k ids, so it reads the bytes of
+  its k experts and nothing else, with fixed shapes and no host sync (CUDA graphs record it). A token's result
+  depends on its row alone, so a token stepped alone and the same token in a verified tree get the same bits
+  from the same kernels. Compiled (torch.compile), the product is written as a multiply and a sum, which inductor
+  makes one reduction kernel that loads the indexed weights in place; eager, the indexed weights are copied and
+  multiplied (memory k x expert size a token).
+- loop (prompts, feature extraction): the experts any token chose, one after the other (a host read of which
+  experts were hit; not recordable).
+- dense (larger calls while a CUDA graph records, eager): every expert on every token, weights zero where not
+  chosen: fixed shapes, reads every expert once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .deepseek_config import DeepSeekConfig
+from .layers import MLP
+
+# eager calls with at most this many (token, expert) pairs gather; more copy too many weights
+GATHER_MAX_PAIRS = 16
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """The dtype the weighted sum of experts accumulates in: float32, or x's own where wider (float64 tests)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class Router(nn.Module):
+    """transformers' DeepseekV3TopkRouter / DeepseekV2TopkRouter: weight [E, D] (float32), and for sigmoid
+    scoring e_score_correction_bias [E] (float32)."""
+
+    def __init__(self, c: DeepSeekConfig):
+        super().__init__()
+        self.c = c
+        E = c.n_routed_experts
+        self.weight = nn.Parameter(torch.zeros(E, c.hidden_size, dtype=torch.float32))
+        if c.scoring == "sigmoid":
+            self.register_buffer("e_score_correction_bias", torch.zeros(E, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+
+    def _group_mask(self, choice: torch.Tensor, group_score) -> torch.Tensor:
+        c = self.c
+        N, E = choice.shape
+        groups = group_score(choice.view(N, c.n_group, E // c.n_group))  # [N, G]
+        picked = torch.topk(groups, k=c.topk_group, dim=-1, sorted=False)[1]
+        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, picked, True)
+        return keep[:, :, None].expand(N, c.n_group, E // c.n_group).reshape(N, E)
+
+    def forward(self, h: torch.Tensor):
+        """h [N, D] -> (expert ids [N, k], weights [N, k] float32)."""
+        c = self.c
+        logits = F.linear(h.float(), self.weight.float())
+        if c.scoring == "sigmoid":
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            if c.n_group > 1:
+                keep = self._group_mask(choice, lambda g: g.topk(2, dim=-1)[0].sum(dim=-1))
+                choice = choice.masked_fill(~keep, float("-inf"))
+            idx = torch.topk(choice, k=c.num_experts_per_tok, dim=-1, sorted=False)[1]
+            w = scores.gather(1, idx)
+            if c.norm_topk_prob:
+                w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        else:
+            scores = logits.softmax(dim=-1)
+            if c.topk_method == "group_limited_greedy" and c.n_group > 1:
+                keep = self._group_mask(scores, lambda g: g.max(dim=-1).values)
+                scores = scores.masked_fill(~keep, 0.0)
+            w, idx = torch.topk(scores, k=c.num_experts_per_tok, dim=-1, sorted=False)
+        return idx, w * c.routed_scaling_factor
+
+
+class Experts(nn.Module):
+    """The routed experts, stacked: gate_up_proj [E, 2I, D] (gate rows first), down_proj [E, D, I]."""
+
+    def __init__(self, c: DeepSeekConfig):
+        super().__init__()
+        E, I, D = c.n_routed_experts, c.moe_intermediate_size, c.hidden_size
+        self.I = I
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
+        self.down_proj = nn.Parameter(torch.empty(E, D, I))
+        self.mode: str | None = None  # None: chosen per call (module docstring); or gather | fused | loop | dense
+
+    def _act(self, gu):
+        g, u = gu.split(self.I, dim=-1)
+        return F.silu(g) * u
+
+    def gather(self, h, idx, w, fused: bool):
+        """Each token through its own k experts' weights, indexed from the stack."""
+        if fused:  # one reduction kernel each under inductor, loading the indexed rows in place
+            a = self._act((self.gate_up_proj[idx] * h[:, None, None, :]).sum(-1))  # [N, k, I]
+            y = (self.down_proj[idx] * a[:, :, None, :]).sum(-1)  # [N, k, D]
+        else:
+            a = self._act(torch.matmul(self.gate_up_proj[idx], h[:, None, :, None]).squeeze(-1))
+            y = torch.matmul(self.down_proj[idx], a[..., None]).squeeze(-1)
+        return (y.to(_acc(h)) * w[..., None]).sum(1).to(h.dtype)
+
+    def loop(self, h, idx, w):
+        out = torch.zeros(h.shape[0], h.shape[1], dtype=_acc(h), device=h.device)
+        for e in torch.unique(idx).tolist():
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            a = self._act(F.linear(h[tok], self.gate_up_proj[e]))
+            out.index_add_(0, tok, F.linear(a, self.down_proj[e]).to(out.dtype) * w[tok, slot, None])
+        return out.to(h.dtype)
+
+    def dense(self, h, idx, w):
+        a = self._act(torch.einsum("nd,efd->enf", h, self.gate_up_proj))  # [E, N, I]
+        y = torch.einsum("enf,edf->end", a, self.down_proj)  # [E, N, D]
+        dense_w = torch.zeros(h.shape[0], y.shape[0], dtype=_acc(h), device=h.device).scatter_(1, idx, w.to(_acc(h)))
+        return torch.einsum("end,ne->nd", y.to(_acc(h)), dense_w).to(h.dtype)
+
+    def forward(self, h, idx, w):
+        mode = self.mode
+        if mode is None:
+            if torch.compiler.is_compiling():
+                mode = "fused"
+            elif idx.numel() <= GATHER_MAX_PAIRS:
+                mode = "gather"
+            elif h.is_cuda and torch.cuda.is_current_stream_capturing():
+                mode = "dense"
+            else:
+                mode = "loop"
+        if mode in ("gather", "fused"):
+            return self.gather(h, idx, w, fused=mode == "fused")
+        return self.loop(h, idx, w) if mode == "loop" else self.dense(h, idx, w)
+
+
+class MoE(nn.Module):
+    """Names as transformers' DeepseekV3MoE: gate (the router), experts, shared_experts."""
+
+    def __init__(self, c: DeepSeekConfig):
+        super().__init__()
+        self.gate = Router(c)
+        self.experts = Experts(c)
+        self.shared_experts = (MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, bias=c.mlp_bias)
+                               if c.n_shared_experts else None)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        h = x.reshape(B * T, D)
+        idx, w = self.gate(h)
+        y = self.experts(h, idx, w).view(B, T, D)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y
