@@ -223,7 +223,8 @@ class DecodeOptions(Options):
     temperature: float = opt(0.0, "0 = greedy (default); > 0 samples", group="sampling")
     top_p: float = opt(1.0, "nucleus mass in (0, 1]", group="sampling")
     top_k: int = opt(0, "0 = off", group="sampling")
-    seed: int | None = opt(None, "sampling seed", type=int, group="sampling")
+    seed: int | None = opt(None, "sampling seed, a signed 64-bit integer", lo=-2**63, hi=2**63 - 1, type=int,
+                           group="sampling")
 
     def __post_init__(self):
         super().__post_init__()
