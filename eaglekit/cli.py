@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import EaglekitError, InputError
 from .options import (DATA_HELP, DEMO_DEVICE, DOCTOR_DEVICE, DecodeOptions, DemoOptions, EvalOptions, ExtractOptions,
@@ -69,6 +70,42 @@ def add_tp(p):
     g.add_argument("--tp-timeout", type=float, default=120.0, help="seconds before a silent rank is an error")
 
 
+def check_folders(target: str | None = None, draft: str | None = None) -> None:
+    """--target and --draft are folders whose JSON files parse and whose config.json fields are sound (E101,
+    E117, E118, E150-E155): checked with the other options, before a tokenizer or a model loads."""
+    from .io import need_dir
+    from .models.config import check_model_folder
+
+    if target is not None:
+        check_model_folder(need_dir(target, "--target"))
+    if draft is not None:
+        check_model_folder(need_dir(draft, "--draft"), target=False)
+
+
+def target_context(target: str) -> int | None:
+    from .models.config import read_json
+
+    n = read_json(Path(target) / "config.json", "target config").get("max_position_embeddings")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def check_prompt_fits(n_tokens: int, context: int | None) -> None:
+    """A prompt that leaves no room for one new token is refused by its own length (E309), before the model
+    loads; one that fits, with too many new tokens asked for, is the engine's E301."""
+    if context is not None and n_tokens >= context:
+        from .errors import GenerationError
+
+        raise GenerationError(f"the prompt is {n_tokens} tokens; the target's context is {context}, so it is "
+                              f"{n_tokens - context + 1} token(s) too long to leave room for one new token",
+                              fix=f"shorten the prompt by at least {n_tokens - context + 1} tokens", code="E309")
+
+
+def cut_at_stop(text: str, stops) -> str:
+    """The text before the first stop string, as the server (and OpenAI's API) returns it."""
+    hits = [i for s in stops or () if (i := text.find(s)) >= 0]
+    return text[:min(hits)] if hits else text
+
+
 def tree_shape(args):
     return decode_options(args).shape()
 
@@ -94,24 +131,21 @@ def sampling_params(args):
 # --- generate --------------------------------------------------------------------------------------
 @command("generate", "decode a prompt with the target alone or with an EAGLE-3 draft")
 def cmd_generate(args) -> int:
-    from pathlib import Path
-
     from .decoding.engine import Decoder
+    from .io import check_utf8, read_utf8
     from .observe.report import metrics_table, print_table
     from .pair import load_pair
     from .tokenizer import encode, load_tokenizer
 
     model, decode = model_options(args), decode_options(args)  # validated here, before any model loads
     sp, shape, capture = decode.sampling(), decode.shape(), model.capture
-    if args.prompt_file:
-        p = Path(args.prompt_file)
-        if not p.is_file():
-            raise InputError(f"prompt file {p} does not exist", fix="pass an existing file", code="E101")
-        text = p.read_text()
-    else:
-        text = args.prompt
+    text = read_utf8(args.prompt_file, "--prompt-file") if args.prompt_file else check_utf8(args.prompt, "--prompt")
+    for s in decode.stop or ():
+        check_utf8(s, "--stop")
+    check_folders(args.target, None if args.baseline else args.draft)
     tok = load_tokenizer(args.target)
     ids = encode(tok, text, chat=args.chat)
+    check_prompt_fits(len(ids), target_context(args.target))
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
                               model.dtype_name, compile=model.compile_mode, products=model.products,
                               draft_quant=model.draft_quant)
@@ -136,18 +170,19 @@ def cmd_generate(args) -> int:
     else:
         res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
     m = res.metrics
+    text = cut_at_stop(res.text, decode.stop) if res.stop_reason == "stop_string" else res.text
     if args.json:
         metrics = m.to_dict()
         keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
                                                  if m.speculative else [])
-        out = {"text": res.text, "token_ids": res.token_ids,
+        out = {"text": text, "token_ids": res.token_ids,
                "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep},
                "stop_reason": res.stop_reason}
         if m.speculative:
             out["tree"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens}
         print(json.dumps(out))
     else:
-        print(res.text)
+        print(text)
         print_table(metrics_table(m, title="generation" + (f" (steps {dec.shape.steps}, topk {dec.shape.topk}, "
                                                           f"draft tokens {dec.shape.draft_tokens})"
                                                           if m.speculative else " (target alone)")))
@@ -163,9 +198,12 @@ def _generate_args(p):
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file whose whole content is the prompt")
+    src.add_argument("--prompt-file", help="file whose whole content is the prompt (UTF-8)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    DecodeOptions.add_args(p, only=("max_new_tokens", "stop"))
+    DecodeOptions.add_args(p, only=("max_new_tokens",))
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; not empty): decoding "
+                   "ends when the text contains it, and the text printed ends before it, as the server and "
+                   "OpenAI's API return it (--json's token_ids keep the tokens that completed it)")
     p.add_argument("--baseline", action="store_true", help="decode with the target alone")
     p.add_argument("--auto", action="store_true", help="pick (steps, topk, draft tokens) by a short sweep first")
     p.add_argument("--profile", action="store_true", help="time each phase of the cycle (CUDA events on a GPU)")
@@ -207,6 +245,11 @@ def cmd_sweep(args) -> int:
         DecodeOptions(**{name: min(values)})  # the same bounds as a single value (E108)
     PromptSetOptions.from_args(args)
     model, decode = model_options(args), decode_options(args, steps=None, topk=None, draft_tokens=None)
+    from .io import need_file, no_file_at
+
+    need_file(args.prompt_file, "--prompt-file")
+    no_file_at(args.out, "--out")
+    check_folders(model.target, model.draft)
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
@@ -253,22 +296,30 @@ def cmd_doctor(args) -> int:
     target_hidden_size, fingerprints, norm options, NaN features), a short trace at the three capture points,
     and a probe: acceptance per position under the configured wiring and its alternatives (ids shifted by -1 and
     +1, the default set, the embedding instead of the low layer, the last layer only). Ends with a verdict.
-    Exit status 0: a clean pair; 1: a fault was found; 2: doctor could not run."""
+    Exit status 0: clean (the configured wiring shown best, the target shown to be the draft's); 1: a fault was
+    found; 2: doctor could not run; 3: cannot tell (the verdict says what would decide it)."""
     from .doctor import run_doctor
     from .observe.report import doctor_report
 
     try:
         model, decode, _ = model_options(args), decode_options(args), PromptSetOptions.from_args(args)
+        if args.prompt_file:
+            from .io import need_file
+
+            need_file(args.prompt_file, "--prompt-file")
+        check_folders(model.target, model.draft)
         if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
             from .engines.vllm import run_engine_doctor
 
             res = run_engine_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
                                     model.capture, model.backend, model.device_name, model.dtype_name, args.steps,
-                                    args.engine_python)
+                                    args.engine_python, time_budget=args.time_budget,
+                                    reference_acceptance=args.reference_acceptance)
         else:
             res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
                              model.capture, model.backend, model.device_name, model.dtype_name,
-                             time_budget=args.time_budget, progress=not args.no_progress)
+                             time_budget=args.time_budget, progress=not args.no_progress,
+                             reference_acceptance=args.reference_acceptance)
     except EaglekitError as e:
         if args.json:
             print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
@@ -279,12 +330,24 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        doctor_report(res)
+        import contextlib
+
+        with contextlib.redirect_stderr(sys.stdout):  # the report is the command's output: `doctor ... > file`
+            doctor_report(res)
         if res.get("engine"):
             from .engines.vllm import print_engine
 
             print_engine(res["engine"])
-    return 1 if res["fault"] else 0
+    unread = [f for f in res.get("findings", ()) if f.get("severity") == "error" and _is_input_code(f.get("code"))]
+    if unread:  # a file of the pair could not be read (a truncated draft as a truncated target): not a verdict
+        print(f"eaglekit doctor: could not run: [{unread[0]['code']}] {unread[0]['message']}", file=sys.stderr)
+        return 2
+    return res.get("exit_code", 1 if res["fault"] else 0)  # 3: cannot tell
+
+
+def _is_input_code(code) -> bool:
+    """E1xx: an input that could not be read or used (a path, a file, weights), as opposed to a wiring fault."""
+    return isinstance(code, str) and len(code) == 4 and code.startswith("E1")
 
 
 def _doctor_args(p):
@@ -299,6 +362,9 @@ def _doctor_args(p):
                    help="seconds: the probe grows (more prompts, longer continuations) until it can tell the wirings "
                         "apart or this much time has passed (default 45)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--reference-acceptance", type=float, default=None,
+                   help="position-1 acceptance the doctor measured for this draft on its own target: for a draft that "
+                        "records no target fingerprint, what tells whether this is that target")
     add_runtime(p, device=DOCTOR_DEVICE)
     add_tp(p)
     p.add_argument("--engine", choices=["vllm"], default=None,
@@ -325,6 +391,11 @@ def cmd_export(args) -> int:
     from .models import resolve_dtype
     from .pair import load_pair
 
+    from .io import no_file_at
+
+    capture_override(args)  # a malformed --capture-layers before anything loads
+    no_file_at(args.out, "the output folder")
+    check_folders(args.target, args.draft)
     target, draft = load_pair(args.target, args.draft, args.backend, "cpu", "float32")
     from .draft import check_pair
 
@@ -394,6 +465,10 @@ def cmd_inspect(args) -> int:
     tensors. With --target it also checks the pair."""
     from .interop.inspect import inspect_folder
 
+    from .io import need_dir
+
+    need_dir(args.dir, "the draft folder")
+    check_folders(args.target, args.dir)
     target = None
     if args.target:
         from .models import load_target
@@ -425,8 +500,13 @@ def cmd_demo(args) -> int:
     accept length, per-position acceptance, tokens/s and the speedup."""
     from .demo import print_demo, run_demo
 
-    res = run_demo(args.target, args.draft, DemoOptions.from_args(args), decode_options(args), model_options(args),
-                   progress=not args.json)
+    opts, decode, model = DemoOptions.from_args(args), decode_options(args), model_options(args)
+    if args.prompt_file:
+        from .io import need_file
+
+        need_file(args.prompt_file, "--prompt-file")
+    check_folders(args.target, args.draft)
+    res = run_demo(args.target, args.draft, opts, decode, model, progress=not args.json)
     if args.json:
         print(json.dumps(res))
     else:
@@ -452,6 +532,12 @@ cmd_demo.add_args = _demo_args
 _DATA_HELP = DATA_HELP
 
 
+def _check_data(path) -> None:
+    """--data exists (a file or a folder) before anything loads; its records are checked as they are read."""
+    if not Path(path).exists():
+        raise InputError(f"--data {path} does not exist", fix="pass a file or folder of training data", code="E101")
+
+
 @command("regenerate", "have the target write the responses its draft will learn from")
 def cmd_regenerate(args) -> int:
     """A draft must learn the target's own distribution. For chat data the target answers each conversation's
@@ -459,7 +545,13 @@ def cmd_regenerate(args) -> int:
     pre-tokenized JSONL that eaglekit extract / train read directly."""
     from .train.run import run_regenerate
 
-    n = run_regenerate(args.target, args.data, args.out, RegenOptions.from_args(args), model_options(args))
+    opts, model = RegenOptions.from_args(args), model_options(args)
+    _check_data(args.data)
+    if Path(args.out).is_dir():
+        raise InputError(f"--out {args.out} is a directory, expected the path of the JSONL file to write",
+                         fix=f"e.g. --out {Path(args.out) / 'regen.jsonl'}", code="E118")
+    check_folders(args.target)
+    n = run_regenerate(args.target, args.data, args.out, opts, model)
     print(f"wrote {n} regenerated examples to {args.out}", file=sys.stderr)
     return 0
 
@@ -483,8 +575,13 @@ def cmd_extract(args) -> int:
     For targets that fit beside the draft, train online instead (eaglekit train --data)."""
     from .train.run import run_extract
 
-    m = run_extract(args.target, args.data, args.out, ExtractOptions.from_args(args), model_options(args),
-                    log=lambda s: print(s, file=sys.stderr))
+    from .io import no_file_at
+
+    opts, model = ExtractOptions.from_args(args), model_options(args)
+    _check_data(args.data)
+    no_file_at(args.out, "--out")
+    check_folders(args.target)
+    m = run_extract(args.target, args.data, args.out, opts, model, log=lambda s: print(s, file=sys.stderr))
     print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
           file=sys.stderr)
     return 0
@@ -512,8 +609,14 @@ def cmd_train(args) -> int:
     The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
     from .train.run import run_train
 
-    res = run_train(args.target, args.out, TrainOptions.from_args(args), model_options(args),
-                    log=lambda s: print(s, file=sys.stderr))
+    from .io import no_file_at
+
+    opts, model = TrainOptions.from_args(args), model_options(args)
+    no_file_at(args.out, "--out")
+    if opts.data:
+        _check_data(opts.data)
+    check_folders(args.target, opts.init_draft)
+    res = run_train(args.target, args.out, opts, model, log=lambda s: print(s, file=sys.stderr))
     if "heldout" in res:
         from .observe.report import per_position_table, print_table
 
@@ -543,7 +646,15 @@ def cmd_eval(args) -> int:
     from .observe.metrics import fmt
     from .train.run import run_eval
 
-    res = run_eval(args.target, args.draft, EvalOptions.from_args(args), decode_options(args), model_options(args))
+    opts, decode, model = EvalOptions.from_args(args), decode_options(args), model_options(args)
+    if opts.data:
+        _check_data(opts.data)
+    if opts.prompt_file:
+        from .io import need_file
+
+        need_file(opts.prompt_file, "--prompt-file")
+    check_folders(args.target, args.draft)
+    res = run_eval(args.target, args.draft, opts, decode, model)
     if args.json:
         print(json.dumps(res))
         return 0
@@ -631,38 +742,55 @@ cmd_recipe.add_args = _recipe_args
 def cmd_serve(args) -> int:
     """Serves /v1/completions, /v1/chat/completions (streaming as SSE), /v1/models, /health, /metrics (Prometheus,
     vLLM's metric names incl. the spec-decode counters) and /server_info (SGLang's avg_spec_accept_length).
-    Up to --max-batch requests decode together; up to --max-queue more wait; beyond that 429. SIGTERM stops
-    taking requests, finishes the ones in flight, and exits 0. EAGLE3_DEBUG=1 traces requests and cycles."""
-    from .serve.server import serve
+    Up to --max-batch requests decode together; up to --max-queue more wait; beyond that 429. A body larger than
+    --max-body-mb is refused (413), one slower than --read-timeout dropped (408). SIGTERM stops taking requests,
+    gives the ones in flight --drain-timeout seconds, ends the rest with a 503 (a stream: an error event, then
+    [DONE]) and exits 0. Every option is checked before the model loads. EAGLE3_DEBUG=1 traces requests and
+    cycles."""
+    from .serve.server import check_options, serve
 
-    return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue,
-                 tree_shape(args) if args.draft else None, args.served_model_name, args.spec_max_batch,
-                 capture_override(args), args.allow_other_target, args.backend, args.device,
-                 None if args.dtype == "auto" else args.dtype, model_options(args).compile_mode,
-                 False if args.no_graphs else "auto",
-                 args.chat_template, args.drain_timeout, args.log_level, args.threads, model_options(args).products,
-                 model_options(args).draft_quant)
+    model = model_options(args)
+    shape = tree_shape(args) if args.draft else None
+    capture = capture_override(args)
+    check_options(args.host, args.port, args.max_batch, args.max_queue, args.spec_max_batch, args.chat_template,
+                  args.drain_timeout, args.threads, args.max_body_mb, args.read_timeout)
+    check_folders(args.target, args.draft)
+    return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue, shape,
+                 args.served_model_name, args.spec_max_batch, capture, args.allow_other_target, args.backend,
+                 args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
+                 False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
+                 args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout)
 
 
 def _serve_args(p):
     p.add_argument("--target", required=True, help="target model folder (config.json, safetensors, tokenizer)")
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port, 1..65535 (default 8000); 0: any free port, "
+                   "printed on stderr once listening")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV is held for this many)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
     p.add_argument("--spec-max-batch", type=int, default=None,
-                   help="above this many running requests decode without the draft (default: the engine's choice)")
+                   help="above this many running requests decode without the draft (default: the engine's choice; "
+                        "0: never use the draft)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) accepted in the request's 'model' (default: the --target path as given)")
     p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (file or text) for a target whose tokenizer has none")
+                   help="a Jinja chat template for a target whose tokenizer has none: the path of a file, or the "
+                        "template text itself (as vLLM reads it: a value holding '{{' or '{%%' is the text)")
     p.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="on SIGTERM, wait this many seconds for requests in flight before cancelling them")
+                   help="on SIGTERM, wait this many seconds (>= 0) for requests in flight; those still running then "
+                        "end with a 503 error (a stream: an error event, then [DONE])")
+    p.add_argument("--max-body-mb", type=float, default=4.0,
+                   help="largest request body in MiB (default 4; a 128k-token prompt is < 1 MiB): larger is a 413")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a request's headers, then its body, may take to arrive (default 30): a stalled "
+                        "upload is dropped (408) instead of holding its socket")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice; on a shared CPU fewer is often faster)")
+                   help="CPU threads for torch, >= 1 (default: torch's choice; on a shared CPU fewer is often "
+                        "faster)")
     add_tree(p)
     add_capture(p)
     add_runtime(p)

@@ -89,10 +89,75 @@ def iter_jsonl(path: str | Path):
     """(line number, object) for each non-empty line; a malformed line is an error naming file and line."""
     from .errors import InputError
 
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(read_utf8(path, "file").splitlines(), 1):
         if not line.strip():
             continue
         try:
             yield n, json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}:{n} is not JSON ({e})", fix="one JSON object per line", code="E102") from None
+
+
+# --- paths and text given on the command line: checked before anything loads --------------------------------
+def need_dir(path: str | Path, what: str) -> Path:
+    """`path` is an existing folder (E101 when absent, E118 when it is a file)."""
+    from .errors import InputError
+
+    p = Path(path)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise InputError(f"{what} {p} is a file, expected a folder", code="E118",
+                         fix=f"pass the folder that holds it ({p.parent}) or another folder")
+    raise InputError(f"{what} {p} does not exist", fix="pass the path of an existing folder", code="E101")
+
+
+def need_file(path: str | Path, what: str) -> Path:
+    """`path` is an existing file (E101 when absent, E118 when it is a folder)."""
+    from .errors import InputError
+
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise InputError(f"{what} {p} is a directory, expected a file", code="E118",
+                         fix="pass a file inside it, or another file")
+    raise InputError(f"{what} {p} does not exist", fix="pass an existing file", code="E101")
+
+
+def no_file_at(path: str | Path, what: str) -> Path:
+    """`path` may become a folder: it is one already, or nothing is there yet (E118 when it is a file)."""
+    from .errors import InputError
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{what} {p} is a file, expected a folder (new or existing)", code="E118",
+                         fix="pass another --out, or move the file away")
+    return p
+
+
+def check_utf8(text: str, what: str) -> str:
+    """`text` holds no lone surrogate: a command-line argument that was not valid UTF-8 reaches Python with its
+    bad bytes as surrogates (surrogateescape), and a tokenizer fails on them (E116)."""
+    from .errors import InputError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise InputError(f"{what} is not valid UTF-8: byte(s) {bad.hex(' ')} at character {e.start}", code="E116",
+                         fix="pass UTF-8 text (check the terminal's or the file's encoding)") from None
+    return text
+
+
+def read_utf8(path: str | Path, what: str) -> str:
+    """A text file that must be UTF-8 (E116 names the first bad byte and its offset)."""
+    from .errors import InputError
+
+    p = need_file(path, what)
+    data = p.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {p} is not valid UTF-8: byte {data[e.start]:#04x} at offset {e.start} "
+                         f"({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)", code="E116") from None

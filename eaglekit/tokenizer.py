@@ -11,9 +11,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def load_tokenizer(folder: str | Path, required: bool = True):
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InputError(f"model folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
+    from .io import need_dir
+
+    folder = need_dir(folder, "model folder")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         if required:
             raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
@@ -74,10 +74,10 @@ def encode(tokenizer, text: str, chat: bool = False) -> list[int]:
 def read_prompts(path: str | Path) -> list[str]:
     """A prompt file: JSONL (one object per line with "prompt" or "text"), or plain text in which
     prompts are separated by lines holding only `---` (a file without such lines is one prompt)."""
+    from .io import read_utf8
+
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"prompt file {path} does not exist", fix="pass an existing file", code="E101")
-    text = path.read_text()
+    text = read_utf8(path, "prompt file")
     if path.suffix == ".jsonl":
         from .io import iter_jsonl
 

@@ -53,7 +53,9 @@ def test_text_mode_prompt_file_chat_and_stop(model_dirs, draft_dir, tmp_path, ca
                            "--max-new-tokens", "30", "--stop", stop, "--json"])
         b = _json(capsys, ["generate", "--target", t, "--prompt", "def", "--max-new-tokens", "30", "--stop", stop,
                            "--json"])
-        assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and a["text"].endswith(stop)
+        assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
+        # as the server and OpenAI's API: the text ends before the stop string (token_ids keep its tokens)
+        assert stop not in a["text"] and full["text"].startswith(a["text"] + stop)
         assert a["stop_reason"] == "stop_string"
 
 
@@ -135,3 +137,21 @@ def test_options_are_declared_once_and_the_api_agrees_with_the_cli():
     assert all(len(h) == 1 for h in helps.values()), helps  # one declaration, one help text
     assert len(helps["--device"]) == 1 and "auto (= cuda if" in next(iter(helps["--device"]))
     assert ModelOptions().device == "auto"
+
+
+def test_doctor_report_goes_to_stdout(model_dirs, monkeypatch, capsys):
+    """`eaglekit doctor ... > report.txt` keeps the report (it went to stderr)."""
+    import eaglekit.doctor
+
+    res = {"fault": False, "verdict": "the pair is wired as trained", "findings": [
+        {"code": "I306", "severity": "info", "message": "fingerprint confirms"}], "trace": [], "probe": [],
+        "seconds": 1.0}
+    monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, **k: res)
+    t = str(model_dirs["llama"])
+    assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 0
+    cap = capsys.readouterr()
+    assert "I306" in cap.out and "wired as trained" in cap.out and "I306" not in cap.err
+    # an input the doctor could not read is "could not run" (2), for the draft as for the target
+    res.update(fault=True, findings=[{"code": "E105", "severity": "error", "message": "draft weights truncated"}])
+    assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 2
+    assert "could not run: [E105]" in capsys.readouterr().err

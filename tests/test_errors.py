@@ -232,11 +232,67 @@ def test_device_auto_means_the_same_in_every_command(model_dirs, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, **k: seen.setdefault("device", a[7]) and
                         {"fault": False, "verdict": "", "findings": [], "probe": []})
-    main(["doctor", "--target", str(model_dirs["llama"]), "--draft", "x", "--device", "auto", "--json"])
+    t = str(model_dirs["llama"])
+    main(["doctor", "--target", t, "--draft", t, "--device", "auto", "--json"])
     assert seen["device"] == "cuda"
     from eaglekit.pair import pick_device
 
     assert pick_device("auto") == "cuda"
+
+
+# --- issue 44: the last CLI tracebacks and misleading messages, each a coded error before anything loads -----
+def _copy_with(src, dst, edit):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_inputs_that_gave_tracebacks_or_wrong_messages(model_dirs, tmp_path, capsys, monkeypatch):
+    import eaglekit.pair
+    from eaglekit.demo import ASSETS
+
+    def never(*a, **k):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(eaglekit.pair, "load_pair", never)
+    t = model_dirs["llama"]
+    ts = str(t)
+    (tmp_path / "bad.txt").write_bytes(b"def f(\xff):")
+    (tmp_path / "data.jsonl").write_text('{"text": 5}\n')
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "long.txt").write_text("a b c d " * 400)
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    cfg = json.loads((ASSETS / "draft" / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = "1,5,8"
+    (draft / "config.json").write_text(json.dumps(cfg))
+    neg = _copy_with(t, tmp_path / "neg", lambda c: c.update(num_hidden_layers=-3))
+    nohidden = _copy_with(t, tmp_path / "nohidden", lambda c: c.pop("hidden_size"))
+    strhidden = _copy_with(t, tmp_path / "strhidden", lambda c: c.update(hidden_size="64"))
+    g = ["generate", "--device", "cpu", "--max-new-tokens", "4"]
+    cases = [
+        (g + ["--target", ts, "--prompt", "abc\udcff"], "E116", "--prompt is not valid UTF-8: byte(s) ff"),
+        (g + ["--target", ts, "--prompt-file", str(tmp_path / "bad.txt")], "E116", "byte 0xff at offset 6"),
+        (g + ["--target", ts, "--prompt", "x", "--seed", str(2**70)], "E108", "--seed"),
+        (g + ["--target", ts, "--draft", str(draft), "--prompt", "x"], "E117", "eagle_aux_hidden_state_layer_ids"),
+        (g + ["--target", neg, "--prompt", "x"], "E117", "'num_hidden_layers' is -3"),
+        (g + ["--target", nohidden, "--prompt", "x"], "E102", "lacks the field 'hidden_size'"),
+        (g + ["--target", strhidden, "--prompt", "x"], "E117", "'hidden_size' is \"64\""),  # was E109 (tokenizer)
+        (g + ["--target", ts, "--prompt-file", str(tmp_path)], "E118", "is a directory, expected a file"),
+        (g + ["--target", str(tmp_path / "a_file"), "--prompt", "x"], "E118", "is a file, expected a folder"),
+        (g + ["--target", ts, "--prompt-file", str(tmp_path / "long.txt")], "E309", "too long"),
+        (["train", "--target", ts, "--data", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "run")],
+         "E119", "'text' is 5, not a string"),
+        (["train", "--target", ts, "--data", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "a_file")],
+         "E118", "is a file, expected a folder"),
+    ]
+    for argv, code, words in cases:
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and f"[{code}]" in err and words in err and "Traceback" not in err, (argv, err)
+    assert "max-new-tokens to 0" not in err
 
 
 # --- the error-code registry ---------------------------------------------------------------------------------

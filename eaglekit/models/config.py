@@ -197,3 +197,55 @@ def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
 def load_target_config(folder: str | Path) -> TargetConfig:
     folder = Path(folder)
     return parse_target_config(read_json(folder / "config.json", "target config"), str(folder / "config.json"))
+
+
+# --- field checks before any loader reads the folder ------------------------------------------------------------
+# integer fields of a Hugging Face config: (smallest value, required for the compact decoder's families)
+_INT_FIELDS = {"hidden_size": (1, True), "num_hidden_layers": (1, True), "num_attention_heads": (1, True),
+               "vocab_size": (1, True), "intermediate_size": (1, False), "num_key_value_heads": (1, False),
+               "head_dim": (1, False), "max_position_embeddings": (1, False), "draft_vocab_size": (1, False)}
+_ID_LISTS = ("eagle_aux_hidden_state_layer_ids",)
+
+
+def _bad_field(where: str, name: str, value, rule: str) -> InputError:
+    return InputError(f"{where}: the field {name!r} is {json.dumps(value)}, which is not {rule}", code="E117",
+                      fix=f"write {name} as {rule} in {where}")
+
+
+def check_config_values(raw: dict, where: str = "config.json", target: bool = True) -> None:
+    """The types and ranges of the fields every loader reads (E117), and the fields the compact decoder's
+    families cannot do without (E102, `target` only: a draft's layout varies): a string "64" or a -3 named
+    here, not in a loader's traceback (or as a tokenizer failure: transformers' tokenizer reads config.json)."""
+    family = target and raw.get("model_type") in FAMILIES
+    for name, (lo, required) in _INT_FIELDS.items():
+        if name not in raw or raw[name] is None:
+            if required and family:
+                raise InputError(f"{where} lacks the field {name!r}", code="E102",
+                                 fix=f"add {name} to {where} (re-export the model folder)")
+            continue
+        v = raw[name]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _bad_field(where, name, v, "an integer")
+        if v < lo:
+            raise _bad_field(where, name, v, f"an integer >= {lo}")
+    for name in ("rms_norm_eps", "rope_theta"):
+        v = raw.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise _bad_field(where, name, v, "a number > 0")
+    for scope, obj in (("", raw), ("eagle_config.", raw.get("eagle_config"))):
+        if obj is not None and not isinstance(obj, dict):
+            raise _bad_field(where, scope.rstrip("."), obj, "an object")
+        for name in _ID_LISTS:
+            v = (obj or {}).get(name)
+            if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                  for i in v)):
+                raise _bad_field(where, scope + name, v, "a list of integers, e.g. [1, 5, 8]")
+
+
+def check_model_folder(folder: str | Path, target: bool = True) -> None:
+    """A target's (or a draft's) folder: its JSON files parse (E150-E155) and its config.json's fields are sound
+    (E117, E102)."""
+    folder = Path(folder)
+    raw = read_json(folder / "config.json", "target config" if target else "draft config")
+    check_folder_json(folder)
+    check_config_values(raw, str(folder / "config.json"), target)

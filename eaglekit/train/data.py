@@ -77,6 +77,17 @@ def _files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + (".jsonl",))
 
 
+def _is_ints(v) -> bool:
+    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def _need(f, n, name, value, ok: bool, rule: str) -> None:
+    if not ok:
+        shown = json.dumps(value)
+        raise InputError(f"{f}:{n}: '{name}' is {shown if len(shown) <= 60 else shown[:57] + '...'}, not {rule}",
+                         code="E119", fix=f"write '{name}' as {rule} at {f}:{n}")
+
+
 def read_records(path: str | Path):
     """Yield ('text', str) | ('chat', messages) | ('tokens', Example) from a file or folder."""
     path = Path(path)
@@ -87,12 +98,23 @@ def read_records(path: str | Path):
             yield "text", f.read_text(errors="replace")
             continue
         for n, obj in iter_jsonl(f):
+            if not isinstance(obj, dict):
+                raise InputError(f"{f}:{n} is a JSON {type(obj).__name__}, not an object", code="E119",
+                                 fix='one object per line, e.g. {"text": "..."}')
             if "input_ids" in obj:
-                ids = obj["input_ids"]
-                yield "tokens", Example(ids, obj.get("loss_mask", [1] * len(ids)))
+                ids, mask = obj["input_ids"], obj.get("loss_mask")
+                _need(f, n, "input_ids", ids, _is_ints(ids), "a list of token ids")
+                _need(f, n, "loss_mask", mask, mask is None or (_is_ints(mask) and len(mask) == len(ids)),
+                      f"a list of 0/1 as long as input_ids ({len(ids)})")
+                yield "tokens", Example(ids, mask if mask is not None else [1] * len(ids))
             elif "messages" in obj or "conversations" in obj:
-                yield "chat", obj.get("messages") or obj.get("conversations")
+                key = "messages" if "messages" in obj else "conversations"
+                msgs = obj[key]
+                _need(f, n, key, msgs, isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs),
+                      "a list of {role, content} objects")
+                yield "chat", msgs
             elif "text" in obj:
+                _need(f, n, "text", obj["text"], isinstance(obj["text"], str), "a string")
                 yield "text", obj["text"]
             else:
                 raise InputError(f"{f}:{n} has none of input_ids, messages, conversations, text",
