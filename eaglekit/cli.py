@@ -327,6 +327,16 @@ def cmd_doctor(args) -> int:
         else:
             print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
         return 2
+    # the same finding can reach the report twice (a refused pair is found by the checks and again when the
+    # trace's decoder refuses it): each is listed once
+    seen: set = set()
+    res["findings"] = [f for f in res.get("findings", ())
+                       if (k := (f.get("code"), f.get("message"))) not in seen and not seen.add(k)]
+    for f in res["findings"]:  # ... and named once in the verdict
+        item = f"; [{f.get('code')}] {f.get('message')}" + (f" (fix: {f['fix']})" if f.get("fix") else "")
+        v = res.get("verdict") or ""
+        if (i := v.find(item[2:])) >= 0 and (j := v.find(item, i + 1)) >= 0:
+            res["verdict"] = v[:j] + v[j + len(item):]
     if args.json:
         print(json.dumps(res))
     else:

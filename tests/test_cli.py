@@ -155,3 +155,10 @@ def test_doctor_report_goes_to_stdout(model_dirs, monkeypatch, capsys):
     res.update(fault=True, findings=[{"code": "E105", "severity": "error", "message": "draft weights truncated"}])
     assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 2
     assert "could not run: [E105]" in capsys.readouterr().err
+    # a finding reached twice (the checks, then the trace's decoder) is listed once, in the table and the verdict
+    e207 = {"code": "E207", "severity": "error", "message": "d2t maps outside; it must hold offsets", "fix": "x"}
+    res.update(findings=[e207, dict(e207)], verdict="[E207] d2t maps outside; it must hold offsets (fix: x); "
+                                                    "[E207] d2t maps outside; it must hold offsets (fix: x). Probe: -")
+    assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["findings"]) == 1 and out["verdict"].count("[E207]") == 1 and out["verdict"].endswith("Probe: -")
