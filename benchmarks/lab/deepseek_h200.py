@@ -1,0 +1,432 @@
+"""eaglekit's DeepSeek decoder on one GPU at the DeepSeek-V2-Lite shape, random bf16 weights built on the GPU.
+
+    python benchmarks/lab/deepseek_h200.py            # one H200, < 8 minutes; JSON to $OUT (default ./out)
+    python benchmarks/lab/deepseek_h200.py --tiny     # the same stages on a CPU with a tiny config (a smoke test)
+
+Shape: 27 layers (the first dense), hidden 2048, MLA with kv_lora 512, no q_lora, qk_nope 128, qk_rope 64, v 128,
+16 heads, 64 routed experts top-6 + 2 shared (moe_intermediate 1408), dense intermediate 10944, vocab 102400,
+YaRN as V2-Lite's config (factor 40, mscale 0.707). No files, no network.
+
+Stages (each prints its progress; a stage that fails records its error and the next one runs):
+  copy_bandwidth     a 2 GiB device-to-device copy: bytes read + written per second
+  build              the model on the GPU, random bf16 weights (norms 1, the router float32)
+  roofline           the bytes one decode token touches: attention, the dense layer, per MoE layer the router,
+                     6 routed + 2 shared experts, the final norm and lm_head, the latent cache at the context;
+                     tokens/s at the measured copy bandwidth
+  step_eager_graph   the recorded greedy decode step (CUDA graph) without torch.compile
+  step_compiled      the same with the layers compiled (the path `generate` takes on a GPU): tokens/s, its fraction
+                     of the roofline
+  cycles             the EAGLE-3 cycle with a random draft (hidden 2048, 16 heads, draft vocab 32000) for chains
+                     (3,1,4) and (5,1,6), a CUDA graph a phase as the Decoder replays them, over the compiled step.
+                     The random draft's proposals are rejected, so each cycle accepts its root only; a chain's
+                     cycle costs the same whatever it accepts (its cache update moves nothing), so the figure is
+                     the cycle's cost at any accept length (the method of benchmarks/cases/h200.py)
+  transformers       transformers' DeepseekV2ForCausalLM.generate on the same weights: 64 new tokens after a
+                     128-token prompt, greedy, prefill included (tok/s)
+
+Timing: CUDA events around each call, the median over many calls after warm-up; the committed length is put back
+before each call, outside the timed span.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+T0 = time.time()
+DEADLINE_S = 7 * 60  # stages not started by then are skipped (the integrator's limit is 8 minutes)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def v2_lite_raw(tiny: bool) -> dict:
+    raw = dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+               moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+               q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+               n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+               topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+               rms_norm_eps=1e-6, max_position_embeddings=163840, hidden_act="silu", attention_bias=False,
+               tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707,
+                                "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                                "beta_fast": 32.0, "beta_slow": 1.0})
+    if tiny:
+        raw.update(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                   num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                   qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
+                   num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)
+    return raw
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.tiny = args.tiny
+        self.dev = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+        self.cuda = self.dev == "cuda"
+        self.dtype = torch.float32 if self.tiny else torch.bfloat16
+        self.out = {"shape": "tiny" if self.tiny else "DeepSeek-V2-Lite", "device": self.dev, "stages": {},
+                    "errors": {}, "env": {"torch": torch.__version__}}
+        self.ctx: dict = {}
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def ms(self, fn, reps: int, warm: int = 3, before=None) -> list[float]:
+        for _ in range(warm):
+            if before:
+                before()
+            fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = []
+        for _ in range(reps):
+            if before:
+                before()
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                out.append(a.elapsed_time(b))
+            else:
+                t = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def stage(self, name, fn):
+        if time.time() - T0 > DEADLINE_S:
+            self.out["errors"][name] = "skipped: past the time limit"
+            log(f"{name}: skipped (time)")
+            return
+        log(f"{name} ...")
+        t = time.time()
+        try:
+            res = fn()
+            self.out["stages"][name] = {**(res or {}), "stage_s": round(time.time() - t, 1)}
+            log(f"{name}: {json.dumps(self.out['stages'][name])[:400]}")
+        except Exception as e:  # noqa: BLE001 (a benchmark stage: record, go on)
+            self.out["errors"][name] = f"{type(e).__name__}: {e}"[:2000]
+            self.out["errors"][name + "_traceback"] = traceback.format_exc()[-4000:]
+            log(f"{name}: FAILED {type(e).__name__}: {str(e)[:300]}")
+        self.write()
+
+    def write(self):
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "deepseek_h200.json.tmp"
+        tmp.write_text(json.dumps(self.out, indent=1, default=str))
+        tmp.replace(out / "deepseek_h200.json")
+
+    # --- stages ----------------------------------------------------------------------------------
+    def env(self):
+        import transformers
+
+        self.out["env"]["transformers"] = transformers.__version__
+        if self.cuda:
+            self.out["env"]["gpu"] = torch.cuda.get_device_name()
+        return {}
+
+    def copy_bandwidth(self):
+        n = (2 * 2**30) if self.cuda else 64 * 2**20
+        x = torch.empty(n, dtype=torch.uint8, device=self.dev)
+        y = torch.empty_like(x)
+        ms = self.ms(lambda: y.copy_(x), reps=20)
+        tbs = sorted(2 * n / (m / 1e3) / 1e12 for m in ms)
+        self.ctx["copy_tb_s"] = tbs[len(tbs) // 2]
+        del x, y
+        return {"copy_tb_s": round(self.ctx["copy_tb_s"], 3)}
+
+    def build(self):
+        from eaglekit.models.deepseek import DeepSeekModel, DeepSeekTarget
+        from eaglekit.models.deepseek_config import parse_deepseek_config
+
+        raw = v2_lite_raw(self.tiny)
+        cfg = parse_deepseek_config(raw, "benchmark config")
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.dev):
+                net = DeepSeekModel(cfg)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        g = torch.Generator(device=self.dev).manual_seed(0)
+        with torch.no_grad():
+            for name, p in net.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0, 0.02, generator=g)  # never time zeros
+        t = DeepSeekTarget(net, self.dev, self.dtype)
+        t.fuse()
+        self.ctx.update(raw=raw, cfg=cfg, target=t)
+        n = sum(p.numel() for p in net.parameters())
+        return {"parameters": n, "router_dtype": str(net.model.layers[-1].mlp.gate.weight.dtype)}
+
+    def roofline(self):
+        t, c = self.ctx["target"], self.ctx["cfg"]
+        net = t.net
+        esz = torch.finfo(self.dtype).bits // 8
+
+        def nbytes(m):
+            return sum(p.numel() * p.element_size() for p in m.parameters())
+
+        total = 0
+        for i, layer in enumerate(net.model.layers):
+            total += nbytes(layer.self_attn) + nbytes(layer.input_layernorm) + nbytes(layer.post_attention_layernorm)
+            if c.is_moe(i):
+                moe = layer.mlp
+                total += nbytes(moe.gate) + (nbytes(moe.shared_experts) if moe.shared_experts is not None else 0)
+                total += c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size * esz
+            else:
+                total += nbytes(layer.mlp)
+        total += nbytes(net.model.norm) + nbytes(net.lm_head)
+        cache = c.num_layers * c.latent_width * esz * self.args.context
+        self.ctx["token_bytes"] = total + cache
+        bw = self.ctx.get("copy_tb_s", 4.25) * 1e12
+        self.ctx["roofline_tok_s"] = bw / self.ctx["token_bytes"]
+        return {"weight_bytes_per_token": total, "latent_cache_bytes_at_context": cache,
+                "parameters_per_token": round(total / esz / 1e9, 3),
+                "roofline_tok_s": round(self.ctx["roofline_tok_s"], 1), "at_copy_tb_s": round(bw / 1e12, 3)}
+
+    def _prefill(self, t):
+        g = torch.Generator(device="cpu").manual_seed(1)
+        prompt = torch.randint(0, self.ctx["cfg"].vocab_size - 1, (self.args.context,), generator=g).to(self.dev)
+        t.reset(self.args.context + 256)
+        logits, _ = t.prefill(prompt)
+        return prompt, logits
+
+    def _step(self, compiled: bool):
+        from eaglekit.decoding.engine import Decoder
+
+        t = self.ctx["target"]
+        if compiled:
+            t.compile(None if self.args.tuned else {})
+        else:
+            t.net.compiled_layer = None
+        _, logits = self._prefill(t)
+        L = t.committed.clone()
+        tok = logits[-1].argmax()
+        if self.cuda:
+            dec = Decoder(t)
+            tc = time.time()
+            g, _ = dec._graphed_step(tok, 1)
+            record_s = time.time() - tc
+            run = g.replay
+        else:
+            record_s = 0.0
+
+            def run():
+                t.step(tok.view(1))
+        ms = self.ms(run, reps=self.args.reps, warm=5, before=lambda: t.committed.copy_(L))
+        med = statistics.median(ms)
+        res = {"step_ms_median": round(med, 4), "step_ms_p10_p90": [round(sorted(ms)[len(ms) // 10], 4),
+                                                                    round(sorted(ms)[len(ms) * 9 // 10], 4)],
+               "tokens_per_s": round(1e3 / med, 1), "reps": len(ms), "record_or_compile_s": round(record_s, 1)}
+        if "roofline_tok_s" in self.ctx:
+            res["roofline_fraction"] = round(1e3 / med / self.ctx["roofline_tok_s"], 4)
+        if compiled:
+            self.ctx["step_ms"] = med
+        return res
+
+    def cycles(self):
+        from eaglekit.capture import CaptureSpec
+        from eaglekit.decoding.engine import PHASES, Cycle
+        from eaglekit.decoding.tree import TreeShape
+        from eaglekit.draft.model import DraftConfig, Eagle3Draft
+
+        t, c = self.ctx["target"], self.ctx["cfg"]
+        if t.net.compiled_layer is None and self.cuda:
+            t.compile(None if self.args.tuned else {})
+        spec = CaptureSpec.default(c.num_layers)
+        dv = min(32000, c.vocab_size // 2)
+        heads = c.num_heads
+        cfg = DraftConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=heads,
+                          num_kv_heads=heads, vocab_size=c.vocab_size, draft_vocab_size=dv, capture=spec,
+                          max_position_embeddings=c.max_position_embeddings)
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.dev):
+                d = Eagle3Draft(cfg)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        g = torch.Generator(device=self.dev).manual_seed(2)
+        with torch.no_grad():
+            for w in d.parameters():
+                w.normal_(0, 0.02, generator=g)
+            d.embed_tokens.weight.copy_(t.embed_weight())
+            ar = torch.arange(dv, device=self.dev)
+            d.d2t.copy_(ar * 2 - ar)  # offsets: draft id i -> target id 2i
+        d.fuse()
+        if self.cuda:
+            d.compile()
+        step = self.ctx.get("step_ms")
+        res, phases = {}, {}
+        for s in self.args.shapes.split(";"):
+            shape = TreeShape(*(int(x) for x in s.split(",")))
+            key = s.replace(",", "_")
+            prompt, _ = self._prefill(t)
+            t.reset(self.args.context + 256)
+            d.reset(self.args.context + 256 + 64)
+            _, feats = t.prefill(prompt, spec)
+            h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
+            L = t.length
+            cyc = Cycle(t, d, shape, spec)
+            cyc.start(prompt[0], h, dl)
+            tc = time.time()
+            if self.cuda:
+                cyc.record(greedy=True)
+
+            def reset():
+                t.committed.fill_(L)  # noqa: B023 (called within this iteration)
+                d.committed.fill_(L)  # noqa: B023
+
+            def by_phase():
+                for ph in PHASES:
+                    cyc.run(ph)  # noqa: B023
+
+            ms = self.ms(by_phase, reps=self.args.reps // 2, warm=3, before=reset)
+            med = statistics.median(ms)
+            res[f"cycle_ms_{key}"] = round(med, 4)
+            res[f"record_s_{key}"] = round(time.time() - tc, 1)
+            phases[key] = {ph: round(statistics.median(self.ms(lambda: cyc.run(ph), reps=10, warm=1,  # noqa: B023
+                                                                before=reset)), 4) for ph in PHASES}
+            if step:
+                res[f"cycle_over_step_{key}"] = round(med / step, 3)
+            log(f"  cycle {s}: {med:.3f} ms" + (f" = {med / step:.3f} steps" if step else ""))
+        res["phases_ms"] = phases
+        return res
+
+    def transformers_generate(self):
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+        raw = dict(self.ctx["raw"])
+        raw.pop("model_type")
+        hcfg = DeepseekV2Config(**raw)
+        ours = self.ctx["target"].net.state_dict()
+        # our graphs and the draft hold memory: drop what is not needed before a second copy of the weights
+        if self.cuda:
+            torch.cuda.empty_cache()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.dev):
+                model = DeepseekV2ForCausalLM(hcfg)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        model.eval()
+        sd = model.state_dict()
+        copied, missing = 0, []
+        with torch.no_grad():
+            for k, v in sd.items():
+                src = ours.get(k)
+                m = None if src is not None else _per_expert(k, ours)
+                if src is None and m is not None:
+                    src = m
+                if src is None or tuple(src.shape) != tuple(v.shape):
+                    missing.append(k)
+                    continue
+                v.copy_(src)
+                copied += 1
+        g = torch.Generator(device="cpu").manual_seed(1)
+        ids = torch.randint(0, hcfg.vocab_size - 1, (1, self.args.context), generator=g).to(self.dev)
+        att = torch.ones_like(ids)
+        kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=att)
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=4, **kw)  # warm-up
+            if self.cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=self.args.hf_new_tokens, min_new_tokens=self.args.hf_new_tokens,
+                                 **kw)
+            if self.cuda:
+                torch.cuda.synchronize()
+            el = time.perf_counter() - t
+        n = out.shape[1] - ids.shape[1]
+        res = {"new_tokens": n, "seconds": round(el, 3), "tokens_per_s": round(n / el, 2),
+               "weights_copied": copied, "weights_not_copied": missing[:10], "n_not_copied": len(missing),
+               "experts_implementation": str(getattr(hcfg, "_experts_implementation", None)),
+               "attn_implementation": str(getattr(hcfg, "_attn_implementation", None))}
+        # our greedy tokens for the same prompt (the same weights): agreement is a sanity check in bf16, not a test
+        try:
+            from eaglekit.decoding.engine import Decoder
+
+            ourtok = Decoder(self.ctx["target"]).generate(ids[0].tolist(), 16, eos_ids=()).token_ids
+            res["first_16_tokens_agree"] = sum(a == b for a, b in zip(ourtok, out[0, ids.shape[1]:].tolist()))
+        except Exception as e:  # noqa: BLE001
+            res["agree_error"] = str(e)[:300]
+        del model
+        return res
+
+    def run(self):
+        self.stage("env", self.env)
+        self.stage("copy_bandwidth", self.copy_bandwidth)
+        self.stage("build", self.build)
+        if "target" not in self.ctx:
+            return self.out
+        self.stage("roofline", self.roofline)
+        self.stage("step_eager_graph", lambda: self._step(False))
+        if self.cuda or self.args.compile_on_cpu:
+            self.stage("step_compiled", lambda: self._step(True))
+        self.stage("cycles", self.cycles)
+        if not self.args.skip_hf:
+            self.stage("transformers", self.transformers_generate)
+        s = self.out["stages"]
+        best = s.get("step_compiled") or s.get("step_eager_graph") or {}
+        self.out["summary"] = {
+            "tokens_per_s": best.get("tokens_per_s"), "roofline_tok_s": s.get("roofline", {}).get("roofline_tok_s"),
+            "roofline_fraction": best.get("roofline_fraction"),
+            "cycle_over_step": {k: v for k, v in s.get("cycles", {}).items() if k.startswith("cycle_over_step")},
+            "transformers_tokens_per_s": s.get("transformers", {}).get("tokens_per_s"),
+            "total_s": round(time.time() - T0, 1)}
+        self.write()
+        log(f"summary: {json.dumps(self.out['summary'])}")
+        return self.out
+
+
+def _per_expert(key: str, ours: dict):
+    """transformers versions that keep experts as a ModuleList: mlp.experts.<e>.<gate|up|down>_proj.weight from our
+    stacked weights."""
+    import re
+
+    m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", key)
+    if not m:
+        return None
+    e = int(m.group(2))
+    if m.group(3) == "down_proj":
+        return ours[f"{m.group(1)}.down_proj"][e]
+    gu = ours[f"{m.group(1)}.gate_up_proj"][e]
+    half = gu.shape[0] // 2
+    return gu[:half] if m.group(3) == "gate_proj" else gu[half:]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a tiny config on the CPU (checks the script end to end)")
+    p.add_argument("--out", default=os.environ.get("OUT", "./out"), help="folder for deepseek_h200.json")
+    p.add_argument("--reps", type=int, default=None, help="timed calls per figure (default 200; tiny 6)")
+    p.add_argument("--context", type=int, default=None, help="prompt tokens before decoding (default 128; tiny 16)")
+    p.add_argument("--shapes", default="3,1,4;5,1,6", help="cycle shapes steps,topk,draft_tokens; separated")
+    p.add_argument("--hf-new-tokens", type=int, default=None, help="transformers' generate length (default 64)")
+    p.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate")
+    p.add_argument("--tuned", action="store_true", help="compile with eaglekit's tuned inductor options (slower "
+                   "to compile) instead of inductor's defaults")
+    p.add_argument("--compile-on-cpu", action="store_true", help="(--tiny) compile the layers on the CPU too")
+    args = p.parse_args(argv)
+    args.reps = args.reps or (4 if args.tiny else 200)
+    args.context = args.context or (16 if args.tiny else 128)
+    args.hf_new_tokens = args.hf_new_tokens or (4 if args.tiny else 64)
+    out = Bench(args).run()
+    return 0 if out["stages"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
