@@ -542,10 +542,16 @@ cmd_demo.add_args = _demo_args
 _DATA_HELP = DATA_HELP
 
 
-def _check_data(path) -> None:
-    """--data exists (a file or a folder) before anything loads; its records are checked as they are read."""
+def _check_data(path, first: int = 1000) -> None:
+    """--data exists and its first records have the fields and types of a training format (E102, E119), before
+    anything loads; the rest are checked as they are read."""
     if not Path(path).exists():
         raise InputError(f"--data {path} does not exist", fix="pass a file or folder of training data", code="E101")
+    from .train.data import read_records
+
+    for i, _ in enumerate(read_records(path)):
+        if i + 1 >= first:
+            break
 
 
 @command("regenerate", "have the target write the responses its draft will learn from")
