@@ -181,6 +181,10 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
     if int(raw.get("moe_layer_freq", 1) or 1) != 1:
         raise _unsupported(f"moe_layer_freq {raw.get('moe_layer_freq')} (MoE every layer past the dense ones only)",
                            where)
+    quant = raw.get("quantization_config")
+    if quant:  # DeepSeek-V3 / Kimi-K2 ship block-FP8 weights with per-block scales (weight_scale_inv)
+        raise _unsupported(f"quantization_config {quant.get('quant_method', quant)!r} (FP8 / quantized weights; "
+                           "eaglekit's decoder reads bf16 / fp16 / fp32 checkpoints)", where)
     v2 = family == "deepseek_v2"
     scoring = "softmax" if v2 else "sigmoid"
     if raw.get("scoring_func") not in (None, scoring):
