@@ -121,6 +121,7 @@ def config_from_json(raw: dict, where: str, fc_in: int | None = None, capture: C
         target_vocab_size=target.get("vocab_size"),
         target_num_layers=target.get("num_layers"),
         target_tokenizer=target.get("tokenizer"),
+        target_weights=target.get("weights"),
         vocab_map_sha=block.get("vocab_map_sha256"),
         features=block.get("features"),
     )
@@ -163,6 +164,8 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
                                "num_layers": c.target_num_layers}
             if c.target_tokenizer:
                 block["target"]["tokenizer"] = c.target_tokenizer
+            if c.target_weights:  # which weights, not only which shapes (a fine-tune shares the config)
+                block["target"]["weights"] = c.target_weights
         if c.vocab_map_sha:
             block["vocab_map_sha256"] = c.vocab_map_sha
         if c.features:  # the feature fingerprint (eaglekit.train.fingerprint): which layer each slot was trained on

@@ -59,6 +59,7 @@ class DraftConfig:
     target_tokenizer: str | None = None  # fingerprint of the tokenizer + chat template trained with
     vocab_map_sha: str | None = None  # hash of the d2t the lm_head was trained with
     features: dict | None = None  # feature fingerprint of the training data per slot (eaglekit.train.fingerprint)
+    target_weights: dict | None = None  # fingerprint of the target's weights (eaglekit.train.fingerprint)
 
     def __post_init__(self):
         if self.head_dim is None:

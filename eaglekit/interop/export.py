@@ -98,6 +98,23 @@ def _own_embedding(draft, target) -> bool:
     return w.shape != t.shape or not torch.allclose(w.float().cpu(), t.float().cpu())
 
 
+def _with_target_record(c, target):
+    """The target the draft is exported for, recorded where the draft records none (a draft made elsewhere): its
+    config fingerprint and its weights' (eaglekit.train.fingerprint), so the doctor can later tell a same-shape
+    target with other weights. A draft that records its training target keeps that record."""
+    import dataclasses
+
+    from ..train.fingerprint import weights_fingerprint
+
+    t = target.info
+    if c.target_fingerprint and c.target_fingerprint != t.fingerprint:
+        return c  # the draft's own record names another target: keep it, the doctor reports the difference
+    folder = getattr(target, "folder", None)
+    weights = c.target_weights or (weights_fingerprint(folder) if folder else None)
+    return dataclasses.replace(c, target_fingerprint=t.fingerprint, target_vocab_size=t.vocab_size,
+                               target_num_layers=t.num_layers, target_weights=weights)
+
+
 def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = torch.bfloat16,
            with_embedding: bool | None = None) -> list[str]:
     """Write `draft` for engine `to`; returns warnings (empty when every engine version reads it the same)."""
@@ -108,6 +125,8 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
                          fix="pass --target", code="E130")
     # what is written is a copy of the config (the default capture, the d2t hash): the draft is left as it was
     c = saved_config(draft, CaptureSpec.default(target.info.num_layers) if target is not None else None)
+    if target is not None:
+        c = _with_target_record(c, target)
     warnings = []
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

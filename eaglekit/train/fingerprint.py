@@ -124,3 +124,88 @@ def sketch_of(target, examples, capture, max_tokens: int = 200_000, batch_size: 
         _, feats = target.features(ids.to(target.device), valid.long().to(target.device), capture)
         sk.add(feats, valid.to(target.device))
     return sk
+
+
+# --- the target's weights ------------------------------------------------------------------------------------
+# The config fingerprint (models.config.config_fingerprint) names a target's shapes; two targets of one shape with
+# other weights (a fine-tune, another revision, a perturbed copy) share it. This one reads a few fixed slices of
+# every tensor straight from the safetensors files (get_slice: only those bytes), so it costs milliseconds even
+# for a large target:
+#   sha256    of the sliced values rounded to bfloat16 (a float32 and a bfloat16 copy of one target agree)
+#   sample    WEIGHT_SAMPLE floats: each tensor's sliced values, over their RMS, projected on a seeded Gaussian
+#             vector, summed into the bucket its name hashes to. A change of the weights by a relative amount e moves the sample by
+#             about e relative (weights_distance), so a mismatch comes with a measured size.
+WEIGHTS_VERSION = 1
+WEIGHT_SAMPLE = 64
+SLICE = 32  # values read from each of a tensor's first, middle and last rows
+
+
+def _slices(sl) -> torch.Tensor:
+    shape = sl.get_shape()
+    if not shape:
+        return torch.zeros(0)
+    if len(shape) == 1:
+        return sl[:SLICE].float().reshape(-1)
+    rows = sorted({0, shape[0] // 2, shape[0] - 1})
+    lead = (0,) * (len(shape) - 2)  # a 3-d or larger tensor: its first matrix
+    parts = []
+    for r in rows:
+        idx = (slice(r, r + 1),) + tuple(slice(i, i + 1) for i in lead) + (slice(0, SLICE),)
+        parts.append(sl[idx].float().reshape(-1))
+    return torch.cat(parts)
+
+
+def _weight_files(folder) -> list:
+    from pathlib import Path
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        return sorted({folder / f for f in json.loads(index.read_text()).get("weight_map", {}).values()})
+    return sorted(folder.glob("*.safetensors"))
+
+
+def weights_fingerprint(folder) -> dict | None:
+    """The fingerprint of the target weights in `folder` (safetensors); None when it has none to read."""
+    import hashlib
+    import zlib
+
+    from safetensors import safe_open
+
+    files = _weight_files(folder)
+    if not files:
+        return None
+    h = hashlib.sha256()
+    sample = torch.zeros(WEIGHT_SAMPLE, dtype=torch.float64)
+    n = 0
+    names: list[tuple[str, object]] = []
+    handles = [safe_open(str(f), "pt") for f in files]
+    for f in handles:
+        names += [(k, f) for k in f.keys()]
+    for name, f in sorted(names, key=lambda x: x[0]):
+        sl = f.get_slice(name)
+        if "int" in str(sl.get_dtype()).lower() or "bool" in str(sl.get_dtype()).lower():
+            continue
+        v = _slices(sl)
+        h.update(name.encode() + str(tuple(sl.get_shape())).encode())
+        h.update(v.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+        seed = zlib.crc32(name.encode())
+        g = torch.Generator().manual_seed(seed)
+        # each tensor on its own scale (a norm's ones would outweigh a matrix's 0.02s): a relative change of any
+        # tensor moves its term by about that much
+        u = v.double() / v.double().pow(2).mean().sqrt().clamp(min=1e-30) if v.numel() else v.double()
+        sample[seed % WEIGHT_SAMPLE] += float(torch.randn(v.numel(), generator=g, dtype=torch.float64) @ u)
+        n += 1
+    return {"version": WEIGHTS_VERSION, "sha256": h.hexdigest()[:16], "tensors": n,
+            "sample": [float(f"{x:.6g}") for x in sample.tolist()]}
+
+
+def weights_distance(recorded: dict, current: dict) -> float | None:
+    """Relative distance of the two samples (0: the same weights at the sampled places); None: not comparable."""
+    if not (isinstance(recorded, dict) and isinstance(current, dict)) or recorded.get("version") != WEIGHTS_VERSION \
+            or len(recorded.get("sample") or []) != len(current.get("sample") or []):
+        return None
+    a, b = torch.tensor(recorded["sample"], dtype=torch.float64), torch.tensor(current["sample"], dtype=torch.float64)
+    return float((a - b).norm() / a.norm().clamp(min=1e-30))
