@@ -93,10 +93,10 @@ class StreamTimer(threading.Thread):
         except Exception as e:  # noqa: BLE001 -- reported, not raised: a probe
             self.error = repr(e)
 
-    def max_gap(self, t0: float, t1: float) -> float | None:
-        """The longest wait for a chunk within [t0, t1] (including the wait already running at t0)."""
+    def max_gap(self, t0: float, t1: float, inside: bool = False) -> float | None:
+        """The longest wait for a chunk that overlaps [t0, t1] (`inside`: that lies within it)."""
         ts = self.times
-        gaps = [b - a for a, b in zip(ts, ts[1:]) if b >= t0 and a <= t1]
+        gaps = [b - a for a, b in zip(ts, ts[1:]) if (a >= t0 and b <= t1 if inside else b >= t0 and a <= t1)]
         return max(gaps) if gaps else None
 
     def count(self, t0: float, t1: float) -> int:
@@ -151,7 +151,7 @@ def big_body(port: int, model: str, mb: float = 10.0, stream_tokens: int = 1500)
     st.join(60)
     return {"status": res["status"], "error": res["body"], "seconds": round(res["seconds"], 3),
             "send_error": res["send_error"],
-            "stream_max_gap_s": _r(st.max_gap(t0, t1)), "stream_max_gap_before_s": _r(st.max_gap(tb, t0)),
+            "stream_max_gap_s": _r(st.max_gap(t0, t1)), "stream_max_gap_before_s": _r(st.max_gap(tb, t0, inside=True)),
             "stream_median_gap_s": _r(st.median_gap()),
             "stream_chunks_during": st.count(t0, t1), "stream_error": st.error,
             "health_max_s": _r(max(lat) if lat else None), "health_polls": len(lat),
