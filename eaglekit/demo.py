@@ -7,6 +7,9 @@ standard-library files held out of both trainings.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -15,10 +18,11 @@ from .decoding.compare import compare
 from .decoding.engine import Decoder
 from .decoding.tree import TreeShape
 from .errors import InputError
+from .observe import chainpick
 from .observe.chainpick import pick_chain
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
-from .pair import compiled, load_pair
+from .pair import compiled, load_pair, pick_device, set_pair_products
 from .tokenizer import encode, load_tokenizer, read_prompts
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
@@ -28,6 +32,9 @@ ASSETS = Path(__file__).parent / "assets" / "demo"
 # eaglekit.observe.chainpick predicts each chain's accept length on these very prompts and times its cycles.
 # On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)
+# the run's speedup below this share of the pick's prediction is reported as far below it: the pick's ratios wander
+# by ~10% between repeats on a quiet 2-core machine (NOTES), a larger gap means the machine changed under the run
+FAR_BELOW = 0.85
 
 
 def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]:
@@ -66,36 +73,106 @@ def processor_name(device: torch.device) -> str:
     return f"{name}{f' ({isa})' if isa else ''}"
 
 
+def pair_hash(*dirs: Path) -> str:
+    """sha256 over the folders' files (relative names and bytes): the pair a cached pick was made for."""
+    from .io import sha256_file
+
+    h = hashlib.sha256()
+    for d in dirs:
+        for f in sorted(p for p in Path(d).rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(d)}\0{sha256_file(f)}\0".encode())
+    return h.hexdigest()
+
+
+def pick_key(tgt, tdir, ddir, ids, max_new_tokens: int) -> dict:
+    """What the chain pick depends on (chainpick.cache_key hashes it): the processor and its cores, torch, the
+    dtype, the products and the thread count, the pair's bytes, the prompts' ids and the length."""
+    return {"processor": processor_name(tgt.device), "cores": os.cpu_count(), "torch": torch.__version__,
+            "dtype": str(tgt.dtype), "products": getattr(tgt, "products", "aten"), "threads": torch.get_num_threads(),
+            "pair": pair_hash(tdir, ddir), "prompts": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+            "max_new_tokens": max_new_tokens, "chains": list(chainpick.CHAINS)}
+
+
+def check_pick(picked: dict, res: dict) -> dict:
+    """The pick's prediction against what the run did. The speedup is the figure to compare (tokens/s move with the
+    machine's load between the pick and the run; their ratio much less); `far_below` where the run fell short of the
+    predicted speedup by more than the pick's timing noise (FAR_BELOW)."""
+    ratio = res["speedup"] / picked["speedup"] if picked.get("speedup") else None
+    return {"predicted_speedup": picked.get("speedup"), "achieved_speedup": res["speedup"],
+            "predicted_tokens_per_s": picked.get("tokens_per_s"), "achieved_tokens_per_s": res["eagle_tokens_per_s"],
+            "predicted_baseline_tokens_per_s": picked.get("baseline_tokens_per_s"),
+            "achieved_baseline_tokens_per_s": res["baseline_tokens_per_s"],
+            "achieved_over_predicted": round(ratio, 3) if ratio else None,
+            "far_below": bool(ratio is not None and ratio < FAR_BELOW)}
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
              model: ModelOptions | None = None, progress: bool = True) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
-    length and the tree (default: picked on a CPU by pick_chain, DEFAULT_SHAPE on a GPU); `model` the device
-    (default cpu: see DEMO_DEVICE), dtype and compile mode."""
+    length and the tree (default: picked on a CPU by pick_chain, or taken from this machine's cache of its picks;
+    DEFAULT_SHAPE on a GPU); `model` the device (default cpu: see DEMO_DEVICE), dtype and compile mode; `opts` the
+    thread count (default on a CPU: torch's, or one where a step with one is clearly faster: pick_threads)."""
     opts, decode = opts or DemoOptions(), decode or DecodeOptions()
     model = model or ModelOptions(device=DEMO_DEVICE)
+    cpu = pick_device(model.device_name) == "cpu"
+    if opts.repick and (decode.tree_given or not cpu):
+        raise InputError("--repick redoes the CPU chain pick, and this run picks no chain ("
+                         + ("the tree is given)" if decode.tree_given else "it runs on a GPU)"), code="E316",
+                         fix="leave out --repick, or --steps/--topk/--draft-tokens (on a CPU)")
+    load_start = _load_average()
     if opts.threads:
         torch.set_num_threads(opts.threads)
     tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
+    # the thread count is timed before the products are: both picks time steps, and at the wrong count on a loaded
+    # machine each step costs seconds (pick_threads)
+    pick_threads_here = cpu and not opts.threads and torch.get_num_threads() > 1
+    defer = pick_threads_here and model.products == "auto" and model.compile_mode != "on"
     tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode,
-                         products=model.products, draft_quant=model.draft_quant)
+                         products="aten" if defer else model.products, draft_quant=model.draft_quant)
     tok = load_tokenizer(tdir)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
+    threads_pick = None
+    if pick_threads_here and ids:
+        threads_pick = chainpick.pick_threads(tgt, drf, ids[0], (torch.get_num_threads(), 1))
+    if defer:
+        set_pair_products(tgt, drf, "auto", tgt.device)
     picked = None
     if decode.tree_given:
         shape = decode.shape()
     elif tgt.device.type == "cpu":
-        shape, picked = pick_chain(tgt, drf, ids, decode.max_new_tokens)
+        key = pick_key(tgt, tdir, ddir, ids, decode.max_new_tokens)
+        picked = None if opts.repick else chainpick.cached_pick(key)
+        if picked is not None:
+            picked.update(cached=True, cache_file=str(chainpick.cache_file()))
+        else:
+            _, picked = pick_chain(tgt, drf, ids, decode.max_new_tokens, budget_s=opts.pick_budget,
+                                   progress=progress)
+            path = chainpick.remember_pick(key, picked)
+            picked.update(cached=False, cache_file=str(path) if path else None)
+        shape = TreeShape.make(picked["chain"], 1)
     else:
         shape = TreeShape.make(*DEFAULT_SHAPE)
     dec = Decoder(tgt, drf, shape)
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
-    return {**cmp.summary(),
-            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
-                     "picked": picked},
-            "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
-            "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
-            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
-            "per_prompt": cmp.rows()}
+    res = {**cmp.summary(),
+           "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
+                    "picked": picked},
+           "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
+           "threads_pick": threads_pick,
+           "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
+           "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
+           "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
+           "per_prompt": cmp.rows()}
+    if picked is not None:
+        res["pick_check"] = check_pick(picked, res)
+    return res
 
 
 def print_demo(res: dict) -> None:
@@ -105,9 +182,21 @@ def print_demo(res: dict) -> None:
     c = Console()
     tr = res["tree"]
     picked = tr.get("picked")
-    how = (f" (picked on this machine in {picked['seconds']:.0f} s: predicted tokens/s of chains "
-           + ", ".join(f"{x['steps']} {x['tokens_per_s']:.0f}" for x in picked["candidates"])
-           + " = their accept lengths on these prompts over their cycle times)" if picked else "")
+    how = ""
+    if picked and picked.get("cached"):
+        how = (f" (this machine's pick, from its cache {picked.get('cache_file')}, made {picked.get('picked_at')} "
+               f"in {picked['seconds']:.0f} s; --repick to pick again)")
+    elif picked:
+        how = (f" (picked on this machine in {picked['seconds']:.0f} s of a {picked['budget_s']:.0f} s budget: "
+               f"accept lengths from {picked['model_prompts']}/{picked['prompts']} prompts, {picked['rounds']} "
+               f"timing rounds; predicted speedup of chains "
+               + ", ".join(f"{x['steps']} {x['speedup']:.2f}x" for x in picked["candidates"])
+               + " = their accept lengths on these prompts over their cycles in target steps)")
+    tp = res.get("threads_pick")
+    threads = f"{res['threads']} thread{'s' if res['threads'] != 1 else ''}"
+    if tp and len(tp["step_ms"]) > 1:
+        threads += (" (the faster target step here now: "
+                    + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items()) + ")")
     pp = res.get("products_pick")
     prod = f"; products: {res.get('products', 'aten')}" + (
         " (the faster here; ms for a step + a 6-row verify: "
@@ -115,7 +204,7 @@ def print_demo(res: dict) -> None:
     if res.get("draft_quant"):
         prod += f"; draft weights {res['draft_quant']}"
     t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
-                    f"{res['device']} ({res.get('processor', '?')}), {res['threads']} threads; tree steps {tr['steps']}, "
+                    f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
                     f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
     t.add_column("")
     t.add_column("target alone", justify="right")
@@ -132,7 +221,25 @@ def print_demo(res: dict) -> None:
         t.add_row("identical to the plain 1-row decode", "", f"{res['identical_one_row']}/{res['prompts']} prompts")
     else:
         t.add_row("output identical to the target's (greedy)", "", same)
+    if picked:
+        chk = res.get("pick_check") or {}
+        t.add_row("chain picked", "", f"{tr['steps']} draft tokens"
+                  + (" (cached)" if picked.get("cached") else f" (picked in {picked['seconds']:.0f} s)"))
+        t.add_row("why", "", picked.get("why", ""))
+        if chk.get("predicted_speedup"):
+            t.add_row("tokens/s predicted by the pick", f"{chk['predicted_baseline_tokens_per_s']:.1f}",
+                      f"{chk['predicted_tokens_per_s']:.1f}")
+            t.add_row("speedup predicted by the pick", "", f"{chk['predicted_speedup']:.2f}x")
+            verdict = f"{chk['achieved_over_predicted']:.0%} of the prediction"
+            if chk["far_below"]:
+                verdict = (f"FAR BELOW: {verdict} (the machine's load changed under the run, or the cached pick was "
+                           "made under another: --repick)")
+            t.add_row("speedup achieved against predicted", "", verdict)
     if "warm_up_s" in res:
         how = "compiled layers" if res.get("compiled") else "uncompiled layers"
         t.caption = f"{how}; warm-up before the timings {res['warm_up_s']:.1f} s"
+        la = res.get("load_average") or {}
+        if la.get("start") is not None:
+            t.caption += (f"; load average {la['start']:.1f} at the start, {la['end']:.1f} at the end "
+                          f"({la['cores']} cores)")
     c.print(t)

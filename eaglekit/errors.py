@@ -134,6 +134,8 @@ CODES: dict[str, tuple[str, str]] = {
              "max_batch >= 1; give every request its own id"),
     "E308": ("this target backend does not decode batches",
              "load the target with our decoder (--backend ours), or serve with a batch size of 1"),
+    "E316": ("demo: --repick without a chain to pick (the tree is given, or the demo runs on a GPU)",
+             "leave out --repick, or the tree's flags (on a CPU)"),
     "E309": ("the prompt alone is as long as the context, or longer: no room for a new token",
              "shorten the prompt by at least the number of tokens the message gives"),
     "E112": ('a speculators draft whose decoder layer type eaglekit does not implement', 'train the draft with a llama transformer_layer_config'),

@@ -331,3 +331,5 @@ class DemoOptions(Options):
     prompts: int = opt(32, "how many held-out prompts (default: all 32)", lo=1)
     threads: int | None = opt(None, "CPU threads (default: torch's choice)", lo=1, type=int)
     prompt_file: str | None = opt(None, "another prompt file (JSONL or ---separated text)")
+    repick: bool = opt(False, "pick the chain again instead of reusing this machine's cached pick (CPU)")
+    pick_budget: float = opt(20.0, "seconds the CPU chain pick may take; what it measured by then decides", lo=2.0)

@@ -1,6 +1,9 @@
 """eaglekit.observe.chainpick: one teacher-forced pass predicts what every chain length accepts, cycle by cycle, on
 the target's own text; the cycle times are pooled along a line; the pick is the fastest prediction."""
 
+import json
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -81,13 +84,148 @@ def test_line_fit_pools_the_samples_and_keeps_a_real_line():
 
 def test_pick_chain_takes_the_fastest_prediction(demo, monkeypatch):
     tgt, drf, prompts = demo
-    # cycle times that make chain 3 the fastest for accept lengths rising with n: the pick follows the numbers
-    monkeypatch.setattr(chainpick, "cycle_seconds",
-                        lambda t, d, p, chains: {n: [0.010 if n == 3 else 0.030] for n in chains})
+    # cycles (in target steps) that make chain 3 the fastest for accept lengths rising with n: the pick follows them
+    monkeypatch.setattr(chainpick, "cycle_ratios",
+                        lambda t, d, p, chains, clock, until: ({n: [1.2 if n == 3 else 2.0] for n in chains}, [0.01]))
     monkeypatch.setattr(chainpick, "line_fit", lambda s: {n: v[0] for n, v in s.items()})
     shape, info = chainpick.pick_chain(tgt, drf, prompts[:3], 24)
     assert (shape.steps, shape.topk, shape.draft_tokens) == (3, 1, 4) and info["by"] == "model"
+    assert info["chain"] == 3 and info["why"].startswith("chain 3:") and info["model_prompts"] == 3
     rows = {r["steps"]: r for r in info["candidates"]}
     assert list(rows) == list(chainpick.CHAINS)
     assert all(rows[a]["accept_length"] <= rows[b]["accept_length"] for a, b in ((2, 3), (3, 4), (4, 5), (5, 6)))
-    assert rows[3]["tokens_per_s"] == pytest.approx(rows[3]["accept_length"] / 0.010, rel=1e-3)
+    assert rows[3]["speedup"] == pytest.approx(rows[3]["accept_length"] / 1.2, rel=1e-3) == info["speedup"]
+    assert rows[3]["tokens_per_s"] == pytest.approx(rows[3]["accept_length"] / 0.012, rel=1e-3)
+    assert info["baseline_tokens_per_s"] == 100.0
+
+
+def test_spread_slices_stand_for_the_whole_set():
+    slices = chainpick.spread(list(range(30)), 8)
+    assert sorted(x for s in slices for x in s) == list(range(30))  # every prompt once
+    assert slices[0] == [0, 4, 8, 12, 16, 20, 24, 28] and all(len(s) <= 8 for s in slices)
+    assert chainpick.spread([1, 2], 8) == [[1, 2]]
+
+
+class FakeClock:
+    """A Progress whose time advances only when the fakes below say so (no wall clock in the tests)."""
+
+    def __init__(self):
+        self.elapsed, self.said = 0.0, []
+
+    def say(self, what):
+        self.said.append(what)
+
+
+def test_the_model_stops_at_its_share_of_the_budget(monkeypatch):
+    import eaglekit.draft
+    import eaglekit.train.regen
+
+    clock = FakeClock()
+
+    def texts(target, part, n, eos):
+        clock.elapsed += 3.0  # each slice costs 3 s
+        return [p + [7] * n for p in part]
+
+    monkeypatch.setattr(eaglekit.train.regen, "greedy_texts", texts)
+    monkeypatch.setattr(eaglekit.draft, "check_pair", lambda d, t: None)
+    monkeypatch.setattr(chainpick, "accepted_runs", lambda t, d, xs, c, s: [torch.full((len(x),), 2) for x in xs])
+
+    class T:
+        class info:
+            eos_token_ids = ()
+
+    prompts = [[1, 2, 3]] * 32
+    _, used = chainpick.model_accept_lengths(T, None, prompts, 8, (2, 4), clock, until_s=0.0)
+    assert used == 8  # one slice at least, however tight the budget
+    clock.elapsed = 0.0
+    _, used = chainpick.model_accept_lengths(T, None, prompts, 8, (2, 4), clock, until_s=7.0)
+    assert used == 16  # 3 s + 3 s, and a third would end at 9 s, past the 7 s share
+    assert any("accept lengths" in s for s in clock.said)
+
+
+class FakeDecoder:
+    """Generations whose time is (a baseline step or a chain's cycle, in units) x the machine's slowness, which
+    changes under the run: the cost the ratios must see through."""
+
+    calls: ClassVar[list] = []
+    slowness: ClassVar[list] = [1.0]
+
+    def __init__(self, target, draft, shape, profile=False):
+        self.n = shape.steps
+
+    def generate(self, prompt, tokens, baseline=False):
+        from eaglekit.observe.metrics import GenerationMetrics
+
+        FakeDecoder.calls.append(None if baseline else self.n)
+        s = FakeDecoder.slowness[len(FakeDecoder.calls) % len(FakeDecoder.slowness)]
+        if baseline:
+            m = GenerationMetrics(new_tokens=tokens, elapsed_s=(tokens - 1) * 0.010 * s + 0.5)
+        else:
+            m = GenerationMetrics(new_tokens=tokens, accepted=[1] * 4, elapsed_s=4 * 0.010 * (1 + 0.1 * self.n) * s
+                                  + 0.5)
+        m.phases = {"prefill": 0.5}
+        clock.elapsed += 0.1
+        return type("R", (), {"metrics": m})()
+
+
+clock = FakeClock()
+
+
+def test_cycles_are_timed_interleaved_as_ratios_to_the_step(monkeypatch):
+    """Each round times the target's step and every chain, in an order that rotates; a machine that slows down
+    threefold every other generation leaves the medians of the ratios where the quiet machine puts them."""
+    monkeypatch.setattr(chainpick, "Decoder", FakeDecoder)
+    FakeDecoder.calls = []
+    FakeDecoder.slowness = [1.0, 3.0, 1.0, 1.0, 3.0, 1.0, 1.0]  # (a period prime to the round's 6 generations)
+    clock.elapsed = 0.0
+    ratios, steps = chainpick.cycle_ratios(None, None, [[1, 2]], (2, 4, 6), clock, until_s=0.0)
+    assert len(steps) == chainpick.MIN_ROUNDS  # past the budget: the minimum
+    timed = FakeDecoder.calls[4:]  # after the warm-up (the step, then each chain once)
+    assert timed[:4] == [None, 2, 4, 6] and timed[4:8] == [2, 4, 6, None]  # the order rotates round by round
+    FakeDecoder.calls, clock.elapsed = [], 0.0
+    ratios, steps = chainpick.cycle_ratios(None, None, [[1, 2]], (2, 4, 6), clock, until_s=12.0)
+    assert 2 < len(steps) < chainpick.MAX_ROUNDS  # rounds until the budget is spent
+    for n in (2, 4, 6):
+        assert sorted(ratios[n])[len(ratios[n]) // 2] == pytest.approx(1 + 0.1 * n, rel=0.01)
+
+
+def test_threads_are_chosen_by_the_target_step(monkeypatch):
+    monkeypatch.setattr(chainpick, "Decoder", FakeDecoder)
+    before = torch.get_num_threads()
+    try:
+        # one thread ten times faster (two threads waiting on each other on a loaded machine): one thread
+        monkeypatch.setattr(FakeDecoder, "slowness", [1.0])
+        real = torch.set_num_threads
+        monkeypatch.setattr(chainpick.torch, "set_num_threads", lambda c: setattr(FakeDecoder, "slowness",
+                                                                                  [10.0 if c == 2 else 1.0]))
+        got = chainpick.pick_threads(None, None, [1, 2], (2, 1))
+        assert got["threads"] == 1 and got["step_ms"]["2"] == pytest.approx(10 * got["step_ms"]["1"])
+        # as fast, or a little faster (noise): the default stays
+        monkeypatch.setattr(chainpick.torch, "set_num_threads", lambda c: setattr(FakeDecoder, "slowness",
+                                                                                  [1.0 if c == 2 else 0.95]))
+        assert chainpick.pick_threads(None, None, [1, 2], (2, 1))["threads"] == 2
+    finally:
+        real(before)
+
+
+def test_the_cache_keeps_a_pick_per_key_under_the_users_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fields = {"processor": "X", "threads": 2, "pair": "abc"}
+    assert chainpick.cache_file() == tmp_path / "eaglekit" / "chain_pick.json"
+    assert chainpick.cached_pick(fields) is None
+    picked = {"chain": 4, "seconds": 12.0, "speedup": 1.8}
+    assert chainpick.remember_pick(fields, picked) == chainpick.cache_file()
+    got = chainpick.cached_pick(fields)
+    assert got["chain"] == 4 and got["speedup"] == 1.8 and got["picked_at"]
+    assert chainpick.cached_pick({**fields, "threads": 1}) is None  # another key: picked anew
+    chainpick.remember_pick({**fields, "threads": 1}, {**picked, "chain": 2})
+    assert chainpick.cached_pick(fields)["chain"] == 4 and chainpick.cached_pick({**fields, "threads": 1})["chain"] == 2
+    assert not list((tmp_path / "eaglekit").glob(".*tmp"))  # written atomically: no temporary left
+    chainpick.cache_file().write_text("{not json")  # a damaged file: no pick, and the next pick rewrites it
+    assert chainpick.cached_pick(fields) is None
+    chainpick.remember_pick(fields, picked)
+    assert chainpick.cached_pick(fields)["chain"] == 4
+    chainpick.cache_file().write_text(json.dumps({"entries": {chainpick.cache_key(fields): {"picked": {"chain": 99}}}}))
+    assert chainpick.cached_pick(fields) is None  # a chain the pick never offers
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "eaglekit" / "chain_pick.json"))  # a file: cannot be written
+    assert chainpick.remember_pick(fields, picked) is None

@@ -3,10 +3,17 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from eaglekit.cli import main
 from eaglekit.demo import ASSETS
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path, monkeypatch):
+    """The demo keeps its chain pick under the user's cache dir: here the test's own, never the real home."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def test_pair_files_fit_the_repository_limits():
@@ -35,14 +42,15 @@ def test_the_processor_names_the_kernels_when_capped(monkeypatch):
     assert demo.processor_name(torch.device("cpu")) == "Some EPYC (AMX)"
 
 
-def test_demo_json(capsys, monkeypatch):
+def test_demo_json(capsys, monkeypatch, tmp_path):
     from eaglekit.observe import chainpick
 
-    # the chain pick times one round of 16 tokens a chain here, not two of 32 (16 s of the test's 20): the test checks
-    # that the pick follows its measurements, not how well so few rank the chains
-    cycle_seconds = chainpick.cycle_seconds
-    monkeypatch.setattr(chainpick, "cycle_seconds", lambda *a, **k: cycle_seconds(*a, **k, tokens=16, rounds=1))
-    assert main(["demo", "--prompts", "2", "--max-new-tokens", "24", "--json"]) == 0
+    # the timing rounds generate 12 tokens here, not 24, within the smallest budget (2 s: the minimum of 2 rounds):
+    # the test checks that the pick follows its measurements, not how well so few rank the chains
+    cycle_ratios = chainpick.cycle_ratios
+    monkeypatch.setattr(chainpick, "cycle_ratios", lambda *a, **k: cycle_ratios(*a, **{**k, "tokens": 12}))
+    args = ["demo", "--prompts", "2", "--max-new-tokens", "24", "--json", "--pick-budget", "2"]
+    assert main(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert {"accept_length", "per_position", "baseline_tokens_per_s", "eagle_tokens_per_s", "speedup",
             "identical"} <= res.keys()
@@ -53,13 +61,67 @@ def test_demo_json(capsys, monkeypatch):
     # on a CPU, with no tree given, the chain is picked here: the fastest of the measured candidates
     picked = res["tree"]["picked"]
     assert [c["steps"] for c in picked["candidates"]] == [2, 3, 4, 5, 6] and res["tree"]["topk"] == 1
-    best = max(picked["candidates"], key=lambda c: c["tokens_per_s"])
-    assert res["tree"]["steps"] == best["steps"] and res["tree"]["draft_tokens"] == best["steps"] + 1
+    best = max(picked["candidates"], key=lambda c: c["speedup"])
+    assert res["tree"]["steps"] == best["steps"] == picked["chain"] and res["tree"]["draft_tokens"] == best["steps"] + 1
+    assert picked["why"].startswith(f"chain {best['steps']}:") and picked["rounds"] >= 2 and picked["seconds"] > 0
+    assert picked["cached"] is False and picked["budget_s"] == 2.0
+    # ...and kept for this machine under the cache dir (the test's own: XDG_CACHE_HOME), with what it predicted
+    assert picked["cache_file"] == str(tmp_path / "cache" / "eaglekit" / "chain_pick.json")
+    chk = res["pick_check"]
+    assert chk["predicted_speedup"] == picked["speedup"] and chk["achieved_speedup"] == res["speedup"]
+    assert chk["achieved_tokens_per_s"] == res["eagle_tokens_per_s"] and isinstance(chk["far_below"], bool)
+    assert res["load_average"]["cores"] >= 1
+    if res["threads_pick"]:  # (more than one thread to choose from)
+        assert res["threads"] == res["threads_pick"]["threads"] and len(res["threads_pick"]["step_ms"]) == 2
     assert res["compiled"] is False and res["warm_up_s"] >= 0  # the CPU default: uncompiled
     # and the products' path is chosen here too, by timing a step and a verify with each candidate
     pick = res["products_pick"]
     assert res["products"] == pick["products"] == min(pick["ms"], key=lambda k: sum(pick["ms"][k]))
     assert "aten" in pick["ms"] and all(a > 0 and b > 0 for a, b in pick["ms"].values())
+    # a second run on this machine reuses the pick, and says so (the key holds the thread count and the products,
+    # which are timed each run: a run that chose others picks anew)
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    if (again["threads"], again["products"]) == (res["threads"], res["products"]):
+        cached = again["tree"]["picked"]
+        assert cached["cached"] is True and cached["chain"] == picked["chain"] == again["tree"]["steps"]
+        assert cached["seconds"] == picked["seconds"] and cached["picked_at"]
+        assert again["pick_check"]["predicted_speedup"] == picked["speedup"]
+
+
+def test_repick_needs_a_chain_to_pick(capsys):
+    assert main(["demo", "--steps", "3", "--topk", "1", "--repick"]) == 2  # (before anything loads)
+    assert "E316" in capsys.readouterr().err
+
+
+def test_the_table_says_where_the_pick_came_from_and_how_the_run_met_it(capsys, monkeypatch):
+    from eaglekit.demo import print_demo
+
+    monkeypatch.setenv("COLUMNS", "400")  # (rich wraps a cell's text at the terminal's width)
+    cand = [{"steps": n, "accept_length": 2.0 + n / 4, "cycle_steps": 1 + n / 5, "speedup": 1.5, "tokens_per_s": 90.0}
+            for n in (2, 3, 4, 5, 6)]
+    picked = {"chain": 2, "by": "model", "seconds": 14.2, "budget_s": 20.0, "prompts": 32, "model_prompts": 16,
+              "rounds": 5, "speedup": 1.8, "tokens_per_s": 90.0, "baseline_tokens_per_s": 50.0, "candidates": cand,
+              "why": "chain 2: accept length 2.36 over a cycle of 1.31 target steps = 1.80x predicted", "cached": False}
+    res = {"prompts": 32, "new_tokens": 4096, "device": "cpu", "processor": "P", "threads": 1,
+           "threads_pick": {"threads": 1, "step_ms": {"2": 300.0, "1": 20.0}}, "tree": {
+               "steps": 2, "topk": 1, "draft_tokens": 3, "picked": picked}, "baseline_tokens_per_s": 18.4,
+           "eagle_tokens_per_s": 19.9, "speedup": 1.08, "accept_length": 2.3, "per_position": [0.7, 0.5],
+           "identical": True, "warm_up_s": 0.3, "load_average": {"start": 4.1, "end": 4.3, "cores": 2},
+           "pick_check": {"predicted_speedup": 1.8, "achieved_speedup": 1.08, "predicted_tokens_per_s": 90.0,
+                          "achieved_tokens_per_s": 19.9, "predicted_baseline_tokens_per_s": 50.0,
+                          "achieved_baseline_tokens_per_s": 18.4, "achieved_over_predicted": 0.6, "far_below": True}}
+    print_demo(res)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "picked on this machine in 14 s of a 20 s budget" in out and "16/32 prompts" in out
+    assert "1 thread (the faster target step here now: 300.0 ms with 2, 20.0 ms with 1)" in out
+    assert "FAR BELOW" in out and "60% of the prediction" in out and "load average 4.1" in out
+    picked.update(cached=True, picked_at="2026-12-04 05:00:00", cache_file="/c/chain_pick.json")
+    res["pick_check"].update(achieved_over_predicted=0.95, far_below=False)
+    print_demo(res)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from its cache /c/chain_pick.json" in out and "--repick" in out and "(cached)" in out
+    assert "95% of the prediction" in out and "FAR BELOW" not in out
 
 
 def test_demo_table(capsys):
@@ -71,8 +133,6 @@ def test_demo_table(capsys):
 
 
 def test_compile_flags_are_checked():
-    import pytest
-
     from eaglekit.errors import InputError
     from eaglekit.options import ModelOptions
     from eaglekit.pair import compiled, load_pair
