@@ -50,6 +50,8 @@ def clean():
 
 def test_correct_pair_gets_a_clean_bill(clean):
     assert not clean["fault"], clean["verdict"]
+    assert clean["status"] == "clean" and clean["exit_code"] == 0 and not clean["decide"]
+    assert "I309" in _codes(clean)  # the features match the ones recorded at training: the draft's own target
     assert not [f for f in clean["findings"] if f["severity"] == "error"]
     assert "no wiring fault found" in clean["verdict"] and clean["conclusive"]
     conf = clean["probe"][0]
@@ -187,10 +189,13 @@ def test_conflicting_declarations_are_flagged(tmp_path):
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
+    # two prompts and no time to grow: the probe cannot tell, exit 3, never clean
     assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
-                 "--max-new-tokens", "16", "--time-budget", "0", "--json"]) == 0
+                 "--max-new-tokens", "16", "--time-budget", "0", "--json"]) == 3
     res = json.loads(capsys.readouterr().out)
-    assert {"verdict", "findings", "probe"} <= res.keys()
+    assert {"verdict", "findings", "probe", "status", "exit_code", "decide"} <= res.keys()
+    assert res["status"] == "cannot_tell" and res["verdict"].startswith("cannot tell") and res["decide"]
+    assert any("longer probe" in d for d in res["decide"])
     assert {"wiring", "after_layers", "accept_length", "per_position"} <= res["probe"][0].keys()
     assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
                  "--max-new-tokens", "16", "--time-budget", "0", "--capture-layers", "emb,1,5,8"]) == 1
@@ -306,3 +311,91 @@ def test_progress_is_printed(capsys):
     # QUICK's size under the default budget: the probe grows (the default tier's one test that lets it)
     run_doctor(TARGET, ASSETS / "draft", progress=True, n_prompts=2, max_new_tokens=16)
     assert "doctor" in capsys.readouterr().err
+
+
+# --- issue 43: three verdicts, the target's weights, the d2t's own evidence, fixes in the folder's convention ---
+def test_weights_fingerprint_is_cheap_dtype_blind_and_measures_a_change(tmp_path):
+    from eaglekit.doctor.zoo import perturb_target
+    from eaglekit.train.fingerprint import weights_distance, weights_fingerprint
+
+    a = weights_fingerprint(TARGET)
+    assert a["tensors"] > 100 and len(a["sample"]) == 64
+    f32 = tmp_path / "f32"
+    shutil.copytree(TARGET, f32)
+    for f in f32.glob("*.safetensors"):
+        save_file({k: v.float() for k, v in load_file(f).items()}, f)
+    assert weights_fingerprint(f32)["sha256"] == a["sha256"]  # a float32 copy of the same target
+    b = weights_fingerprint(perturb_target(TARGET, tmp_path / "p", scale=0.05))
+    assert b["sha256"] != a["sha256"] and 0.02 < weights_distance(a, b) < 0.1
+
+
+def test_export_records_the_target_weights_and_the_doctor_compares_them(tmp_path):
+    from eaglekit.doctor.zoo import perturb_target
+
+    assert main(["export", str(tmp_path / "v"), "--draft", str(ASSETS / "draft"), "--to", "vllm", "--target",
+                 str(TARGET)]) == 0
+    rec = json.loads((tmp_path / "v" / "config.json").read_text())["eaglekit"]["target"]["weights"]
+    assert rec["sha256"] and len(rec["sample"]) == 64
+    res = run_doctor(perturb_target(TARGET, tmp_path / "p", scale=0.05), tmp_path / "v", **QUICK)
+    assert res["status"] == "fault" and "E220" in _codes(res)
+    f = next(f for f in res["findings"] if f["code"] == "E220")
+    assert 0.02 < f["evidence"]["distance"] < 0.1 and "differ by" in f["message"]
+
+
+def test_a_third_party_draft_is_never_clean(tmp_path):
+    """No eaglekit block: which target the draft was made for cannot be checked: cannot tell, with what decides it."""
+    d = _copy(tmp_path)
+    _edit_config(d, lambda c: c.pop("eaglekit"))
+    res = run_doctor(TARGET, d, **QUICK)
+    assert res["status"] == "cannot_tell" and res["exit_code"] == 3 and "W281" in _codes(res)
+    assert any("--reference-acceptance" in x for x in res["decide"])
+
+
+def test_fixes_are_written_in_the_folders_convention():
+    from eaglekit.doctor.fixes import ids_fix
+    from eaglekit.draft.checkpoint import FolderFormat
+
+    vllm = FolderFormat("vllm", "input_of", (3, 7, 10), CaptureSpec((2, 6, 9)), "model.safetensors")
+    sg = FolderFormat("sglang", "output_of", (2, 6, 9), CaptureSpec((2, 6, 9)), "model.safetensors")
+    fv, fs = ids_fix([1, 5, 8], vllm, engine="vllm"), ids_fix([1, 5, 8], sg)
+    assert "eagle_aux_hidden_state_layer_ids = [2, 6, 9]" in fv and "sorts them" in fv and "top level" in fv
+    assert "eagle_aux_hidden_state_layer_ids = [1, 5, 8]" in fs and "first id is 1" in fs
+    assert "one layer low" in ids_fix([2, 6, 9], sg)  # SGLang's +1 rule skips ids whose first is not 1
+
+
+def test_an_extra_capture_in_a_vllm_folder_names_the_ids_to_write(tmp_path):
+    from eaglekit.doctor.zoo import set_ids
+
+    assert main(["export", str(tmp_path / "v"), "--draft", str(ASSETS / "draft"), "--to", "vllm", "--target",
+                 str(TARGET)]) == 0
+    res = run_doctor(TARGET, set_ids(tmp_path / "v", [0, 2, 6, 9]), **QUICK)
+    f = next(f for f in res["findings"] if f["code"] == "E202")
+    assert "[0, 2, 6, 9] (the embedding output among them)" in f["message"]
+    assert "eagle_aux_hidden_state_layer_ids = [2, 6, 9]" in f["fix"]
+
+
+def test_the_d2t_is_judged_on_the_probes_evidence():
+    from eaglekit.doctor.vocab import mapping_is_wrong, vocab_evidence
+
+    g = torch.Generator().manual_seed(0)
+    j = torch.randint(0, 50, (2000,), generator=g)
+    assert mapping_is_wrong(vocab_evidence([(j, j + 1)], torch.arange(100)))  # every row one token off
+    assert not mapping_is_wrong(vocab_evidence([(j, j.clone())], torch.arange(100)))
+    # an untrained draft: its ids meet the text's common tokens, not tokens of their own
+    assert not mapping_is_wrong(vocab_evidence([(j, torch.randint(0, 5, (2000,), generator=g))], torch.arange(100)))
+
+
+def test_e293_always_ends_with_a_cause_and_a_fix(tmp_path):
+    from eaglekit.engines.vllm import engine_findings
+    from eaglekit.errors import EaglekitError
+
+    d = _copy(tmp_path)
+    err = EaglekitError("vLLM could not run the pair: AssertionError", code="E171")
+    doctor = {"findings": [{"code": "E214", "severity": "error", "message": "lm_head.weight has 4096 rows but "
+                            "config.json declares draft_vocab_size 4000", "fix": "set draft_vocab_size"}]}
+    found, _ = engine_findings(doctor, d, 12, 256, None, None, err, 3)
+    f = next(f for f in found if f["code"] == "E293")
+    assert "[E214] explains it" in f["message"] and f["fix"] == "set draft_vocab_size"
+    found, _ = engine_findings({"findings": []}, d, 12, 256, None, None, err, 3)
+    f = next(f for f in found if f["code"] == "E293")
+    assert "no static check" in f["message"] and "eaglekit export" in f["fix"]

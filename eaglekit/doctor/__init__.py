@@ -9,11 +9,15 @@ sure it is.
 4. The feature fingerprint (eaglekit.train.fingerprint): a draft trained by eaglekit records the statistics of
    each capture slot's features; matched against every target layer they name the layer each slot was trained
    on, where acceptance cannot tell neighbours apart.
-5. A verdict that says what was found and how sure: a fault, no fault, or "cannot tell these wirings apart on
-   this probe".
+5. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
+   it was trained or exported, else the captured features' statistics against the recorded ones, else a
+   reference acceptance given by the user; and the vocabulary mapping on its own evidence (vocab.py).
+6. A verdict of three: a fault (with its cause and the fix in the folder's own convention, fixes.py); clean,
+   only when the configured wiring is shown best with the stated confidence (or a recorded fingerprint agrees)
+   and the target is shown to be the draft's; else cannot tell, with what would decide it.
 
 `diagnose` returns a DoctorReport (report.py); `run_doctor` its JSON (what `eaglekit doctor --json` prints).
-Exit status: 0 no fault found, 1 a fault found, 2 doctor could not run.
+Exit status: 0 clean, 1 a fault found, 2 doctor could not run, 3 cannot tell (report.EXIT).
 """
 
 from __future__ import annotations
@@ -24,9 +28,26 @@ from pathlib import Path
 
 from ..capture import CaptureSpec
 from ..errors import EaglekitError, InputError
-from .checks import folder_findings, recorded_fingerprint
-from .probe import GENERIC_PROMPTS, Z, Probe, grow, paired_difference, probe_prompts, wirings
-from .report import DoctorReport, Finding, WiringRow
+from .checks import capture_width_finding, folder_findings, recorded_fingerprint
+from .fixes import ids_fix, unsorted_note
+from .identity import (
+    DECIDE_TARGET,
+    MIN_FEATURE_TOKENS,
+    features_check,
+    reference_check,
+    weights_check,
+)
+from .probe import (
+    GENERIC_PROMPTS,
+    Probe,
+    Z,
+    grow,
+    paired_difference,
+    probe_prompts,
+    wirings,
+)
+from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
+from .vocab import mapping_is_wrong, vocab_evidence
 
 # kept for callers that compare wirings by mean acceptance (the engine doctor's reference wiring)
 MARGIN = 0.01
@@ -35,8 +56,21 @@ DEAD = 0.05
 # default time budget of a run: the clean demo pair settles in its first round, well inside it
 TIME_BUDGET_S = 45.0
 
-__all__ = ["DoctorReport", "Finding", "GENERIC_PROMPTS", "MARGIN", "TIME_BUDGET_S", "WiringRow", "Z", "diagnose",
-           "paired_difference", "run_doctor", "wirings"]
+__all__ = [
+    "EXIT",
+    "GENERIC_PROMPTS",
+    "MARGIN",
+    "TIME_BUDGET_S",
+    "DoctorReport",
+    "Finding",
+    "WiringRow",
+    "Z",
+    "diagnose",
+    "paired_difference",
+    "run_doctor",
+    "status_of",
+    "wirings",
+]
 
 _WHY = {
     "shifted -1": "this draft was trained one layer lower than configured: its ids mean 'input of layer i' (vLLM, "
@@ -48,7 +82,11 @@ _WHY = {
                                 "(an engine that ignored its ids would match; its config does not)",
     "embedding instead of the low layer": "this draft was trained with the embedding as its low feature",
     "last layer only": "this draft was trained on the last layer's output",
+    "ascending order": "this draft was trained on the same layers in ascending order",
 }
+# the codes that say the vocabulary mapping is wrong: acceptance near zero is then their effect, not a verdict of
+# its own on the draft
+_VOCAB_FAULTS = ("E207", "E210", "E212", "E217", "E222")
 
 
 def _probe_prompts(target_dir, prompt_file, n, vocab):
@@ -57,10 +95,11 @@ def _probe_prompts(target_dir, prompt_file, n, vocab):
     return prompts[:n], source
 
 
+_FORMAT = {}  # the folder format of the draft being diagnosed, for the fixes (set by diagnose)
+
+
 def _fix(layers: list[int]) -> str:
-    return (f"capture after_layers {layers} (= input of layers {[i + 1 for i in layers]}): eaglekit generate "
-            f"--capture-layers {','.join(str(i) for i in layers)}, or set eagle_config.eagle_aux_hidden_state_layer_ids "
-            f"to {layers} in the draft's config.json (eaglekit export writes each engine's convention)")
+    return ids_fix(layers, _FORMAT.get("fmt"))
 
 
 def _bar(progress: bool):
@@ -79,9 +118,12 @@ def _stage(bar, text: str) -> None:
 
 def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
              capture: CaptureSpec | None = None, backend="auto", device="cpu", dtype=None, shape=None,
-             time_budget: float = TIME_BUDGET_S, progress: bool = False) -> DoctorReport:
+             time_budget: float = TIME_BUDGET_S, progress: bool = False,
+             reference_acceptance: float | None = None) -> DoctorReport:
     """`capture`: the wiring you serve with, if not the one the draft declares (the story's server added
-    the embedding to the captures). `time_budget`: seconds after which the probe stops growing."""
+    the embedding to the captures). `time_budget`: seconds after which the probe stops growing.
+    `reference_acceptance`: the configured wiring's position-1 acceptance measured on the draft's own target (the
+    doctor's teacher-forced figure there): for a draft that records no target, what tells its target."""
     from ..decoding.engine import Decoder
     from ..decoding.tree import TreeShape
     from ..draft import load_draft, pair_problems
@@ -102,12 +144,25 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         if not (draft_dir / "config.json").is_file():
             raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
         findings = folder_findings(draft_dir, n_layers)
+        _FORMAT.clear()
         _stage(bar, "loading the draft")
         try:
             draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
         except EaglekitError as e:
+            width = capture_width_finding(draft_dir, H, n_layers) if e.code == "E107" else None
+            findings += [width] if width is not None else []  # the cause, before the loader's symptom
             findings.append(Finding.of(e))
             return _conclude(findings, None, None, t0)
+        _FORMAT["fmt"] = getattr(draft, "source_format", None)
+        identity = weights_check(draft.config, target_dir)
+        findings += identity.findings
+        if draft.config.max_position_embeddings < target.info.max_position_embeddings:
+            findings.append(Finding(
+                "W283", "warning", f"the draft's max_position_embeddings is {draft.config.max_position_embeddings}, "
+                f"the target's {target.info.max_position_embeddings}: past the draft's length its rope positions are "
+                f"ones it never saw, and acceptance collapses on long inputs",
+                f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
+                f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
         draft.fuse()
         set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products here (load_pair's)
         configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
@@ -125,6 +180,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                                     f"after_layers {list(base.after_layers)}"))
         prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
         ctx = _Context(source=source, label="configured wiring" if base == configured else "draft's declared wiring")
+        ctx.identity, ctx.reference, ctx.vocab_recorded = identity, reference_acceptance, bool(draft.config.vocab_map_sha)
+        ctx.budget = time_budget
         if base is None:
             return _conclude(findings, None, ctx, t0)
         _stage(bar, "trace and profile")
@@ -155,16 +212,23 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
             ran = [r for r in rows if r.per_position]
             if max(r.per_position[0] for r in ran) < DEAD:
                 return True
+            if fp_ok and not identity.decided and p.sketch.n < MIN_FEATURE_TOKENS:
+                return False  # the features' statistics tell the target only over enough tokens
             if all(r.decided for r in ran if r.diff is not None):
                 return True
             fp = fingerprint()
             return fp is not None and all(m["confident"] for m in fp)
 
         _stage(bar, "probe")
+        t_probe = time.time()
         ctx.rounds = grow(probe, prompts, n_prompts, max_new_tokens, time_budget, t0, settled, bar)
+        ctx.probe_seconds = time.time() - t_probe
         ctx.rows = probe.rows()
         ctx.fingerprint = fingerprint()
         ctx.positions = probe.positions
+        ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
+        if fp_ok and not identity.decided:
+            ctx.identity = features_check(recorded, probe.sketch, base, n_layers, ctx.identity)
         _stage(bar, "decoding")
         dec = Decoder(target, draft, shape, capture=base, allow_other_target=True)
         conf = next(r for r in ctx.rows if r.wiring == "configured")
@@ -187,35 +251,122 @@ class _Context:
         self.fingerprint: list[dict] | None = None
         self.rounds: list[dict] = []
         self.positions = 0
+        self.identity = None  # identity.Identity: which target the draft was made for, and how sure
+        self.reference: float | None = None
+        self.vocab: dict | None = None
+        self.vocab_recorded = False
+        self.probe_seconds = 0.0
+        self.budget = TIME_BUDGET_S
 
 
-def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: "_Context | None", t0: float) -> DoctorReport:
+def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float) -> DoctorReport:
     ctx = ctx or _Context()
-    errors = [f for f in findings if f.severity == "error"]
+    seen: set = set()  # a refusal met twice (the pair check, then the decoder's) is one finding
+    findings = [f for f in findings if (f.code, f.message) not in seen and not seen.add((f.code, f.message))]
     ran = [r for r in ctx.rows if r.per_position]
-    conclusive = True
+    decide: list[str] = []
+    vocab_known = _vocab_findings(findings, ctx, bool(ran), decide)
+    shown = False
     if base is not None and ran:
-        probe_text, extra, conclusive = _probe_verdict(ran, base, ctx)
+        probe_text, extra, shown, more = _probe_verdict(ran, base, ctx, findings)
         findings += extra
-    elif errors:
-        probe_text = "the pair cannot run as configured"
+        decide += more
+        target_known = _identity_findings(findings, ctx, ran, decide)
     else:
-        probe_text = "no probe could run"
+        target_known = True  # nothing ran: the verdict is the refusal (a fault) or "no probe could run"
+        errors = [f for f in findings if f.severity == "error"]
+        probe_text = "the pair cannot run as configured" if errors else "no probe could run"
+        if not errors:
+            decide.append("a pair that runs: see the findings")
+    errors = [f for f in findings if f.severity == "error"]
+    fault = bool(errors)
+    conclusive = fault or (shown and target_known and vocab_known)
     if errors:
-        text = "; ".join(f"[{f.code}] {f.message}" for f in errors) + ". Probe: " + probe_text
+        text = "; ".join(f"[{f.code}] {f.message}" + (f" (fix: {f.fix})" if f.fix and f.code not in ("E290", "E281")
+                                                      else "") for f in errors if f.code not in ("E290", "E281"))
+        text = (text + ". Probe: " if text else "") + probe_text
+    elif not conclusive:
+        why = [f.message for f in findings if f.code in ("W281", "W285")]
+        text = "cannot tell: " + "; ".join([probe_text] + why) + ". What would decide it: " + "; ".join(decide)
     else:
         text = probe_text
-    fault = any(f.severity == "error" for f in findings)
     return DoctorReport(text, fault, conclusive, findings, ctx.rows, ctx.source, ctx.trace, ctx.profile,
-                        ctx.fingerprint, ctx.rounds, round(time.time() - t0, 1))
+                        ctx.fingerprint, ctx.rounds, round(time.time() - t0, 1), [] if conclusive else decide)
+
+
+def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: list[str]) -> bool:
+    """The d2t on its own evidence; -> whether the mapping is known right (or already a fault)."""
+    if any(f.code in _VOCAB_FAULTS for f in findings):
+        return True
+    ev = ctx.vocab
+    if mapping_is_wrong(ev):
+        ex = "; ".join(f"draft id {e['draft_id']}: the target chose {e['target_chose']} at {e['times']} of its "
+                       f"{e['proposed']} proposals, d2t maps it to {e['d2t_maps_to']}" for e in ev["examples"])
+        findings.append(Finding(
+            "E222", "error", f"the vocabulary mapping (d2t) is not the one the draft's lm_head was trained with: of "
+            f"the {ev['ids']} draft ids the draft proposed at least 3 times on the probe, {ev['wrong']:.0%} stand for "
+            f"another target token than d2t maps them to (the target chose the mapped token at "
+            f"{ev['share_mapped']:.0%} of those positions, the id's usual token at {ev['share_usual']:.0%}; {ex})",
+            "restore the d2t saved with the draft (model.safetensors, offsets: target id = i + d2t[i]); never "
+            "regenerate the vocabulary mapping of a trained draft", ev))
+        return True
+    if ctx.vocab_recorded:
+        return True  # the recorded hash matched (pair_problems reports E217 otherwise)
+    if not ran:
+        return True
+    if ev is None or ev.get("wrong") is None:
+        findings.append(Finding("W285", "warning", f"the draft records no d2t hash and the probe proposed too few "
+                                f"distinct tokens ({(ev or {}).get('ids', 0)} ids at least 3 times) to check the "
+                                f"vocabulary mapping on its own evidence", None, ev or {}))
+        decide.append(f"for the d2t: a longer probe (--time-budget {int(2 * max(ctx.budget, 30))}) or a recorded "
+                      f"d2t hash (eaglekit export writes one)")
+        return False
+    return True
+
+
+def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringRow], decide: list[str]) -> bool:
+    """Which target the draft was made for; -> whether the evidence settles it."""
+    ident = ctx.identity
+    if ident is not None and ident.decided:
+        findings += [f for f in ident.findings if f not in findings]
+        return True
+    if ident is not None and ident.findings:  # records exist but this probe was too short to read them
+        findings += [f for f in ident.findings if f not in findings]
+        decide.append(f"for the target: a longer probe ({MIN_FEATURE_TOKENS} tokens or more; --time-budget "
+                      f"{int(2 * max(ctx.budget, 30))})")
+        return False
+    if ctx.reference is not None:
+        conf = next(r for r in ran if r.wiring == "configured")
+        findings.append(reference_check(conf.per_position[0], conf.positions or ctx.positions, ctx.reference))
+        return True
+    if any(f.code in ("E208", "E215", "E282") for f in findings):
+        return True
+    findings.append(Finding("W281", "warning", "the draft records nothing of the target it was made for (no weights "
+                            "or feature fingerprint): whether this is that target, or a same-shape one with other "
+                            "weights, could not be checked", DECIDE_TARGET))
+    decide.append(DECIDE_TARGET)
+    return False
 
 
 def _pm(r: WiringRow) -> str:
     return f"{r.diff:+.3f} ± {r.se:.3f}"
 
 
-def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: "_Context") -> tuple[str, list[Finding], bool]:
-    """-> (verdict text, findings of the probe, conclusive)."""
+def _longer(ctx: _Context, rows: list[WiringRow]) -> str:
+    """How long a probe would settle the undecided comparisons: positions grow as (Z / |z|)^2."""
+    zmin = min(abs(r.z or 0.0) for r in rows)
+    if zmin < 0.5:
+        return ("acceptance may never tell them apart (|z| < 0.5: the draft accepts about the same under both); a "
+                "feature fingerprint (drafts trained by eaglekit record one) or a reference acceptance decides it")
+    need = ctx.positions * (Z / zmin) ** 2
+    secs = ctx.probe_seconds * need / max(ctx.positions, 1) + 15
+    return (f"a longer probe: about {int(need)} positions (now {ctx.positions}), about {int(secs)} s here "
+            f"(--time-budget {int(secs) + 10}, or more prompts with --prompt-file)")
+
+
+def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findings: list[Finding]
+                   ) -> tuple[str, list[Finding], bool, list[str]]:
+    """-> (verdict text, findings of the probe, the configured wiring shown right or a fault found, decide)."""
     conf = next(r for r in ran if r.wiring == "configured")
     layers = list(base.after_layers)
     N = ctx.positions
@@ -225,39 +376,51 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: "_Context") -> 
     out: list[Finding] = []
     best_p1 = max(r.per_position[0] for r in ran)
     if best_p1 < DEAD:
+        vocab = [f for f in findings if f.code in _VOCAB_FAULTS]
+        if vocab:
+            msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
+                   f"{where}): the effect of the vocabulary mapping fault [{vocab[0].code}]")
+            return msg, out, True, []
         msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
                f"{where}; a trained draft of its target accepts tens of percent): it is untrained, or it was made for "
                f"another target")
         out.append(Finding("E282", "error", msg, "train the draft for this target (eaglekit train), or pass the draft "
                            "made for it", {"best_position1": best_p1, "positions": N}))
-        return msg, out, True
+        return msg, out, True, []
     others = [r for r in ran if r.diff is not None]
     better = sorted((r for r in others if r.decided and r.diff < 0), key=lambda r: r.diff)
     undecided = [r for r in others if not r.decided]
-    fp = ctx.fingerprint
+    # features of another target do not name layers of this one: the fingerprint counts only for the draft's target
+    fp = ctx.fingerprint if not (ctx.identity is not None and ctx.identity.same is False) else None
     fp_confident = fp is not None and all(m["confident"] for m in fp)
     fp_layers = [m["layer"] for m in fp] if fp else None
     texts = []
     if better:
         b = better[0]
+        note = unsorted_note(layers) if b.wiring == "ascending order" else None
+        off = {a - c for a, c in zip(layers, b.after_layers)}
+        if note is None and len(off) == 1 and 0 not in off:
+            k = off.pop()
+            note = f"the configured ids are {abs(k)} layer{'s' if abs(k) > 1 else ''} {'high' if k > 0 else 'low'}"
         msg = (f"the {ctx.label} accepts {p1:.0%} at position 1 (accept length {al:.2f}); after_layers "
                f"{b.after_layers} ({b.wiring}) accepts {b.per_position[0]:.0%} (accept length {b.accept_length:.2f}), "
                f"the {ctx.label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {where}): "
-               f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}")
+               f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else ""))
         out.append(Finding("E290", "error", msg, _fix(b.after_layers),
                            {"configured": layers, "best": b.after_layers, "diff": b.diff, "se": b.se, "z": b.z,
                             "positions": N}))
-        texts.append(f"{msg}; fix: {_fix(b.after_layers)}")
+        texts.append(f"[E290] {msg}; fix: {_fix(b.after_layers)}")
     if fp_confident and fp_layers != layers:
         name = next((r.wiring for r in ran if r.after_layers == fp_layers), None)
         msg = (f"the feature fingerprint recorded at training names after_layers {fp_layers}"
                f"{f' ({name})' if name else ''} for the draft's slots; the {ctx.label} is after_layers {layers}")
-        out.append(Finding("E281", "error", msg, _fix(fp_layers), {"slots": fp}))
+        out.append(Finding("E281", "error", msg, _fix(fp_layers), {"slots": fp, "configured": layers,
+                                                                   "best": fp_layers}))
         if not better:
-            texts.append(f"{msg} (acceptance alone "
+            texts.append(f"[E281] {msg} (acceptance alone "
                          f"{'cannot tell them apart on this probe' if undecided else 'agrees'}); fix: {_fix(fp_layers)}")
     if texts:
-        return "; ".join(texts), out, True
+        return "; ".join(texts), out, True, []
     if fp:
         out.append(Finding("I306", "info", f"the feature fingerprint names after_layers {fp_layers} for the draft's "
                            f"slots" + ("" if fp_confident else " (not every slot with a clear margin)"), None,
@@ -270,23 +433,23 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: "_Context") -> 
                 f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
                 f"(z {worst.z:.1f}, {where})") if worst else ""
         fp_note = "; the feature fingerprint names the same layers" if fp_confident else ""
-        return f"{head}{lead}{fp_note}; no wiring fault found", out, True
+        return f"{head}{lead}{fp_note}; no wiring fault found", out, True, []
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
     if fp_confident:
         return (f"{head}; acceptance cannot tell it apart from {ties} on this probe ({where}), but the feature "
                 f"fingerprint names after_layers {fp_layers} for the draft's slots, the configured ones; no wiring "
-                f"fault found"), out, True
+                f"fault found"), out, True, []
+    longer = _longer(ctx, undecided)
     msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {layers}) minus {ties}, in "
            f"accepted tokens per position over {where} (|z| < {Z:.0f}); the probe stopped at its time budget")
-    out.append(Finding("W280", "warning", msg, "give the probe more time (--time-budget) or more prompts "
-                       "(--prompt-file); a draft trained by eaglekit records a feature fingerprint that settles it",
-                       {"undecided": [r.wiring for r in undecided], "positions": N}))
-    return f"{head}; {msg}", out, False
+    out.append(Finding("W280", "warning", msg, longer, {"undecided": [r.wiring for r in undecided], "positions": N}))
+    return f"{head}; {msg}", out, False, [f"for the wiring: {longer}"]
 
 
 def run_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
                capture: CaptureSpec | None = None, backend="auto", device="cpu", dtype=None, shape=None,
-               time_budget: float = TIME_BUDGET_S, progress: bool = False) -> dict:
+               time_budget: float = TIME_BUDGET_S, progress: bool = False,
+               reference_acceptance: float | None = None) -> dict:
     """The report as JSON (the shape `eaglekit doctor --json` prints)."""
     return diagnose(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
-                    shape, time_budget, progress).to_json()
+                    shape, time_budget, progress, reference_acceptance).to_json()

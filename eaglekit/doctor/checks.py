@@ -72,3 +72,31 @@ def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
 def recorded_fingerprint(folder: Path):
     raw = json.loads((folder / "config.json").read_text())
     return (raw.get("eaglekit") or {}).get("features")
+
+
+def capture_width_finding(folder: Path, hidden: int, num_layers: int):
+    """A folder whose declared ids do not fit its fc (the loader then refuses the fc's shape, E107): the cause named
+    as a capture fault, E202, with the ids to write in the folder's convention. None when they fit or cannot be read."""
+    from ..errors import EaglekitError
+    from ..interop.formats import read_folder
+    from .fixes import convention_of, ids_fix, ids_in
+
+    try:
+        _, tensors, fmt = read_folder(folder)
+    except EaglekitError:
+        return None
+    fc = tensors.get("fc.weight")
+    if fc is None or fmt.capture is None or fmt.capture.width(hidden) == fc.shape[1] or fc.shape[1] % hidden:
+        return None
+    k, layers = fc.shape[1] // hidden, list(fmt.capture.after_layers)
+    ids = ids_in(layers, convention_of(fmt))
+    extra = " (the embedding output among them)" if -1 in layers else ""
+    fit = [i for i in layers if i != -1]
+    if len(fit) != k:
+        default = list(CaptureSpec.default(num_layers).after_layers)
+        fit = default if len(default) == k else None
+    fix = ids_fix(fit, fmt) if fit else f"list exactly {k} ids, the layers the draft was trained on"
+    return Finding("E202", "error", f"the folder lists {len(layers)} capture ids {ids}{extra} = after_layers {layers}, "
+                   f"so an engine captures {len(layers)} x {hidden} = {len(layers) * hidden} features, but the draft's "
+                   f"fc was trained on {fc.shape[1]} = {k} x {hidden}", fix,
+                   {"ids": ids, "after_layers": layers, "fc_in": int(fc.shape[1])})

@@ -55,7 +55,7 @@ def probe_prompts(target_dir, prompt_file, vocab: int) -> tuple[list[list[int]],
 
 
 def wirings(configured: CaptureSpec, num_layers: int) -> list[tuple[str, CaptureSpec]]:
-    lo, *rest = configured.after_layers
+    _, *rest = configured.after_layers
     cands = [
         ("configured", configured),
         ("shifted -1", configured.shifted(-1)),
@@ -64,6 +64,8 @@ def wirings(configured: CaptureSpec, num_layers: int) -> list[tuple[str, Capture
         ("embedding instead of the low layer", CaptureSpec((-1, *rest))),
         ("last layer only", CaptureSpec(tuple([num_layers - 1] * configured.num_captures))),
     ]
+    if list(configured.after_layers) != sorted(configured.after_layers):  # vLLM sorts the ids it is given
+        cands.insert(1, ("ascending order", CaptureSpec(tuple(sorted(configured.after_layers)))))
     out, seen = [], set()
     for name, spec in cands:
         if spec.after_layers in seen or any(i < -1 or i >= num_layers for i in spec.after_layers):
@@ -94,6 +96,9 @@ class Probe:
         self.seqs: list[_Seq] = []
         self.eos = tuple(target.info.eos_token_ids)
         self.sketch = FeatureSketch(self.L + 1, self.H)  # every layer (-1 .. L-1), over the probe's text
+        # the vocabulary mapping's own evidence: per position of the configured wiring, the draft id the draft
+        # proposes first and the token the target chose there (eaglekit.doctor.vocab reads them)
+        self.vocab_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # --- growing -----------------------------------------------------------------------------------------
     def _continue(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
@@ -136,11 +141,27 @@ class Probe:
                     continue
                 f = per_layer[:, :, [j + 1 for j in spec.after_layers]].reshape(B, T, -1)
                 b = TargetBatch(f, ids, valid.long(), valid, hidden)
-                correct, counted = (x.cpu() for x in teacher_forced_hits(self.draft, b, lm, self.hot, self.steps))
+                if name == "configured":
+                    correct, counted = self._hits_and_pairs(b, lm, valid)
+                else:
+                    correct, counted = (x.cpu() for x in teacher_forced_hits(self.draft, b, lm, self.hot, self.steps))
                 for j, s in enumerate(part):
                     n = len(s.ids)
                     s.outcome[name] = (correct[j, :, :n], counted[j, :, :n])
         self.seqs += new
+
+    def _hits_and_pairs(self, b, lm, valid):
+        """teacher_forced_hits, keeping the first step's proposals with the target's own choices."""
+        from ..train.ttt import target_distribution, ttt_forward
+
+        p, in_dv = target_distribution(b, lm, self.hot)
+        logits, keep = [], []
+        ttt_forward(self.draft, b, p, in_dv, length=self.steps, keep_logits=logits, keep_correct=keep)
+        proposed = logits[0].argmax(-1)  # [B, T]: at t, the draft id proposed for token t + 2
+        chosen = torch.stack([(row.to(lm.dtype) @ lm.T).argmax(-1) for row in b.target_hidden])  # [B, T]: token t + 1
+        ok = valid[:, 1:] & valid[:, :-1]
+        self.vocab_pairs.append((proposed[:, :-1][ok].cpu(), chosen[:, 1:][ok].cpu()))
+        return torch.stack([c for c, _ in keep], 1).cpu(), torch.stack([w for _, w in keep], 1).cpu()
 
     # --- reading -----------------------------------------------------------------------------------------
     @property

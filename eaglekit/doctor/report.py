@@ -2,7 +2,9 @@
 
 The JSON shape is the one `eaglekit doctor --json` has printed since the first version (verdict, fault,
 findings, probe, probe_prompts, trace, profile_ms, seconds), extended with `conclusive`, each finding's
-`evidence`, each probe row's paired comparison with the configured wiring, `fingerprint` and `rounds`.
+`evidence`, each probe row's paired comparison with the configured wiring, `fingerprint` and `rounds`, and
+the three-way `status` (clean / fault / cannot_tell), its `exit_code` and, when it cannot tell, `decide`: what
+would decide it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class Finding:
     evidence: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, e: EaglekitError, severity: str = "error") -> "Finding":
+    def of(cls, e: EaglekitError, severity: str = "error") -> Finding:
         return cls(e.code, severity, e.message, e.fix)
 
 
@@ -52,6 +54,16 @@ class WiringRow:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+# exit status of `eaglekit doctor`: 0 clean, 1 a fault found, 2 the doctor could not run, 3 cannot tell
+EXIT = {"clean": 0, "fault": 1, "could_not_run": 2, "cannot_tell": 3}
+
+
+def status_of(fault: bool, conclusive: bool) -> str:
+    """The three verdicts: a fault found; clean only when the evidence shows the configured pair right; else
+    cannot tell (never reported as clean)."""
+    return "fault" if fault else "clean" if conclusive else "cannot_tell"
+
+
 @dataclass
 class DoctorReport:
     verdict: str
@@ -65,13 +77,19 @@ class DoctorReport:
     fingerprint: list[dict] | None = None
     rounds: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    decide: list[str] = field(default_factory=list)  # cannot tell: what would decide it
+
+    @property
+    def status(self) -> str:
+        return status_of(self.fault, self.conclusive)
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.fault else 0
+        return EXIT[self.status]
 
     def to_json(self) -> dict:
-        out = {"verdict": self.verdict, "fault": self.fault, "conclusive": self.conclusive,
+        out = {"status": self.status, "exit_code": self.exit_code, "decide": self.decide,
+               "verdict": self.verdict, "fault": self.fault, "conclusive": self.conclusive,
                "findings": [asdict(f) for f in self.findings], "probe": [r.to_json() for r in self.probe],
                "probe_prompts": self.probe_prompts, "trace": self.trace, "profile_ms": self.profile_ms,
                "rounds": self.rounds, "seconds": self.seconds}

@@ -68,7 +68,7 @@ def run_vllm(python: str, target, draft, prompts: list[list[int]], k: int, max_t
         t0 = time.time()
         try:
             p = subprocess.run([python, "-m", "eaglekit.engines.vllm_run", str(jp), str(op)], cwd=tmp, env=env,
-                               capture_output=True, text=True, timeout=timeout)
+                               capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise EaglekitError(f"vLLM did not finish within {timeout:.0f}s", code="E172",
                                 fix="fewer --prompts or a smaller --max-new-tokens") from None
@@ -140,18 +140,38 @@ def _finding(code, severity, message, fix=None) -> dict:
     return {"code": code, "severity": severity, "message": message, "fix": fix}
 
 
-def _ids_fix(after_layers) -> str:
-    ids = [i + 1 for i in after_layers]
-    return (f"write eagle_aux_hidden_state_layer_ids = {ids} in the draft's config.json, at the top level and in "
-            f"eagle_config (vLLM reads them as 'input of layer i' = eaglekit after_layers {list(after_layers)} + 1; "
-            f"SGLang config ids and SpecForge mean 'output of layer i', which vLLM reads one layer low), or "
-            f"re-export: eaglekit export OUT --to vllm --draft D --target T")
+def _ids_fix(after_layers, fmt=None) -> str:
+    """The ids in the convention of the folder diagnosed (a vLLM folder: vLLM's 'input of layer' ids), with how
+    vLLM reads them; a folder of another layout served by vLLM gets its own convention and the vLLM note."""
+    from ..doctor.fixes import ids_fix
+
+    return ids_fix(after_layers, fmt, engine="vllm") + "; or re-export: eaglekit export OUT --to vllm --draft D --target T"
+
+
+def _crash_cause(doctor: dict) -> tuple[str, str] | None:
+    """The static finding that explains an engine crash: the first error of the folder and pair checks (not the
+    probe's: a probe finding is about acceptance, not about what an engine can load)."""
+    from ..errors import CODES
+
+    for f in doctor.get("findings") or []:
+        if f.get("severity") == "error" and f.get("code") not in ("E290", "E281", "E282", "E221", "E222", "E284"):
+            fix = f.get("fix") or (CODES.get(f["code"]) or (None, "see the finding"))[1]
+            return f"the static check [{f['code']}] explains it: {f['message']}", fix
+    return None
 
 
 def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft, cmp: dict | None,
                     error: EaglekitError | None, k: int) -> tuple[list[dict], str | None]:
     """Findings of the engine comparison, and a verdict sentence when it found a fault."""
     out = []
+    if error is None and cmp is None:  # eaglekit refused the pair: the static findings carry the cause
+        return out, None
+    from ..interop.formats import read_folder
+
+    try:
+        fmt = read_folder(draft_dir)[2]
+    except EaglekitError:
+        fmt = None
     raw = json.loads((Path(draft_dir) / "config.json").read_text())
     ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
@@ -171,9 +191,19 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
             if ref is None and 0 in ids and (len(ids) - 1) * hidden == fc_in:
                 ref = tuple(i - 1 for i in ids if i != 0)  # the capture without the embedding fits the fc
             if ref is not None:
-                fix = _ids_fix(ref)
+                fix = _ids_fix(ref, fmt)
             else:
                 fix = f"list exactly {fc_in // hidden} ids, the layers the draft was trained on"
+        else:
+            static = _crash_cause(doctor)
+            if static is not None:
+                cause += f"; {static[0]}"
+                fix = static[1]
+            else:
+                cause += ("; no static check of eaglekit explains it (the folder passes them): the folder uses a field "
+                          "or layout this vLLM reads otherwise")
+                fix = ("re-export the draft in the layout vLLM reads (eaglekit export OUT --to vllm --draft D --target "
+                       "T) and run the doctor on the export; if that runs, compare the two config.json files")
         out.append(_finding("E293", "error", cause, fix))
         return out, cause
     conf = cmp["engine_config"]
@@ -225,7 +255,7 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
                             "convention (SGLang config ids, SpecForge) where vLLM reads 'input of layer'")
             elif off == {1}:
                 verdict += "; the config's ids are one layer high"
-        out.append(_finding("E291", "error", verdict, _ids_fix(ref["after_layers"])))
+        out.append(_finding("E291", "error", verdict, _ids_fix(ref["after_layers"], fmt)))
     return out, verdict
 
 
@@ -260,7 +290,8 @@ def _reference_wiring(doctor: dict, fallback: CaptureSpec | None):
 
 def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
                       capture=None, backend="auto", device="cpu", dtype=None, k: int = 3,
-                      python: str | None = None) -> dict:
+                      python: str | None = None, time_budget: float | None = None,
+                      reference_acceptance: float | None = None) -> dict:
     """`eaglekit doctor --engine vllm`: the doctor's own report (checks, trace, probe) extended with the engine run.
     Same JSON shape as `doctor`, plus an `engine` object; `fault` covers both."""
     from ..decoding.tree import TreeShape
@@ -270,8 +301,13 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
 
     python = engine_python(python)  # before anything slow: exit 2 at once without vLLM
     t0 = time.time()
+    from ..doctor import TIME_BUDGET_S
+
     res = run_doctor(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
-                     shape=TreeShape.make(k, 1, k + 1))
+                     shape=TreeShape.make(k, 1, k + 1), time_budget=TIME_BUDGET_S if time_budget is None else time_budget,
+                     reference_acceptance=reference_acceptance)
+    res["eaglekit_alone"] = {k: res.get(k) for k in ("status", "exit_code", "verdict", "decide")}
+    res["eaglekit_alone"]["findings"] = [dict(f) for f in res["findings"]]
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     H = target.info.hidden_size
     try:
@@ -298,8 +334,13 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
                                 f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E171")
         else:
             resolved = v["config"].get("after_layers")
-            same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
-                                       CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
+            try:
+                same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
+                                           CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
+            except EaglekitError as e:  # eaglekit refuses the pair (E217, E208 ...): a fault the findings name
+                engine["eaglekit_refused"] = f"[{e.code}] {e.message}"
+                same = None
+        if draft is not None and same is not None:
             va["outputs"] = v["outputs"]
             cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
                    "identical_outputs": va["outputs"] == same["outputs"]}
@@ -312,11 +353,14 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
             if "reference" in cmp:
                 engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
     found, text = engine_findings(res, draft_dir, target.info.num_layers, H, draft, cmp, err, k)
+    if cmp is not None:
+        _sorted_by_vllm(res, cmp["engine_config"].get("after_layers"))
     res["findings"] += found
     res["engine"] = engine
     errors = [f for f in found if f["severity"] == "error"]
+    static_errors = [f for f in res["findings"] if f["severity"] == "error" and f not in errors]
+    undecided = [f for f in res["findings"] if f["code"] in _UNDECIDED]
     if errors:
-        res["fault"] = True
         lead = text or "; ".join(f"[{f['code']}] {f['message']}" for f in errors)
         res["verdict"] = f"engine vLLM: {lead}. eaglekit alone: {res['verdict']}"
     elif cmp is not None:
@@ -325,8 +369,45 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
                           f"{va['accept_length']:.4f}, {va['verify_count']} verifies, chain of {k}) equals eaglekit's "
                           f"under the same wiring (after_layers {cmp['engine_config'].get('after_layers')}); "
                           f"outputs identical. eaglekit alone: {res['verdict']}")
+    elif "eaglekit_refused" in engine:
+        res["verdict"] = (f"engine vLLM ran the pair (acceptance per position "
+                          f"{_pp(engine['vllm_acceptance']['per_position'])}); eaglekit refuses it: "
+                          f"{engine['eaglekit_refused']}. eaglekit alone: {res['verdict']}")
+    from ..doctor.report import EXIT, status_of
+
+    res["fault"] = bool(errors or static_errors)
+    res["conclusive"] = res["fault"] or (cmp is not None and not undecided)
+    res["status"] = status_of(res["fault"], res["conclusive"])
+    res["exit_code"] = EXIT[res["status"]]
+    if res["status"] == "cannot_tell" and not res["verdict"].startswith("cannot tell"):
+        res["verdict"] = "cannot tell: " + res["verdict"]
+        if cmp is None and not res.get("decide"):
+            res["decide"] = ["a vLLM run that completes and a pair eaglekit runs, to compare"]
+    if res["status"] != "cannot_tell":
+        res["decide"] = []
     res["seconds"] = round(time.time() - t0, 1)
     return res
+
+
+# the findings that leave a verdict undecided: the probe could not tell the wirings apart (W280), nothing tells
+# the draft's target (W281), too little evidence for the d2t or the features (W285)
+_UNDECIDED = ("W280", "W281", "W285")
+
+
+def _sorted_by_vllm(res: dict, resolved) -> None:
+    """The probe's fault 'ids out of ascending order' does not hold inside vLLM, which sorts them: where the probe's
+    best wiring is what vLLM resolved, the finding becomes a warning about the folder (eaglekit and SGLang read it
+    in the order written)."""
+    for f in res["findings"]:
+        ev = f.get("evidence") or {}
+        if f["code"] in ("E290", "E281") and resolved is not None and ev.get("best") == list(resolved) and \
+                sorted(ev.get("configured") or []) == list(resolved):
+            f.update(code="W282", severity="warning", message=(
+                f"the folder's ids are out of ascending order (after_layers {ev['configured']}): vLLM sorts them and "
+                f"runs the draft as trained (after_layers {list(resolved)}); eaglekit and SGLang read them in the "
+                f"order written, where it is a fault: {f['message']}"))
+            for code in ("E290", "E281"):
+                res["verdict"] = res["verdict"].replace(f"[{code}]", f"[W282 in vLLM; {code} for eaglekit and SGLang]")
 
 
 def _strip(a: dict) -> dict:
@@ -364,3 +445,29 @@ def print_engine(engine: dict) -> None:
     if "identical_outputs" in engine:
         t.add_row("outputs identical", "yes" if engine["identical_outputs"] else "NO")
     c.print(t)
+
+
+def zoo_main(argv=None) -> int:
+    """The fault zoo (eaglekit.doctor.zoo) through the engine doctor: `python -m eaglekit.engines.vllm [zoo options]
+    [--engine-python PY]`. The zoo's cases marked `engine` run; each starts vLLM once (~1-3 min on two cores)."""
+    import argparse
+
+    from ..doctor.zoo import main
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--engine-python", default=None)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--budget", type=float, default=45.0, help="the doctor probe's time budget")
+    known, rest = ap.parse_known_args(argv)
+    python = engine_python(known.engine_python)
+
+    def runner(target, draft, **kw):
+        return run_engine_doctor(target, draft, n_prompts=known.prompts, max_new_tokens=known.max_new_tokens,
+                                 python=python, time_budget=known.budget, **kw)
+
+    return main(rest, runner=runner, title="eaglekit doctor --engine vllm")
+
+
+if __name__ == "__main__":
+    sys.exit(zoo_main())

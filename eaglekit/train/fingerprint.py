@@ -183,7 +183,7 @@ def weights_fingerprint(folder) -> dict | None:
     names: list[tuple[str, object]] = []
     handles = [safe_open(str(f), "pt") for f in files]
     for f in handles:
-        names += [(k, f) for k in f.keys()]
+        names += [(k, f) for k in f.keys()]  # noqa: SIM118 (a safetensors handle, not a dict)
     for name, f in sorted(names, key=lambda x: x[0]):
         sl = f.get_slice(name)
         if "int" in str(sl.get_dtype()).lower() or "bool" in str(sl.get_dtype()).lower():
