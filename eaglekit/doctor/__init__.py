@@ -296,22 +296,21 @@ def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context |
 
 def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: list[str]) -> bool:
     """The d2t on its own evidence; -> whether the mapping is known right (or already a fault)."""
-    if any(f.code in _VOCAB_FAULTS for f in findings):
-        return True
+    if any(f.code in _VOCAB_FAULTS for f in findings) or ctx.vocab_recorded:
+        return True  # a recorded hash that matched settles it (pair_problems reports E217 where it does not)
     ev = ctx.vocab
     if mapping_is_wrong(ev):
         ex = "; ".join(f"draft id {e['draft_id']}: the target chose {e['target_chose']} at {e['times']} of its "
                        f"{e['proposed']} proposals, d2t maps it to {e['d2t_maps_to']}" for e in ev["examples"])
         findings.append(Finding(
             "E222", "error", f"the vocabulary mapping (d2t) is not the one the draft's lm_head was trained with: of "
-            f"the {ev['ids']} draft ids the draft proposed at least 3 times on the probe, {ev['wrong']:.0%} stand for "
+            f"the {ev['ids']} draft ids with a usual token on the probe (the target chose one token at 3 or more of the "
+            f"id's proposals, and at half of them), {ev['wrong']:.0%} stand for "
             f"another target token than d2t maps them to (the target chose the mapped token at "
             f"{ev['share_mapped']:.0%} of those positions, the id's usual token at {ev['share_usual']:.0%}; {ex})",
             "restore the d2t saved with the draft (model.safetensors, offsets: target id = i + d2t[i]); never "
             "regenerate the vocabulary mapping of a trained draft", ev))
         return True
-    if ctx.vocab_recorded:
-        return True  # the recorded hash matched (pair_problems reports E217 otherwise)
     if not ran:
         return True
     if ev is None or ev.get("wrong") is None:
@@ -390,8 +389,9 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     others = [r for r in ran if r.diff is not None]
     better = sorted((r for r in others if r.decided and r.diff < 0), key=lambda r: r.diff)
     undecided = [r for r in others if not r.decided]
-    # features of another target do not name layers of this one: the fingerprint counts only for the draft's target
-    fp = ctx.fingerprint if not (ctx.identity is not None and ctx.identity.same is False) else None
+    # features of another target do not name layers of this one (a 5% perturbed copy of the demo target has them
+    # name [1, 4, 7] for [1, 5, 8]): the fingerprint counts once the target is shown to be the draft's
+    fp = ctx.fingerprint if ctx.identity is not None and ctx.identity.same else None
     fp_confident = fp is not None and all(m["confident"] for m in fp)
     fp_layers = [m["layer"] for m in fp] if fp else None
     texts = []

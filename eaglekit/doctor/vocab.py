@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import torch
 
-MIN_PROPOSALS = 3  # a draft id counts once proposed at this many positions
+MIN_PROPOSALS = 3  # a draft id counts once the target chose one token at this many of its proposals
 MIN_IDS = 8  # ... and the evidence once this many ids count
 WRONG_SHARE = 0.5  # the mapping is called wrong when most counted ids' usual token is not the one it maps to
 MIN_LIFT = 5.0  # ... and those usual tokens are specific to the id (median lift), not the text's common ones
 
 
 def vocab_evidence(pairs: list[tuple[torch.Tensor, torch.Tensor]], hot: torch.Tensor) -> dict | None:
-    """-> {ids, wrong, share_mapped, share_usual, examples} or None without pairs. `wrong`: the share of counted
-    draft ids whose usual target token is not hot[j]; `share_mapped` / `share_usual`: the share of their positions
-    where the target chose hot[j] / the usual token."""
+    """-> {ids, wrong, share_mapped, share_usual, lift, examples} or None without pairs. `wrong`: the share of
+    counted draft ids whose usual target token is not hot[j]; `share_mapped` / `share_usual`: the share of their
+    positions where the target chose hot[j] / the usual token."""
     if not pairs:
         return None
     j = torch.cat([a for a, _ in pairs]).long()
@@ -39,7 +39,10 @@ def vocab_evidence(pairs: list[tuple[torch.Tensor, torch.Tensor]], hot: torch.Te
     last = torch.ones_like(kj, dtype=torch.bool)
     last[:-1] = kj[1:] != kj[:-1]
     ids, usual, top = kj[last], ky[last], cnt[last]
-    keep = total[ids] >= MIN_PROPOSALS
+    # an id counts when it has a usual token: proposed MIN_PROPOSALS times or more, the target choosing one token
+    # at least MIN_PROPOSALS times and at half of them (a trained row's token; an untrained row's proposals meet
+    # whatever the text holds there)
+    keep = (total[ids] >= MIN_PROPOSALS) & (top >= MIN_PROPOSALS) & (2 * top >= total[ids])
     ids, usual, top = ids[keep], usual[keep], top[keep]
     if ids.numel() < MIN_IDS:
         return {"ids": int(ids.numel()), "wrong": None, "positions": int(j.numel())}

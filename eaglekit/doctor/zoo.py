@@ -260,7 +260,7 @@ CASES = [
     Case("clean-third-party", "llama", "nothing, but the draft records nothing of its target (eaglekit block "
          "removed)", "cannot_tell", build=_v("llama", third=True)),
     Case("ids+1-vllm", "llama", "aux ids one layer high in vLLM's convention ([3, 7, 10]), no eaglekit block",
-         "fault", ("E290", "E291"), _v("llama", lambda d: set_ids(d, [3, 7, 10]), third=True), issue_row="1"),
+         "fault", ("E290", "E281", "E291"), _v("llama", lambda d: set_ids(d, [3, 7, 10]), third=True), issue_row="1"),
     Case("ids-1-vllm", "llama", "SpecForge's 'output of' ids ([1, 5, 8]) written into a vLLM folder", "fault",
          ("E290", "E281", "E291"), _v("llama", lambda d: set_ids(d, [1, 5, 8]))),
     Case("ids+2-vllm", "llama", "aux ids two layers high ([4, 8, 11]), no eaglekit block", "fault",
@@ -314,7 +314,7 @@ CASES = [
          warn=("W283",)),
     Case("untrained", "llama", "an untrained draft", "fault", ("E282",), _untrained, engine=False),
     Case("qwen2-clean", "qwen2", "nothing: the Qwen2 pair exported for vLLM", "clean", build=_v("qwen2")),
-    Case("qwen2-ids+1", "qwen2", "aux ids one layer high in vLLM's convention", "fault", ("E290", "E291"),
+    Case("qwen2-ids+1", "qwen2", "aux ids one layer high in vLLM's convention", "fault", ("E290", "E281", "E291"),
          _v("qwen2", lambda d: set_ids(d, [3, 7, 10]))),
     Case("qwen2-d2t-rolled", "qwen2", "d2t rolled by one, no eaglekit block", "fault", ("E222",),
          _v("qwen2", _w(roll_d2t), third=True)),
