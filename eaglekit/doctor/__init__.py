@@ -150,8 +150,11 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
             draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
         except EaglekitError as e:
             width = capture_width_finding(draft_dir, H, n_layers) if e.code == "E107" else None
-            findings += [width] if width is not None else []  # the cause, before the loader's symptom
-            findings.append(Finding.of(e))
+            if width is not None:  # the cause; the loader's refusal of the fc's shape is its symptom, kept as evidence
+                width.evidence["loader"] = f"[{e.code}] {e.message}"
+                findings.append(width)
+            else:
+                findings.append(Finding.of(e))
             return _conclude(findings, None, None, t0)
         _FORMAT["fmt"] = getattr(draft, "source_format", None)
         identity = weights_check(draft.config, target_dir)
