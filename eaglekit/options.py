@@ -25,8 +25,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from .capture import CaptureSpec
 from .errors import InputError
 
-PRODUCTS = ("auto", "aten", "onednn", "smallm", "invariant", "bulk")  # --products (eaglekit.models.products)
-DRAFT_QUANT = ("none", "int8")  # --draft-quant (eaglekit.models.quant)
+PRODUCTS = ("auto", "aten", "onednn", "invariant", "hopper")  # --products (eaglekit.kernels.products.KINDS)
+DRAFT_QUANT = ("none", "int8")  # --draft-quant (eaglekit.kernels.int8)
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -151,17 +151,17 @@ class ModelOptions(Options):
                                "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
                                "kernels from ~/.cache/eaglekit/inductor)")
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
-    products: str = opt("auto", "how the decode products run: auto (on a CPU the faster of aten and onednn, timed "
-                                "at load; bulk where it runs, else invariant, for bf16/fp16 on a GPU, except in "
-                                "serve; "
-                                "F.linear elsewhere), aten (F.linear), onednn (prepacked, CPU), smallm "
-                                "(Triton, GPU), invariant (Triton, GPU: batch-invariant products and attention, bf16 "
-                                "output identical to the baseline's), bulk (CUDA, sm_90, bf16 Llama shapes: invariant "
-                                "with whole decode layers as streaming CUDA kernels, built with nvcc at first use)",
+    products: str = opt("auto", "how the decode products run: auto (eaglekit.kernels.products.choose: on a CPU "
+                                "the faster of aten and onednn, timed at load; on a GPU in bf16/fp16 hopper where "
+                                "its kernels take the model, else invariant; aten in serve and elsewhere), aten "
+                                "(F.linear), onednn (prepacked, CPU), invariant (Triton, GPU: batch-invariant "
+                                "products and attention, bf16 output identical to the baseline's), hopper (CUDA, "
+                                "sm_90, bf16 Llama shapes: invariant with whole decode layers as streaming kernels, "
+                                "built with nvcc at first use)",
                         choices=PRODUCTS, group="runtime")
     draft_quant: str = opt("none", "the draft's weights: none (as stored) or int8 (weight-only, a scale per row: half "
                                    "the bytes a draft step reads; the output stays the target's, the accept length "
-                                   "may move: eaglekit.models.quant)", choices=DRAFT_QUANT, group="runtime")
+                                   "may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT, group="runtime")
 
     def __post_init__(self):
         super().__post_init__()

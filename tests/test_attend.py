@@ -1,4 +1,4 @@
-"""Batch-invariant decode attention (eaglekit.models.attend) and the "invariant" products policy, in Triton's
+"""Batch-invariant decode attention (eaglekit.kernels.invariant_attention) and the "invariant" products policy, in Triton's
 interpreter on the CPU: right results against float64 SDPA, a tree row's bits equal to the same token attended
 alone with its keys in consecutive slots (what the baseline step sees), and a model whose decode runs every
 product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/test_gpu.py
@@ -14,7 +14,7 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
-from eaglekit.models import attend  # noqa: E402
+from eaglekit.kernels import invariant_attention  # noqa: E402
 
 
 def _tree(rng, T):
@@ -57,10 +57,10 @@ def test_visible_lists_each_rows_slots_in_order():
     g = torch.Generator().manual_seed(0)
     mask = torch.rand(2, 5, 37, generator=g) < 0.4
     mask[..., 0] = True
-    slots, count, old = attend.visible(mask)
+    slots, count, old = invariant_attention.visible(mask)
     assert old is None  # no base: nothing is read apart from the cache
     base = torch.tensor([11, 30])
-    _, _, old = attend.visible(mask, base)
+    _, _, old = invariant_attention.visible(mask, base)
     for b in range(2):
         for t in range(5):
             want = mask[b, t].nonzero().flatten()
@@ -75,10 +75,10 @@ def test_visible_lists_each_rows_slots_in_order():
 @pytest.mark.parametrize("dtype,H,Hkv,hd,P,parts", [(torch.float16, 4, 2, 64, 5, 2), (torch.float32, 4, 4, 32, 300, 2),
                                                      (torch.float16, 8, 2, 80, 600, 16)])  # 80: head_dim padded
 def test_attention_is_right(monkeypatch, dtype, H, Hkv, hd, P, parts):
-    monkeypatch.setattr(attend, "PARTS", parts)
+    monkeypatch.setattr(invariant_attention, "PARTS", parts)
     T, S = 7, P + 20
     q, k, v, mask, _ = _case(P + hd, T, P, S, H, Hkv, hd, dtype, B=2)
-    out = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
+    out = invariant_attention.attend(q, k[:, :, :S], v[:, :, :S], *invariant_attention.visible(mask))
     assert out.dtype == dtype and out.shape == q.shape
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     assert (out.double() - _ref(q, k, v, mask)).abs().max() < tol
@@ -97,21 +97,21 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(monkeypatch, seed, 
     """Row t of a verify tree sees the prefix, its ancestors and itself at scattered slots; the baseline sees the
     same keys in consecutive slots, one query row. The kernel must give both the same bits, also across
     chunk boundaries (prefixes past 256 keys) and with a mask of batch 1 shared by every row."""
-    monkeypatch.setattr(attend, "PARTS", parts)
+    monkeypatch.setattr(invariant_attention, "PARTS", parts)
     rng = random.Random(seed)
     T, P = rng.randint(2, 12), [3, 120, 127, 300, 2100][seed]  # 2100: past PARTS * CHUNK keys
     S = P + T + rng.randint(0, 40)
     q, k, v, mask, parents = _case(seed, T, P, S, 8, 2, 64, dtype)
-    tree = attend.attend(q, k[:, :, :S], v[:, :, :S], *attend.visible(mask))
+    tree = invariant_attention.attend(q, k[:, :, :S], v[:, :, :S], *invariant_attention.visible(mask))
     # as in a decode call: the tree's own keys come from k_new/v_new (not yet in the cache, whose slots from P on
     # hold other values here), the committed ones from the cache: the same bits
     junk_k, junk_v = k.clone(), v.clone()
     junk_k[:, :, P:], junk_v[:, :, P:] = -k[:, :, P:], 2 * v[:, :, P:]
     new = (k[:, :, P:P + T], v[:, :, P:P + T], torch.tensor([P]))
-    vis = attend.visible(mask, new[2])
-    assert torch.equal(attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new), tree)
+    vis = invariant_attention.visible(mask, new[2])
+    assert torch.equal(invariant_attention.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new), tree)
     with pytest.raises(ValueError, match="old"):  # which keys the cache holds must come with the new ones
-        attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *attend.visible(mask), new=new)
+        invariant_attention.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *invariant_attention.visible(mask), new=new)
     for t in range(T):
         path = _ancestry(parents[0], t)
         k1, v1 = k.clone(), v.clone()
@@ -119,7 +119,7 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(monkeypatch, seed, 
         v1[:, :, P:P + len(path)] = v[:, :, [P + a for a in path]]
         m1 = torch.zeros(1, 1, S, dtype=torch.bool)
         m1[..., :P + len(path)] = True
-        alone = attend.attend(q[:, :, t:t + 1], k1[:, :, :S], v1[:, :, :S], *attend.visible(m1))
+        alone = invariant_attention.attend(q[:, :, t:t + 1], k1[:, :, :S], v1[:, :, :S], *invariant_attention.visible(m1))
         assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
 
 
@@ -127,7 +127,7 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(monkeypatch, seed, 
 def few_parts(monkeypatch):
     """The tests from here on run the attention with 2 parts instead of 16: the interpreter runs programs one by
     one, and the kernel tests above cover the 16 parts (a part's arithmetic does not depend on how many there are)."""
-    monkeypatch.setattr(attend, "PARTS", 2)
+    monkeypatch.setattr(invariant_attention, "PARTS", 2)
 
 
 def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(monkeypatch, few_parts):
@@ -141,8 +141,8 @@ def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(m
     qs, ks, vs = (t.view(B, T, -1, hd).transpose(1, 2) for t in qkv.split([H * hd, Hkv * hd, Hkv * hd], -1))
     assert not (qs.is_contiguous() or ks.is_contiguous() or vs.is_contiguous())
     base = torch.tensor([P])
-    vis = attend.visible(mask, base)
-    want = attend.attend(q, k[:, :, :S], v[:, :, :S], *vis, new=(ks.contiguous(), vs.contiguous(), base))
+    vis = invariant_attention.visible(mask, base)
+    want = invariant_attention.attend(q, k[:, :, :S], v[:, :, :S], *vis, new=(ks.contiguous(), vs.contiguous(), base))
     copies = []
     real = torch.Tensor.contiguous
 
@@ -151,7 +151,7 @@ def test_strided_views_of_the_qkv_product_are_read_in_place_with_the_same_bits(m
         return real(t, *a, **kw)
 
     monkeypatch.setattr(torch.Tensor, "contiguous", spy)
-    got = attend.attend(qs, k[:, :, :S], v[:, :, :S], *vis, new=(ks, vs, base))
+    got = invariant_attention.attend(qs, k[:, :, :S], v[:, :, :S], *vis, new=(ks, vs, base))
     monkeypatch.undo()
     assert not any(copies)
     assert torch.equal(got, want)
@@ -169,10 +169,10 @@ def test_rows_that_see_the_whole_prefix_skip_the_slot_table_with_the_same_bits(m
     new = (k[:, :, P:P + T], v[:, :, P:P + T], torch.tensor([P]))
     junk_k, junk_v = k.clone(), v.clone()
     junk_k[:, :, P:], junk_v[:, :, P:] = -k[:, :, P:], 2 * v[:, :, P:]
-    vis = attend.visible(mask, new[2])
-    direct = attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new)
-    monkeypatch.setattr(attend, "DIRECT", False)
-    table = attend.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new)
+    vis = invariant_attention.visible(mask, new[2])
+    direct = invariant_attention.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new)
+    monkeypatch.setattr(invariant_attention, "DIRECT", False)
+    table = invariant_attention.attend(q, junk_k[:, :, :S], junk_v[:, :, :S], *vis, new=new)
     assert torch.equal(direct, table)
     assert (direct.double() - _ref(q, k, v, mask)).abs().max() < 2e-3
 
@@ -188,7 +188,7 @@ def _invariant_target(model_dirs, family):
 def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts):
     """Every product, attention and norm of a decode call goes through the Triton kernels (none falls back to
     F.linear or SDPA), and a token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
-    from eaglekit.models import norms, smallm
+    from eaglekit.kernels import invariant_norm, invariant_gemm
     from helpers import make_hf_model
 
     # the test llama with 2 layers instead of 8 (17 s in the interpreter): every layer runs the same calls, and the
@@ -196,7 +196,7 @@ def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts
     make_hf_model(tmp_path, "llama", seed=10, layers=2)
     t = _invariant_target({"llama": tmp_path}, "llama")
     calls = {"attend": 0, "linear": 0, "norm": 0}
-    attend_op, linear_op, norm_op = attend.kernels().op, smallm.kernels().op, norms.kernels().op
+    attend_op, linear_op, norm_op = invariant_attention.kernels().op, invariant_gemm.kernels().op, invariant_norm.kernels().op
 
     def count(name, fn):
         def f(*a):
@@ -204,9 +204,9 @@ def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts
             return fn(*a)
         return f
 
-    monkeypatch.setattr(attend.kernels(), "op", count("attend", attend_op))
-    monkeypatch.setattr(smallm.kernels(), "op", count("linear", linear_op))
-    monkeypatch.setattr(norms.kernels(), "op", count("norm", norm_op))
+    monkeypatch.setattr(invariant_attention.kernels(), "op", count("attend", attend_op))
+    monkeypatch.setattr(invariant_gemm.kernels(), "op", count("linear", linear_op))
+    monkeypatch.setattr(invariant_norm.kernels(), "op", count("norm", norm_op))
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("SDPA in a decode call"))
     monkeypatch.setattr(F, "linear", lambda *a, **k: pytest.fail("F.linear in a decode call"))
     t.reset(64)
@@ -227,16 +227,17 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
     """Heads of 64 (the test models' 16 are too narrow for the kernel's 16-column half-head tiles): the q/k/v product
     does the rotary embedding itself in every layer; the logits are near those with the rotary in torch, and a
     token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
-    from eaglekit.models import load_target, smallm
-    from eaglekit.models.products import Invariant
+    from eaglekit.models import load_target
+    from eaglekit.kernels import invariant_gemm
+    from eaglekit.kernels.products import Invariant
     from helpers import make_hf_model
 
     make_hf_model(tmp_path, "llama", hidden=256, heads=4, kv_heads=2, layers=2)
     t = load_target(tmp_path, backend="ours", dtype="float16")
     t.set_products("invariant")
     ropes = []
-    op = smallm.kernels().op
-    monkeypatch.setattr(smallm.kernels(), "op", lambda *a: ropes.append(a[4] is not None) or op(*a))
+    op = invariant_gemm.kernels().op
+    monkeypatch.setattr(invariant_gemm.kernels(), "op", lambda *a: ropes.append(a[4] is not None) or op(*a))
     prompt, tok = torch.tensor([5, 9, 14, 3, 7]), torch.tensor([11])
     t.reset(64)
     t.prefill(prompt)
@@ -245,7 +246,7 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
     assert ropes == [True, False, False, False] * 2 + [False]  # per layer: qkv (rotated), o, gate_up, down; lm_head
     t.committed.fill_(5)
     assert torch.equal(t.step(tok, 5)[:1], alone[:1])
-    monkeypatch.setattr(Invariant, "fuses_rope", False)
+    monkeypatch.setattr(Invariant, "takes_rope", lambda *a: False)
     t.reset(64)
     t.prefill(prompt)
     apart = t.step(tok, 1)

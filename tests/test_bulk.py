@@ -1,4 +1,4 @@
-"""products "bulk" (eaglekit.models.bulk): where it runs and why not (CPU), and on an sm_90 GPU that its kernels are
+"""products "bulk" (eaglekit.kernels.hopper): where it runs and why not (CPU), and on an sm_90 GPU that its kernels are
 right against torch in fp32, that a row's bits never depend on the rows beside it, and that a decoder of a shape it
 takes verifies a tree with each row's logits bit-identical to the one-row baseline steps."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglekit.errors import InputError
-from eaglekit.models import bulk
+from eaglekit.kernels import hopper
 from eaglekit.models.config import parse_target_config
 from eaglekit.train.pretrain import llama_config
 from helpers import random_tree_paths
@@ -21,16 +21,16 @@ def _cfg(**over):
 
 
 def test_shapes_it_takes_and_the_reason_it_gives_otherwise():
-    assert bulk.shape_reason(_cfg()) is None
+    assert hopper.shape_reason(_cfg()) is None
     from eaglekit.demo import ASSETS
     from eaglekit.models.config import load_target_config
 
-    assert "head_dim 64" in bulk.shape_reason(load_target_config(ASSETS / "target"))
-    assert "q/k norms" in bulk.shape_reason(_cfg(qk_norm=True))
-    assert "sliding-window" in bulk.shape_reason(_cfg(sliding_window=512))
-    assert "multiples of 2048" in bulk.shape_reason(_cfg(intermediate_size=5000))
-    assert "1, 2, 4 or 8" in bulk.shape_reason(_cfg(num_heads=16, num_kv_heads=1))
-    assert bulk.reason(_cfg(), "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
+    assert "head_dim 64" in hopper.shape_reason(load_target_config(ASSETS / "target"))
+    assert "q/k norms" in hopper.shape_reason(_cfg(qk_norm=True))
+    assert "sliding-window" in hopper.shape_reason(_cfg(sliding_window=512))
+    assert "multiples of 2048" in hopper.shape_reason(_cfg(intermediate_size=5000))
+    assert "1, 2, 4 or 8" in hopper.shape_reason(_cfg(num_heads=16, num_kv_heads=1))
+    assert hopper.reason(_cfg(), "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
 
 
 def test_products_bulk_on_a_cpu_is_a_clear_error():
@@ -38,7 +38,7 @@ def test_products_bulk_on_a_cpu_is_a_clear_error():
     from eaglekit.pair import load_pair
 
     with pytest.raises(InputError, match="GPU kernel"):
-        load_pair(ASSETS / "target", device="cpu", products="bulk")
+        load_pair(ASSETS / "target", device="cpu", products="hopper")
 
 
 def test_a_draft_keeps_sdpa_where_bulk_attention_cannot_run():
@@ -46,15 +46,15 @@ def test_a_draft_keeps_sdpa_where_bulk_attention_cannot_run():
     from eaglekit.pair import load_pair
 
     _, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu")
-    assert d.set_attention("bulk") is False and d.attention == "sdpa"
+    assert d.set_attention("hopper") is False and d.attention == "sdpa"
     assert d.midlayer.self_attn.pending_kernel is None
-    with pytest.raises(InputError, match="sdpa or bulk"):
+    with pytest.raises(InputError, match="sdpa or hopper"):
         d.set_attention("flash")
-    assert bulk.draft_reason(32, 8, 128, "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
+    assert hopper.draft_reason(32, 8, 128, "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
 
 
 def _pending_reference(calls):
-    """bulk.pending_attention in torch (any device): the mask from (base, block), this call's keys written first."""
+    """hopper.pending_attention in torch (any device): the mask from (base, block), this call's keys written first."""
     def ref(q, k, v, kn, vn, base, block, first):
         calls.append(block.shape)
         T, (Hkv, S, hd) = q.shape[0], k.shape
@@ -140,28 +140,28 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
 
 
 def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(bulk, "_LIB", None)
-    monkeypatch.setattr(bulk, "library_path", lambda: tmp_path / "bulk-x.so")
-    monkeypatch.setattr(bulk, "find_nvcc", lambda: None)
-    with pytest.raises(bulk.Unavailable, match="nvcc"):
-        bulk.library()
+    monkeypatch.setattr(hopper, "_LIB", None)
+    monkeypatch.setattr(hopper, "library_path", lambda: tmp_path / "bulk-x.so")
+    monkeypatch.setattr(hopper, "find_nvcc", lambda: None)
+    with pytest.raises(hopper.Unavailable, match="nvcc"):
+        hopper.library()
     assert not any(tmp_path.iterdir())  # nothing half-built left behind
 
 
 def test_an_install_without_the_cuda_source_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(bulk, "SOURCES", (tmp_path / "bulk.cu",))
-    with pytest.raises(bulk.Unavailable, match="lacks bulk.cu"):
-        bulk.library_path()
+    monkeypatch.setattr(hopper, "SOURCES", (tmp_path / "hopper.cu",))
+    with pytest.raises(hopper.Unavailable, match="lacks hopper.cu"):
+        hopper.library_path()
 
 
 def test_the_ctypes_signatures_match_the_cuda_source():
-    """Each entry point's argument types (bulk.ARGTYPES) against its C declaration in bulk.cu: a pointer for each
+    """Each entry point's argument types (hopper.ARGTYPES) against its C declaration in hopper.cu: a pointer for each
     `void*`, an int for each `int`, a float for each `float`, in order (a mismatch is a crash on the GPU)."""
     import ctypes
     import re
 
-    src = bulk.SOURCE.read_text()
-    for name, types in bulk.ARGTYPES.items():
+    src = hopper.SOURCE.read_text()
+    for name, types in hopper.ARGTYPES.items():
         params = re.search(rf"\b{name}\(([^)]*)\)", src).group(1).split(",")
         want = [ctypes.c_void_p if "*" in q else ctypes.c_float if "float" in q else ctypes.c_int
                 for q in params if q.strip()]
@@ -180,22 +180,22 @@ def _rand(*shape, seed=0, scale=1.0):
 ROWS = (1, 2, 5, 7, 8, 9, 16, 17, 40, 64)
 
 
-@pytest.mark.parametrize("epi,N,K", [(bulk.EPI_PLAIN, 6144, 4096), (bulk.EPI_PLAIN, 128256, 4096),
-                                     (bulk.EPI_RESID, 4096, 14336), (bulk.EPI_SWIGLU, 28672, 4096),
-                                     (bulk.EPI_PLAIN, 4096, 2048), (bulk.EPI_PLAIN, 4104, 2048)])  # 513 tiles: odd
+@pytest.mark.parametrize("epi,N,K", [(hopper.EPI_PLAIN, 6144, 4096), (hopper.EPI_PLAIN, 128256, 4096),
+                                     (hopper.EPI_RESID, 4096, 14336), (hopper.EPI_SWIGLU, 28672, 4096),
+                                     (hopper.EPI_PLAIN, 4096, 2048), (hopper.EPI_PLAIN, 4104, 2048)])  # 513 tiles: odd
 @pytest.mark.gpu
 @sm90
 def test_products_right_and_row_invariant(epi, N, K):
-    k = bulk.Kernels("cuda")
+    k = hopper.Kernels("cuda")
     w, x = _rand(N, K, seed=1, scale=K ** -0.5), _rand(64, K, seed=2)
-    res = _rand(64, N, seed=3) if epi == bulk.EPI_RESID else None
+    res = _rand(64, N, seed=3) if epi == hopper.EPI_RESID else None
     alone = None
     for M in ROWS:
         y = k.linear(x[:M], w, epi, res[:M] if res is not None else None)
         ref = x[:M].float() @ w.float().T
-        if epi == bulk.EPI_RESID:
+        if epi == hopper.EPI_RESID:
             ref = res[:M].float() + ref
-        if epi == bulk.EPI_SWIGLU:
+        if epi == hopper.EPI_SWIGLU:
             ref = torch.nn.functional.silu(ref[:, :N // 2]) * ref[:, N // 2:]
         err = (y.float() - ref).abs().max() / ref.abs().max()
         assert err < 1e-2, (M, err)
@@ -211,15 +211,15 @@ def test_norm_in_the_products():
     """A RESID product's statistics (y * g and the rows' partial sums of squares) and the next product taking the
     norm from them: y's bits as without them, and the next product as RMSNorm then the product in fp32; each row's
     bits as when it comes alone."""
-    k = bulk.Kernels("cuda")
+    k = hopper.Kernels("cuda")
     N, K, N2, eps = 4096, 14336, 6144, 1e-5
     w, x, res = _rand(N, K, seed=1, scale=K ** -0.5), _rand(64, K, seed=2), _rand(64, N, seed=3)
     w2 = _rand(N2, N, seed=4, scale=N ** -0.5)
     g = (1 + 0.3 * _rand(N, seed=5).float()).bfloat16()
     first = None
     for M in ROWS:
-        y, xg, ss = k.linear(x[:M], w, bulk.EPI_RESID, res[:M], stats=g)
-        assert torch.equal(y, k.linear(x[:M], w, bulk.EPI_RESID, res[:M]))
+        y, xg, ss = k.linear(x[:M], w, hopper.EPI_RESID, res[:M], stats=g)
+        assert torch.equal(y, k.linear(x[:M], w, hopper.EPI_RESID, res[:M]))
         assert torch.equal(xg, (y.float() * g.float()).bfloat16())
         assert ss.shape == (M, N // 8)
         torch.testing.assert_close(ss.sum(1), y.float().pow(2).sum(1), rtol=1e-4, atol=0)
@@ -242,7 +242,7 @@ def test_qkv_rotates_and_writes_the_cache():
     from eaglekit.models.layers import Rotary, apply_rope
 
     H, Hkv, hd, K, cap = 32, 8, 128, 4096, 300
-    k = bulk.Kernels("cuda")
+    k = hopper.Kernels("cuda")
     w, x = _rand((H + 2 * Hkv) * hd, K, seed=4, scale=K ** -0.5), _rand(64, K, seed=5)
     pos = torch.arange(100, 164, device="cuda")
     rotary = Rotary(hd, RopeConfig(theta=500000.0)).cuda()
@@ -281,8 +281,8 @@ def test_attention_tree_rows_equal_rows_alone(P, rep, T, kernel):
     Hkv, hd = 4, 128
     H = Hkv * rep
     S = P + T + 5
-    kb = bulk.Kernels("cuda")
-    kb.lib = bulk.library({"tiles": (), "tiles1": ("EK_ATTN_MTB=1",), "rows": ("EK_ATTN_MMA=0",)}[kernel])
+    kb = hopper.Kernels("cuda")
+    kb.lib = hopper.library({"tiles": (), "tiles1": ("EK_ATTN_MTB=1",), "rows": ("EK_ATTN_MMA=0",)}[kernel])
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
     paths = random_tree_paths(T, rng)
     block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
@@ -318,8 +318,8 @@ def test_attention_scores_by_halving_give_the_same_bits(rep):
     that fold chunks."""
     T, Hkv, hd = 10, 4, 128
     H = Hkv * rep
-    kb = bulk.Kernels("cuda")
-    rows, variant = bulk.library(("EK_ATTN_MMA=0",)), bulk.library(("EK_ATTN_MMA=0", "EK_ATTN_RS=0"))
+    kb = hopper.Kernels("cuda")
+    rows, variant = hopper.library(("EK_ATTN_MMA=0",)), hopper.library(("EK_ATTN_MMA=0", "EK_ATTN_RS=0"))
     for P in (40, 700, 5000):
         S = P + T + 5
         q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
@@ -361,7 +361,7 @@ def _target(products, layers=2):
 def test_decoder_tree_rows_equal_one_row_steps():
     """The whole decoder through the bulk layers: a tree's logits, row by row, bit-identical to stepping that row's
     path one token at a time (the baseline); and close to products "invariant" (other summation orders)."""
-    t, ref = _target("bulk"), _target("invariant")
+    t, ref = _target("hopper"), _target("invariant")
     rng = random.Random(0)
     prompt = torch.randint(0, 8192, (40,), device="cuda")
     for T in (1, 6, 9, 20):
@@ -372,11 +372,11 @@ def test_decoder_tree_rows_equal_one_row_steps():
             block[i, path] = True
         depths = torch.tensor([len(p) - 1 for p in paths], device="cuda")
         outs = {}
-        for name, tg in (("bulk", t), ("invariant", ref)):
+        for name, tg in (("hopper", t), ("invariant", ref)):
             tg.reset(128)
             tg.prefill(prompt)
             outs[name] = tg.verify(ids, depths, block)[0]
-        err = (outs["bulk"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
+        err = (outs["hopper"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
         assert err < 0.05, (T, err)
         kern = t.net.products.layer_kernels  # the norms as their own kernels: close too (other roundings)
         kern.norm_stats = False
@@ -384,13 +384,13 @@ def test_decoder_tree_rows_equal_one_row_steps():
         t.prefill(prompt)
         seven = t.verify(ids, depths, block)[0]
         kern.norm_stats = True
-        assert (seven - outs["bulk"]).abs().max() / outs["invariant"].abs().max() < 0.05, T
+        assert (seven - outs["hopper"]).abs().max() / outs["invariant"].abs().max() < 0.05, T
         for i, path in enumerate(paths):
             t.reset(128)
             t.prefill(prompt)
             for a in path:
                 logits = t.step(ids[a].view(1))
-            assert torch.equal(logits, outs["bulk"][i]), (T, i)
+            assert torch.equal(logits, outs["hopper"][i]), (T, i)
 
 
 def _pending_case(P, C, T, rep, seed):
@@ -414,7 +414,7 @@ def _pending_case(P, C, T, rep, seed):
 @sm90
 @pytest.mark.parametrize("P,C,T,rep", [(40, 16, 4, 4), (517, 16, 4, 4), (700, 1, 1, 4), (3000, 8, 8, 8), (9, 6, 6, 2)])
 def test_pending_attention_reads_this_calls_keys_apart(P, C, T, rep):
-    """bulk.pending_attention (the draft's attention): this call's keys from kn/vn, every other from the cache, the
+    """hopper.pending_attention (the draft's attention): this call's keys from kn/vn, every other from the cache, the
     same bits as the kernel with those keys written into the cache first, and an fp64 attention's values; and the
     op leaves them written into the cache, nothing else changed."""
     q, kc, vc, kn, vn, block, heads = _pending_case(P, C, T, rep, seed=P + C)
@@ -422,9 +422,9 @@ def test_pending_attention_reads_this_calls_keys_apart(P, C, T, rep):
     base, first = torch.tensor([P], device="cuda"), torch.tensor([P + C - T], device="cuda")
     k1, v1 = kc.clone(), vc.clone()
     k1[:, P + C - T:P + C], v1[:, P + C - T:P + C] = kn.transpose(0, 1), vn.transpose(0, 1)
-    got = bulk.pending_attention(q, kc, vc, kn, vn, base, block, first)
+    got = hopper.pending_attention(q, kc, vc, kn, vn, base, block, first)
     assert torch.equal(kc, k1) and torch.equal(vc, v1)
-    kb = bulk.kernels_for("cuda")
+    kb = hopper.kernels_for("cuda")
     want = kb.attn(q, k1, v1, base, block.contiguous(), heads, kb.scratch(T, kc.shape[1], Hkv, rep))
     assert torch.equal(got, want)
     mask = torch.zeros(T, kc.shape[1], dtype=torch.bool, device="cuda")
@@ -446,7 +446,7 @@ def test_pending_attention_compiled_before_the_cache_write():
     from torch._dynamo import maybe_mark_dynamic
 
     def layer(q, kc, vc, kn, vn, base, block, slots):
-        out = bulk.pending_attention(q * 1, kc, vc, kn * 1, vn, base, block, slots[:1])  # (producers, as the layer's)
+        out = hopper.pending_attention(q * 1, kc, vc, kn * 1, vn, base, block, slots[:1])  # (producers, as the layer's)
         return out * 1  # (an op after it, as o_proj is)
 
     compiled = torch.compile(layer, fullgraph=True)

@@ -85,7 +85,7 @@ def deepseek_dir(tmp_path_factory):
 def test_deepseek_v3_through_the_transformers_adapter(deepseek_dir):
     from transformers import AutoModelForCausalLM
 
-    t = load_target(deepseek_dir, dtype="float64")
+    t = load_target(deepseek_dir, backend="hf", dtype="float64")  # auto picks models.deepseek (tests/models)
     assert type(t).__name__ == "HFTarget" and t.info.family == "deepseek_v3" and t.info.num_layers == 8
     ref = AutoModelForCausalLM.from_pretrained(deepseek_dir, dtype=torch.float64,
                                                experts_implementation="eager").eval()

@@ -132,15 +132,15 @@ def test_bf16_chains_equal_the_verify_shaped_baseline(shape, compile):
 
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 14336), (32000, 4096), (1000, 512)])
 def test_small_m_kernel_is_right_and_batch_invariant_in_bf16(N, K):
-    """eaglekit.models.smallm on the GPU in bf16: near the fp64 product, and each row's bits the same for 1..16 rows
+    """eaglekit.kernels.invariant_gemm on the GPU in bf16: near the fp64 product, and each row's bits the same for 1..16 rows
     (the tile is 16 rows whatever M is; its config depends on the weight only)."""
-    from eaglekit.models import smallm
+    from eaglekit.kernels import invariant_gemm
 
     g = torch.Generator(device="cuda").manual_seed(N)
     w = torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.02
     x = torch.randn(16, K, device="cuda", generator=g).bfloat16()
-    cfg = smallm.config(N, K) or (64, 128, 1, 4, 4)  # (None: this GPU's table sends the weight to cuBLAS)
-    run = smallm.kernels().run
+    cfg = invariant_gemm.config(N, K) or (64, 128, 1, 4, 4)  # (None: this GPU's table sends the weight to cuBLAS)
+    run = invariant_gemm.kernels().run
     full = run(x, w, cfg)
     ref = torch.nn.functional.linear(x.double(), w.double())
     assert (full.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
@@ -158,7 +158,7 @@ def test_small_m_kernel_is_right_and_batch_invariant_in_bf16(N, K):
 def test_rotary_in_the_qkv_product_bf16():
     """The 8B q/k/v product with the rotary embedding in its kernel (bf16): near the fp64 product rotated by
     apply_rope, v untouched, each row's bits the same for 1..16 rows."""
-    from eaglekit.models import smallm
+    from eaglekit.kernels import invariant_gemm
     from eaglekit.models.layers import apply_rope
 
     H, Hkv, hd, K = 32, 8, 128, 4096
@@ -168,8 +168,8 @@ def test_rotary_in_the_qkv_product_bf16():
     x = torch.randn(16, K, device="cuda", generator=g).bfloat16()
     ang = torch.rand(16, hd // 2, device="cuda", generator=g, dtype=torch.float64) * 100
     cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    cfg = smallm.rope_config(smallm.config(N, K, exact=True), hd)
-    run = smallm.kernels().run
+    cfg = invariant_gemm.rope_config(invariant_gemm.config(N, K, exact=True), hd)
+    run = invariant_gemm.kernels().run
     rope = (cos.bfloat16(), sin.bfloat16(), (H + Hkv) * hd)
     full = run(x, w, cfg, rope=rope)
     y = torch.nn.functional.linear(x.double(), w.double()).view(16, H + 2 * Hkv, hd).transpose(0, 1)
@@ -182,9 +182,9 @@ def test_rotary_in_the_qkv_product_bf16():
 
 @pytest.mark.parametrize("rows,V,k", [(1, 32000, 4), (4, 32000, 4), (8, 32000, 8), (3, 128256, 2)])
 def test_tree_top_k_kernels_equal_torch(rows, V, k):
-    """A draft tree's pick through eaglekit.decoding.topk's kernels on the GPU: torch's ids, in torch's order, and its
+    """A draft tree's pick through eaglekit.kernels.topk's kernels on the GPU: torch's ids, in torch's order, and its
     probabilities within a few ulps; recorded in a CUDA graph, the same."""
-    from eaglekit.decoding.topk import kernel_top_probs
+    from eaglekit.kernels.topk import kernel_top_probs
 
     g = torch.Generator(device="cuda").manual_seed(rows * k)
     x = torch.randn(rows, V, device="cuda", generator=g) * 3
@@ -202,12 +202,11 @@ def test_tree_top_k_kernels_equal_torch(rows, V, k):
 
 
 def test_small_m_compiled_graphs_equal_eager_bf16():
-    """The smallm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
+    """The invariant_gemm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
     layers called without graphs (bf16)."""
     prompts = _prompts(4)
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", products="aten")
-    t.set_small_m(1)
-    d.set_small_m(1)
+    t.set_products("invariant")
     fast = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
     plain = Decoder(t, d, TreeShape(5, 1, 6), graphs=False)
     for p in prompts:
@@ -216,11 +215,11 @@ def test_small_m_compiled_graphs_equal_eager_bf16():
 
 
 def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
-    """eaglekit.models.attend on the GPU in bf16: a tree row's bits equal the same token attended alone with its
+    """eaglekit.kernels.invariant_attention on the GPU in bf16: a tree row's bits equal the same token attended alone with its
     keys in consecutive slots (the baseline's layout), over prefixes that cross chunk boundaries."""
     import random
 
-    from eaglekit.models import attend
+    from eaglekit.kernels import invariant_attention
 
     for seed, P in [(0, 40), (1, 255), (2, 700), (3, 1500)]:
         rng = random.Random(seed)
@@ -234,7 +233,7 @@ def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
         mask[..., :P] = True
         for t, path in enumerate(paths):
             mask[0, t, [P + a for a in path]] = True
-        tree = attend.attend(q, k, v, *attend.visible(mask))
+        tree = invariant_attention.attend(q, k, v, *invariant_attention.visible(mask))
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.double(), k.double().repeat_interleave(4, 1), v.double().repeat_interleave(4, 1), attn_mask=mask[:, None])
         assert (tree.double() - ref).abs().max() < 2e-2
@@ -244,7 +243,7 @@ def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
             v1[:, :, P:P + len(path)] = v[:, :, [P + a for a in path]]
             m1 = torch.zeros(1, 1, S, dtype=torch.bool, device="cuda")
             m1[..., :P + len(path)] = True
-            alone = attend.attend(q[:, :, t:t + 1], k1, v1, *attend.visible(m1))
+            alone = invariant_attention.attend(q[:, :, t:t + 1], k1, v1, *invariant_attention.visible(m1))
             assert torch.equal(alone[:, :, 0], tree[:, :, t]), (P, t)
 
 
@@ -273,14 +272,14 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
 @pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
                                        (32000, 4096, False)])
 def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, monkeypatch):
-    """The 8B draft's int8 products (eaglekit.models.quant) in bf16: through smallm's kernel at 1-8 rows and, at one
+    """The 8B draft's int8 products (eaglekit.kernels.int8) in bf16: through invariant_gemm's kernel at 1-8 rows and, at one
     row inside torch.compile, the kernel (the default) or inductor's GEMV over the widened weight: near the fp64
     product over the dequantized weight every way."""
-    from eaglekit.models import quant
-    from eaglekit.models.compiling import compile_decode
+    from eaglekit.kernels import int8
+    from eaglekit.kernels.compiling import compile_decode
 
     g = torch.Generator(device="cuda").manual_seed(N + K)
-    m = quant.Int8Linear.of(torch.randn(N, K, device="cuda", generator=g) * 0.02)
+    m = int8.Int8Linear.of(torch.randn(N, K, device="cuda", generator=g) * 0.02)
     x = torch.randn(8, K, device="cuda", generator=g).bfloat16()
     deq = m.qweight.double() * m.scale.double()[:, None]
     ref = torch.nn.functional.linear(x.double(), deq)
@@ -290,7 +289,7 @@ def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, m
         y = m(x[:M], gated=gated)
         assert (y.double() - ref[:M]).abs().max() <= 2e-2 * ref.abs().max(), M
     for one_row in ("kernel", "inductor"):  # (read when the graph is traced: a new function, a new trace)
-        monkeypatch.setattr(quant, "ONE_ROW", one_row)
+        monkeypatch.setattr(int8, "ONE_ROW", one_row)
         one = compile_decode(lambda v: m(v, gated=gated))(x[:1].view(1, 1, K))
         assert (one.view(1, -1).double() - ref[:1]).abs().max() <= 2e-2 * ref.abs().max(), one_row
 
@@ -341,8 +340,8 @@ def test_draft_attention_bulk_against_sdpa():
     feats = torch.randn(300, 3 * 1024, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 4096, (300,), device="cuda")
     out = {}
-    for kind in ("sdpa", "bulk"):
-        assert d.set_attention(kind) == (kind == "bulk")
+    for kind in ("sdpa", "hopper"):
+        assert d.set_attention(kind) == (kind == "hopper")
         d.reset(400)
         d.cache.k.zero_(), d.cache.v.zero_()  # (the level-1 slots the step sees: zeros in both runs)
         d.extend(feats[:292], ids[:292])  # (292 rows: SDPA either way, over 64)
@@ -360,7 +359,7 @@ def test_draft_attention_bulk_against_sdpa():
         t = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 4, 8))
         c = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 1, 6))
         assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
-    for a, b in zip(out["sdpa"], out["bulk"]):
+    for a, b in zip(out["sdpa"], out["hopper"]):
         assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()
 
 
@@ -371,7 +370,7 @@ def test_compiled_whole_tree_is_the_level_walk():
     from eaglekit.decoding import tree
 
     d = _draft_of_head_dim_128(offset=3)  # draft id i -> target id 4 i
-    assert d.set_attention("bulk")
+    assert d.set_attention("hopper")
     d.compile({})  # inductor's defaults: no coordinate-descent tuning of each kernel (the wiring is what is checked)
     feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 4096, (40,), device="cuda")

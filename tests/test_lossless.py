@@ -162,8 +162,8 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
 @pytest.mark.parametrize("case", [c if c < 12 else pytest.param(c, marks=pytest.mark.slow) for c in range(24)])
 def test_greedy_speculative_equals_baseline_with_onednn_products(model_dirs, case):
     """float32 on the CPU with the products through oneDNN's prepacked linear (the CPU default where it is faster,
-    eaglekit.models.products): speculative output equals the baseline decoded with the same products."""
-    from eaglekit.models.products import onednn_available
+    eaglekit.kernels.products): speculative output equals the baseline decoded with the same products."""
+    from eaglekit.kernels.products import onednn_available
 
     if not onednn_available():
         pytest.skip("this torch has no oneDNN")

@@ -7,8 +7,8 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
-from eaglekit.models import attend, attend_kernels, norms, smallm, smallm_kernels  # noqa: E402
-from eaglekit.models.compiling import op_name  # noqa: E402
+from eaglekit.kernels import invariant_attention, invariant_attention_triton, invariant_gemm, invariant_gemm_triton, invariant_norm  # noqa: E402
+from eaglekit.kernels.compiling import op_name  # noqa: E402
 
 
 def test_op_name_follows_every_byte_of_its_sources_and_extra(tmp_path):
@@ -26,29 +26,29 @@ def test_op_name_follows_every_byte_of_its_sources_and_extra(tmp_path):
 
 
 @pytest.mark.parametrize("module,base,files", [
-    (attend, "invariant_attention", (attend.__file__, attend_kernels.__file__)),
-    (norms, "invariant_rms_norm", (norms.__file__,)),
+    (invariant_attention, "invariant_attention", (invariant_attention.__file__, invariant_attention_triton.__file__)),
+    (invariant_norm, "invariant_rms_norm", (invariant_norm.__file__,)),
 ])
 def test_each_registered_op_carries_the_digest_of_its_files(module, base, files):
     assert module.kernels().op._qualname == op_name(base, *files)
 
 
 def test_a_new_tuned_table_names_a_new_small_m_op_and_an_old_one_is_reused(monkeypatch):
-    monkeypatch.setattr(smallm, "_KERNELS", None)
-    monkeypatch.setattr(smallm, "_TABLE", {})
-    plain = smallm.kernels()
-    assert plain.op._qualname == op_name("small_m_linear", smallm.__file__, smallm_kernels.__file__, extra="{}")
-    monkeypatch.setattr(smallm, "_TABLE", {"4096x4096": [64, 128, 1, 4, 3]})  # as tune() leaves it, read again
-    tuned = smallm.kernels()
+    monkeypatch.setattr(invariant_gemm, "_KERNELS", None)
+    monkeypatch.setattr(invariant_gemm, "_TABLE", {})
+    plain = invariant_gemm.kernels()
+    assert plain.op._qualname == op_name("small_m_linear", invariant_gemm.__file__, invariant_gemm_triton.__file__, extra="{}")
+    monkeypatch.setattr(invariant_gemm, "_TABLE", {"4096x4096": [64, 128, 1, 4, 3]})  # as tune() leaves it, read again
+    tuned = invariant_gemm.kernels()
     assert tuned.op._qualname != plain.op._qualname
-    monkeypatch.setattr(smallm, "_TABLE", {})
-    assert smallm.kernels() is plain  # the same name registers once: the op built before is reused
+    monkeypatch.setattr(invariant_gemm, "_TABLE", {})
+    assert invariant_gemm.kernels() is plain  # the same name registers once: the op built before is reused
 
 
 def test_twin_is_the_function_itself_or_one_compiled_twin():
     """compiling.twin: the plain function where nothing is compiled; else its compiled twin, built once per function
     (the tree's bookkeeping and the cycle's accept ask for it every call)."""
-    from eaglekit.models.compiling import twin
+    from eaglekit.kernels.compiling import twin
 
     def f(x):
         return x + 1

@@ -1,4 +1,4 @@
-"""eaglekit.models.products: the CPU's oneDNN products are right, never use a stale pack, and the pick at load
+"""eaglekit.kernels.products: the CPU's oneDNN products are right, never use a stale pack, and the pick at load
 times real forwards and says what it chose."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from eaglekit.demo import ASSETS
 from eaglekit.errors import InputError
-from eaglekit.models.products import OneDNN, onednn_available, pick_cpu
+from eaglekit.kernels.products import OneDNN, onednn_available, pick_cpu
 from eaglekit.pair import load_pair
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
@@ -50,7 +50,7 @@ def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
     assert t.products == t.products_pick["products"] and d.products.name == t.products
     with pytest.raises(InputError, match="products"):
         load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="fast")
-    for kind in ("smallm", "invariant"):
+    for kind in ("invariant", "hopper"):
         with pytest.raises(InputError, match="GPU kernel") as e:
             load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products=kind)
         assert e.value.code == "E108" and "--device cuda" in e.value.fix
@@ -58,7 +58,7 @@ def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
 
 def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
     """The packs are a second copy of the weights: a machine without the memory for it keeps F.linear."""
-    from eaglekit.models import products
+    from eaglekit.kernels import products
 
     t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
     monkeypatch.setattr(products, "available_memory", lambda: 1024)
@@ -77,29 +77,36 @@ def test_onednn_and_compiled_layers_do_not_mix():
 
 
 def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
-    """products='auto' on a GPU: the batch-invariant kernels for bf16/fp16 (bulk's where they take the model,
-    invariant's elsewhere), draft or not (so speculative output is
-    the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets.
-    The decision alone is checked here (the kernels themselves: tests/test_attend.py, tests/test_gpu.py)."""
-    from eaglekit.models import smallm
-    from eaglekit.pair import auto_products
+    """products='auto' on a GPU (eaglekit.kernels.products.choose, the one chooser): the batch-invariant kernels for
+    bf16/fp16 (hopper's where they take the model, invariant's elsewhere), draft or not (so speculative output is
+    the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets; every
+    choice with its reason. The decision alone is checked here (the kernels: tests/test_attend.py, tests/test_gpu.py)."""
+    from eaglekit.kernels import invariant_gemm, products
+    from eaglekit.kernels.products import choose
 
-    monkeypatch.setattr(smallm, "HAVE_TRITON", True)
+    monkeypatch.setattr(invariant_gemm, "HAVE_TRITON", True)
     t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="bfloat16", products="aten")
-    assert auto_products(t, "cuda") == auto_products(t, "cuda:1") == "invariant"  # draft or not (--baseline)
-    assert auto_products(t, "cuda", batched=True) is None  # serve: 16-row tiles over many rows are untimed
-    assert auto_products(t, "cpu") == "pick"
+    monkeypatch.setattr(products, "hopper_reason", lambda target: "it needs an sm_90 GPU")
+    assert choose(t, "cuda").kind == choose(t, "cuda:1").kind == "invariant"  # draft or not (--baseline)
+    assert "sm_90" in choose(t, "cuda").reason
+    assert choose(t, "cuda", batched=True).kind is None  # serve: 16-row tiles over many rows are untimed
+    assert choose(t, "cpu").kind == "pick"
     t32, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
-    assert auto_products(t32, "cuda") is None
+    assert choose(t32, "cuda").kind is None and "float32" in choose(t32, "cuda").reason
     t32.tp = object()  # a tensor-parallel rank keeps its own products
-    assert auto_products(t32, "cuda") is None and auto_products(t32, "cpu") is None
-    # where the bulk kernels take the model (bf16, sm_90, nvcc, its shapes): bulk, the same guarantee, for the
+    assert choose(t32, "cuda").kind is None and choose(t32, "cpu").kind is None
+    # where the hopper kernels take the model (bf16, sm_90, nvcc, its shapes): hopper, the same guarantee, for the
     # baseline and every tree alike
-    import eaglekit.pair as pair
+    monkeypatch.setattr(products, "hopper_reason", lambda target: None)
+    assert choose(t, "cuda").kind == "hopper" and choose(t, "cuda", batched=True).kind is None
+    monkeypatch.setattr(products, "hopper_reason", lambda target: "no nvcc found")
+    assert choose(t, "cuda").kind == "invariant" and "no nvcc found" in choose(t, "cuda").reason
+    monkeypatch.setattr(invariant_gemm, "HAVE_TRITON", False)
+    assert choose(t, "cuda").kind is None and "Triton" in choose(t, "cuda").reason
 
-    monkeypatch.setattr(pair, "bulk_reason", lambda target: None)
-    assert auto_products(t, "cuda") == "bulk" and auto_products(t, "cuda", batched=True) is None
-    monkeypatch.setattr(pair, "bulk_reason", lambda target: "no nvcc found")
-    assert auto_products(t, "cuda") == "invariant"
-    monkeypatch.setattr(smallm, "HAVE_TRITON", False)
-    assert auto_products(t, "cuda") is None
+
+def test_the_choice_and_its_reason_are_kept_on_the_target():
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32")
+    assert t.products_choice.kind == t.products and "timed here" in t.products_choice.reason
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
+    assert t.products_choice.kind == "aten" and "asked for" in t.products_choice.reason

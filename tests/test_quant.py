@@ -1,4 +1,4 @@
-"""Weight-only int8 drafts (eaglekit.models.quant, --draft-quant int8): the rounding, the product, a quantized draft
+"""Weight-only int8 drafts (eaglekit.kernels.int8, --draft-quant int8): the rounding, the product, a quantized draft
 against its dequantized twin, and the output still the target's (float64, as tests/test_lossless.py). The GPU
 kernel's int8 path runs in Triton's interpreter in tests/test_smallm.py."""
 
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
-from eaglekit.models import load_target, quant
+from eaglekit.models import load_target
+from eaglekit.kernels import int8
 
 LINEARS = ["fc", "lm_head", "midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj",
            "midlayer.self_attn.o_proj", "midlayer.mlp.gate_proj", "midlayer.mlp.up_proj", "midlayer.mlp.down_proj"]
@@ -23,7 +24,7 @@ def test_quantize_rounds_each_row_to_nearest_on_its_own_scale():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(40, 64, generator=g) * torch.logspace(-3, 1, 40)[:, None]  # rows of very different sizes
     w[7] = 0
-    q, s = quant.quantize(w)
+    q, s = int8.quantize(w)
     assert q.dtype == torch.int8 and s.dtype == torch.float32 and q.shape == w.shape and s.shape == (40,)
     err = (q.float() * s[:, None] - w).abs()
     assert (err <= s[:, None] * (0.5 + 1e-5)).all()
@@ -31,13 +32,13 @@ def test_quantize_rounds_each_row_to_nearest_on_its_own_scale():
     assert (q.abs().amax(1)[torch.arange(40) != 7] == 127).all()  # each row uses its whole range
     w[3, 5] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        quant.quantize(w)
+        int8.quantize(w)
 
 
 def test_int8_linear_is_the_product_over_its_dequantized_weight():
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
-    m = quant.Int8Linear.of(lin.weight, lin.bias)
+    m = int8.Int8Linear.of(lin.weight, lin.bias)
     x, r = torch.randn(3, 5, 64), torch.randn(3, 5, 48)
     deq = m.qweight.float() * m.scale[:, None]
     with torch.no_grad():
@@ -69,7 +70,7 @@ def test_a_quantized_draft_is_int8_throughout_and_computes_its_dequantized_twin(
     assert d.quantized == "int8" and d.dtype == torch.float64
     assert not any(isinstance(m, nn.Linear) for m in d.modules())  # no float weight left behind
     attn, mlp = d.midlayer.self_attn, d.midlayer.mlp
-    assert isinstance(attn.qkv_weight, quant.Int8Linear) and isinstance(mlp.gate_up_weight, quant.Int8Linear)
+    assert isinstance(attn.qkv_weight, int8.Int8Linear) and isinstance(mlp.gate_up_weight, int8.Int8Linear)
     assert attn.q_proj.qweight.data_ptr() == attn.qkv_weight.qweight.data_ptr()  # the parts are views of the fused
     twin = _dequantized_twin(d, plain)
     g = torch.Generator().manual_seed(2)

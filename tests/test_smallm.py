@@ -1,4 +1,4 @@
-"""The small-M product kernel (eaglekit.models.smallm) in Triton's interpreter on the CPU: right products, and
+"""The small-M product kernel (eaglekit.kernels.invariant_gemm) in Triton's interpreter on the CPU: right products, and
 the same bits for a row whether it comes alone or among up to 15 others (what makes bf16 verify lossless).
 fp16 here: the interpreter computes through numpy, which has no bfloat16 (the GPU tests cover bf16)."""
 
@@ -10,9 +10,9 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
-from eaglekit.models import smallm  # noqa: E402
+from eaglekit.kernels import invariant_gemm  # noqa: E402
 from eaglekit.models.layers import MLP, set_products  # noqa: E402
-from eaglekit.models.products import SmallM  # noqa: E402
+from eaglekit.kernels.products import Invariant  # noqa: E402
 
 CONFIGS = [(64, 128, 1, 4, 4), (32, 128, 2, 4, 4), (16, 64, 4, 4, 4), (128, 64, 8, 4, 4)]
 
@@ -36,7 +36,7 @@ def test_products_are_right_and_rows_do_not_interact(cfg, N, K):
     g = torch.Generator().manual_seed(N + K + cfg[0])
     w = (torch.randn(N, K, generator=g) * 0.05).half()
     x = torch.randn(16, K, generator=g).half()
-    run = smallm.kernels().run
+    run = invariant_gemm.kernels().run
     full = run(x, w, cfg)
     ref = _ref(x, w)
     assert full.dtype == torch.float16 and full.shape == (16, N)
@@ -61,10 +61,10 @@ def test_fused_epilogue_is_right_and_rows_do_not_interact(cfg, gated, residual):
     w = (torch.randn(2 * N if gated else N, K, generator=g) * 0.05).half()
     x = torch.randn(16, K, generator=g).half()
     r = torch.randn(16, N, generator=g).half() if residual else None
-    run = smallm.kernels().run
+    run = invariant_gemm.kernels().run
     full = run(x, w, cfg, residual=r, gated=gated)
     assert full.shape == (16, N)
-    ref = smallm.epilogue(_ref(x, w), r.double() if residual else None, gated)
+    ref = invariant_gemm.epilogue(_ref(x, w), r.double() if residual else None, gated)
     assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
     if residual and not gated:  # rounded as the unfused ops round: the product in fp16, then the add
         assert torch.equal(full, (run(x, w, cfg).float() + r.float()).half())
@@ -87,7 +87,7 @@ def test_rotary_in_the_product_is_right_and_rows_do_not_interact(block_n):
     ang = torch.rand(16, hd // 2, generator=g, dtype=torch.float64) * 6
     cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
     rope = (cos.half(), sin.half(), (H + Hkv) * hd)
-    run = smallm.kernels().run
+    run = invariant_gemm.kernels().run
     full = run(x, w, (block_n, 128, 1, 4, 4), rope=rope)
     y = _ref(x, w).view(16, H + 2 * Hkv, hd).transpose(0, 1)  # [heads, rows, hd]
     c, s = rope[0].double(), rope[1].double()
@@ -104,7 +104,7 @@ def test_rotary_in_the_product_is_right_and_rows_do_not_interact(block_n):
 def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
     """An MLP under the invariant policy: gate and residual in the kernels (what the policy does by default), right
     against the same policy with the epilogue in torch, and each row the same bits alone or among six."""
-    from eaglekit.models.products import Invariant
+    from eaglekit.kernels.products import Invariant
 
     torch.manual_seed(1)
     m = MLP(128, 256).half()
@@ -113,9 +113,9 @@ def test_invariant_policy_fuses_the_mlp_epilogue_and_keeps_rows_apart():
     set_products([m], policy)
     x, r = torch.randn(1, 6, 128).half(), torch.randn(1, 6, 128).half()
     calls = []
-    op = smallm.kernels().op
+    op = invariant_gemm.kernels().op
     with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(smallm.kernels(), "op", lambda *a: calls.append(a[2:4]) or op(*a))
+        mp.setattr(invariant_gemm.kernels(), "op", lambda *a: calls.append(a[2:4]) or op(*a))
         many = m(x, residual=r)
     assert [(res is not None, gated) for res, gated in calls] == [(False, True), (True, False)]
     with torch.no_grad():
@@ -134,25 +134,25 @@ def test_linear_routes_by_dtype_rows_and_flag():
     w = (torch.randn(64, 256, generator=g) * 0.05).half()
     b = torch.randn(64, generator=g).half()
     x = torch.randn(2, 3, 256, generator=g).half()
-    assert smallm.usable(x, w)
-    y = smallm.linear(x, w, b)
+    assert invariant_gemm.usable(x, w)
+    y = invariant_gemm.linear(x, w, b)
     assert y.shape == (2, 3, 64)
     assert (y.double() - (_ref(x, w) + b.double())).abs().max() < 5e-2
-    assert smallm.usable(torch.randn(17, 256).half(), w)  # two tiles
-    assert not smallm.usable(torch.randn(65, 256).half(), w)  # more rows than MAX_ROWS
-    assert not smallm.usable(x.float(), w.float())  # fp32: tensor cores would round to tf32
-    assert not smallm.usable(x, w.t().contiguous().t())  # columns not contiguous
-    assert torch.equal(smallm.linear(x.float(), w.float()), F.linear(x.float(), w.float()))
-    assert torch.equal(smallm.linear(x, w, enabled=False), F.linear(x, w))
+    assert invariant_gemm.usable(torch.randn(17, 256).half(), w)  # two tiles
+    assert not invariant_gemm.usable(torch.randn(65, 256).half(), w)  # more rows than MAX_ROWS
+    assert not invariant_gemm.usable(x.float(), w.float())  # fp32: tensor cores would round to tf32
+    assert not invariant_gemm.usable(x, w.t().contiguous().t())  # columns not contiguous
+    assert torch.equal(invariant_gemm.linear(x.float(), w.float()), F.linear(x.float(), w.float()))
+    assert torch.equal(invariant_gemm.linear(x, w, enabled=False), F.linear(x, w))
 
 
 def test_mlp_rows_are_batch_invariant_with_small_m():
-    """An MLP (fused gate/up, down) routed through smallm gives each row the same bits alone or among 6 rows;
+    """An MLP (fused gate/up, down) routed through invariant_gemm gives each row the same bits alone or among 6 rows;
     routed through F.linear on the CPU that is not promised, so the test is about the routing, not luck."""
     torch.manual_seed(0)
     m = MLP(128, 256).half()
     m.fuse()
-    set_products([m], SmallM(1))
+    set_products([m], Invariant())
     x = torch.randn(1, 6, 128).half()
     with torch.no_grad():
         many = m(x)
@@ -166,38 +166,38 @@ def test_mlp_rows_are_batch_invariant_with_small_m():
 def test_config_depends_on_the_weight_only_and_tiles_k():
     for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (32000, 4096),
                  (4096, 12288), (96, 512)]:
-        block_n, block_k, split, warps, stages = smallm.config(N, K)
+        block_n, block_k, split, warps, stages = invariant_gemm.config(N, K)
         assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
-        block_n, block_k, split, warps, stages = smallm.int8_rule(N, K)
+        block_n, block_k, split, warps, stages = invariant_gemm.int8_rule(N, K)
         assert K % (block_k * split) == 0 and block_n * block_k <= 128 * 256
     # the H200 sweep's winners for the 8B draft (quant_probe.py), the o product's within 1%
-    assert [smallm.int8_rule(N, K) for N, K in [(6144, 8192), (28672, 4096), (4096, 14336), (32000, 4096)]] == [
+    assert [invariant_gemm.int8_rule(N, K) for N, K in [(6144, 8192), (28672, 4096), (4096, 14336), (32000, 4096)]] == [
         (64, 256, 4, 4, 3), (128, 256, 1, 4, 3), (64, 256, 4, 4, 3), (128, 256, 1, 4, 3)]
 
 
 def test_config_is_traced_without_a_graph_break_once_the_table_is_read(monkeypatch, tmp_path):
-    """smallm.config runs inside every compiled layer. Its tuned table is read from disk once, before any trace
+    """invariant_gemm.config runs inside every compiled layer. Its tuned table is read from disk once, before any trace
     (kernels() reads it); a read inside the trace (a stat of the file) would break the graph at each product, as
     the functools cache it replaced did on the GPU."""
     import json
 
-    table = tmp_path / "smallm.json"
+    table = tmp_path / "invariant_gemm.json"
     table.write_text(json.dumps({"64x32": [32, 128, 1, 4, 3]}))
-    monkeypatch.setattr(smallm, "_read_table", lambda: json.loads(table.read_text()) if table.exists() else {})
+    monkeypatch.setattr(invariant_gemm, "_read_table", lambda: json.loads(table.read_text()) if table.exists() else {})
 
     def layer(x):
         y = (x * 2).sin()
-        return (y * 3).cos() + smallm.config(64, 32)[0]
+        return (y * 3).cos() + invariant_gemm.config(64, 32)[0]
 
     def breaks():
         torch._dynamo.reset()
         return torch._dynamo.explain(layer)(torch.randn(4)).graph_break_count
 
-    monkeypatch.setattr(smallm, "_TABLE", None)
+    monkeypatch.setattr(invariant_gemm, "_TABLE", None)
     assert breaks() == 1  # the test can fail: reading inside the trace breaks the graph
-    monkeypatch.setattr(smallm, "_TABLE", None)
-    smallm.kernels()  # what the products policy calls before compiling
-    assert smallm._TABLE == {"64x32": [32, 128, 1, 4, 3]}
+    monkeypatch.setattr(invariant_gemm, "_TABLE", None)
+    invariant_gemm.kernels()  # what the products policy calls before compiling
+    assert invariant_gemm._TABLE == {"64x32": [32, 128, 1, 4, 3]}
     assert breaks() == 0
     torch._dynamo.reset()
 
@@ -205,42 +205,42 @@ def test_config_is_traced_without_a_graph_break_once_the_table_is_read(monkeypat
 @pytest.mark.parametrize("cfg", [(32, 256, 1, 4, 4), (32, 128, 2, 4, 4)])  # epilogue in the product; in the sum
 @pytest.mark.parametrize("gated,residual", [(False, False), (True, False), (False, True)])
 def test_int8_weights_are_widened_and_scaled_in_the_kernel(cfg, gated, residual):
-    """An int8 weight with a scale per row (eaglekit.models.quant, the draft's --draft-quant int8): the kernel widens
+    """An int8 weight with a scale per row (eaglekit.kernels.int8, the draft's --draft-quant int8): the kernel widens
     its tiles and scales each column's sum, epilogues included; right against float64 over the dequantized weight,
     for 1 to 16 rows."""
-    from eaglekit.models import quant
+    from eaglekit.kernels import int8
 
     N, K = 96, 512
     g = torch.Generator().manual_seed(int(gated) + 2 * int(residual) + cfg[2])
     w = torch.randn(2 * N if gated else N, K, generator=g) * 0.05
-    q, s = quant.quantize(w)
+    q, s = int8.quantize(w)
     x = torch.randn(16, K, generator=g).half()
     r = torch.randn(16, N, generator=g).half() if residual else None
-    run = smallm.kernels().run
+    run = invariant_gemm.kernels().run
     full = run(x, q, cfg, residual=r, gated=gated, scale=s)
-    ref = smallm.epilogue(_ref(x, q.double() * s.double()[:, None]), r.double() if residual else None, gated)
+    ref = invariant_gemm.epilogue(_ref(x, q.double() * s.double()[:, None]), r.double() if residual else None, gated)
     assert full.shape == (16, N)
     assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
-    unscaled = smallm.epilogue(_ref(x, q.double()), None, gated)  # the test can fail: a scale left out is far off
-    assert (unscaled - smallm.epilogue(_ref(x, q.double() * s.double()[:, None]), None, gated)).abs().max() > 1
+    unscaled = invariant_gemm.epilogue(_ref(x, q.double()), None, gated)  # the test can fail: a scale left out is far off
+    assert (unscaled - invariant_gemm.epilogue(_ref(x, q.double() * s.double()[:, None]), None, gated)).abs().max() > 1
     for M in (1, 5):
         part = run(x[:M], q, cfg, residual=r[:M] if residual else None, gated=gated, scale=s)
         assert (part.double() - ref[:M]).abs().max() <= 4e-3 * ref.abs().max()
-    y = smallm.linear(x[None, :3], q, residual=r[None, :3] if residual else None, gated=gated, scale=s)
+    y = invariant_gemm.linear(x[None, :3], q, residual=r[None, :3] if residual else None, gated=gated, scale=s)
     assert y.shape == (1, 3, N) and (y[0].double() - ref[:3]).abs().max() <= 4e-3 * ref.abs().max()
     with pytest.raises(ValueError, match="int8"):
-        smallm.linear(x, q)  # an int8 weight without its scale
+        invariant_gemm.linear(x, q)  # an int8 weight without its scale
 
 
 def test_int8_rule_takes_a_k_no_tile_divides():
     """An int8 weight whose K no 128-column tile divides still gets a config (one slice; the kernel masks K), and
     the product is right."""
-    from eaglekit.models import quant
+    from eaglekit.kernels import int8
 
-    assert smallm.int8_rule(96, 200) == (64, 128, 1, 4, 3)
+    assert invariant_gemm.int8_rule(96, 200) == (64, 128, 1, 4, 3)
     g = torch.Generator().manual_seed(3)
-    q, s = quant.quantize(torch.randn(96, 200, generator=g) * 0.05)
+    q, s = int8.quantize(torch.randn(96, 200, generator=g) * 0.05)
     x = torch.randn(2, 200, generator=g).half()
-    y = smallm.linear(x, q, scale=s)
+    y = invariant_gemm.linear(x, q, scale=s)
     ref = _ref(x, q.double() * s.double()[:, None])
     assert (y.double() - ref).abs().max() <= 4e-3 * ref.abs().max()

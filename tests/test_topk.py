@@ -1,4 +1,4 @@
-"""The draft tree's top-k kernels (eaglekit.decoding.topk) in Triton's interpreter on the CPU, against torch's
+"""The draft tree's top-k kernels (eaglekit.kernels.topk) in Triton's interpreter on the CPU, against torch's
 softmax + top-k: the same ids in the same order, probabilities within a few ulps, ties to the smaller id, -inf logits
 and short chunks handled."""
 
@@ -9,7 +9,7 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
-from eaglekit.decoding import topk  # noqa: E402
+from eaglekit.kernels import topk  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not topk.HAVE_TRITON, reason="needs triton")
 
@@ -65,7 +65,7 @@ def test_top_probs_uses_torch_off_the_gpu():
 def test_two_stage_argmax_equals_torch_argmax_with_ties_and_nan():
     """topk.argmax (the engine's greedy pick) is torch.argmax: the first of equal maxima, a NaN taken as the largest,
     over widths that split in chunks and widths that do not, and batched rows."""
-    from eaglekit.decoding.topk import argmax
+    from eaglekit.kernels.topk import argmax
 
     for seed in range(60):
         g = torch.Generator().manual_seed(seed)

@@ -35,7 +35,7 @@ from ..errors import GenerationError
 from ..models.base import Target
 from ..observe import trace
 from .accept import accept_greedy_rows, accept_sampling
-from .engine import record_graphs
+from ..kernels.graphs import record_graphs
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row

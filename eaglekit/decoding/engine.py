@@ -23,61 +23,29 @@ from ..draft import check_pair
 from ..draft.base import Draft
 from ..errors import GenerationError
 from ..models.base import Target
-from ..models.compiling import twin
+from ..kernels.compiling import twin
+from ..kernels.graphs import record_graphs
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
 from ..observe.profile import Profiler
 from .accept import accept_greedy, accept_sampling
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
-from .topk import argmax
+from ..kernels.topk import argmax
 from .tree import TreeShape, expand
 
 PHASES = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 # On a GPU the cache span is rounded up to a multiple of this, so that the CUDA graphs recorded for one
 # generation (they bake in the span) serve the next generations of similar length.
 SPAN_ROUNDING = 256
-# torch.cuda.graphs needs a few eager runs on a side stream before recording (allocator, cuBLAS workspaces)
-WARMUP_RUNS = 2
-
-
-def record_graphs(warmup: list[list], record: dict, state: list[torch.Tensor]) -> dict[str, torch.cuda.CUDAGraph]:
-    """The one way eaglekit makes CUDA graphs (the single-sequence Decoder and the BatchEngine both use it).
-    `warmup` is a list of groups of callables, each group one cycle's worth of work: every group runs in
-    order WARMUP_RUNS times on a side stream, and after each group the `state` tensors it advanced (lengths,
-    persistent inputs) are put back, so warm-up writes stay inside one cycle's pending slots. Then each
-    callable of `record` is recorded in a graph, all graphs sharing one memory pool (they run one after the
-    other, never at once). Recording executes nothing."""
-    snap = [x.clone() for x in state]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(WARMUP_RUNS):
-            for group in warmup:
-                for fn in group:
-                    fn()
-                for x, v in zip(state, snap):
-                    x.copy_(v)
-    torch.cuda.current_stream().wait_stream(s)
-    pool = torch.cuda.graph_pool_handle()
-    graphs = {}
-    for name, fn in record.items():
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            fn()
-        graphs[name] = g
-    torch.cuda.synchronize()
-    return graphs
-
-
 def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeShape) -> int:
     """How many rows the baseline step computes (its token is row 0; see Target.step). "auto": the tree's
     draft_tokens where one row and a tree of rows round differently (reduced precision on a GPU) and there is a
     draft to compare with, else 1. In float32, on a CPU, and with batch-invariant kernels (products "invariant",
-    "bulk") one row already agrees with the verify."""
+    "hopper") one row already agrees with the verify."""
     if rows == "auto":
         low = target.dtype in (torch.bfloat16, torch.float16)
-        invariant = getattr(target, "products", None) in ("invariant", "bulk")
+        invariant = target.batch_invariant
         return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low
                                       and not invariant) else 1
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:

@@ -17,9 +17,9 @@ import torch
 
 from ..draft.base import Draft
 from ..errors import GenerationError
-from ..models.compiling import twin
-from . import topk
-from .topk import top_probs
+from ..kernels.compiling import twin
+from ..kernels import topk
+from ..kernels.topk import top_probs
 
 # Ties between a node and its child (a child probability of exactly 1.0) must not let the child be
 # picked without its parent: selection uses score * DECAY**depth, strictly decreasing along a path.

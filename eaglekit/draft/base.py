@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..decoding import topk
+from ..kernels import topk
 
 
 class Draft(ABC):

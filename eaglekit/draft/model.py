@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
-from ..models.compiling import span_dynamic
+from ..kernels.compiling import span_dynamic
 from ..models.config import RopeConfig
 from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
                              span_mask, span_mask_rows)
@@ -256,72 +256,69 @@ class Eagle3Draft(nn.Module, Draft):
         self.midlayer.self_attn.fuse()
         self.midlayer.mlp.fuse()
 
-    def set_products(self, kind, from_rows: int = 2) -> None:
+    def set_products(self, kind) -> None:
         """See LlamaTarget.set_products (the fc, the layer and the lm_head). A quantized draft's products are its
-        own (eaglekit.models.quant): it keeps F.linear's policy for anything else."""
-        from ..models.products import install
+        own (eaglekit.kernels.int8): it keeps F.linear's policy for anything else."""
+        from ..models.layers import install_products
 
         if self.quantized is not None:
             kind = None
-        self.products = install(kind, self.midlayer.modules(), [self.fc, self.lm_head], from_rows)
+        self.products = install_products(kind, self.midlayer.modules(), [self.fc, self.lm_head])
 
     def quantize(self, mode: str = "int8") -> None:
-        """Inference only: the fc, the layer's products and the lm_head as weight-only int8 (eaglekit.models.quant:
+        """Inference only: the fc, the layer's products and the lm_head as weight-only int8 (eaglekit.kernels.int8:
         half the bytes a draft step reads; the draft's arithmetic never reaches the output, only its accept
         length). After fuse(): the fused [q; k; v] and [gate; up] weights become int8 too, and every bf16 weight
         they came from is let go."""
-        from ..models import quant
+        from ..kernels import int8
 
-        if mode not in quant.MODES:
-            raise InputError(f"draft quantization {mode!r} is not one of {', '.join(quant.MODES)}", code="E108",
+        if mode not in int8.MODES:
+            raise InputError(f"draft quantization {mode!r} is not one of {', '.join(int8.MODES)}", code="E108",
                              fix="pass --draft-quant int8, or leave it out")
         if self.quantized is not None:
             return
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
         names = ["fc", "lm_head"] + [f"midlayer.self_attn.{n}_proj" for n in "qkvo"] + \
                 [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
-        quant.quantize_linears(self, names)
+        int8.quantize_linears(self, names)
         if attn.qkv_weight is not None:
-            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = quant.fused([attn.q_proj, attn.k_proj,
+            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused([attn.q_proj, attn.k_proj,
                                                                                    attn.v_proj])
             attn.qkv_bias = None  # (in the fused Int8Linear)
         if mlp.gate_up_weight is not None:
-            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = quant.fused([mlp.gate_proj, mlp.up_proj])
+            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused([mlp.gate_proj, mlp.up_proj])
         self.quantized = mode
         self.set_products(None)
 
-    def set_small_m(self, from_rows: int | None) -> None:
-        self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
-
     def set_attention(self, kind: str = "sdpa") -> bool:
         """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
-        "bulk" (eaglekit.models.bulk.pending_attention: the verify's attention kernel, keys split in 32-key parts;
+        "hopper" (eaglekit.kernels.hopper.pending_attention: the verify's attention kernel, keys split in 32-key parts;
         cuDNN's SDPA does not split them at a few rows, 27 us a tree level at the 8B shape against ~12, NOTES) where
-        it runs this draft; elsewhere "sdpa" stays. -> whether "bulk" runs. Like the products, it changes the
+        it runs this draft; elsewhere "sdpa" stays. -> whether "hopper" runs. Like the products, it changes the
         draft's rounding only, never the output (the target verifies)."""
-        from ..models import bulk
+        from ..kernels import hopper
 
-        if kind not in ("sdpa", "bulk"):
-            raise InputError(f"draft attention {kind!r} is not sdpa or bulk", code="E108", fix="pass sdpa or bulk")
+        if kind not in ("sdpa", "hopper"):
+            raise InputError(f"draft attention {kind!r} is not sdpa or hopper", code="E108", fix="pass sdpa or hopper")
         c, p = self.config, self.norm.weight
-        on = kind == "bulk" and c.sliding_window is None and bulk.draft_reason(
+        on = kind == "hopper" and c.sliding_window is None and hopper.draft_reason(
             c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
         if on:  # the op and its kernels made now, not at a first call that a CUDA graph's capture may be recording
             try:
-                bulk.kernels_for(p.device)
-            except bulk.Unavailable:  # (a build that failed: SDPA serves, as products fall back to invariant)
+                hopper.kernels_for(p.device)
+            except hopper.Unavailable:  # (a build that failed: SDPA serves, as products fall back to invariant)
                 on = False
-        self.midlayer.self_attn.pending_kernel = bulk.pending_op() if on else None
+        self.midlayer.self_attn.pending_kernel = hopper.pending_op() if on else None
         self._one = torch.ones(1, 1, dtype=torch.bool, device=p.device) if on else None
         return on
 
     @property
     def attention(self) -> str:
-        """The decode attention set_attention picked: "bulk" or "sdpa"."""
-        return "sdpa" if self.midlayer.self_attn.pending_kernel is None else "bulk"
+        """The decode attention set_attention picked: "hopper" or "sdpa"."""
+        return "sdpa" if self.midlayer.self_attn.pending_kernel is None else "hopper"
 
     def takes_pending(self, cols: int) -> bool:
-        """Draft.takes_pending: with set_attention("bulk"), blocks of up to 64 pending columns (its kernel's)."""
+        """Draft.takes_pending: with set_attention("hopper"), blocks of up to 64 pending columns (its kernel's)."""
         return self.midlayer.self_attn.pending_kernel is not None and cols <= 64
 
     def _arange(self, E: int) -> torch.Tensor:
@@ -350,7 +347,7 @@ class Eagle3Draft(nn.Module, Draft):
         """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
         embedding, rotary, layer, head), a chain's steps as one graph, and the layer and head alone (what traced or
         sliding-window calls run)."""
-        from ..models.compiling import compile_decode
+        from ..kernels.compiling import compile_decode
 
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
         self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
@@ -426,7 +423,7 @@ class Eagle3Draft(nn.Module, Draft):
         where the chain would not be compiled either."""
         if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
             return None
-        from ..decoding import topk
+        from ..kernels import topk
 
         K = frame[1].numel()
         # the pick: the top-k kernels as a registered op on a GPU (fetched here, before any trace), torch elsewhere
@@ -439,7 +436,7 @@ class Eagle3Draft(nn.Module, Draft):
         """grow_tree's walk (what compile() compiles whole): tree.walk_tree with the plain bookkeeping over the layer
         itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
         drops them (the layer reads only their width)."""
-        from ..decoding import topk
+        from ..kernels import topk
         from ..decoding.tree import PLAIN_OPS, walk_tree
 
         K = frame[1].numel()

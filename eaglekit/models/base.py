@@ -161,5 +161,9 @@ class Target(ABC):
     @abstractmethod
     def lm_head_weight(self) -> torch.Tensor: ...
 
+    # Whether a decode row's bits are independent of the rows computed with it (batch-invariant products and
+    # attention): then one row agrees with a verify's row and greedy output is the same bits at any batch.
+    batch_invariant = False
+
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import attend, norms, smallm
+from ..kernels import invariant_attention, invariant_gemm, invariant_norm, products
 from .config import RopeConfig
-from .quant import Int8Linear
+from ..kernels.int8 import Int8Linear
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
 # longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape
@@ -31,11 +31,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.invariant = False  # products "invariant": one Triton program per row (eaglekit.models.norms)
+        self.invariant = False  # products "invariant": one Triton program per row (eaglekit.kernels.invariant_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.invariant and norms.runs(x):
-            return norms.rms_norm(x, self.weight, self.eps)
+        if self.invariant and invariant_norm.runs(x):
+            return invariant_norm.rms_norm(x, self.weight, self.eps)
         # statistics in float32, as the reference implementations do; weight applied in the input dtype
         dtype = x.dtype
         xf = x.float()
@@ -100,9 +100,9 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
-        self.products = None  # a policy of eaglekit.models.products (set_products); None: F.linear
-        # the decode attention for calls that pass `pending` (a draft's): an op as eaglekit.models.bulk.pending_attention
-        # (bulk.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
+        self.products = None  # a policy of eaglekit.kernels.products (set_products); None: F.linear
+        # the decode attention for calls that pass `pending` (a draft's): an op as eaglekit.kernels.hopper.pending_attention
+        # (hopper.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
         self.pending_kernel = None
 
     def fuse(self) -> None:
@@ -115,7 +115,7 @@ class Attention(nn.Module):
                 pending=None):
         """x [B, T, in] -> (o_proj(attention) + `residual` (if given; added in o's kernel where the policy fuses),
         this call's (k, v)). kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`:
-        eaglekit.models.attend's (slots, count, old) for `mask` and this call's first slot, base: then the
+        eaglekit.kernels.invariant_attention's (slots, count, old) for `mask` and this call's first slot, base: then the
         batch-invariant attention kernel runs instead of SDPA. `pending` = (base [1], block [T, C] bool): `mask` in
         the form a cached call of one sequence has, every slot below base[0] and the pending slots base[0] + c where
         block[t, c], this call's tokens at consecutive slots among them; with `pending_kernel` set (and T, C <= 64)
@@ -129,8 +129,8 @@ class Attention(nn.Module):
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         rope = None
         if self.qkv_weight is not None:
-            takes_rope = getattr(self.products, "takes_rope", None)
-            if self.q_norm is None and takes_rope is not None and takes_rope(x, self.qkv_weight, self.qkv_bias, hd):
+            if (self.products is not None and self.q_norm is None
+                    and self.products.takes_rope(x, self.qkv_weight, self.qkv_bias, hd)):
                 # the product rotates q and k itself: cos/sin one row per token, as x's rows
                 rope = (*(c.expand(B, T, hd).reshape(B * T, hd) for c in (cos, sin)), (H + Hkv) * hd)
             qkv = product(self.products, x, self.qkv_weight, self.qkv_bias, rope=rope)
@@ -153,7 +153,7 @@ class Attention(nn.Module):
                 # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
                 # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
                 *vis, base = visible
-                out = attend.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
+                out = invariant_attention.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
             elif pending is not None and self.pending_kernel is not None:
                 if not (B == 1 and slots.dim() == 1 and T <= 64 and pending[1].shape[-1] <= 64):
                     # (the caller may have passed a mask it never filled: no fallback to SDPA on it)
@@ -210,18 +210,18 @@ class MLP(nn.Module):
         if self.gate_up_weight is not None:
             act = product(self.products, x, self.gate_up_weight, gated=True)
             return product_module(self.products, self.down_proj, act, residual)
-        return smallm.epilogue(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), residual)
+        return invariant_gemm.epilogue(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), residual)
 
 
 def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
-    """smallm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.models.products) runs
+    """invariant_gemm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.kernels.products) runs
     it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel, and the rotary
     embedding `rope` where its takes_rope() said so."""
     if isinstance(w, Int8Linear):  # a quantized weight (the draft's, fused) runs its own product, its bias in it
         return w(x, residual=residual, gated=gated)
     if getattr(policy, "fuses", False):  # (a policy object of the caller's own may not say)
         return policy.linear(x, w, b, residual=residual, gated=gated, **({"rope": rope} if rope else {}))
-    return smallm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
+    return invariant_gemm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 
 
 def product_module(policy, m: nn.Module, x, residual=None):
@@ -230,18 +230,40 @@ def product_module(policy, m: nn.Module, x, residual=None):
     if isinstance(m, Int8Linear):
         return m(x, residual=residual)
     if policy is None or type(m) is not nn.Linear:
-        return smallm.epilogue(m(x), residual)
+        return invariant_gemm.epilogue(m(x), residual)
     return product(policy, x, m.weight, m.bias, residual)
 
 
 def set_products(modules, policy) -> None:
-    """Run the products of these Attention/MLP modules as `policy` says (None: F.linear); a batch-invariant policy
-    (`policy.attention`) takes the RMSNorms along."""
+    """Run the products of these Attention/MLP modules as `policy` says (None: F.linear); a policy whose decode
+    attention is batch-invariant (`policy.attention`) takes the RMSNorms along."""
     for m in modules:
         if isinstance(m, (Attention, MLP)):
             m.products = policy
         elif isinstance(m, RMSNorm):
-            m.invariant = bool(getattr(policy, "attention", False))
+            m.invariant = policy is not None and policy.attention
+
+
+def product_weights(modules, heads=()) -> list[torch.Tensor]:
+    """The weights a policy is asked to multiply by: the fused q/k/v and o of each Attention, the fused gate/up and
+    down of each MLP (unfused modules call their own linears), and the `heads` (lm_head, fc). An int8 draft's
+    weights (eaglekit.kernels.int8) are modules of their own: not a policy's to multiply by."""
+    out = []
+    for m in modules:
+        if isinstance(m, Attention):
+            out += [m.qkv_weight, getattr(m.o_proj, "weight", None)]
+        elif isinstance(m, MLP) and m.gate_up_weight is not None:
+            out += [m.gate_up_weight, getattr(m.down_proj, "weight", None)]
+    return [w for w in out if isinstance(w, torch.Tensor)] + [h.weight for h in heads if type(h) is nn.Linear]
+
+
+def install_products(kind, modules, heads=()):
+    """Set a policy on these modules (a kind by name, made for their weights, or a policy object made before) and
+    return it: what a model's set_products does with its modules and heads (lm_head, fc)."""
+    modules = list(modules)
+    policy = kind if isinstance(kind, products.Aten) else products.make(kind, product_weights(modules, heads))
+    set_products(modules, policy)
+    return policy
 
 
 def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from . import attend
+from ..kernels import invariant_attention
 from .base import Target, TargetInfo
-from .compiling import span_dynamic
+from ..kernels.compiling import span_dynamic
 from .config import TargetConfig, load_target_config
-from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
-                     span_mask, span_mask_rows)
+from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, install_products,
+                     product_module, product_weights, span_mask, span_mask_rows)
 from .weights import load_state_dict_into, read_folder_tensors
 
 
@@ -60,7 +60,7 @@ class LlamaModel(nn.Module):
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
                 capture: tuple[int, ...] = (), block=None, span=None):
         """ids [B, T]; positions [T] or [B, T]. Returns (normed hidden [B, T, H], features [B, T, C*H] | None).
-        `block` [T, T] and `span` instead of slots and mask: a decode call of one sequence through products "bulk"
+        `block` [T, T] and `span` instead of slots and mask: a decode call of one sequence through products "hopper"
         (its T tokens at slots cache.length + t, each seeing the committed prefix and the tokens its row of block
         allows; no key at or past `span`)."""
         x = self.model.embed_tokens(ids)
@@ -68,18 +68,18 @@ class LlamaModel(nn.Module):
         if -1 in capture:
             caught[-1] = x
         if block is not None:
-            return self._bulk_layers(x, positions, cache, block, span, capture, caught)
+            return self._hopper_layers(x, positions, cache, block, span, capture, caught)
         cos, sin = self.rotary(positions, x.dtype)
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
         fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
-        if (small and cache is not None and mask is not None and getattr(self.products, "attention", False)
-                and attend.usable(x, self.config.head_dim)):
+        if (small and cache is not None and mask is not None and self.products is not None and self.products.attention
+                and invariant_attention.usable(x, self.config.head_dim)):
             # base: this call's first slot (its T tokens go to base, base + 1, ...: LlamaTarget writes at L + arange(T))
             base = slots[:, 0] if slots.dim() == 2 else slots[:1]
-            vis = (*attend.visible(mask, base), base)
+            vis = (*invariant_attention.visible(mask, base), base)
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast:
@@ -94,16 +94,16 @@ class LlamaModel(nn.Module):
         feats = torch.cat([caught[i] for i in capture], dim=-1) if capture else None
         return self.model.norm(x), feats
 
-    def _bulk_layers(self, x, positions, cache, block, span, capture, caught):
-        """forward's layers for a decode call of one sequence through eaglekit.models.bulk (products "bulk"): no
+    def _hopper_layers(self, x, positions, cache, block, span, capture, caught):
+        """forward's layers for a decode call of one sequence through eaglekit.kernels.hopper (products "hopper"): no
         mask, no cos/sin tables (the kernels read the tree block and compute the rotary angles themselves)."""
-        c, bulk = self.config, self.products.layer_kernels
+        c, kern = self.config, self.products.layer_kernels
         T = x.shape[1]
-        scratch = bulk.scratch(T, span, c.num_kv_heads, c.num_heads // c.num_kv_heads)
+        scratch = kern.scratch(T, span, c.num_kv_heads, c.num_heads // c.num_kv_heads)
         pos, block = positions.reshape(T).contiguous(), block.contiguous()
         inv_freq = self.rotary.inv_freq.float().contiguous()
-        x = bulk.layers(self.model.layers, x, pos, inv_freq, cache.layer, cache.length.view(1), block, scratch,
-                        capture, caught)
+        x = kern.layers(self.model.layers, x, pos, inv_freq, cache.layer, cache.length.view(1), block, scratch,
+                      capture, caught)
         return self._finish(x, caught, capture)
 
 
@@ -160,8 +160,8 @@ class LlamaTarget(Target):
         T = ids.numel()
         L = self.cache.length
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
-        if getattr(self.net.products, "layer_kernels", None) is not None and T <= COMPILE_MAX_TOKENS:
-            # products "bulk": its kernels take the tree block itself (no [T, span] mask, no slot table)
+        if self.net.products is not None and self.net.products.layer_kernels is not None and T <= COMPILE_MAX_TOKENS:
+            # products "hopper": its kernels take the tree block itself (no [T, span] mask, no slot table)
             h, feats = self.net(ids.view(1, T), L + depths, self.cache, capture=layers, block=block, span=self.span)
         else:
             slots = L + torch.arange(T, device=self.device)
@@ -200,26 +200,29 @@ class LlamaTarget(Target):
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
         by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only.
-        `options`: inductor options (None: eaglekit.models.compiling.DECODE_OPTIONS)."""
-        from .compiling import compile_decode
+        `options`: inductor options (None: eaglekit.kernels.compiling.DECODE_OPTIONS)."""
+        from ..kernels.compiling import compile_decode
 
         self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
 
-    def set_products(self, kind, from_rows: int = 2) -> None:
-        """How the decode products run (eaglekit.models.products): None/"aten" F.linear, "onednn" prepacked
-        weights (CPU), "smallm" the Triton small-M kernel from `from_rows` rows on (GPU), "invariant" (GPU), or a
-        policy object made for this model (products.make). Call after fuse()."""
-        from .products import install
+    def set_products(self, kind) -> None:
+        """How the decode products run: a kind of eaglekit.kernels.products (None/"aten" F.linear, "onednn" prepacked
+        weights on a CPU, "invariant" or "hopper" batch-invariant on a GPU) or a policy object made for this model.
+        Call after fuse()."""
+        self.net.products = install_products(kind, self.net.modules(), [self.net.lm_head])
 
-        self.net.products = install(kind, self.net.modules(), [self.net.lm_head], from_rows)
+    def product_weights(self) -> list[torch.Tensor]:
+        """The weights a products policy multiplies by (what onednn packs)."""
+        return product_weights(self.net.modules(), [self.net.lm_head])
 
     @property
     def products(self) -> str:
-        return getattr(self.net.products, "name", "aten")
+        return "aten" if self.net.products is None else self.net.products.name
 
-    def set_small_m(self, from_rows: int | None) -> None:
-        """set_products("smallm", from_rows), or plain F.linear for None."""
-        self.set_products("smallm" if from_rows is not None else None, from_rows or 2)
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a decode row's bits are independent of the rows computed with it (the products' policy)."""
+        return self.net.products is not None and self.net.products.batch_invariant
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""

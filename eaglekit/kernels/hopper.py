@@ -1,9 +1,9 @@
 """A bf16 decode layer for Hopper GPUs whose every kernel streams while its neighbours run (products "bulk").
 
 Why: the step at the 8B shape sat at ~75% of the GPU's copy bandwidth with the Triton kernels of products
-"invariant" (eaglekit.models.smallm, .attend, .norms): each of a layer's ~10 kernels drains the memory at its end and
+"invariant" (eaglekit.kernels.invariant_gemm, .attend, .norms): each of a layer's ~10 kernels drains the memory at its end and
 ramps it at the next one's start, and the products alone, one kernel per weight, stream at ~85% at best
-(benchmarks/NOTES.md, "The products' ceiling"). Here (eaglekit/models/bulk.cu) each kernel is a programmatic dependent
+(benchmarks/NOTES.md, "The products' ceiling"). Here (eaglekit/kernels/hopper.cu) each kernel is a programmatic dependent
 launch: it lets its successor launch at once, and the successor's weight streams by bulk copies into shared memory
 *before* it waits for its input; the attention copies the committed keys before its wait likewise. A layer is five
 kernels: q/k/v with its RMSNorm folded in (the norm's weight times x comes from the kernel before, its 1/rms scales
@@ -12,7 +12,7 @@ residual add, whose epilogue also writes the next norm's input and its statistic
 down as o. The lm_head takes the same product. The recorded 8B step: 4.03-4.12 ms on an H200 (86.6-89.5% of its copy
 bandwidth, four readings and the suite's) against "invariant"'s ~4.8 (benchmarks/NOTES.md, "Products bulk";
 benchmarks/bulk_step.py); verifies of 9-49 rows 5-17% faster than invariant's too. What products "auto" picks
-where it runs (eaglekit.pair.auto_products).
+where it runs (eaglekit.kernels.products.choose).
 
 The arithmetic of a row never depends on the rows beside it (the products' rows are the tensor cores' A rows, a
 norm's statistics are each row's own sums in a fixed order, the attention takes each row's keys in logical order in
@@ -42,11 +42,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("bulk.cu")
-SOURCES = (SOURCE, SOURCE.with_name("bulk_ptx.cuh"))  # what a build reads (the library's name digests them)
+SOURCE = Path(__file__).with_name("hopper.cu")
+SOURCES = (SOURCE, SOURCE.with_name("hopper_ptx.cuh"))  # what a build reads (the library's name digests them)
 EPI_PLAIN, EPI_RESID, EPI_SWIGLU = 0, 1, 2
 MAX_ROWS = 64  # rows a product or the attention takes in one launch (4 tiles of 16)
-ACH = 32  # keys a chunk of the attention (bulk.cu)
+ACH = 32  # keys a chunk of the attention (hopper.cu)
 MAX_PARTS = 64  # the attention's parts at most (blocks per row and KV head): 2048 keys a part each, past that folded
 REPS = (1, 2, 4, 8)  # query heads a KV head the attention is built for
 
@@ -132,7 +132,7 @@ def library_path(defines: tuple[str, ...] = ()) -> Path:
 
 
 _p, _i = ctypes.c_void_p, ctypes.c_int
-ARGTYPES = {  # bulk.cu's extern "C" entry points (tests/test_bulk.py checks these against the source)
+ARGTYPES = {  # hopper.cu's extern "C" entry points (tests/test_bulk.py checks these against the source)
     "ek_bulk_linear": [_i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _i, ctypes.c_float, _p, _p, _p, _i, _p],
     "ek_bulk_qkv": [_p, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _i, _p, _i, ctypes.c_float, _i, _p],
     "ek_bulk_rms": [_p, _p, _p, _i, _i, ctypes.c_float, _p, _p],

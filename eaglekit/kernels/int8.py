@@ -7,8 +7,8 @@ row (symmetric, rounded to nearest) kept the demo pair's accept length within 0.
 3.708 against 3.688 on (5,4,8); fp8 e4m3 3.381 / 3.694; int4 in groups of 128 lost 5%: benchmarks/NOTES.md).
 
 How: `Int8Linear` stands in for an nn.Linear (and for a fused [q; k; v] or [gate; up] weight: layers.product runs
-it). Its product is x @ (q * scale[:, None])^T: on a GPU in bf16/fp16 through eaglekit.models.smallm's kernel, the
-int8 tiles widened as they are read (`SCALED`), one row or many (configs: smallm.int8_rule); elsewhere F.linear over
+it). Its product is x @ (q * scale[:, None])^T: on a GPU in bf16/fp16 through eaglekit.kernels.invariant_gemm's kernel, the
+int8 tiles widened as they are read (`SCALED`), one row or many (configs: invariant_gemm.int8_rule); elsewhere F.linear over
 the widened weight (correct, not faster: the CPU demo's draft is small). Measured on the H200 (8B shape, bulk
 target; benchmarks/NOTES.md, "int8 draft"): the (5,1,6) chain 0.65 ms against 0.99-1.00 in bf16 (last session), its
 extend 0.24 against 0.33; the cycle 1.315 steps against 1.41-1.42. Inductor's own one-row GEMV over the int8 weight
@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import smallm
+from . import invariant_gemm
 
 MODES = ("int8",)
-# one row inside torch.compile: "kernel" (smallm's, as for more rows) or "inductor" (its GEMV reduction over the
+# one row inside torch.compile: "kernel" (invariant_gemm's, as for more rows) or "inductor" (its GEMV reduction over the
 # widened weight); read when a graph is traced (benchmarks/fast_probe.py --draft-quant-one-row compares them)
 ONE_ROW = "kernel"
 
@@ -68,10 +68,10 @@ class Int8Linear(nn.Module):
         return Int8Linear(self.qweight[start:stop], self.scale[start:stop], b)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
-        """smallm.epilogue(x @ W^T + bias, residual, gated), W = qweight * scale."""
+        """invariant_gemm.epilogue(x @ W^T + bias, residual, gated), W = qweight * scale."""
         one_row = x.numel() == x.shape[-1]
         inductor = ONE_ROW == "inductor" and one_row and torch.compiler.is_compiling()
-        return smallm.linear(x, self.qweight, self.bias, enabled=not inductor, exact=True, residual=residual,
+        return invariant_gemm.linear(x, self.qweight, self.bias, enabled=not inductor, exact=True, residual=residual,
                              gated=gated, scale=self.scale)
 
     def extra_repr(self) -> str:

@@ -1,4 +1,4 @@
-"""The Triton kernels of eaglekit.models.smallm (its docstring says what they compute and why). A module of their
+"""The Triton kernels of eaglekit.kernels.invariant_gemm (its docstring says what they compute and why). A module of their
 own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
 importing eaglekit never needs Triton."""
 
@@ -43,7 +43,7 @@ def smallm_partial(x_ptr, w_ptr, part_ptr, r_ptr, c_ptr, s_ptr, q_ptr, stride_c,
     # N: the output's width. GATED: w is [gate; up] (2N rows), a program multiplies the same columns of both.
     # HALF > 0 (rotary; one slice of K): columns come in heads of 2 * HALF, a program takes BLOCK_N columns of one
     # head's first half and their partners HALF further on, and rotates the pairs (`rotate`) before storing.
-    # SCALED (eaglekit.models.quant): w holds int8 rows and q_ptr a float32 scale per row: the tiles are widened to
+    # SCALED (eaglekit.kernels.int8): w holds int8 rows and q_ptr a float32 scale per row: the tiles are widened to
     # x's dtype as they are read (integers up to 127: exact) and each column's sum is scaled before the epilogue
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)

@@ -1,6 +1,6 @@
-// The kernels of eaglekit.models.bulk: a bf16 decode layer for Hopper GPUs (sm_90) in which every kernel is a
+// The kernels of eaglekit.kernels.hopper: a bf16 decode layer for Hopper GPUs (sm_90) in which every kernel is a
 // programmatic dependent launch (PDL) and the products stream their weights by bulk copies (cp.async.bulk) into a
-// ring of shared-memory slots. Why and what it measured: eaglekit/models/bulk.py and benchmarks/NOTES.md ("Weights
+// ring of shared-memory slots. Why and what it measured: eaglekit/kernels/hopper.py and benchmarks/NOTES.md ("Weights
 // streamed by bulk copies", "A real attention in the PDL layer", "A packed product past the FMA kernel").
 //
 // PDL: a kernel lets its successor launch at once (griddepcontrol.launch_dependents) and waits for its predecessor's
@@ -18,7 +18,7 @@
 // 32-key chunks to fixed places (attn_tiles: chunk c to part c / 4, slot c % 4, the row's query heads as A rows of the
 // mma; attn_rows, EK_ATTN_MMA=0: block (part, KV head, row) takes chunks p, p + P, ...), merged in a fixed order.
 //
-// Built at first use by eaglekit.models.bulk (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
+// Built at first use by eaglekit.kernels.hopper (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,7 +28,7 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
-#include "bulk_ptx.cuh"
+#include "hopper_ptx.cuh"
 
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -1029,7 +1029,7 @@ void set_norm(Epi& e, const void* ss_in, int nss, float eps, void* xg, const voi
 
 }  // namespace
 
-// The entry points (eaglekit.models.bulk calls them through ctypes): 0 on success, a cudaError_t, or -1 (a shape
+// The entry points (eaglekit.kernels.hopper calls them through ctypes): 0 on success, a cudaError_t, or -1 (a shape
 // these kernels do not take; bulk.py checks shapes first, so -1 means a bug there).
 extern "C" {
 

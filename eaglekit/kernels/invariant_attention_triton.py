@@ -1,4 +1,4 @@
-"""The Triton kernels of eaglekit.models.attend (its docstring says what they compute and why). A module of their
+"""The Triton kernels of eaglekit.kernels.invariant_attention (its docstring says what they compute and why). A module of their
 own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
 importing eaglekit never needs Triton."""
 

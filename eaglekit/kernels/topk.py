@@ -94,7 +94,7 @@ def _launch(logits: torch.Tensor, k: int, wrap=lambda kernel: kernel) -> tuple[t
     """The two kernels on logits [..., V]; `wrap`: torch.library.wrap_triton inside the registered op."""
     import triton
 
-    from . import topk_kernels
+    from . import topk_triton
 
     lead, V = logits.shape[:-1], logits.shape[-1]
     x = logits.reshape(-1, V).contiguous()
@@ -106,8 +106,8 @@ def _launch(logits: torch.Tensor, k: int, wrap=lambda kernel: kernel) -> tuple[t
     s = torch.empty(R, CH, dtype=torch.float32, device=dev)
     p_out = torch.empty(R, k, dtype=torch.float32, device=dev)
     i_out = torch.empty(R, k, dtype=torch.int64, device=dev)
-    wrap(topk_kernels.chunk_top)[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
-    wrap(topk_kernels.merge_top)[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
+    wrap(topk_triton.chunk_top)[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
+    wrap(topk_triton.merge_top)[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
                                        NB=triton.next_power_of_2(CH * k), num_warps=1)
     return p_out.view(*lead, k), i_out.view(*lead, k)
 
@@ -118,16 +118,16 @@ _OP = None
 def probs_op():
     """top_probs as a registered op (torch.library.triton_op): inside torch.compile's graphs (a draft's whole tree,
     Eagle3Draft.grow_tree) inductor keeps its two kernels and fuses the bookkeeping around them, and CUDA graphs
-    record them. Fetch it before any trace (as smallm.kernels: the registration reads its files). Returns
+    record them. Fetch it before any trace (as invariant_gemm.kernels: the registration reads its files). Returns
     op(logits [R, V], k) -> (probabilities [R, k] float32, ids [R, k] int64), what kernel_top_probs returns."""
     global _OP
     if _OP is None:
         from torch.library import triton_op
 
-        from ..models.compiling import op_name
-        from . import topk_kernels
+        from .compiling import op_name
+        from . import topk_triton
 
-        @triton_op(op_name("top_probs", __file__, topk_kernels.__file__), mutates_args=())
+        @triton_op(op_name("top_probs", __file__, topk_triton.__file__), mutates_args=())
         def top_probs_kernels(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             from torch.library import wrap_triton
 

@@ -75,7 +75,7 @@ def span_dynamic(mask: torch.Tensor | None, kv, visible=None):
     again (the token count, which picks the GEMV kernels, stays static). The KV cache [B, Hkv, S_max, hd] is
     passed narrowed to [.., :S] (new entries always land below S): were its allocation S_max visible too, the
     compiled code would guard on S == S_max or S < S_max and compile once more for the other case. `visible`
-    (eaglekit.models.attend's slots [B, T, S], then counts and base) spans S too."""
+    (eaglekit.kernels.invariant_attention's slots [B, T, S], then counts and base) spans S too."""
     from torch._dynamo import maybe_mark_dynamic
 
     if mask is None or kv is None:

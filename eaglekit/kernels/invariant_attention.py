@@ -3,7 +3,7 @@ as one of k rows of a verify tree: the attention half of bf16 losslessness (issu
 
 Why: SDPA picks other kernels and other key splits for 1 query row and for k, so a token verified in a tree rounds
 differently from the same token stepped alone (benchmarks/NOTES.md, "bf16: where 1 row and k rows part"); in bf16
-that flips a greedy choice now and then. Batch-invariant products (eaglekit.models.smallm) are the other half.
+that flips a greedy choice now and then. Batch-invariant products (eaglekit.kernels.invariant_gemm) are the other half.
 
 How: each (query row, KV head, part) is its own program, so rows never share a reduction. A row's visible keys are taken
 in *logical* order: the committed prefix, then its tree ancestors and itself (`visible`: the True slots of its mask
@@ -28,13 +28,13 @@ from types import SimpleNamespace
 
 import torch
 
-from .smallm import HAVE_TRITON
+from .invariant_gemm import HAVE_TRITON
 
 CHUNK = 128  # logical keys per chunk: fixed, so a row's split does not depend on the rows beside it
 PARTS = 16  # programs per (row, KV head): part p takes chunks p, p + PARTS, ...; the parts are merged in order
 BLOCK_N = 64  # keys per inner step
 WARPS = 4  # per attend_part program
-DIRECT = True  # rows that see the whole committed prefix read its keys without the slot table (attend_kernels)
+DIRECT = True  # rows that see the whole committed prefix read its keys without the slot table (invariant_attention_triton)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -97,8 +97,8 @@ def _build():
     import triton
     from torch.library import triton_op, wrap_triton
 
-    from . import attend_kernels
-    from .attend_kernels import attend_merge, attend_part
+    from . import invariant_attention_triton
+    from .invariant_attention_triton import attend_merge, attend_part
     from .compiling import op_name
 
     def run(q, k, v, k_new, v_new, base, slots, count, old, wrap=lambda f: f):
@@ -137,7 +137,7 @@ def _build():
                                        BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
         return out
 
-    @triton_op(op_name("invariant_attention", __file__, attend_kernels.__file__), mutates_args=())
+    @triton_op(op_name("invariant_attention", __file__, invariant_attention_triton.__file__), mutates_args=())
     def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor,
                             v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
                             old: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-// PTX helpers shared by eaglekit/models/bulk.cu and benchmarks/bulk_gemv.cu (the probe kernels it grew from): shared
+// PTX helpers shared by eaglekit/kernels/hopper.cu and benchmarks/bulk_gemv.cu (the probe kernels it grew from): shared
 // addresses, mbarriers, bulk copies into shared memory, the ring's set-up and slot release, one bf16 tensor-core step,
 // 4 bf16 to fp32, the two loops of an attention part (its scores; P.V for one query head), and the host's launch.
 // Included inside each file's anonymous namespace.

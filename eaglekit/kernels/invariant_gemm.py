@@ -6,8 +6,8 @@ GEMMs (a 6-row verify cost 1.21-1.24 steps where its bytes allow ~1.02), and cuB
 reduction orders) for 1 row and for k rows, so in bf16 a token verified in a tree rounds differently from the same
 token stepped alone. What it gave (benchmarks/NOTES.md, "Fast v2, second GPU session"): 2-16% over cuBLAS at 6 rows
 in isolation, no gain inside the 8B verify, slower than inductor's GEMVs at 1 row, and bf16 still parts in the
-attention. So it is opt-in alone (`--products smallm`, Target.set_small_m), and the product half of the invariant
-products (eaglekit.models.products.Invariant, with eaglekit.models.attend and .norms; the bf16 GPU default since it
+attention. So it is opt-in alone (`--products invariant_gemm`, Target.set_small_m), and the product half of the invariant
+products (eaglekit.kernels.products.Invariant, with eaglekit.kernels.invariant_attention and .norms; the bf16 GPU default since it
 was timed side by side): bf16 output identical to the baseline.
 
 How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile is always 16 rows (rows past M are
@@ -56,7 +56,7 @@ def config(N: int, K: int, exact: bool = False, int8: bool = False) -> tuple[int
     """(block_n, block_k, split, warps, stages) for an [N, K] weight: this GPU's tuned entry (`tune`) if there is one
     (None where tuning found cuBLAS faster, unless `exact`: batch-invariant products never leave the kernel), else
     `rule`. A function of the weight's shape only: that is what makes a row's rounding independent of M. An int8
-    weight (eaglekit.models.quant) has its own entries ("int8:NxK"; no cuBLAS to fall back on) and rule."""
+    weight (eaglekit.kernels.int8) has its own entries ("int8:NxK"; no cuBLAS to fall back on) and rule."""
     if int8:
         entry = tuned_table().get(f"int8:{N}x{K}")
         return tuple(entry) if entry is not None else int8_rule(N, K)
@@ -67,7 +67,7 @@ def config(N: int, K: int, exact: bool = False, int8: bool = False) -> tuple[int
 
 
 def gated_config(cfg: tuple) -> tuple:
-    """The config of a gated product (smallm.linear's `gated`) over a [gate; up] weight whose own config is `cfg`:
+    """The config of a gated product (invariant_gemm.linear's `gated`) over a [gate; up] weight whose own config is `cfg`:
     a program reads block_n / 2 rows of each half, so programs and bytes per program stay those of the plain
     product."""
     return (cfg[0] // 2, *cfg[1:])
@@ -116,7 +116,7 @@ def table_path() -> Path:
     """Where tuned configs are kept, per GPU model: $EAGLEKIT_SMALLM_TABLE, else beside the inductor cache."""
     from .compiling import cache_dir
 
-    return Path(os.environ.get("EAGLEKIT_SMALLM_TABLE") or cache_dir().parent / "smallm.json")
+    return Path(os.environ.get("EAGLEKIT_SMALLM_TABLE") or cache_dir().parent / "invariant_gemm.json")
 
 
 _TABLE = None  # this GPU's tuned entries, read once: see tuned_table
@@ -145,7 +145,7 @@ def _read_table() -> dict:
 def graph_ms(fn, calls: int, reps: int = 7) -> float:
     """Median ms per call of fn(i), i in range(calls), recorded once into a CUDA graph (no launch gaps; give fn
     `calls` different weights whose bytes exceed the L2 cache, so they stream from HBM as in a model)."""
-    from ..decoding.engine import record_graphs  # eaglekit's one way to record (warm-up on a side stream first)
+    from .graphs import record_graphs  # eaglekit's one way to record (warm-up on a side stream first)
 
     def all_calls():
         for i in range(calls):
@@ -183,7 +183,7 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
         gb = N * K * 2 / 1e9
         report.append({"N": N, "K": K, "rows": rows, "best": found[f"{N}x{K}"], "best_tb_s": gb / times[best],
                        "cublas_tb_s": gb / times["cublas"]})
-        log(f"smallm tune {N}x{K} at {rows} rows: {found[f'{N}x{K}']} {gb / times[best]:.2f} TB/s "
+        log(f"invariant_gemm tune {N}x{K} at {rows} rows: {found[f'{N}x{K}']} {gb / times[best]:.2f} TB/s "
             f"(cuBLAS {gb / times['cublas']:.2f})")
         del ws
     if write:
@@ -218,12 +218,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enab
     batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
     `rope` = (cos, sin [rows of x, head_dim], rope_cols): the rotary embedding of the output's heads below column
     rope_cols, in the kernel; only where folds_rope() says it can. `scale` [rows of w] (float32): w is int8 and the
-    product is x @ (w * scale[:, None])^T (eaglekit.models.quant; no rotary then)."""
+    product is x @ (w * scale[:, None])^T (eaglekit.kernels.int8; no rotary then)."""
     if (scale is None) == (w.dtype == torch.int8) or (scale is not None and rope is not None):
-        raise ValueError("smallm.linear: an int8 weight comes with its scale (and without rotary), only it")
+        raise ValueError("invariant_gemm.linear: an int8 weight comes with its scale (and without rotary), only it")
     cfg = plan(x, w, b, enabled, exact, residual, gated)
     if rope is not None and (not exact or gated or residual is not None or not _rotates(cfg, w, b, rope[0].shape[-1])):
-        raise ValueError("smallm.linear: this product cannot do the rotary embedding (see folds_rope)")
+        raise ValueError("invariant_gemm.linear: this product cannot do the rotary embedding (see folds_rope)")
     if cfg is None:
         if scale is not None:  # (scaled in float32, as the kernel does: a bf16 scale would be off by up to 0.4%)
             wide = torch.promote_types(x.dtype, torch.float32)
@@ -279,10 +279,10 @@ def kernels():
     global _KERNELS, _NAMED_FOR
     table = tuned_table()  # before any trace (tuned_table says why); a global check once read
     if _KERNELS is None or table is not _NAMED_FOR:
-        from . import smallm_kernels
+        from . import invariant_gemm_triton
         from .compiling import op_name
 
-        name = op_name("small_m_linear", __file__, smallm_kernels.__file__, extra=json.dumps(table, sort_keys=True))
+        name = op_name("small_m_linear", __file__, invariant_gemm_triton.__file__, extra=json.dumps(table, sort_keys=True))
         if name not in _BUILT:
             _BUILT[name] = _build(name)
         _KERNELS, _NAMED_FOR = _BUILT[name], table
@@ -292,7 +292,7 @@ def kernels():
 def _build(name: str):
     from torch.library import triton_op, wrap_triton
 
-    from .smallm_kernels import smallm_partial, smallm_sum
+    from .invariant_gemm_triton import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
             gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:

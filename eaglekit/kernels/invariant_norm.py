@@ -4,7 +4,7 @@ Why: eager RMSNorm keeps a row's arithmetic whatever the row count, but inside t
 generates one kernel per token count, with its own block and warp layout, so the sum of squares of a row is added
 in another order at 1 row and at k rows (benchmarks/NOTES.md: 4 of 300 compiled steps parted with invariant products
 and attention). This op is opaque to inductor's fusion and its layout depends on the width only. Used by products
-"invariant" (eaglekit.models.products.Invariant) on the GPU.
+"invariant" (eaglekit.kernels.products.Invariant) on the GPU.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .attend import usable
+from .invariant_attention import usable
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -29,7 +29,7 @@ _KERNELS = None
 
 
 def kernels():
-    """`.op(x, weight, eps)`, built on first use like smallm.kernels (products.Invariant builds it before compiling)."""
+    """`.op(x, weight, eps)`, built on first use like invariant_gemm.kernels (products.Invariant builds it before compiling)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _build()
