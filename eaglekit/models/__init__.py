@@ -8,7 +8,14 @@ import torch
 
 from ..errors import InputError
 from .base import Target, TargetInfo
-from .config import FAMILIES, TargetConfig, check_folder_json, load_target_config, read_json
+from .config import (
+    FAMILIES,
+    TargetConfig,
+    check_config_values,
+    check_folder_json,
+    load_target_config,
+    read_json,
+)
 from .deepseek_config import DEEPSEEK_FAMILIES, load_deepseek_config
 
 BACKENDS = ("auto", "ours", "hf")
@@ -47,6 +54,9 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     dt = resolve_dtype(dtype, device)
     raw = read_json(folder / "config.json", "target config")
     check_folder_json(folder)
+    # a field of the wrong type or range ("64", -3) is named here (E117, E102), before any loader reads the weights
+    # or takes it for a config our decoders do not implement and hands it to transformers
+    check_config_values(raw, str(folder / "config.json"))
     deepseek = raw.get("model_type") in DEEPSEEK_FAMILIES
     if backend == "auto":
         backend = "ours" if raw.get("model_type") in FAMILIES + DEEPSEEK_FAMILIES else "hf"
@@ -75,8 +85,6 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
         from .hf import HFTarget
 
         target = HFTarget.from_folder(folder, device, dt)
-    # which decoder serves this target, for reports (generate --json's metrics.backend): deepseek, ours, tp, hf
-    target.backend = getattr(type(target), "backend", None) or backend
     from ..tokenizer import tokenizer_fingerprint
 
     target.tokenizer_fingerprint = tokenizer_fingerprint(folder)

@@ -52,6 +52,9 @@ class Target(ABC):
     dtype: torch.dtype
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
     static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (recordable in CUDA graphs)
+    # which decoder serves this target, for reports (generate --json's metrics.backend): "ours" (the Llama family),
+    # "deepseek", "tp" (a tensor-parallel rank of ours), "hf" (the transformers adapter)
+    backend: str | None = None
 
     def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:

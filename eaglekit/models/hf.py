@@ -29,6 +29,8 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
 
 
 class HFTarget(Target):
+    backend = "hf"
+
     def __init__(self, model, device, dtype):
         self.model = model.eval()
         self.device, self.dtype = torch.device(device), dtype

@@ -110,6 +110,8 @@ class LlamaModel(nn.Module):
 class LlamaTarget(Target):
     """A target backed by our compact decoder."""
 
+    backend = "ours"
+
     def __init__(self, net: LlamaModel, device, dtype):
         self.net = net.eval()
         self.cfg = net.config

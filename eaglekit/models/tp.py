@@ -171,6 +171,8 @@ def read_shards(folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup
 class TPLlamaTarget(LlamaTarget):
     """LlamaTarget over this rank's shards. `cfg` is the whole model's config; `net.config` the local one."""
 
+    backend = "tp"
+
     def __init__(self, net: LlamaModel, cfg: TargetConfig, group: TPGroup, device, dtype):
         super().__init__(net, device, dtype)
         self.cfg, self.tp = cfg, group
