@@ -262,7 +262,10 @@ class BatchEngine:
             raise GenerationError(
                 f"the prompt ({len(ids)} tokens) plus max_new_tokens ({req.max_new_tokens}) exceeds the target's "
                 f"context of {ctx} positions",
-                fix=f"shorten the prompt or lower max_new_tokens to {max(ctx - len(ids), 0)}", code="E301")
+                # a prompt of the whole context leaves room for no token: only a shorter prompt helps then
+                fix=(f"lower max_new_tokens to {ctx - len(ids)}, or shorten the prompt" if len(ids) < ctx else
+                     f"shorten the prompt by at least {len(ids) - ctx + 1} tokens"),
+                code="E301")
         if any(s for s in req.stop_strings) and self.tokenizer is None:
             raise GenerationError("stop strings need a tokenizer to decode the output",
                                   fix="give the engine the target folder's tokenizer, or use token ids", code="E304")

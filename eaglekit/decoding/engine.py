@@ -175,12 +175,17 @@ class Decoder:
         if int(ids.min()) < 0 or int(ids.max()) >= V:
             raise GenerationError(f"prompt token ids must lie in 0..{V - 1}", fix="tokenize with the target's tokenizer",
                                   code="E305")
-        ctx = self.target.info.max_position_embeddings
-        if ids.numel() + max_new_tokens > ctx:
+        ctx, n = self.target.info.max_position_embeddings, ids.numel()
+        if n >= ctx and max_new_tokens > 0:  # no --max-new-tokens makes room: only a shorter prompt does
+            raise GenerationError(f"the prompt is {n} tokens; the target's context is {ctx}, so it is {n - ctx + 1} "
+                                  f"token(s) too long to leave room for one new token",
+                                  fix=f"shorten the prompt by at least {n - ctx + 1} tokens", code="E309")
+        if n + max_new_tokens > ctx:
             raise GenerationError(
-                f"the prompt ({ids.numel()} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {ctx} positions",
-                fix=f"shorten the prompt or lower --max-new-tokens to {max(ctx - ids.numel(), 0)}", code="E301")
+                f"the prompt ({n} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the target's context of "
+                f"{ctx} positions",
+                fix=f"lower --max-new-tokens to {ctx - n}, or shorten the prompt by {n + max_new_tokens - ctx} tokens",
+                code="E301")
         return ids
 
     def _span(self, need: int) -> int:

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import GenerationError
+from ..errors import GenerationError, InputError
+
+# a seed is a signed 64-bit integer, the range the CLI's --seed and the server's `seed` take (torch.Generator reads
+# it as a 64-bit word; outside that range it fails with an OverflowError deep inside the first sampled step)
+SEED_RANGE = (-2**63, 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class SamplingParams:
         if not isinstance(k, int) or k < 0:
             raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {k!r}", fix="e.g. --top-k 50",
                                   code="E302")
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not SEED_RANGE[0] <= s <= SEED_RANGE[1]):
+            raise InputError(f"seed must be a signed 64-bit integer (in [-2**63, 2**63 - 1]) or None, got {s!r}",
+                             fix="e.g. seed=1234 (None draws a fresh one)", code="E125")
 
     @property
     def greedy(self) -> bool:
