@@ -175,8 +175,12 @@ def cmd_generate(args) -> int:
         metrics = m.to_dict()
         keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
                                                  if m.speculative else [])
+        # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
+        choice = getattr(target, "products_choice", None)
+        served = {"backend": getattr(target, "backend", None),
+                  "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None}
         out = {"text": text, "token_ids": res.token_ids,
-               "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep},
+               "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
                "stop_reason": res.stop_reason}
         if m.speculative:
             out["tree"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens}
@@ -321,9 +325,11 @@ def cmd_doctor(args) -> int:
                              time_budget=args.time_budget, progress=not args.no_progress,
                              reference_acceptance=args.reference_acceptance)
     except EaglekitError as e:
-        if args.json:
-            print(json.dumps({"verdict": f"doctor could not run: {e}", "findings": [
-                {"code": e.code, "severity": "error", "message": e.message}], "probe": []}))
+        if args.json:  # the report's shape (eaglekit.doctor.report), with nothing probed
+            print(json.dumps({"status": "could_not_run", "exit_code": 2, "decide": [],
+                              "verdict": f"doctor could not run: {e}", "fault": False, "conclusive": False,
+                              "pair": {}, "findings": [{"code": e.code, "severity": "error", "message": e.message,
+                                                        "fix": e.fix, "evidence": {}}], "probe": []}))
         else:
             print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
         return 2
@@ -348,16 +354,15 @@ def cmd_doctor(args) -> int:
             from .engines.vllm import print_engine
 
             print_engine(res["engine"])
-    unread = [f for f in res.get("findings", ()) if f.get("severity") == "error" and _is_input_code(f.get("code"))]
-    if unread:  # a file of the pair could not be read (a truncated draft as a truncated target): not a verdict
-        print(f"eaglekit doctor: could not run: [{unread[0]['code']}] {unread[0]['message']}", file=sys.stderr)
-        return 2
-    return res.get("exit_code", 1 if res["fault"] else 0)  # 3: cannot tell
+    # the doctor's own verdict, the same with and without --json: 0 clean, 1 a fault, 2 could not run (a file of the
+    # pair could not be read: eaglekit.doctor.report.UNREADABLE), 3 cannot tell
+    rc = res.get("exit_code", 1 if res["fault"] else 0)
+    if res.get("status") == "could_not_run":
+        from .doctor.report import unreadable
 
-
-def _is_input_code(code) -> bool:
-    """E1xx: an input that could not be read or used (a path, a file, weights), as opposed to a wiring fault."""
-    return isinstance(code, str) and len(code) == 4 and code.startswith("E1")
+        first = (unreadable(res["findings"]) or res["findings"] or [{"code": "E100", "message": res["verdict"]}])[0]
+        print(f"eaglekit doctor: could not run: [{first['code']}] {first['message']}", file=sys.stderr)
+    return rc
 
 
 def _doctor_args(p):

@@ -33,6 +33,11 @@ def test_json_with_draft(model_dirs, draft_dir, capsys):
     assert {"new_tokens", "tokens_per_s", "accept_length", "accept_rate", "verify_count", "per_position"} <= m.keys()
     assert m["new_tokens"] == len(spec["token_ids"]) == 16 and m["accept_length"] >= 1.0
     assert "accept_length" not in base["metrics"] and "per_position" not in base["metrics"]
+    # which decoder served, and the products the chooser took, with its reason (on a CPU: aten or onednn, timed)
+    for r in (spec, base):
+        assert r["metrics"]["backend"] == "ours"
+        assert r["metrics"]["products"]["kind"] in ("aten", "onednn")
+        assert "timed here" in r["metrics"]["products"]["reason"]
     alone = _json(capsys, ["generate", "--target", t, "--prompt", "def add(a, b):", "--max-new-tokens", "16",
                            "--json"])
     assert alone["token_ids"] == base["token_ids"] and "verify_count" not in alone["metrics"]
@@ -151,10 +156,12 @@ def test_doctor_report_goes_to_stdout(model_dirs, monkeypatch, capsys):
     assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 0
     cap = capsys.readouterr()
     assert "I306" in cap.out and "wired as trained" in cap.out and "I306" not in cap.err
-    # an input the doctor could not read is "could not run" (2), for the draft as for the target
-    res.update(fault=True, findings=[{"code": "E105", "severity": "error", "message": "draft weights truncated"}])
+    # the doctor's "could not run" (a file of the pair it could not read) is exit 2, and says which file
+    res.update(status="could_not_run", exit_code=2,
+               findings=[{"code": "E105", "severity": "error", "message": "draft weights truncated"}])
     assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 2
     assert "could not run: [E105]" in capsys.readouterr().err
+    res.update(fault=True, status="fault", exit_code=1)
     # a finding reached twice (the checks, then the trace's decoder) is listed once, in the table and the verdict
     e207 = {"code": "E207", "severity": "error", "message": "d2t maps outside; it must hold offsets", "fix": "x"}
     res.update(findings=[e207, dict(e207)], verdict="[E207] d2t maps outside; it must hold offsets (fix: x); "
@@ -162,3 +169,103 @@ def test_doctor_report_goes_to_stdout(model_dirs, monkeypatch, capsys):
     assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert len(out["findings"]) == 1 and out["verdict"].count("[E207]") == 1 and out["verdict"].endswith("Probe: -")
+
+
+def test_generate_json_names_the_transformers_backend_and_its_products(model_dirs, capsys):
+    m = _json(capsys, ["generate", "--target", str(model_dirs["llama"]), "--prompt", "def", "--max-new-tokens", "2",
+                       "--backend", "hf", "--json"])["metrics"]
+    assert m["backend"] == "hf" and m["products"]["kind"] is None and "transformers-backed" in m["products"]["reason"]
+
+
+def test_every_target_class_names_its_backend():
+    from eaglekit.models.base import Target
+    from eaglekit.models.deepseek import DeepSeekTarget
+    from eaglekit.models.hf import HFTarget
+    from eaglekit.models.llama import LlamaTarget
+    from eaglekit.models.tp import TPLlamaTarget
+
+    assert Target.backend is None  # (a Target of its own, e.g. a test oracle, says nothing)
+    assert [c.backend for c in (LlamaTarget, DeepSeekTarget, TPLlamaTarget, HFTarget)] == ["ours", "deepseek", "tp",
+                                                                                         "hf"]
+
+
+# --- the doctor's exit status is its own verdict, with or without --json --------------------------------------
+def test_doctor_exit_status_follows_the_doctors_verdict(model_dirs, monkeypatch, capsys):
+    import eaglekit.doctor
+    from eaglekit.doctor import DoctorReport, Finding
+
+    t = str(model_dirs["llama"])
+    argv = ["doctor", "--target", t, "--draft", t, "--device", "cpu"]
+    cases = [  # (the findings of a report, its exit status)
+        ([Finding("E107", "error", "draft weights do not fit its config")], 1),  # the pair's files disagree: a fault
+        ([Finding("E293", "error", "the engine crashed on the pair; E107 explains it")], 1),
+        ([Finding("E105", "error", "draft weights truncated")], 2),  # a file that cannot be read: could not run
+        ([Finding("E151", "error", "tokenizer.json is not JSON")], 2),
+        ([Finding("W281", "warning", "the draft records nothing of its target")], 3),
+    ]
+    for findings, rc in cases:
+        fault = any(f.severity == "error" for f in findings)
+        rep = DoctorReport("v", fault, fault, findings, pair={"target_backend": "ours", "device": "cpu",
+                                                              "dtype": "float32", "products": None})
+        monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, _r=rep, **k: _r.to_json())
+        assert main(argv + ["--json"]) == rc, findings
+        out = json.loads(capsys.readouterr().out)
+        assert out["exit_code"] == rc and out["fault"] is (rc == 1)
+        assert main(argv) == rc, findings
+        cap = capsys.readouterr()
+        assert ("could not run" in cap.err) is (rc == 2) and ("COULD NOT RUN" in cap.out) is (rc == 2)
+        assert ("FAULT" in cap.out) is (rc == 1)
+    # the doctor that could not start (a missing target folder) says so the same way in both forms
+    bad = ["doctor", "--target", str(model_dirs["llama"] / "none"), "--draft", t]
+    assert main(bad + ["--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "could_not_run" and out["exit_code"] == 2 and out["findings"][0]["code"] == "E101"
+    assert main(bad) == 2 and "could not run" in capsys.readouterr().err
+
+
+# --- values checked where they enter: load_target, SamplingParams, the engine's context check ------------------
+def test_load_target_names_a_bad_config_value_before_the_weights_load(model_dirs, tmp_path):
+    import shutil
+
+    from eaglekit.errors import InputError
+
+    for field, value, code in (("hidden_size", "64", "E117"), ("num_hidden_layers", -3, "E117"),
+                               ("hidden_size", None, "E102")):
+        d = tmp_path / f"{field}_{value}"
+        shutil.copytree(model_dirs["llama"], d)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.pop(field) if value is None else cfg.update({field: value})
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model.safetensors").write_bytes(b"not weights")  # never read: the config is refused first
+        for backend in ("auto", "ours", "hf"):
+            with pytest.raises(InputError) as e:
+                load_target(d, backend=backend)
+            assert e.value.code == code and repr(field) in e.value.message, (field, backend, e.value)
+
+
+def test_a_seed_outside_a_signed_64_bit_integer_is_refused_at_construction():
+    from eaglekit.decoding.sampling import SamplingParams
+    from eaglekit.errors import InputError
+
+    for seed in (None, 0, -1, -2**63, 2**63 - 1):
+        SamplingParams(temperature=0.5, seed=seed)
+    for seed in (2**63, -2**63 - 1, 2**70, True, 1.5, "3"):
+        with pytest.raises(InputError) as e:
+            SamplingParams(temperature=0.5, seed=seed)
+        assert e.value.code == "E125" and "signed 64-bit" in e.value.message
+
+
+def test_a_prompt_of_the_whole_context_is_told_to_shorten_not_to_ask_for_0_tokens(model_dirs):
+    from eaglekit.decoding.engine import Decoder
+    from eaglekit.errors import GenerationError
+
+    t = load_target(model_dirs["llama"])
+    ctx = t.info.max_position_embeddings
+    for n in (ctx, ctx + 7):
+        with pytest.raises(GenerationError) as e:
+            Decoder(t).generate([3] * n, 5)
+        assert e.value.code == "E309" and f"shorten the prompt by at least {n - ctx + 1} tokens" in e.value.fix
+        assert "max-new-tokens" not in e.value.fix
+    with pytest.raises(GenerationError) as e:  # a prompt that fits: the new tokens are what to lower (or it)
+        Decoder(t).generate([3] * (ctx - 4), 10)
+    assert e.value.code == "E301" and "lower --max-new-tokens to 4, or shorten the prompt by 6 tokens" in e.value.fix

@@ -140,6 +140,9 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         _stage(bar, "loading the target")
         target = load_target(target_dir, backend=backend, device=device, dtype=dtype)  # failure: exit 2
         H, n_layers = target.info.hidden_size, target.info.num_layers
+        # what ran, for the report's pair section: the products are chosen once the draft has loaded
+        pair = {"target_backend": target.backend, "device": str(target.device),
+                "dtype": str(target.dtype).removeprefix("torch."), "products": None}
         draft_dir = Path(draft_dir)
         if not (draft_dir / "config.json").is_file():
             raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
@@ -155,7 +158,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                 findings.append(width)
             else:
                 findings.append(Finding.of(e))
-            return _conclude(findings, None, None, t0)
+            return _conclude(findings, None, None, t0, pair)
         _FORMAT["fmt"] = getattr(draft, "source_format", None)
         identity = weights_check(draft.config, target_dir)
         findings += identity.findings
@@ -168,6 +171,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                 f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
         draft.fuse()
         set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products here (load_pair's)
+        pair["products"] = {"kind": target.products_choice.kind, "reason": target.products_choice.reason}
         configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
         _, problems = pair_problems(draft, target, configured)
         findings += [Finding.of(p) for p in problems]
@@ -186,7 +190,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         ctx.identity, ctx.reference, ctx.vocab_recorded = identity, reference_acceptance, bool(draft.config.vocab_map_sha)
         ctx.budget = time_budget
         if base is None:
-            return _conclude(findings, None, ctx, t0)
+            return _conclude(findings, None, ctx, t0, pair)
         _stage(bar, "trace and profile")
         sink: list = []
         trace.configure(enabled=True, steps=2, sink=sink, stream=open("/dev/null", "w"))
@@ -195,7 +199,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
             ctx.profile = {k: round(v * 1e3, 3) for k, v in dec.generate(prompts[0], 16).metrics.phases.items()}
         except EaglekitError as e:
             findings.append(Finding.of(e))
-            return _conclude(findings, None, ctx, t0)
+            return _conclude(findings, None, ctx, t0, pair)
         finally:
             trace.configure(enabled=False)
         ctx.trace = [{k: r.get(k) for k in ("cycle", "point", "shape", "dtype", "layers", "mean", "std", "absmax",
@@ -237,7 +241,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         conf = next(r for r in ctx.rows if r.wiring == "configured")
         conf.decoded_accept_length = round(aggregate([dec.generate(p, max_new_tokens).metrics
                                                       for p in prompts[:min(3, n_prompts)]]).accept_length, 4)
-        return _conclude(findings, base, ctx, t0)
+        return _conclude(findings, base, ctx, t0, pair)
     finally:
         if bar is not None:
             bar.close()
@@ -262,7 +266,8 @@ class _Context:
         self.budget = TIME_BUDGET_S
 
 
-def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float) -> DoctorReport:
+def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float,
+              pair: dict | None = None) -> DoctorReport:
     ctx = ctx or _Context()
     seen: set = set()  # a refusal met twice (the pair check, then the decoder's) is one finding
     findings = [f for f in findings if (f.code, f.message) not in seen and not seen.add((f.code, f.message))]
@@ -294,7 +299,8 @@ def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context |
     else:
         text = probe_text
     return DoctorReport(text, fault, conclusive, findings, ctx.rows, ctx.source, ctx.trace, ctx.profile,
-                        ctx.fingerprint, ctx.rounds, round(time.time() - t0, 1), [] if conclusive else decide)
+                        ctx.fingerprint, ctx.rounds, round(time.time() - t0, 1), [] if conclusive else decide,
+                        pair or {})
 
 
 def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: list[str]) -> bool:

@@ -306,6 +306,8 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
     res = run_doctor(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
                      shape=TreeShape.make(k, 1, k + 1), time_budget=TIME_BUDGET_S if time_budget is None else time_budget,
                      reference_acceptance=reference_acceptance)
+    if res["status"] == "could_not_run":  # a file of the pair cannot be read: nothing to hand to vLLM either
+        return res
     res["eaglekit_alone"] = {k: res.get(k) for k in ("status", "exit_code", "verdict", "decide")}
     res["eaglekit_alone"]["findings"] = [dict(f) for f in res["findings"]]
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)

@@ -65,8 +65,20 @@ def sweep_table(res: dict) -> Table:
     return t
 
 
+def products_line(products: dict | None) -> str:
+    """"products: KIND (reason)" for a products choice as JSON ({"kind", "reason"}: eaglekit.kernels.products.Choice);
+    kind None is F.linear, or what inductor makes of it where the layers are compiled (the reason says which)."""
+    if not products:
+        return "products: not chosen (the draft did not load)"
+    return f"products: {products.get('kind') or 'default'} ({products.get('reason')})"
+
+
 def doctor_report(res: dict) -> None:
     c = _console
+    pair = res.get("pair")
+    if pair:  # what ran: a verdict's figures (and a cannot-tell's timings) depend on it
+        c.print(f"pair: target backend {pair.get('target_backend')} on {pair.get('device')}, {pair.get('dtype')}; "
+                f"{products_line(pair.get('products'))}", markup=False, highlight=False)
     if res["findings"]:
         t = Table(title="findings")
         for col in ("code", "severity", "message"):
@@ -100,6 +112,9 @@ def doctor_report(res: dict) -> None:
         c.print(t)
     if res.get("profile_ms"):
         c.print(phase_table({k: v / 1e3 for k, v in res["profile_ms"].items()}, title="cycle profile (16 tokens)"))
-    c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold yellow]CANNOT TELL[/]: "
-             if not res.get("conclusive", True) else "[bold green]OK[/]: ") + res["verdict"])
+    if res.get("status") == "could_not_run":
+        c.print("[bold red]COULD NOT RUN[/]: " + res["verdict"].removeprefix("doctor could not run: "))
+    else:
+        c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold yellow]CANNOT TELL[/]: "
+                 if not res.get("conclusive", True) else "[bold green]OK[/]: ") + res["verdict"])
     c.print(f"({res['seconds']}s)")
