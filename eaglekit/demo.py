@@ -160,6 +160,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     else:
         shape = TreeShape.make(*DEFAULT_SHAPE)
     dec = Decoder(tgt, drf, shape)
+    choice = getattr(tgt, "products_choice", None)  # (set by load_pair or set_pair_products: what ran, and why)
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
     res = {**cmp.summary(),
            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
@@ -167,6 +168,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
            "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
            "threads_pick": threads_pick,
            "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
+           "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+           "backend": getattr(tgt, "backend", None),
            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
            "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
            "per_prompt": cmp.rows()}
@@ -197,8 +200,11 @@ def print_demo(res: dict) -> None:
     if tp and len(tp["step_ms"]) > 1:
         threads += (" (the faster target step here now: "
                     + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items()) + ")")
+    choice = res.get("products_choice")
     pp = res.get("products_pick")
-    prod = f"; products: {res.get('products', 'aten')}" + (
+    # the products kind goes on its own line below the table, with the chooser's reason (a result without the
+    # choice, as older JSON, says the kind here)
+    prod = "" if choice else f"; products: {res.get('products', 'aten')}" + (
         " (the faster here; ms for a step + a 6-row verify: "
         + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
     if res.get("draft_quant"):
@@ -243,3 +249,7 @@ def print_demo(res: dict) -> None:
             t.caption += (f"; load average {la['start']:.1f} at the start, {la['end']:.1f} at the end "
                           f"({la['cores']} cores)")
     c.print(t)
+    if choice:
+        from .observe.report import products_line
+
+        c.print(products_line(choice), markup=False, highlight=False)

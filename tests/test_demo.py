@@ -78,6 +78,9 @@ def test_demo_json(capsys, monkeypatch, tmp_path):
     pick = res["products_pick"]
     assert res["products"] == pick["products"] == min(pick["ms"], key=lambda k: sum(pick["ms"][k]))
     assert "aten" in pick["ms"] and all(a > 0 and b > 0 for a, b in pick["ms"].values())
+    # ...and the choice is reported with its reason (eaglekit.kernels.products.choose), and the decoder that ran
+    assert res["products_choice"]["kind"] == res["products"] and "timed here" in res["products_choice"]["reason"]
+    assert res["backend"] == "ours"
     # a second run on this machine reuses the pick, and says so (the key holds the thread count and the products,
     # which are timed each run: a run that chose others picks anew)
     assert main(args) == 0
@@ -122,6 +125,11 @@ def test_the_table_says_where_the_pick_came_from_and_how_the_run_met_it(capsys, 
     out = " ".join(capsys.readouterr().out.split())
     assert "from its cache /c/chain_pick.json" in out and "--repick" in out and "(cached)" in out
     assert "95% of the prediction" in out and "FAR BELOW" not in out
+    # the products that ran, on a line of their own with the chooser's reason
+    res["products_choice"] = {"kind": "onednn", "reason": "timed here (a step + a 6-row verify): aten 9.0 + 20.0 ms"}
+    print_demo(res)
+    lines = [" ".join(x.split()) for x in capsys.readouterr().out.splitlines()]
+    assert "products: onednn (timed here (a step + a 6-row verify): aten 9.0 + 20.0 ms)" in lines
 
 
 def test_demo_table(capsys):
@@ -130,6 +138,8 @@ def test_demo_table(capsys):
     assert "with EAGLE-3" in out and "speedup" in out and "identical" in out
     assert "picked" not in out and "uncompiled layers" in out  # a given tree is run as given
     assert "products: " in out and "a 6-row verify" in out  # the products' path, and what chose it
+    line = next(x for x in out.splitlines() if x.startswith("products: "))
+    assert line.split()[1] in ("aten", "onednn") and "(timed here" in line
 
 
 def test_compile_flags_are_checked():
