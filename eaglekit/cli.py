@@ -775,12 +775,20 @@ def cmd_serve(args) -> int:
     capture = capture_override(args)
     check_options(args.host, args.port, args.max_batch, args.max_queue, args.spec_max_batch, args.chat_template,
                   args.drain_timeout, args.threads, args.max_body_mb, args.read_timeout)
+    if args.synthetic_accept_length is not None:  # checked before anything loads, like every serve option
+        from .decoding.accept import synthetic_rate
+
+        if not args.draft:
+            raise InputError("--synthetic-accept-length needs a draft to accept tokens of", fix="add --draft DIR",
+                             code="E317")
+        synthetic_rate(args.synthetic_accept_length, shape.path_len - 1)
     check_folders(args.target, args.draft)
     return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue, shape,
                  args.served_model_name, args.spec_max_batch, capture, args.allow_other_target, args.backend,
                  args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
                  False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
-                 args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout)
+                 args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
+                 not args.no_adaptive, args.synthetic_accept_length)
 
 
 def _serve_args(p):
@@ -808,6 +816,14 @@ def _serve_args(p):
                    help="seconds a request's headers, then its body, may take to arrive (default 30): a stalled "
                         "upload is dropped (408) instead of holding its socket")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
+    p.add_argument("--no-adaptive", action="store_true",
+                   help="speculate on every step up to --spec-max-batch rows (default: each step speculates or "
+                        "decodes plainly by expected tokens/s, from the engine's timings and running acceptance)")
+    p.add_argument("--synthetic-accept-length", type=float, default=None, metavar="L",
+                   help="BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that "
+                        "gives accept length L (tokens per verify, bonus included), whatever the target says, to "
+                        "measure serving speed with random weights. Every response, /metrics and /server_info "
+                        "say so")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch, >= 1 (default: torch's choice; on a shared CPU fewer is often "

@@ -144,6 +144,9 @@ CODES: dict[str, tuple[str, str]] = {
              "max_batch >= 1; give every request its own id"),
     "E308": ("this target backend does not decode batches",
              "load the target with our decoder (--backend ours), or serve with a batch size of 1"),
+    "E317": ("synthetic acceptance asked for where output is read (demo, eval, doctor, generate), or an accept "
+             "length outside 1..the tree's path length", "use --synthetic-accept-length with serve or the benchmark "
+             "suite only, with a length the tree can reach"),
     "E316": ("demo: --repick without a chain to pick (the tree is given, or the demo runs on a GPU)",
              "leave out --repick, or the tree's flags (on a CPU)"),
     "E309": ("the prompt alone is as long as the context, or longer: no room for a new token",

@@ -75,9 +75,30 @@ def accept_greedy_rows(tree: Tree, logits: torch.Tensor, size: int, use_draft: t
     Rows where `use_draft` is False accept only the root (a plain decode step: the bonus is the argmax after
     it). -> (path [B, size], n [B], bonus [B]), all on device."""
     pred = logits.argmax(-1)  # [B, D]
+    match = tree.tokens == pred.gather(1, tree.parents)
+    return _deepest_match(tree, match, pred, size, use_draft)
+
+
+def accept_synthetic_rows(tree: Tree, logits: torch.Tensor, size: int, rate: float,
+                          use_draft: torch.Tensor | None = None):
+    """BENCHMARK ONLY, NOT LOSSLESS (vLLM's synthetic acceptance): along each row's top-1 branch (every node the
+    first child of its parent, the draft's best guess) each draft position is accepted with probability `rate`,
+    whatever the target says; the bonus is still the target's argmax after the last accepted node. The emitted
+    tokens are the draft's: speed at a chosen accept length with random weights, never output to read."""
+    pred = logits.argmax(-1)
+    B, D = tree.tokens.shape
+    idx = torch.arange(D, device=pred.device)
+    sibling_before = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (idx[None, :] < idx[:, None])[None]
+    first_child = ~(sibling_before & (idx > 0)[None, None, :]).any(-1)  # [B, D]
+    u = torch.rand(B, D, device=pred.device).gather(1, tree.depths)  # one draw per row and depth
+    return _deepest_match(tree, first_child & (u < rate), pred, size, use_draft)
+
+
+def _deepest_match(tree: Tree, match: torch.Tensor, pred: torch.Tensor, size: int, use_draft):
+    """The deepest node whose whole root path matches (the root always does) -> (path, n, bonus) per row."""
     B, D = tree.tokens.shape
     first = torch.arange(D, device=pred.device) == 0
-    match = (tree.tokens == pred.gather(1, tree.parents)) | first[None]
+    match = match | first[None]
     if use_draft is not None:
         match = match & (use_draft[:, None] | first[None])
     ok = ~(tree.mask & ~match[:, None, :]).any(-1)
@@ -85,3 +106,22 @@ def accept_greedy_rows(tree: Tree, logits: torch.Tensor, size: int, use_draft: t
     row = tree.mask.gather(1, best[:, None, None].expand(B, 1, D))[:, 0]  # [B, D]
     order = ((~row).long() * D + torch.arange(D, device=row.device)).argsort(-1)
     return order[:, :size], row.sum(-1), pred.gather(1, best[:, None])[:, 0]
+
+
+def synthetic_rate(accept_length: float, positions: int) -> float:
+    """The per-position rate at which `accept_synthetic_rows` gives `accept_length` tokens per verify (bonus
+    included) on a path of `positions` draft tokens: 1 + r + r^2 + ... + r^positions = accept_length."""
+    if not 1.0 <= accept_length <= positions + 1:
+        from ..errors import InputError
+
+        raise InputError(f"a synthetic accept length of {accept_length} is outside 1..{positions + 1} for a tree "
+                         f"path of {positions} draft tokens", fix="pass a length in that range (or a deeper tree)",
+                         code="E317")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        r = (lo + hi) / 2
+        if sum(r ** i for i in range(positions + 1)) < accept_length:
+            lo = r
+        else:
+            hi = r
+    return (lo + hi) / 2

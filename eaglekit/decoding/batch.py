@@ -14,10 +14,18 @@ capped at max_batch); padding rows are inactive (their accepted count is forced 
 move) and write only their own pending slots. On a GPU each phase is recorded in a CUDA graph per padded
 size; on a CPU the phases run eagerly over the span the rows actually use.
 
-Past `spec_max_batch` running rows, speculation stops paying: the step is a plain batched decode step (one
-token per row, no draft). A row that went through a plain step has no draft state for its new tokens any
-more, so it stays draft-less (it accepts only the root in later cycles: still one exact target token per
-cycle) until it finishes; rows admitted later draft again.
+Whether a step speculates is the policy's choice (eaglekit.decoding.adaptive.SpecPolicy): the tree cycle
+or a plain batched decode step (one token per row), whichever gives more tokens per second at this padded
+size by the engine's own timings and running per-position acceptance. A plain step captures the target's
+features of its token into a per-row window (CATCH_UP tokens); before the next tree cycle the draft extends
+over the window, so rows keep their draft through plain steps. A row whose window overflows (speculation
+off for longer than CATCH_UP steps, or past `spec_max_batch` rows) stays draft-less (it accepts only the
+root in later cycles: still one exact target token per cycle) until it finishes; rows admitted later draft
+again. `adaptive=False` speculates on every step up to `spec_max_batch` rows.
+
+`synthetic_accept_length` (benchmarks only, never lossless): acceptance replaced by
+eaglekit.decoding.accept.accept_synthetic_rows at the per-position rate that gives that accept length, so
+that serving speed at a target's shape can be measured with random weights. `synthetic` names the rate.
 
 The host reads one small tensor per cycle: each row's accepted count, tree depth and emitted tokens.
 """
@@ -25,6 +33,7 @@ The host reads one small tensor per cycle: each row's accepted count, tree depth
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -34,25 +43,16 @@ from ..capture import CaptureSpec
 from ..errors import GenerationError
 from ..models.base import Target
 from ..observe import trace
-from .accept import accept_greedy_rows, accept_sampling
+from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
+from .adaptive import MAX_PROBE, SpecPolicy
 from ..kernels.graphs import record_graphs
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
 
-# Largest running batch that still speculates (above it: plain batched decode steps). Settable per engine
-# (spec_max_batch=...); these are the defaults.
-# CPU: measured with benchmarks/batch_suite.py --demo-only (the demo pair, chain (3, 1, 4), greedy, identical
-# outputs). On a loaded 2-core machine (results/2026-11-30_cpu_batch_demo.json, tokens per CPU-second) draft /
-# no draft was x0.98 at batch 1, x1.04 at 4, x0.93 at 8; on a quiet one (2026-12-01, wall time) x0.81 / x0.83 /
-# x0.75 with one thread and x0.89 / x0.82 / x0.82 with two. The demo target is so small that its draft costs
-# nearly a target step on a CPU: whether speculation pays there depends on the pair, so --spec-max-batch is
-# the user's to set; 4 keeps the draft on where it was measured to break even.
-SPEC_MAX_BATCH_CPU = 4
-# GPU: benchmarks/batch_suite.py on one H200 (results/2026-12-01_h200_batch.json): the 8B shape, graphs, chain
-# (3, 1, 4) replayed at accept length 2.79: x1.99 at batch 1, x2.00 at 4, x1.74 at 16, x1.45 at 32, x1.10 at
-# 64 (cycle / step 1.40 at batch 1, 2.53 at 64). Speculation pays at every measured size up to 64.
-SPEC_MAX_BATCH_CUDA = 64
+# Plain tokens a row may go without its draft and still catch up (a window of captured features per row);
+# longer than the policy's longest probe interval, so rows keep their draft while the policy probes.
+CATCH_UP = MAX_PROBE + 16
 
 
 @dataclass
@@ -87,7 +87,7 @@ def padded_size(b: int, max_batch: int) -> int:
 
 
 class _Seq:
-    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted")
+    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag")
 
     def __init__(self, req: Request, em: Emitter, gen):
         self.req, self.em, self.gen = req, em, gen
@@ -95,6 +95,7 @@ class _Seq:
         self.use_draft = False
         self.new: list[int] = []  # tokens emitted this step
         self.accepted = self.drafted = None
+        self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
 
 
 class _Rows:
@@ -116,7 +117,7 @@ class _Rows:
         self.emitted = torch.zeros(B, P, dtype=torch.long, device=dev)
         self.out = torch.zeros(B, P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.next = torch.zeros(B, dtype=torch.long, device=dev)
-        self.tree = self.logits = self.feats = self.plogits = None
+        self.tree = self.logits = self.feats = self.plogits = self.pfeats = None
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
 
     # --- speculative phases ----------------------------------------------------------------------
@@ -130,7 +131,12 @@ class _Rows:
                                                              self.e.capture)
 
     def accept(self):
-        path, n, bonus = accept_greedy_rows(self.tree, self.logits, self.e.shape.path_len, self.use_draft)
+        e = self.e
+        if e.synthetic is not None:
+            path, n, bonus = accept_synthetic_rows(self.tree, self.logits, e.shape.path_len, e.synthetic,
+                                                   self.use_draft)
+        else:
+            path, n, bonus = accept_greedy_rows(self.tree, self.logits, e.shape.path_len, self.use_draft)
         self.path.copy_(path)
         self.n.copy_(n)
         self.bonus.copy_(bonus)
@@ -156,13 +162,21 @@ class _Rows:
     def plain(self):
         B, dev = self.B, self.root.device
         one = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
-        logits, _ = self.e.target.forward_rows(self.tk, self.root[:, None], torch.zeros(B, 1, dtype=torch.long,
-                                                                                         device=dev), one, self.S)
+        logits, self.pfeats = self.e.target.forward_rows(self.tk, self.root[:, None],
+                                                         torch.zeros(B, 1, dtype=torch.long, device=dev), one,
+                                                         self.S, self.e.capture)
         self.plogits = logits[:, 0]
         self.next.copy_(self.plogits.argmax(-1))
 
     def plain_commit(self):
         self.tk.length += self.active.long()  # the one pending token is in place: commit it
+        e = self.e
+        if e.lag_feats is not None:  # the draft's input for this token, kept for its catch-up
+            B, F = self.B, self.pfeats.shape[-1]
+            at = e.lag_n[:B].clamp(max=CATCH_UP - 1)[:, None]
+            e.lag_feats[:B].scatter_(1, at[:, :, None].expand(B, 1, F), self.pfeats.to(e.lag_feats.dtype))
+            e.lag_ids[:B].scatter_(1, at, self.next[:, None])
+            e.lag_n[:B] += self.active.long()
         self.root.copy_(self.next)
 
     SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
@@ -174,6 +188,8 @@ class _Rows:
         state = [self.tk.length, self.root]
         if self.dk is not None:
             state += [self.dk.length, self.h, self.dl]
+        if self.e.lag_n is not None:
+            state.append(self.e.lag_n)
         groups = ([[getattr(self, p) for p in self.SPEC]] if self.e.draft is not None else []) + \
             [[self.plain, self.plain_commit]]
         names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
@@ -192,7 +208,8 @@ class BatchEngine:
 
     def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
                  tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
-                 allow_other_target: bool = False, graphs: bool | str = "auto"):
+                 allow_other_target: bool = False, graphs: bool | str = "auto", adaptive: bool = True,
+                 synthetic_accept_length: float | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
                                   code="E307")
@@ -202,11 +219,8 @@ class BatchEngine:
         self.shape = shape or TreeShape.make()
         self.max_batch = max_batch
         self.device = target.device
-        cuda = self.device.type == "cuda"
-        if spec_max_batch is None:
-            spec_max_batch = SPEC_MAX_BATCH_CUDA if cuda else SPEC_MAX_BATCH_CPU
-        self.spec_max_batch = spec_max_batch
-        self.graphs = (cuda and target.static) if graphs == "auto" else bool(graphs)
+        self.spec_max_batch = max_batch if spec_max_batch is None else spec_max_batch
+        self.graphs = (self.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
         self.pad = self.graphs  # fixed padded shapes pay off only with graphs; eager runs the real rows
         if draft is not None:
             from ..draft import check_pair
@@ -228,7 +242,15 @@ class BatchEngine:
         self._lock = threading.RLock()
         P = self.shape.path_len
         self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                           "accepted_per_pos": [0] * (P - 1)}
+                           "accepted_per_pos": [0] * (P - 1), "spec_cycles": 0, "plain_steps": 0,
+                           "switches_to_plain": 0, "switches_to_spec": 0}
+        self.policy = SpecPolicy(P - 1) if draft is not None and adaptive else None
+        self.synthetic = None
+        if synthetic_accept_length is not None:
+            if draft is None:
+                raise GenerationError("synthetic acceptance needs a draft", fix="serve with --draft", code="E317")
+            self.synthetic = synthetic_rate(float(synthetic_accept_length), P - 1)
+        self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
 
     # --- public interface ----------------------------------------------------------------------
     @property
@@ -300,9 +322,7 @@ class BatchEngine:
             events, self._cancelled = self._cancelled, []
             admitted = self._admit()
             if self.rows:
-                b = len(self.rows)
-                spec = (self.draft is not None and b <= self.spec_max_batch and any(s.use_draft for s in self.rows))
-                if spec:
+                if self._speculate():
                     self._spec_cycle()
                 else:
                     self._plain_step()
@@ -328,6 +348,8 @@ class BatchEngine:
         q = 256 if self.graphs else 64
         S = -(-need // q) * q
         extra = self.shape.steps * self.shape.topk
+        if self.draft is not None:  # a catch-up extend writes up to CATCH_UP slots past a row's length
+            extra = max(extra, CATCH_UP)
         if self.tk is None:
             self.tk = self.target.row_cache(self.max_batch, S)
             self.dk = self.draft.row_cache(self.max_batch, S + extra) if self.draft is not None else None
@@ -335,9 +357,14 @@ class BatchEngine:
                 d, B = self.draft, self.max_batch
                 self.h = torch.zeros(B, d.config.hidden_size, dtype=d.dtype, device=self.device)
                 self.dl = torch.zeros(B, d.config.draft_vocab_size, dtype=torch.float32, device=self.device)
+                F = self.target.info.hidden_size * len(self.capture.after_layers)
+                self.lag_feats = torch.zeros(B, CATCH_UP, F, dtype=self.target.dtype, device=self.device)
+                self.lag_ids = torch.zeros(B, CATCH_UP, dtype=torch.long, device=self.device)
+                self.lag_n = torch.zeros(B, dtype=torch.long, device=self.device)
         else:
             self.tk = self.tk.grown(S)
             self.dk = self.dk.grown(S + extra) if self.dk is not None else None
+            # (the catch-up window is per row, not per slot: it survives the growth as it is)
         self.S = S
         self._cycles.clear()  # graphs hold the old caches' addresses
 
@@ -351,6 +378,9 @@ class BatchEngine:
                 self.dk.move(last, r, upto + self.shape.steps * self.shape.topk)
                 self.h[r] = self.h[last]
                 self.dl[r] = self.dl[last]
+                self.lag_feats[r] = self.lag_feats[last]
+                self.lag_ids[r] = self.lag_ids[last]
+                self.lag_n[r] = self.lag_n[last]
             self.root[r] = self.root[last]
             self.use_draft[r] = self.use_draft[last]
             self.rows[r] = self.rows[last]
@@ -360,6 +390,7 @@ class BatchEngine:
         self.tk.length[last] = 0
         if self.dk is not None:
             self.dk.length[last] = 0
+            self.lag_n[last] = 0
 
     def _admit(self) -> list[_Seq]:
         k = min(len(self.waiting), self.max_batch - len(self.rows))
@@ -408,10 +439,41 @@ class BatchEngine:
             h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
             self.h[r] = h[0]
             self.dl[r] = dl[0]
+        if self.lag_n is not None:
+            self.lag_n[r] = 0
         s.use_draft = with_draft
         self.use_draft[r] = with_draft
 
     # --- cycles --------------------------------------------------------------------------------
+    def _speculate(self) -> bool:
+        """This step's choice: a tree cycle or a plain step (logged under EAGLE3_DEBUG when it switches)."""
+        b = len(self.rows)
+        if self.draft is None or b > self.spec_max_batch or not any(s.use_draft for s in self.rows):
+            return False
+        if self.policy is None or self.synthetic is not None:  # synthetic runs measure the cycle, never switch
+            return True
+        B = padded_size(b, self.max_batch) if self.pad else b
+        spec, why = self.policy.choose(B)
+        if self.policy.switched(spec):
+            key = "switches_to_spec" if spec else "switches_to_plain"
+            self.spec_stats[key] += 1
+            trace.event("speculation", on=spec, rows=b, padded=B, why=why)
+        return spec
+
+    def _catch_up(self, c: _Rows) -> None:
+        """Rows that went through plain steps: the draft extends over their window of plain tokens (one eager
+        draft forward for all of them), so the tree cycle starts from each row's current token."""
+        m = max(s.lag for s in self.rows if s.use_draft)
+        n = self.lag_n[:c.B] * c.use_draft
+        h, dl = self.draft.extend_rows(self.dk.rows(0, c.B), self.lag_feats[:c.B, :m], self.lag_ids[:c.B, :m], n,
+                                       c.Sd)
+        moved = (n > 0)[:, None]
+        self.h[:c.B] = torch.where(moved, h.to(self.h.dtype), self.h[:c.B])
+        self.dl[:c.B] = torch.where(moved, dl, self.dl[:c.B])
+        self.lag_n.zero_()
+        for s in self.rows:
+            s.lag = 0
+
     def _use_graphs(self) -> bool:
         return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
 
@@ -434,6 +496,9 @@ class BatchEngine:
     def _spec_cycle(self) -> None:
         c = self._rows()
         P, D = self.shape.path_len, self.shape.draft_tokens
+        if any(s.lag for s in self.rows if s.use_draft):
+            self._catch_up(c)
+        t0 = time.perf_counter()
         for p in ("draft_tree", "verify", "accept"):
             c.run(p)
         for b, s in enumerate(self.rows):
@@ -452,6 +517,12 @@ class BatchEngine:
         host = c.out[:len(self.rows)].tolist()  # the one read per cycle
         c.run("draft_extend")
         st = self.spec_stats
+        st["spec_cycles"] += 1
+        if self.policy is not None:
+            # wall time up to the host read, which waits for the device: in a run of cycles each one's figure
+            # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
+            self.policy.observe_cycle(c.B, time.perf_counter() - t0,
+                                      [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft])
         for s, row in zip(self.rows, host):
             n = row[0]
             if s.use_draft:
@@ -465,16 +536,22 @@ class BatchEngine:
 
     def _plain_step(self) -> None:
         c = self._rows()
+        t0 = time.perf_counter()
         c.run("plain")
         for b, s in enumerate(self.rows):
             if not s.req.sampling.greedy:
                 c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
         c.run("plain_commit")
         host = c.next[:len(self.rows)].tolist()
+        self.spec_stats["plain_steps"] += 1
+        if self.policy is not None:
+            self.policy.observe_plain(c.B, time.perf_counter() - t0)
         for r, (s, tok) in enumerate(zip(self.rows, host)):
-            if s.use_draft:  # the draft saw none of this: this row decodes without it from now on
-                s.use_draft = False
-                self.use_draft[r] = False
+            if s.use_draft:
+                s.lag += 1
+                if s.lag > CATCH_UP:  # past the window the draft cannot catch up: this row decodes without it
+                    s.use_draft = False
+                    self.use_draft[r] = False
             self._emit(s, [tok])
 
     def _emit(self, s: _Seq, toks: list[int]) -> None:

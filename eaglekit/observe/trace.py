@@ -102,4 +102,22 @@ def record(point: str, tensor, **meta) -> dict | None:
     return rec
 
 
+def event(point: str, **meta) -> dict | None:
+    """A record without a tensor (a decision: the engine switching speculation on or off, and why)."""
+    if not ENABLED:
+        return None
+    rec = {"cycle": _cycle, "point": point, **meta}
+    if RANK is not None:
+        rec["rank"] = RANK
+    extras = " ".join(f"{k}={v}" for k, v in meta.items())
+    print(f"[EAGLE3_DEBUG]{'' if RANK is None else f' rank {RANK}'} cycle {_cycle} {point:<22} {extras}",
+          file=_stream)
+    if FILE:
+        with open(FILE, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    if _sink is not None:
+        _sink.append(rec)
+    return rec
+
+
 configure()

@@ -79,6 +79,10 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
     (the first is the one /v1/models lists first); `context`: the target's context length in tokens.
     `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
     metrics = ServerMetrics(served[0], speculative, positions)
+    # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
+    synthetic = getattr(engine, "synthetic", None)
+    fingerprint = {"system_fingerprint": "eaglekit-synthetic-acceptance"} if synthetic is not None else {}
+    metrics.synthetic.set(synthetic or 0.0)
     max_body = int(max_body_mb * 2**20)
     bound = PromptBound(tokenizer, context)
     # two pools: a long tokenization in `prep` must not delay the detokenization of running streams in `text`
@@ -195,7 +199,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
 
         created = int(time.time())
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": p.model}
+                "model": p.model, **fingerprint}
 
         def usage(h):
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": h.tokens,
@@ -267,7 +271,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
                    "finish_reason": finish_reason(h)} if chat else
                   {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(h)})
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": p.model, "choices": [choice], "usage": usage(h), "spec_decode": spec(h)}
+                "model": p.model, **fingerprint, "choices": [choice], "usage": usage(h), "spec_decode": spec(h)}
 
     def completion_ids(raw: bytes):  # prep thread
         p = parse_completion(parse_json(raw), served)

@@ -283,6 +283,8 @@ async def run_level(client: httpx.AsyncClient, opts: BenchOptions, model: str, p
     rate = opts.request_rate if math.isfinite(opts.request_rate) else "inf"
     out = {"concurrency": concurrency, "request_rate": rate, **summarize(results, duration)}
     out["spec_decode"] = (spec_figures(before or {}, after) if after else None) or sglang_figures(sg)
+    if (sg or {}).get("synthetic_acceptance"):  # eaglekit's benchmark mode: the figures are not a real draft's
+        out["synthetic_acceptance"] = sg["synthetic_acceptance"]
     return out
 
 
@@ -349,6 +351,9 @@ def render(levels: list[dict], console=None) -> None:
         for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
             s = lv[key]
             t.add_row(f"{name} mean / median / p99 (ms)", f"{_f(s['mean'])} / {_f(s['median'])} / {_f(s['p99'])}")
+        if lv.get("synthetic_acceptance"):
+            t.add_row("SYNTHETIC ACCEPTANCE", f"benchmark mode, accept length "
+                      f"{lv['synthetic_acceptance'].get('accept_length')}: output is not the target's")
         sd = lv.get("spec_decode")
         if sd:
             t.add_row("spec decode", sd["source"])

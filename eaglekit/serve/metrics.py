@@ -62,9 +62,17 @@ class ServerMetrics:
             self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                     "Accepted tokens per draft position.", ["position"])
             self.per_pos = [self._per_pos.labels(*lv, str(i)) for i in range(positions)]
+            self.switches = Counter("eaglekit:spec_switches", "Times the engine switched speculation on (to=spec) "
+                                    "or off (to=plain), by its expected tokens per second.", L + ["to"], registry=r)
+            self.plain_steps = counter("eaglekit:spec_plain_steps", "Engine steps decoded without the draft.").labels(
+                *lv)
             self.accept_length = Gauge("sglang:spec_accept_length", "The average acceptance length of speculative "
                                        "decoding (1 + accepted / drafts).", L, registry=r).labels(*lv)
-        self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+        self.synthetic = Gauge("eaglekit:synthetic_acceptance_rate", "Benchmark mode: the per-position rate at "
+                               "which draft tokens are accepted regardless of the target (0: off, output is the "
+                               "target's).", L, registry=r).labels(*lv)
+        self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [],
+                      "switches_to_spec": 0, "switches_to_plain": 0, "plain_steps": 0}
 
     def reject(self, reason: str) -> None:
         """A request refused before the engine saw it: bad_request (400) or queue_full (429)."""
@@ -89,8 +97,13 @@ class ServerMetrics:
             self.per_pos[i].inc(v - (last["accepted_per_pos"][i] if i < len(last["accepted_per_pos"]) else 0))
         if stats["num_drafts"]:
             self.accept_length.set(1 + stats["num_accepted_tokens"] / stats["num_drafts"])
+        for to in ("spec", "plain"):
+            key = f"switches_to_{to}"
+            self.switches.labels(*self._lv, to).inc(stats.get(key, 0) - last.get(key, 0))
+        self.plain_steps.inc(stats.get("plain_steps", 0) - last.get("plain_steps", 0))
         self._last = {"num_drafts": stats["num_drafts"], "num_draft_tokens": stats["num_draft_tokens"],
-                      "num_accepted_tokens": stats["num_accepted_tokens"], "accepted_per_pos": pos}
+                      "num_accepted_tokens": stats["num_accepted_tokens"], "accepted_per_pos": pos,
+                      **{k: stats.get(k, 0) for k in ("switches_to_spec", "switches_to_plain", "plain_steps")}}
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -126,7 +126,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           device: str = "auto", dtype: str | None = None, compile: str | bool = "auto", graphs="auto",
           chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
           threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
-          max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S) -> int:
+          max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S, adaptive: bool = True,
+          synthetic_accept_length: float | None = None) -> int:
     template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
                              threads, max_body_mb, read_timeout)
     import uvicorn
@@ -150,7 +151,12 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
                               draft_quant=draft_quant,
                               batched=True)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
-                         capture=capture, allow_other_target=allow_other_target, graphs=graphs)
+                         capture=capture, allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
+                         synthetic_accept_length=synthetic_accept_length)
+    if engine.synthetic is not None:
+        print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
+              f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
+              f"output is NOT the target's", file=sys.stderr, flush=True)
     from ..distributed import current
 
     tp, lockstep = current(), None
@@ -170,6 +176,9 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
             "speculative_eagle_topk": shape.topk if draft is not None and shape else None,
             "speculative_num_draft_tokens": shape.draft_tokens if draft is not None and shape else None,
             "spec_max_batch": getattr(engine, "spec_max_batch", spec_max_batch),
+            "adaptive_speculation": getattr(engine, "policy", None) is not None,
+            "synthetic_acceptance": None if getattr(engine, "synthetic", None) is None else
+            {"accept_length": synthetic_accept_length, "rate": engine.synthetic},
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "tp_size": tp.world if tp is not None else 1}
     app = build_app(engine, tok, served, target.info.max_position_embeddings, max_batch, max_queue, template, info,

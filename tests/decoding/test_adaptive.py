@@ -1,0 +1,185 @@
+"""When the engine speculates (eaglekit.decoding.adaptive.SpecPolicy, BatchEngine's policy): the choice follows
+expected tokens per second, a draft that stops paying is switched off within a bounded number of cycles and
+probed back, and rows keep their draft state through plain steps (the catch-up).
+
+Costs are injected (the policy's figures), never read from the clock: the tests do not depend on the machine."""
+
+import random
+
+import pytest
+import torch
+
+from eaglekit.capture import CaptureSpec
+from eaglekit.decoding.accept import accept_synthetic_rows, synthetic_rate
+from eaglekit.decoding.adaptive import MAX_PROBE, MIN_PROBE, SpecPolicy
+from eaglekit.decoding.batch import BatchEngine, Request
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.tree import Tree, TreeShape
+from eaglekit.draft import new_draft
+from eaglekit.errors import EaglekitError
+from eaglekit.models import load_target
+
+
+class FixedCosts(SpecPolicy):
+    """The engine's policy with the wall times replaced: a cycle costs `spec`, a plain step `plain`."""
+
+    def __init__(self, positions, spec=1.5, plain=1.0):
+        super().__init__(positions)
+        self.c_spec, self.c_plain = spec, plain
+
+    def observe_cycle(self, rows, seconds, accepted):
+        super().observe_cycle(rows, self.c_spec, accepted)
+
+    def observe_plain(self, rows, seconds):
+        super().observe_plain(rows, self.c_plain)
+
+
+def test_expected_tokens_follow_the_per_position_rates():
+    p = SpecPolicy(3)
+    p.reached, p.accepted = [10, 8, 4], [8, 4, 1]  # rates 0.8, 0.5, 0.25
+    assert p.expected_tokens() == pytest.approx(1 + 0.8 + 0.8 * 0.5 + 0.8 * 0.5 * 0.25)
+
+
+def test_choice_times_each_size_once_then_compares_tokens_per_second():
+    p = FixedCosts(3, spec=1.5, plain=1.0)
+    assert p.choose(4)[0] is True  # untimed: a cycle first
+    p.observe_cycle(4, 0, [3, 3, 3, 3])
+    assert p.choose(4)[0] is False  # then a plain step, to time it
+    p.observe_plain(4, 0)
+    assert p.expected_tokens() > 1.5 and p.choose(4)[0] is True  # good acceptance: speculate
+    for _ in range(10):
+        p.observe_cycle(4, 0, [0, 0, 0, 0])  # the draft stops being right
+    assert p.expected_tokens() < 1.5 and p.choose(4)[0] is False
+    assert p.choose(8)[0] is True  # another padded size has its own figures
+
+
+def test_probe_interval_backs_off_and_resets():
+    p = FixedCosts(3, spec=2.0, plain=1.0)
+    p.observe_cycle(1, 0, [0] * 64)
+    p.observe_plain(1, 0)
+    seen = []
+    for _ in range(400):
+        spec, _ = p.choose(1)
+        if spec:
+            seen.append(p.since_spec)
+            p.observe_cycle(1, 0, [0])
+        else:
+            p.observe_plain(1, 0)
+    assert seen[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, min(8 * MIN_PROBE, MAX_PROBE)]
+    assert max(seen) == MAX_PROBE
+    spec_run = 0
+    for _ in range(400):  # the draft is right again: within a few probes one wins and speculation stays on
+        spec, _ = p.choose(1)
+        if spec:
+            p.observe_cycle(1, 0, [3])
+            spec_run += 1
+        else:
+            p.observe_plain(1, 0)
+            spec_run = 0
+    assert spec_run > 100 and p.probe == MIN_PROBE
+
+
+def _run(eng, prompts, max_new):
+    for i, pr in enumerate(prompts):
+        eng.add(Request(f"r{i}", pr, max_new, eos_ids=()))
+    out, accepted = {}, []
+    while eng.has_work:
+        for ev in eng.step():
+            out.setdefault(ev.rid, []).extend(ev.token_ids)
+            if ev.accepted is not None:
+                accepted.append(ev.accepted)
+    return out, accepted
+
+
+@pytest.fixture(scope="module")
+def llama(model_dirs):
+    return load_target(model_dirs["llama"], backend="ours", dtype="float32")
+
+
+def test_an_untrained_draft_falls_back_to_plain_decoding_within_a_few_cycles(llama):
+    """A random-weight draft on a target whose cycle costs 1.5 steps: after the first cycle at a size and one
+    timed plain step, the engine decodes plainly, probing now and then; output is the target's greedy output."""
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1)
+    eng.policy = FixedCosts(3)
+    prompt = [1, 5, 9, 14, 3, 7]
+    out, _ = _run(eng, [prompt], 120)
+    assert out["r0"] == Decoder(llama).generate(prompt, 120, eos_ids=()).token_ids
+    st = eng.spec_stats
+    # 120 tokens: one timing cycle, one timing step, then probes at 8, 16, 32, 48, 48 plain steps at most
+    assert st["spec_cycles"] <= 7 and st["plain_steps"] >= 100
+    assert st["switches_to_plain"] >= 1 and st["switches_to_spec"] == st["switches_to_plain"] - 1 + (
+        1 if eng.policy.speculating else 0)
+
+
+class Alternate(SpecPolicy):
+    """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
+
+    def __init__(self, positions, plain=5):
+        super().__init__(positions)
+        self.k, self.i = plain, 0
+
+    def choose(self, rows):
+        self.i += 1
+        return self.i % (self.k + 1) == 0, "forced"
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4), (3, 2, 6)])
+def test_rows_keep_their_draft_through_plain_steps(llama, shape):
+    """The draft's state follows plain steps (the catch-up): an exact draft accepts its whole path in every cycle
+    that follows plain steps, exactly as in a run without them; without the catch-up it would not."""
+    from test_batch import RowOracle
+
+    eng = BatchEngine(llama, None, TreeShape(*shape), max_batch=3)
+    eng.draft = RowOracle(llama)
+    eng.capture = CaptureSpec.default(llama.info.num_layers)
+    eng.policy = Alternate(TreeShape(*shape).path_len - 1)
+    prompts = [[1, 5, 9, 14], [1, 33, 2, 8, 70, 4], [1, 50]]
+    out, accepted = _run(eng, prompts, 60)
+    for i, pr in enumerate(prompts):
+        assert out[f"r{i}"] == Decoder(llama).generate(pr, 60, eos_ids=()).token_ids
+    assert eng.spec_stats["plain_steps"] > 3 * eng.spec_stats["spec_cycles"] > 0
+    full = max(accepted)  # what the exact draft reaches in this tree (its top-1 branch may be shorter)
+    assert full >= 2
+    assert sum(a == full for a in accepted) >= len(accepted) - 3  # every cycle but each row's last
+
+    eng._catch_up = lambda c: None  # the check can fail: without the catch-up the draft falls behind
+    eng.policy = Alternate(TreeShape(*shape).path_len - 1)
+    out, accepted = _run(eng, prompts, 60)
+    assert sum(a == full for a in accepted) < len(accepted) - 3
+
+
+def test_synthetic_acceptance_reaches_the_asked_accept_length(llama):
+    """Benchmark mode: each position of the top-1 branch accepted at the rate that gives the accept length."""
+    r = synthetic_rate(3.52, 5)
+    assert 1 + sum(r ** i for i in range(1, 6)) == pytest.approx(3.52, abs=1e-9)
+    with pytest.raises(EaglekitError):
+        synthetic_rate(7.0, 5)
+    torch.manual_seed(0)
+    B, D = 4000, 6  # a chain of 5 below the root: node i's parent is i - 1
+    parents = torch.tensor([0, 0, 1, 2, 3, 4]).expand(B, D)
+    depths = torch.arange(D).expand(B, D)
+    mask = torch.ones(D, D, dtype=torch.bool).tril().expand(B, D, D)
+    tree = Tree(torch.randint(0, 50, (B, D)), parents, depths, mask)
+    _, n, _ = accept_synthetic_rows(tree, torch.randn(B, D, 50), 6, r)
+    assert float(n.float().mean()) == pytest.approx(3.52, abs=0.08)
+    # a tree: only first children are ever on the accepted path
+    parents = torch.tensor([0, 0, 0, 1, 1, 2]).expand(B, D)
+    depths = torch.tensor([0, 1, 1, 2, 2, 2]).expand(B, D)
+    anc = torch.zeros(D, D, dtype=torch.bool)
+    for i, p in enumerate([0, 0, 0, 1, 1, 2]):
+        anc[i, i] = True
+        anc[i] |= anc[p] if i else anc[i]
+    tree = Tree(torch.randint(0, 50, (B, D)), parents, depths, anc.expand(B, D, D))
+    path, n, _ = accept_synthetic_rows(tree, torch.randn(B, D, 50), 3, 0.9)
+    assert set(path[n == 3][:, :3].unique().tolist()) <= {0, 1, 3}
+
+
+def test_synthetic_acceptance_is_named_and_needs_a_draft(llama):
+    with pytest.raises(EaglekitError, match="E317|draft"):
+        BatchEngine(llama, None, TreeShape(3, 1, 4), synthetic_accept_length=2.0)
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(5, 1, 6), max_batch=2, synthetic_accept_length=3.52)
+    assert eng.synthetic == pytest.approx(synthetic_rate(3.52, 5))
+    _, accepted = _run(eng, [[1, 5, 9], [1, 7]], 80)
+    assert 1.8 < 1 + sum(accepted) / len(accepted) < 5.0  # far above what a random draft reaches

@@ -1,0 +1,91 @@
+"""Benchmark-only synthetic acceptance in the server: refused before anything loads where it cannot apply, and
+named in every output of a run that uses it (responses, /server_info, /metrics, `eaglekit bench`)."""
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eaglekit.errors import EaglekitError
+
+DEMO = Path(__file__).resolve().parents[2] / "eaglekit" / "assets" / "demo"
+
+
+def _serve(engine, tok, fn):
+    import uvicorn
+
+    from eaglekit.serve.app import build_app
+
+    info = {"synthetic_acceptance": None if engine.synthetic is None else {"accept_length": 3.0,
+                                                                            "rate": engine.synthetic}}
+    app = build_app(engine, tok, ["m"], 2048, 2, 4, info=info, speculative=True, positions=3)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    try:
+        while not srv.started:
+            time.sleep(0.02)
+        port = srv.servers[0].sockets[0].getsockname()[1]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+            return fn(c)
+    finally:
+        srv.should_exit = True
+        th.join(30)
+
+
+@pytest.mark.parametrize("synthetic", [None, 3.0])
+def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
+    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.tree import TreeShape
+    from eaglekit.pair import load_pair
+    from eaglekit.serve.bench import render, sglang_figures  # noqa: F401  (the bench reads /server_info)
+    from eaglekit.tokenizer import load_tokenizer
+
+    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
+    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2, synthetic_accept_length=synthetic)
+    tok = load_tokenizer(str(DEMO / "target"))
+
+    def check(c):
+        r = c.post("/v1/completions", json={"model": "m", "prompt": "def f(x):", "max_tokens": 16}).json()
+        stream = c.post("/v1/completions", json={"model": "m", "prompt": "import os", "max_tokens": 8,
+                                                 "stream": True}).text
+        info = c.get("/server_info").json()
+        metrics = c.get("/metrics").text
+        return r, stream, info, metrics
+
+    r, stream, info, metrics = _serve(eng, tok, check)
+    rate_line = next(x for x in metrics.splitlines() if x.startswith("eaglekit:synthetic_acceptance_rate{"))
+    assert "eaglekit:spec_switches_total" in metrics and "eaglekit:spec_plain_steps_total" in metrics
+    if synthetic is None:
+        assert "system_fingerprint" not in r and "synthetic" not in stream
+        assert info["synthetic_acceptance"] is None and float(rate_line.split()[-1]) == 0.0
+    else:
+        assert r["system_fingerprint"] == "eaglekit-synthetic-acceptance"
+        assert stream.count("eaglekit-synthetic-acceptance") >= 2  # every chunk
+        assert info["synthetic_acceptance"]["accept_length"] == 3.0
+        assert float(rate_line.split()[-1]) == pytest.approx(eng.synthetic)
+
+
+def test_synthetic_acceptance_is_refused_before_loading():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "eaglekit.cli", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=120)
+    r = run("serve", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"), "--steps", "3",
+            "--synthetic-accept-length", "9", "--port", "0")
+    assert r.returncode != 0 and "E317" in r.stderr and "Traceback" not in r.stderr
+    r = run("serve", "--target", str(DEMO / "target"), "--synthetic-accept-length", "2", "--port", "0")
+    assert r.returncode != 0 and "E317" in r.stderr
+    pair = ("--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"))
+    for cmd in (("demo",), ("eval", *pair), ("doctor", *pair), ("generate", *pair, "--prompt", "x")):
+        r = run(*cmd, "--synthetic-accept-length", "2")  # where output is read the option does not exist
+        assert r.returncode == 2 and "unrecognized arguments: --synthetic-accept-length" in r.stderr
+
+
+def test_the_rate_is_checked_in_the_engine_too():
+    from eaglekit.decoding.accept import synthetic_rate
+
+    with pytest.raises(EaglekitError, match="E317"):
+        synthetic_rate(0.5, 3)
