@@ -1,6 +1,9 @@
-"""products "bulk" (eaglekit.kernels.hopper): where it runs and why not (CPU), and on an sm_90 GPU that its kernels are
-right against torch in fp32, that a row's bits never depend on the rows beside it, and that a decoder of a shape it
-takes verifies a tree with each row's logits bit-identical to the one-row baseline steps."""
+"""products "hopper" (eaglekit.kernels.hopper): where it runs and why not, its build (cache key, argument structs
+against the CUDA source; a real nvcc build where one is found), and on an sm_90 GPU that every entry point is right
+against torch (linear in its three epilogues, with the norm in it and its statistics; the norm statistics; q/k/v
+with rotary and cache writes, with and without its norm; the attention, with the cache's keys and with this call's
+keys apart), that a row's bits never depend on the rows beside it, and that a decoder of a shape it takes verifies a
+tree with each row's logits bit-identical to the one-row baseline steps."""
 
 import dataclasses
 import random
@@ -33,7 +36,7 @@ def test_shapes_it_takes_and_the_reason_it_gives_otherwise():
     assert hopper.reason(_cfg(), "cpu", torch.bfloat16) == "it runs on CUDA GPUs only"
 
 
-def test_products_bulk_on_a_cpu_is_a_clear_error():
+def test_products_hopper_on_a_cpu_is_a_clear_error():
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
 
@@ -41,7 +44,7 @@ def test_products_bulk_on_a_cpu_is_a_clear_error():
         load_pair(ASSETS / "target", device="cpu", products="hopper")
 
 
-def test_a_draft_keeps_sdpa_where_bulk_attention_cannot_run():
+def test_a_draft_keeps_sdpa_where_hopper_attention_cannot_run():
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
 
@@ -70,7 +73,7 @@ def _pending_reference(calls):
 
 
 def test_the_drafts_pending_form_says_what_its_masks_say():
-    """The (base, block) an extend, a tree level and a chain step hand the draft's attention (set_attention "bulk")
+    """The (base, block) an extend, a tree level and a chain step hand the draft's attention (set_attention "hopper")
     name the same keys as their masks: with a torch stand-in for the kernel, the same logits and trees as SDPA's."""
     from eaglekit.decoding import tree
     from eaglekit.demo import ASSETS
@@ -139,33 +142,108 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
         assert torch.equal(a, b)
 
 
-def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+def _cache_in(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # (hopper's cache: tmp_path / "cuda")
     monkeypatch.setattr(hopper, "_LIB", None)
-    monkeypatch.setattr(hopper, "library_path", lambda: tmp_path / "bulk-x.so")
+
+
+def test_no_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    _cache_in(monkeypatch, tmp_path)
     monkeypatch.setattr(hopper, "find_nvcc", lambda: None)
+    assert "no nvcc" in hopper.build_reason()
     with pytest.raises(hopper.Unavailable, match="nvcc"):
         hopper.library()
-    assert not any(tmp_path.iterdir())  # nothing half-built left behind
+    assert not (tmp_path / "cuda").exists() or not any((tmp_path / "cuda").iterdir())  # nothing half-built
+
+
+def test_without_nvcc_a_build_of_these_sources_in_the_cache_serves(monkeypatch, tmp_path):
+    _cache_in(monkeypatch, tmp_path)
+    monkeypatch.setattr(hopper, "find_nvcc", lambda: None)
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "hopper-0000000000000000-1111111111111111-sm90a.so").touch()  # another source's
+    assert hopper.prebuilt() is None
+    built = tmp_path / "cuda" / f"hopper-{hopper.source_digest()}-2222222222222222-sm90a.so"
+    built.touch()
+    assert hopper.prebuilt() == built and hopper.build_reason() is None
+
+
+def _fake_nvcc(path, release: str) -> str:
+    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_cache_key_holds_the_sources_and_the_nvcc_version(monkeypatch, tmp_path):
+    """The library's name digests the sources and `nvcc --version`'s output: another compiler builds anew."""
+    _cache_in(monkeypatch, tmp_path)
+    a, b = _fake_nvcc(tmp_path / "nvcc-a", "12.4, V12.4.131"), _fake_nvcc(tmp_path / "nvcc-b", "13.0, V13.0.88")
+    pa, pb = hopper.library_path(a), hopper.library_path(b)
+    assert pa != pb and pa.parent == pb.parent == tmp_path / "cuda"
+    assert pa.name.startswith(f"hopper-{hopper.source_digest()}-") and pa.name.endswith("-sm90a.so")
+    assert hopper.library_path(_fake_nvcc(tmp_path / "nvcc-c", "12.4, V12.4.131")) == pa  # same output, same key
+    src = tmp_path / "hopper.cu"
+    src.write_text(hopper.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(hopper, "SOURCES", (src, hopper.SOURCES[1]))
+    assert hopper.library_path(a) != pa
 
 
 def test_an_install_without_the_cuda_source_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(hopper, "SOURCES", (tmp_path / "hopper.cu",))
     with pytest.raises(hopper.Unavailable, match="lacks hopper.cu"):
-        hopper.library_path()
+        hopper.source_digest()
+    assert "lacks hopper.cu" in hopper.build_reason()
 
 
-def test_the_ctypes_signatures_match_the_cuda_source():
-    """Each entry point's argument types (hopper.ARGTYPES) against its C declaration in hopper.cu: a pointer for each
-    `void*`, an int for each `int`, a float for each `float`, in order (a mismatch is a crash on the GPU)."""
+def _c_structs(src: str) -> dict[str, list[tuple[str, str]]]:
+    """hopper.cu's `struct ek_hopper_*_args { type name; ... };` as {struct: [(type, name), ...]} (comments dropped)."""
+    import re
+
+    out = {}
+    for name, body in re.findall(r"struct (ek_hopper_\w+_args) \{(.*?)\};", src, re.S):
+        fields = [re.sub(r"//.*", "", line).strip() for line in body.splitlines()]
+        out[name] = [re.fullmatch(r"(const void\*|void\*|int|float) (\w+);", f).groups() for f in fields if f]
+    return out
+
+
+def test_the_argument_structs_match_the_cuda_source():
+    """Each entry point's ctypes.Structure (hopper.ENTRY_POINTS) against its C struct in hopper.cu: the same field
+    names in the same order, a pointer for each `void*`, an int for each `int`, a float for each `float` (a mismatch
+    is a crash or wrong bits on the GPU); each entry point takes a pointer to its struct alone; and no build variant
+    is left (no EK_ macro: the library is one build)."""
     import ctypes
     import re
 
     src = hopper.SOURCE.read_text()
-    for name, types in hopper.ARGTYPES.items():
-        params = re.search(rf"\b{name}\(([^)]*)\)", src).group(1).split(",")
-        want = [ctypes.c_void_p if "*" in q else ctypes.c_float if "float" in q else ctypes.c_int
-                for q in params if q.strip()]
-        assert types == want, name
+    structs = _c_structs(src)
+    ctype = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float}
+    assert sorted(structs) == sorted(hopper.C_STRUCTS.values())
+    for py, c in hopper.C_STRUCTS.items():
+        assert [(n, t) for n, t in py._fields_] == [(n, ctype[t]) for t, n in structs[c]], c
+    entries = dict(re.findall(r"^int (ek_hopper_\w+)\(const (ek_hopper_\w+_args)\* a\) \{", src, re.M))
+    assert entries == {name: hopper.C_STRUCTS[args] for name, args in hopper.ENTRY_POINTS.items()}
+    exported = set(re.findall(r"^\S.* \*?(ek_hopper_\w+)\(", src, re.M))
+    assert exported == set(hopper.ENTRY_POINTS) | {"ek_hopper_error", "ek_hopper_sm_count"}
+    assert "EK_" not in src and "ek_bulk" not in src
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(hopper.find_nvcc() is None, reason="needs nvcc")
+def test_nvcc_builds_the_library_and_its_entry_points_take_their_structs(monkeypatch, tmp_path):
+    """A real build, as a first use does (atomically into the cache, under the nvcc-keyed name), loaded; each entry
+    point refuses a shape it does not take before touching the GPU (-1, "bad arguments"), so this runs anywhere."""
+    import ctypes
+
+    _cache_in(monkeypatch, tmp_path)
+    lib = hopper.library()
+    assert hopper.library_path(hopper.find_nvcc()).exists() and hopper.BUILD_SECONDS > 0
+    assert [p.name for p in (tmp_path / "cuda").iterdir()] == [hopper.library_path(hopper.find_nvcc()).name]
+    refused = {"ek_hopper_linear": hopper.LinearArgs(epi=hopper.EPI_PLAIN, M=65, N=8, K=2048, ldx=2048),
+               "ek_hopper_qkv": hopper.QkvArgs(M=1, K=2048, ldx=2048, H=32, Hkv=8, hd=64),
+               "ek_hopper_rms": hopper.RmsArgs(M=1, K=4100),
+               "ek_hopper_attn": hopper.AttnArgs(rep=4, rows=1, cols=65)}
+    for name, args in refused.items():
+        assert getattr(lib, name)(ctypes.byref(args)) == -1, name
+    assert lib.ek_hopper_error(-1) == b"bad arguments"
 
 
 sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
@@ -229,21 +307,37 @@ def test_norm_in_the_products():
         assert (z.float() - ref).abs().max() < 1e-2 * ref.abs().max(), M
         first = first or (ss[:1], z[:1])
         assert torch.equal(ss[:1], first[0]) and torch.equal(z[:1], first[1]), M
-    # the first layer's: the norm kernel's statistics
-    xg1, ss1 = k.rms(res, g, eps, stats=True)
+    # the first layer's: the norm kernel's statistics, each row's as alone
+    xg1, ss1 = k.rms_stats(res, g)
     assert torch.equal(xg1, (res.float() * g.float()).bfloat16())
     torch.testing.assert_close(ss1[:, 0], res.float().pow(2).sum(1), rtol=1e-4, atol=0)
+    for M in (1, 5, 16):
+        xgm, ssm = k.rms_stats(res[:M].contiguous(), g)
+        assert torch.equal(xgm, xg1[:M]) and torch.equal(ssm, ss1[:M]), M
 
 
 @pytest.mark.gpu
 @sm90
-def test_qkv_rotates_and_writes_the_cache():
+def test_a_shape_the_kernels_refuse_is_an_error_not_a_crash():
+    """The library's shape check (-1) through Kernels' call: a RuntimeError naming the entry point."""
+    k = hopper.Kernels("cuda")
+    with pytest.raises(RuntimeError, match="ek_hopper_linear: bad arguments"):
+        k._call("ek_hopper_linear", hopper.LinearArgs(epi=hopper.EPI_PLAIN, M=0, N=8, K=2048, ldx=2048))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("norm", [False, True])
+def test_qkv_rotates_and_writes_the_cache(norm):
+    """q/k/v with rotary, q out and k, v into the cache at base + row; with `norm`, the RMSNorm before it in the
+    product (the norm statistics from rms_stats, as a layer's first norm): as RMSNorm then the product."""
     from eaglekit.models.config import RopeConfig
     from eaglekit.models.layers import Rotary, apply_rope
 
-    H, Hkv, hd, K, cap = 32, 8, 128, 4096, 300
+    H, Hkv, hd, K, cap, eps = 32, 8, 128, 4096, 300, 1e-5
     k = hopper.Kernels("cuda")
     w, x = _rand((H + 2 * Hkv) * hd, K, seed=4, scale=K ** -0.5), _rand(64, K, seed=5)
+    g = (1 + 0.3 * _rand(K, seed=6).float()).bfloat16()
     pos = torch.arange(100, 164, device="cuda")
     rotary = Rotary(hd, RopeConfig(theta=500000.0)).cuda()
     cos, sin = rotary(pos, torch.bfloat16)
@@ -251,8 +345,14 @@ def test_qkv_rotates_and_writes_the_cache():
     for M in (1, 7, 64):
         kc, vc = torch.zeros(2, Hkv, cap, hd, device="cuda", dtype=torch.bfloat16)
         base = torch.tensor([100], device="cuda")
-        q = k.qkv(x[:M], w, (H, Hkv, hd), kc, vc, pos[:M].contiguous(), rotary.inv_freq, base)
-        ref = (x[:M].float() @ w.float().T).bfloat16()
+        if norm:
+            xg, ss = k.rms_stats(x[:M].contiguous(), g)
+            q = k.qkv(xg, w, (H, Hkv, hd), kc, vc, pos[:M].contiguous(), rotary.inv_freq, base, norm=(ss, eps))
+            h = x[:M].float() * torch.rsqrt(x[:M].float().pow(2).mean(1, keepdim=True) + eps) * g.float()
+        else:
+            q = k.qkv(x[:M], w, (H, Hkv, hd), kc, vc, pos[:M].contiguous(), rotary.inv_freq, base)
+            h = x[:M].float()
+        ref = (h @ w.float().T).bfloat16()
         rq, rk, rv = ref.split([H * hd, Hkv * hd, Hkv * hd], -1)
         rq = apply_rope(rq.view(M, H, hd).transpose(0, 1).float(), cos[:M].float(), sin[:M].float())
         rk = apply_rope(rk.view(M, Hkv, hd).transpose(0, 1).float(), cos[:M].float(), sin[:M].float())
@@ -271,18 +371,15 @@ def test_qkv_rotates_and_writes_the_cache():
 @sm90
 @pytest.mark.parametrize("P,rep,T", [(40, 4, 10), (255, 4, 10), (700, 8, 10), (1500, 2, 10), (5000, 4, 10),
                                      (300, 1, 10), (100, 4, 64), (33, 8, 64)])  # 5000: parts fold chunks
-@pytest.mark.parametrize("kernel", ["tiles", "tiles1", "rows"])
-def test_attention_tree_rows_equal_rows_alone(P, rep, T, kernel):
+def test_attention_tree_rows_equal_rows_alone(P, rep, T):
     """A tree row's bits equal the same token attended alone with its keys in consecutive slots (the baseline's
-    layout: its ancestors committed), and both agree with an fp64 attention; by attn_tiles (the default: tensor
-    cores, 16-row tiles of query heads, two a block from three tiles on), by attn_tiles one tile a block
-    (EK_ATTN_MTB=1) and by attn_rows (EK_ATTN_MMA=0: CUDA cores, a block a row)."""
+    layout: its ancestors committed), and both agree with an fp64 attention. The tree's calls of three tiles or more
+    run two tiles a block, the others and every row alone one: the comparison spans both launches."""
     rng = random.Random(P)
     Hkv, hd = 4, 128
     H = Hkv * rep
     S = P + T + 5
     kb = hopper.Kernels("cuda")
-    kb.lib = hopper.library({"tiles": (), "tiles1": ("EK_ATTN_MTB=1",), "rows": ("EK_ATTN_MMA=0",)}[kernel])
     q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
     paths = random_tree_paths(T, rng)
     block = torch.zeros(T, T, dtype=torch.bool, device="cuda")
@@ -309,32 +406,6 @@ def test_attention_tree_rows_equal_rows_alone(P, rep, T, kernel):
     assert not kb.tickets.any()  # every merge left its ticket at zero
 
 
-@pytest.mark.gpu
-@sm90
-@pytest.mark.parametrize("rep", [1, 2, 4, 8])
-def test_attention_scores_by_halving_give_the_same_bits(rep):
-    """attn_rows's scores (part_scores_rs: a warp's scores reduced across lanes by recursive halving, 31 shuffles for
-    32 scores) pair the lanes as the butterflies of EK_ATTN_RS=0 do: the same bits for tree rows, one part and parts
-    that fold chunks."""
-    T, Hkv, hd = 10, 4, 128
-    H = Hkv * rep
-    kb = hopper.Kernels("cuda")
-    rows, variant = hopper.library(("EK_ATTN_MMA=0",)), hopper.library(("EK_ATTN_MMA=0", "EK_ATTN_RS=0"))
-    for P in (40, 700, 5000):
-        S = P + T + 5
-        q, kc, vc = _rand(T, H * hd, seed=P), _rand(Hkv, S, hd, seed=P + 1), _rand(Hkv, S, hd, seed=P + 2)
-        block = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
-        block[5:, 1:5] = False  # (two branches)
-        base = torch.tensor([P], device="cuda")
-        outs = []
-        for lib in (rows, variant):
-            kb.lib = lib
-            outs.append(kb.attn(q, kc, vc, base, block, (H, Hkv, hd), kb.scratch(T, S, Hkv, rep)))
-        assert torch.equal(outs[0], outs[1]), P
-        assert outs[0].abs().sum() > 0
-    assert not kb.tickets.any()
-
-
 def _target(products, layers=2):
     from eaglekit.models.layers import Rotary
     from eaglekit.models.llama import LlamaModel, LlamaTarget
@@ -346,7 +417,7 @@ def _target(products, layers=2):
         for p in net.parameters():
             p.normal_(0, 0.02)
         for n, p in net.named_parameters():
-            if "norm" in n:  # (not ones: the norms' weights travel inside the bulk products)
+            if "norm" in n:  # (not ones: the norms' weights travel inside the hopper products)
                 p.uniform_(0.5, 1.5)
     net = net.to("cuda", torch.bfloat16)
     net.rotary = Rotary(cfg.head_dim, cfg.rope).to("cuda")  # (its frequencies stay float32)
@@ -359,7 +430,7 @@ def _target(products, layers=2):
 @pytest.mark.gpu
 @sm90
 def test_decoder_tree_rows_equal_one_row_steps():
-    """The whole decoder through the bulk layers: a tree's logits, row by row, bit-identical to stepping that row's
+    """The whole decoder through the hopper layers: a tree's logits, row by row, bit-identical to stepping that row's
     path one token at a time (the baseline); and close to products "invariant" (other summation orders)."""
     t, ref = _target("hopper"), _target("invariant")
     rng = random.Random(0)
@@ -378,13 +449,6 @@ def test_decoder_tree_rows_equal_one_row_steps():
             outs[name] = tg.verify(ids, depths, block)[0]
         err = (outs["hopper"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
         assert err < 0.05, (T, err)
-        kern = t.net.products.layer_kernels  # the norms as their own kernels: close too (other roundings)
-        kern.norm_stats = False
-        t.reset(128)
-        t.prefill(prompt)
-        seven = t.verify(ids, depths, block)[0]
-        kern.norm_stats = True
-        assert (seven - outs["hopper"]).abs().max() / outs["invariant"].abs().max() < 0.05, T
         for i, path in enumerate(paths):
             t.reset(128)
             t.prefill(prompt)

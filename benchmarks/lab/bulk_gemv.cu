@@ -32,7 +32,43 @@ namespace {
 constexpr int SLOT = 8192;  // bytes a ring slot: one row of a 4096-wide weight
 constexpr int XMAX = 14336;  // widest K (the x row is staged in shared memory)
 
-#include "../eaglekit/models/hopper_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
+#include "../../eaglekit/kernels/hopper_ptx.cuh"  // smem_u32, mbar_*, bulk_load, slot_release, mma16816, bf4
+
+// the scores of an attention part: REP query heads (qr: this lane's 4 of HD dims each, pre-scaled) against ACH keys ks
+// [ACH, HD]; warp w of NW takes keys w, w + NW, ..., a lane 4 dims, then a butterfly over the lanes. Keys past cnt are
+// computed on whatever the slot holds and masked to -inf (no branch: the butterflies of several keys interleave)
+template <int REP, int ACH, int NW, int HD>
+__device__ __forceinline__ void part_scores(const __nv_bfloat16* ks, const float (&qr)[REP][4], float (&ps)[REP][ACH],
+                                            int cnt, int warp, int lane) {
+#pragma unroll 4
+  for (int j = warp; j < ACH; j += NW) {
+    float k[4], s[REP];
+    bf4(ks + j * HD + lane * 4, k);
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+      s[r] = 0.f;
+#pragma unroll
+      for (int d = 0; d < 4; ++d) s[r] = fmaf(qr[r][d], k[d], s[r]);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < REP; ++r) ps[r][j] = j < cnt ? s[r] : -INFINITY;
+  }
+}
+
+// P.V of one query head over a part's first cnt keys: acc (this lane's 4 of HD dims) += p[j] vs[j], j in order
+template <int HD>
+__device__ __forceinline__ void part_pv(const __nv_bfloat16* vs, const float* p, int cnt, int lane, float (&acc)[4]) {
+  for (int j = 0; j < cnt; ++j) {
+    const float pj = p[j];
+    float v[4];
+    bf4(vs + j * HD + lane * 4, v);
+#pragma unroll
+    for (int d = 0; d < 4; ++d) acc[d] = fmaf(pj, v[d], acc[d]);
+  }
+}
 
 // the ring's smem limit raised once per kernel (a block may take more than 48 KB)
 template <typename K>

@@ -1,7 +1,35 @@
 // The kernels of eaglekit.kernels.hopper: a bf16 decode layer for Hopper GPUs (sm_90) in which every kernel is a
 // programmatic dependent launch (PDL) and the products stream their weights by bulk copies (cp.async.bulk) into a
-// ring of shared-memory slots. Why and what it measured: eaglekit/kernels/hopper.py and benchmarks/NOTES.md ("Weights
-// streamed by bulk copies", "A real attention in the PDL layer", "A packed product past the FMA kernel").
+// ring of shared-memory slots. Why, and where it runs: eaglekit/kernels/hopper.py; figures: docs/performance.md and
+// benchmarks/results/2026-12-03b_h200_bulk.json (the layer), 2026-12-03j_h200_attn_tiles.json (its attention).
+//
+// Legend (names used below):
+//   PDL     programmatic dependent launch (griddepcontrol.launch_dependents / .wait)
+//   mma     mma.sync.aligned.m16n8k16 bf16 -> fp32: A 16 rows x 16 k, B 16 k x 8 columns, D 16 x 8
+//   g, t    a lane's group (lane / 4) and thread in group (lane % 4) in the mma's fragment layout
+//   products (gemm_rows): y[M, N] = x[M, K] @ W[N, K]^T with an epilogue
+//   EPI     the epilogue: PLAIN, RESID (+ residual), SWIGLU (silu(gate) * up), QKV (rotary, k/v into the cache)
+//   tile    8 weight rows (8 output columns); chunk: a tile's 512 k (8 KB), what one ring slot holds
+//   piece   a tile's 512-k slice; P = K / 512 pieces a tile
+//   CW      consumer warps a product block (plus one producer warp that issues the bulk copies)
+//   MROW    bytes of one weight row of a chunk in shared memory (1 KB padded to 1088: conflict-free loads)
+//   MSLOT   bytes of a ring slot (8 MROW)
+//   NSLOTS  ring slots a block (chunks in flight)
+//   RSLOTS  slots of the consumers' partial sums (a tile's CW warp sums, added in warp order)
+//   MT      16-row tiles of x (A operands) a product holds: M <= 16 MT
+//   LO      at most 8 rows: x's A rows 8-15 are zeros and not held
+//   TG      tiles a group: a warp's piece of x serves TG tiles once loaded
+//   XH      x's k-steps held in registers at a time
+//   QHD     head_dim of the q/k/v product (128)
+//   attention (attn_tiles): query rows over the KV cache, a row's visible keys in logical order
+//   AHD     head_dim (128); ACH: keys a chunk (32)
+//   REP     query heads a KV head (1, 2, 4, 8); TR = 16 / REP call rows a 16-row tile of query heads
+//   TW      warps (chunk slots) a tile: a part takes TW consecutive chunks
+//   MTB     tiles a block (1 or 2); TRB = TR MTB call rows a block
+//   KROW    elements of a key's row in shared memory (AHD + 8: ldmatrix's rows in distinct banks)
+//   SL      floats of one chunk slot's state (O [16][AHD], m [16], l [16])
+//   part    a block's share of a row's keys (blockIdx.x), merged in part order by the last part to finish
+//   ss      a row's partial sums of squares (an RMSNorm's statistics) handed from one kernel to the next
 //
 // PDL: a kernel lets its successor launch at once (griddepcontrol.launch_dependents) and waits for its predecessor's
 // output (griddepcontrol.wait) only where it reads it. A product's producer warp issues its weight's copies *before*
@@ -12,13 +40,14 @@
 // implies all earlier kernels' completion (what makes the scratch buffers and tickets safe to share across layers).
 //
 // Batch invariance (bf16 speculative output identical to the baseline's): a row's arithmetic never depends on the
-// rows beside it. Products: x's rows are the A operand of mma.sync m16n8k16 (rows past M are zeros; 16-row tiles);
-// each output row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: a row's
-// logical keys (the committed prefix, then its tree ancestors and itself, read from the tree's block) go in fixed
-// 32-key chunks to fixed places (attn_tiles: chunk c to part c / 4, slot c % 4, the row's query heads as A rows of the
-// mma; attn_rows, EK_ATTN_MMA=0: block (part, KV head, row) takes chunks p, p + P, ...), merged in a fixed order.
+// rows beside it. Products: x's rows are the A operand of the mma (rows past M are zeros; 16-row tiles); each output
+// row reads only its own x row, and the order of its sums depends on (N, K) only. Attention: a row's logical keys
+// (the committed prefix, then its tree ancestors and itself, read from the tree's block) go in fixed 32-key chunks to
+// fixed places (chunk c to part c / TW, slot c % TW, the row's query heads as A rows of the mma), merged in a fixed
+// order.
 //
-// Built at first use by eaglekit.kernels.hopper (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes.
+// Built at first use by eaglekit.kernels.hopper (nvcc -gencode=arch=compute_90a,code=sm_90a), loaded with ctypes;
+// each entry point takes one argument struct (ek_hopper_*_args, mirrored by ctypes.Structures in hopper.py).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,7 +65,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float round_bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
-int g_pdl = 1;  // launches as PDL (ek_bulk_set_pdl: 0 for plain launches, to measure what PDL gives)
+constexpr int PDL = 1;  // every launch is a programmatic dependent launch (launch_ex)
 
 // ---- products: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16 MT, with an epilogue --------------------------------------
 // A chunk is a tile of 8 weight rows by 512 k: 8 bulk copies of 1 KB into rows padded to MROW bytes (a warp's 16-byte
@@ -45,15 +74,11 @@ int g_pdl = 1;  // launches as PDL (ek_bulk_set_pdl: 0 for plain launches, to me
 // head's first half and their rotary partners, so a tile holds everything its outputs need. Chunk i of a block is
 // tile i / P, piece i % P (P = K / 512, a multiple of CW): warp w takes pieces w, w + CW, ... of each tile, chains
 // them through mma.sync, and the warps' sums are added in warp order after a barrier of the consumers. LO (at most 8
-// rows): x's rows 8-15 not held (the same mma inputs, 64 registers fewer: the fastest variant measured).
+// rows): x's rows 8-15 not held (the same mma inputs, 64 registers fewer).
 constexpr int CW = 4, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
-// ring slots a block (what it can fetch before its wait, while the kernel before it still runs): EK_NSLOTS up to 8
-// rows, 8 for more. 12 (the most that leaves two blocks an SM) ran 8 layers 2% slower than 8 (NOTES, sixteenth session)
-#ifndef EK_NSLOTS
-#define EK_NSLOTS 8
-#endif
-template <int MT, bool LO>
-__host__ __device__ constexpr int ring_slots() { return MT == 1 && LO ? EK_NSLOTS : 8; }
+// ring slots a block: what it can fetch before its wait, while the kernel before it still runs. 8 keeps a block's
+// shared memory near 100 KB, two blocks an SM (12 measured slower: 2026-12-03b_h200_bulk.json)
+constexpr int NSLOTS = 8;
 constexpr int QHD = 128;  // the q/k/v product's head_dim (its tiles are 16 a head)
 enum { EPI_PLAIN = 0, EPI_RESID = 1, EPI_SWIGLU = 2, EPI_QKV = 3 };
 
@@ -67,8 +92,9 @@ struct Epi {
   int cap, qcols, kcols;  // QKV: cache slots a head, H * QHD, Hkv * QHD
   // a norm in the product (any EPI): x is g * h (the RMSNorm's weight times its input h, as bf16) and ss_in [M, nss]
   // holds partial sums of h's squares; their sum in order gives each row's r = rsqrt(sum / K + eps), and the epilogue
-  // scales the row's sums by r before rounding. The norm kernel between two products is gone: its statistics come
-  // from the RESID epilogue before it (xg, ss_out) and its scale rides in the product (NOTES, seventeenth session)
+  // scales the row's sums by r before rounding. So no norm kernel runs between two products: its statistics come
+  // from the RESID epilogue before it (xg, ss_out) and its scale rides in the product (five kernels a layer, not
+  // seven: 2026-12-03c_h200_bulk_norms.json)
   const float* ss_in;
   int nss;
   float eps;
@@ -80,8 +106,8 @@ struct Epi {
 };
 
 // the weight rows of tile `tile`: its rows 0-3 are rows a .. a + 3 of W, its rows 4-7 rows b .. b + 3. Computed once
-// a tile (the producer's loop issues the copies: divisions by runtime values there, a chunk's 8 rows each, made the
-// q/k/v product 2x slower; NOTES, sixteenth session)
+// a tile from constants only: the producer's loop issues the copies, and divisions by runtime values there (a
+// chunk's 8 rows each) made the q/k/v product 2x slower (2026-12-03b_h200_bulk.json)
 template <int EPI>
 __device__ __forceinline__ void tile_rows(int tile, int N, const Epi& e, int& a, int& b) {
   if (EPI == EPI_SWIGLU) {
@@ -175,59 +201,28 @@ __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int t
   }
 }
 
-#ifndef EK_PRODUCER_LANES
-#define EK_PRODUCER_LANES 8
-#endif
-static_assert(EK_PRODUCER_LANES == 1 || EK_PRODUCER_LANES == 8, "a chunk's copies: by one lane or by eight");
+// how a product reads x, its predecessor's output: a plain load (cached in L1: the warps' and tiles' repeated reads of
+// x hit L1 rather than L2). Safe because x is read after griddepcontrol.wait only, which makes the predecessor's
+// writes visible to this grid (L2-only loads gave the same bits, slower: 2026-12-03b_h200_bulk.json)
+__device__ __forceinline__ uint4 load_x(const uint4* p) { return *p; }
 
-// how a product reads x, its predecessor's output (EK_XLOAD, a build option for benchmarks/bulk_step.py): 0 L2 only
-// (ld.global.cg: every block's every chunk from L2), 1 the read-only path (ld.global.nc, cached in L1), 2 a plain
-// load (cached in L1; the default). x is read after griddepcontrol.wait only, which makes the predecessor's writes
-// visible to this grid; 1 and 2 gave the same bits as 0 and 8 layers ~0.03 ms faster (NOTES, sixteenth session)
-#ifndef EK_XLOAD
-#define EK_XLOAD 2
-#endif
-__device__ __forceinline__ uint4 load_x(const uint4* p) {
-#if EK_XLOAD == 1
-  return __ldg(p);
-#elif EK_XLOAD == 2
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-
-// TG tiles a group (past 8 rows; EK_TG_WIDE, 1 or 2: a warp has two ring slots): a warp's piece of x, once loaded,
-// serves the TG tiles of a group (chunks ordered group, piece, tile), so x is read from L1/L2 once per TG tiles. Past
-// 8 rows x's reads, not the weight's, bound the product (M / 8 bytes of x a weight byte). Every tile's sums are the
-// same chain of mma steps whatever TG, so the bits do not depend on it. EK_XH_WIDE: x's steps held at a time where
-// row tiles times tiles a group reach 4. (Build options: benchmarks/bulk_step.py compares them.)
-#ifndef EK_TG_WIDE
-#define EK_TG_WIDE 2
-#endif
-#ifndef EK_XH_WIDE
-#define EK_XH_WIDE 4
-#endif
-// up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on (build options: 99 never). Pairs halve
-// x's reads but also a warp's look-ahead in the ring (8 slots: its pair, no next chunk). Measured (the 8B step at k
-// rows, NOTES, eighteenth session): pairs for every product from 2 rows on slower at 2-7 rows (6 rows 4.63 ms against
-// 4.40), faster at 8 (4.84 against 4.95); the q/k/v product never gains from them (8 rows 4.74-4.75 ms with its
-// single tiles against 4.83-4.84), the residual products from 7 rows on (7 rows 4.59 against 4.60-4.64)
-#ifndef EK_TG_LO_FROM
-#define EK_TG_LO_FROM 8
-#endif
-#ifndef EK_TG_LO_FROM_QKV
-#define EK_TG_LO_FROM_QKV 99
-#endif
-#ifndef EK_TG_LO_FROM_RESID
-#define EK_TG_LO_FROM_RESID 7
-#endif
+// TG tiles a group (TG_WIDE = 2 past 8 rows: a warp has two ring slots): a warp's piece of x, once loaded, serves the
+// TG tiles of a group (chunks ordered group, piece, tile), so x is read from L1/L2 once per TG tiles. Past 8 rows x's
+// reads, not the weight's, bound the product (M / 8 bytes of x a weight byte). Every tile's sums are the same chain
+// of mma steps whatever TG, so the bits do not depend on it. XH_WIDE: x's steps held at a time where row tiles times
+// tiles a group reach 4 (more, and the registers pass 200: one block an SM).
+constexpr int TG_WIDE = 2, XH_WIDE = 4;
+// up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on. Pairs halve x's reads but also a warp's
+// look-ahead in the ring (8 slots: its pair, no next chunk), so they pay only where x's reads weigh: the residual
+// products from 7 rows, the others from 8, the q/k/v product never (99: it lost at every row count measured;
+// 2026-12-03d_h200_verify_rows.json)
+constexpr int TG_LO_FROM = 8, TG_LO_FROM_RESID = 7, TG_LO_FROM_QKV = 99;
 template <int MT, bool LO, int EPI, int TG>
 __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
     gemm_rows(const bf16* __restrict__ W, const bf16* x, bf16* y, int M, int N, int K, int ldx, Epi e) {
   static_assert(!LO || MT == 1, "LO: at most 8 rows");
-  constexpr int NSLOTS = ring_slots<MT, LO>();
-  static_assert(NSLOTS % (CW * TG) == 0, "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
+  static_assert(NSLOTS % (CW * TG) == 0,
+                "each ring slot serves one consumer warp (a phase-aliased wait returns at once)");
   static_assert(RSLOTS >= 2 * TG, "a warp is at most one barrier (TG tiles) ahead of the slowest");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
@@ -246,8 +241,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
 
   if (warp == CW) {  // the producer: weights never depend on the predecessor, so no wait before streaming them
     // lane 0 waits for a free slot and arms its barrier; the chunk's 8 row copies are issued by lanes 0-7 at once
-    // (EK_PRODUCER_LANES 8, the default) or all by lane 0 (1)
-    if (lane < EK_PRODUCER_LANES) {
+    if (lane < 8) {
       int grp = g0, piece = 0, j = 0, a, b;
       tile_rows<EPI>(grp * TG, N, e, a, b);
       for (int i = 0; i < nchunks; ++i) {
@@ -258,16 +252,9 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
         }
         const bf16* wa = W + static_cast<size_t>(a) * K + piece * 512;
         const bf16* wb = W + static_cast<size_t>(b) * K + piece * 512;
-        if (EK_PRODUCER_LANES == 8) {
-          __syncwarp(0xffu);
-          const int r = lane & 3;
-          bulk_load(ring + s * MSLOT + lane * MROW, (lane < 4 ? wa : wb) + static_cast<size_t>(r) * K, 1024, &full[s]);
-        } else {
-          for (int r = 0; r < 4; ++r) {
-            bulk_load(ring + s * MSLOT + r * MROW, wa + static_cast<size_t>(r) * K, 1024, &full[s]);
-            bulk_load(ring + s * MSLOT + (r + 4) * MROW, wb + static_cast<size_t>(r) * K, 1024, &full[s]);
-          }
-        }
+        __syncwarp(0xffu);
+        const int r = lane & 3;
+        bulk_load(ring + s * MSLOT + lane * MROW, (lane < 4 ? wa : wb) + static_cast<size_t>(r) * K, 1024, &full[s]);
         if (++j == TG) {
           j = 0;
           if (++piece == P) piece = 0, ++grp;
@@ -305,7 +292,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
       // k = piece * 512 + j * 32 + t * 8 .. + 7 of a row (the same permutation of k for W and x). x is held XH steps
       // at a time (more row tiles or tiles a group: fewer, or the registers pass 200 and one block an SM fits); the
       // steps' order, so the bits, stay the same
-      constexpr int XH = (MT == 1 && TG == 1) ? 16 : (MT * TG >= 4 ? EK_XH_WIDE : 8);
+      constexpr int XH = (MT == 1 && TG == 1) ? 16 : (MT * TG >= 4 ? XH_WIDE : 8);
       const int r0 = mt * 16 + g;
       const bool lo = r0 < M, hi = !LO && r0 + 8 < M;
       const uint4* xlo = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r0) * ldx) + kq + t;
@@ -366,9 +353,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at mos
 template <int MT, bool LO, int EPI, int TG>
 int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                 cudaStream_t stream) {
-  // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (NOTES: blocks that fit
-  // beside the running ones take room early and unevenly, and the chain got slower)
-  constexpr int NSLOTS = ring_slots<MT, LO>();
+  // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (blocks that fit beside
+  // the running ones take room early and unevenly, and the chain got slower: 2026-12-02i_h200_bulk_probe.json)
   const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + (RSLOTS * CW * MT * 128 + 64) * 4;
   const size_t smem = need > 100 * 1024 ? need : 100 * 1024;
   static bool ready = false;
@@ -378,7 +364,7 @@ int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int 
     if (err != cudaSuccess) return static_cast<int>(err);
     ready = true;
   }
-  return launch_ex(gemm_rows<MT, LO, EPI, TG>, dim3(grid), dim3((CW + 1) * 32), smem, g_pdl, stream, W, x, y, M, N,
+  return launch_ex(gemm_rows<MT, LO, EPI, TG>, dim3(grid), dim3((CW + 1) * 32), smem, PDL, stream, W, x, y, M, N,
                    K, ldx, e);
 }
 
@@ -386,9 +372,9 @@ int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int 
 template <int EPI>
 int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                   cudaStream_t s) {
-  constexpr int TW = EK_TG_WIDE;
+  constexpr int TW = TG_WIDE;
   if (M <= 8) {  // (pairs of tiles from the product's threshold above: x's L1/L2 reads, M / 8 of the weight's, halved)
-    constexpr int from = EPI == EPI_QKV ? EK_TG_LO_FROM_QKV : EPI == EPI_RESID ? EK_TG_LO_FROM_RESID : EK_TG_LO_FROM;
+    constexpr int from = EPI == EPI_QKV ? TG_LO_FROM_QKV : EPI == EPI_RESID ? TG_LO_FROM_RESID : TG_LO_FROM;
     if (M >= from && N / 8 % 2 == 0) return launch_gemm<1, true, EPI, 2>(W, x, y, M, N, K, ldx, e, grid, s);
     return launch_gemm<1, true, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
   }
@@ -398,15 +384,16 @@ int gemm_rows_for(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, in
     return launch_gemm<4, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
   }
   if (M <= 16) return launch_gemm<1, false, EPI, TW>(W, x, y, M, N, K, ldx, e, grid, s);
-  // (17-32 rows: one tile a group measured faster, 7.35-7.41 ms against 7.83-7.85 for a 17-row step; NOTES)
+  // (17-32 rows: one tile a group, where pairs measured slower for a 17-row step; the same bits either way)
   if (M <= 32) return launch_gemm<2, false, EPI, 1>(W, x, y, M, N, K, ldx, e, grid, s);
   return launch_gemm<4, false, EPI, TW>(W, x, y, M, N, K, ldx, e, grid, s);
 }
 
-// ---- RMSNorm, one block a row: y = w * bf16(x / rms(x)), statistics in fp32 in a fixed order -----------------------
-// With sums: the norm for a product that takes it (Epi.ss_in, nss 1): sums[row] = the sum of x^2, y = bf16(w * x)
+// ---- the first layer's norm, one block a row: its statistics for the q/k/v product that applies it ----------------
+// y = bf16(w * x) and sums[row] = the row's sum of x^2 in fp32 in a fixed order (Epi.ss_in with nss 1); every later
+// norm's statistics come from a RESID epilogue
 __global__ void __launch_bounds__(256)
-    rms_rows(const bf16* x, const bf16* __restrict__ w, bf16* y, int K, float eps, float* sums) {
+    rms_stats(const bf16* x, const bf16* __restrict__ w, bf16* y, int K, float* sums) {
   __shared__ float part[8];
   pdl_trigger();
   pdl_wait();
@@ -430,8 +417,7 @@ __global__ void __launch_bounds__(256)
   float tot = part[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) tot += part[i];
-  if (sums && threadIdx.x == 0) sums[blockIdx.x] = tot;
-  const float r = sums ? 1.f : rsqrtf(tot / K + eps);
+  if (threadIdx.x == 0) sums[blockIdx.x] = tot;
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   for (int i = threadIdx.x; i < K / 8; i += 256) {
     uint4 v = __ldcg(xr + i);
@@ -441,8 +427,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 f = __bfloat1622float2(h[j]), s = __bfloat1622float2(wh[j]);
-      h[j] = sums ? __floats2bfloat162_rn(s.x * f.x, s.y * f.y)
-                : __floats2bfloat162_rn(s.x * round_bf(f.x * r), s.y * round_bf(f.y * r));
+      h[j] = __floats2bfloat162_rn(s.x * f.x, s.y * f.y);
     }
     yr[i] = v;
   }
@@ -452,29 +437,12 @@ __global__ void __launch_bounds__(256)
 // Row t sees the committed prefix (slots 0 .. base - 1) and the pending keys c whose block[t, c] is set (block [rows,
 // C], C <= 64: in a verify this call's tokens, C = rows, its tree ancestors and itself; in a draft tree every pending
 // node so far), in that order: logical key j < base at slot j, key base + m at slot base + c_m, c_m the row's m-th set
-// column. Keys come in chunks of ACH: chunk c is logical keys [ACH c, ACH c + ACH). Block (part p, KV head g, row)
-// takes chunks p, p + P, p + 2 P, ... (P = gridDim.x parts, bounded by the caller: the grid and the part buffers do
-// not grow with the span). A chunk's committed keys are contiguous and copied by bulk copies (the first chunk's
-// *before* the wait: the committed cache never depends on the predecessor); the pending ones after it, by L2 loads
-// (ld.global.cg), from the cache (a verify's: written by the q/k/v product's epilogue), except with new0 (the draft's
-// calls): this call's own rows' keys r, at slots *new0 + r, from kn/vn, and part 0 of (row r, KV head) writes them
-// to the cache there (no other block reads those slots: torch.compile then passes the cache itself, where an
-// index_copy_ beside the op made it copy the whole cache each call, NOTES). Scores, softmax and P.V run on the CUDA
-// cores in fixed orders; a part folds its chunks in order into one (acc, max, sum), and the last part of (row, KV
-// head) to finish (a ticket, reset by it for the next launch) merges the parts in part order. Nothing depends on how
-// many rows come with a row: one row alone and in a tree, the same bits. The scores' lane sums go by recursive
-// halving (part_scores_rs: the butterflies' bits with a fifth of the shuffles; 32 launches at 512 keys 0.264 -> 0.224
-// ms at 1 row, 0.423 -> 0.346 at 6, NOTES); EK_ATTN_RS=0 builds the butterflies (part_scores), to check the bits
+// column. Keys come in chunks of ACH: chunk c is logical keys [ACH c, ACH c + ACH). The pending keys come from the
+// cache (a verify's: written by the q/k/v product's epilogue), except with new0 (the draft's calls): this call's own
+// rows' keys r, at slots *new0 + r, are read from kn/vn, and part 0 writes them to the cache there (no other block
+// reads those slots; so torch.compile can pass the cache itself to the op, where an index_copy_ beside it made
+// inductor copy the whole cache each call: 2026-12-03h_h200_draft_attention.json).
 constexpr int AHD = 128, ACH = 32;
-#ifndef EK_ATTN_RS  // 1: the scores' lane sums by recursive halving (part_scores_rs), 0: a butterfly each (same bits)
-#define EK_ATTN_RS 1
-#endif
-#ifndef EK_ATTN_MMA  // 1: the attention by attn_tiles (tensor cores, a tile of rows a block), 0: by attn_rows (below)
-#define EK_ATTN_MMA 1
-#endif
-#ifndef EK_ATTN_MTB  // attn_tiles's tiles a block at most (2: two where the call has three or more; 1: one)
-#define EK_ATTN_MTB 2
-#endif
 
 // this call's row r's key (or value) for KV head g, where the draft's calls hand them apart (kn/vn: element strides)
 __device__ __forceinline__ const bf16* new_row(const bf16* kn, const bf16* vn, int r, int g, int kn_t, int kn_h,
@@ -483,166 +451,16 @@ __device__ __forceinline__ const bf16* new_row(const bf16* kn, const bf16* vn, i
              : vn + static_cast<size_t>(r) * vn_t + static_cast<size_t>(g) * vn_h;
 }
 
-// (launch bounds: <= 64 registers up to 4 query heads a KV head, so a block still fits beside two product blocks,
-// 2 x 5 warps x 168 registers; the chunk loop's state took it to 80 unbounded)
-template <int REP>
-__global__ void __launch_bounds__(32 * (REP < 4 ? 4 : REP), REP < 8 ? 8 : 3)
-    attn_rows(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base_ptr,
-              const unsigned char* block, int T, float* part_acc, float* part_ml, unsigned* tickets, bf16* out,
-              int ldo, float scale_log2, const long long* new0, const bf16* kn, const bf16* vn, int kn_t, int kn_h,
-              int vn_t, int vn_h) {
-  constexpr int NW = REP < 4 ? 4 : REP, NT = 32 * NW;
-  __shared__ __align__(128) bf16 ks[ACH * AHD];
-  __shared__ __align__(128) bf16 vs[ACH * AHD];
-  __shared__ float ps[REP][ACH];
-  __shared__ float qs[REP][AHD];
-  __shared__ __align__(8) uint64_t bar;
-  __shared__ int is_last;
-  __shared__ unsigned char cols[64];  // the row's set columns of block, in order
-  pdl_trigger();
-  // block and base are written before the step's layers run (not by a predecessor): read before the wait
-  const int p = blockIdx.x, g = blockIdx.y, row = blockIdx.z, P = gridDim.x, Hkv = gridDim.y;
-  const int lane0 = threadIdx.x % 32;
-  const unsigned char* brow = block + static_cast<size_t>(row) * T;
-  const unsigned m0 = __ballot_sync(0xffffffffu, lane0 < T && brow[lane0]);
-  const unsigned m1 = __ballot_sync(0xffffffffu, lane0 + 32 < T && brow[lane0 + 32]);
-  const long long L = *base_ptr;
-  const int n = static_cast<int>(L) + __popc(m0) + __popc(m1), chunks = (n + ACH - 1) / ACH;
-  if (p >= chunks) return;
-  if (threadIdx.x < 32) {  // warp 0: column c's rank among the set ones
-    if (m0 >> lane0 & 1) cols[__popc(m0 & ((1u << lane0) - 1))] = lane0;
-    if (m1 >> lane0 & 1) cols[__popc(m0) + __popc(m1 & ((1u << lane0) - 1))] = lane0 + 32;
-  }
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const size_t head = static_cast<size_t>(g) * cap;
-  // chunk c's committed keys (its first `pre` of `cnt`): bulk copies, completion on bar (thread 0)
-  auto copy_committed = [&](int c) {
-    const int lo = c * ACH, cnt = min(ACH, n - lo);
-    const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));
-    mbar_expect_tx(&bar, pre * AHD * 2 * 2);
-    if (pre > 0) {
-      bulk_load(ks, K + (head + lo) * AHD, pre * AHD * 2, &bar);
-      bulk_load(vs, V + (head + lo) * AHD, pre * AHD * 2, &bar);
-    }
-  };
-  if (tid == 0) {
-    mbar_init(&bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    copy_committed(p);
-  }
-  pdl_wait();  // q and this call's keys are the q/k/v product's
-  const int c0 = new0 ? static_cast<int>(*new0 - L) : 0, nrow = new0 ? gridDim.z : 0;  // kn/vn: columns c0 + r
-  if (new0 && p == 0 && tid < 32) {  // this row's key (lanes 0-15) and value (16-31) into the cache
-    const bf16* src = new_row(kn, vn, row, g, kn_t, kn_h, vn_t, vn_h, tid < 16);
-    bf16* dst = const_cast<bf16*>(tid < 16 ? K : V) + (head + L + c0 + row) * AHD;
-    reinterpret_cast<uint4*>(dst)[tid % 16] = reinterpret_cast<const uint4*>(src)[tid % 16];
-  }
-  for (int i = tid; i < REP * AHD; i += NT)  // q pre-scaled by log2(e) / sqrt(head_dim): exp2 below
-    qs[i / AHD][i % AHD] = bf(q[static_cast<size_t>(row) * ldq + static_cast<size_t>(g) * REP * AHD + i]) * scale_log2;
-  __syncthreads();  // (cols, qs)
-  float qr[REP][4];
-#pragma unroll
-  for (int r = 0; r < REP; ++r)
-#pragma unroll
-    for (int d = 0; d < 4; ++d) qr[r][d] = qs[r][lane * 4 + d];
-  const int r = warp;  // softmax and P.V: warp r takes query head r, a lane 4 of its dims
-  float Mr = -INFINITY, Lr = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};  // the part's fold of its chunks so far
-  for (int c = p, k = 0; c < chunks; c += P, ++k) {
-    if (k > 0) {  // every warp is done with the last chunk's keys and scores
-      __syncthreads();
-      if (tid == 0) copy_committed(c);
-    }
-    const int lo = c * ACH, cnt = min(ACH, n - lo);
-    const int pre = static_cast<int>(max(0LL, min(static_cast<long long>(cnt), L - lo)));
-    for (int i = tid; i < (cnt - pre) * 32; i += NT) {  // a key: 16 units of 16 bytes of K, then 16 of V
-      const int j = pre + i / 32, u = i % 32, c = cols[lo + j - L], r = c - c0;
-      const bf16* key = static_cast<unsigned>(r) < static_cast<unsigned>(nrow)
-                            ? new_row(kn, vn, r, g, kn_t, kn_h, vn_t, vn_h, u < 16)
-                            : (u < 16 ? K : V) + (head + L + c) * AHD;
-      const uint4* src = reinterpret_cast<const uint4*>(key) + u % 16;
-      reinterpret_cast<uint4*>((u < 16 ? ks : vs) + j * AHD)[u % 16] = __ldcg(src);
-    }
-    __syncthreads();
-    mbar_wait(&bar, k & 1);
-#if EK_ATTN_RS
-    part_scores_rs<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);  // warp w: keys w, w + NW, ...
-#else
-    part_scores<REP, ACH, NW, AHD>(ks, qr, ps, cnt, warp, lane);
-#endif
-    __syncthreads();
-    if (r < REP) {
-      float sc = ps[r][lane], m = sc, l;
-#pragma unroll
-      for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      l = sc = exp2f(sc - m);
-#pragma unroll
-      for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-      ps[r][lane] = sc;
-      __syncwarp();
-      if (k == 0) {  // (a part of one chunk: exactly that chunk's values)
-        part_pv<AHD>(vs, ps[r], cnt, lane, acc);
-        Mr = m, Lr = l;
-      } else {  // fold this chunk in: both rescaled to the larger max
-        float a[4] = {0.f, 0.f, 0.f, 0.f};
-        part_pv<AHD>(vs, ps[r], cnt, lane, a);
-        const float Mn = fmaxf(Mr, m), wo = exp2f(Mr - Mn), wn = exp2f(m - Mn);
-#pragma unroll
-        for (int d = 0; d < 4; ++d) acc[d] = acc[d] * wo + a[d] * wn;
-        Lr = Lr * wo + l * wn, Mr = Mn;
-      }
-    }
-  }
-  const size_t first = (static_cast<size_t>(row) * Hkv + g) * P * REP + r;  // (row, g, part 0, head r)
-  if (r < REP) {
-    const size_t slot = first + static_cast<size_t>(p) * REP;
-    *reinterpret_cast<float4*>(part_acc + slot * AHD + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (lane == 0) part_ml[slot * 2] = Mr, part_ml[slot * 2 + 1] = Lr;
-  }
-  __threadfence();
-  __syncthreads();
-  const int parts = min(chunks, P);
-  unsigned* ticket = tickets + static_cast<size_t>(row) * Hkv + g;
-  if (tid == 0) {
-    is_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(parts - 1);
-    if (is_last) *ticket = 0;  // every part has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last || r >= REP) return;
-  __threadfence();
-  // the merge, in part order (other blocks' values: L2 reads): M the largest max, L = sum of l_c 2^(m_c - M) (lanes
-  // take parts c, c + 32, ..., then a butterfly), o = sum of acc_c 2^(m_c - M) part by part
-  float M = -INFINITY, Ls = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int c = lane; c < parts; c += 32) M = fmaxf(M, __ldcg(part_ml + (first + c * REP) * 2));
-#pragma unroll
-  for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
-  for (int c = lane; c < parts; c += 32) {
-    const float* ml = part_ml + (first + c * REP) * 2;
-    Ls += __ldcg(ml + 1) * exp2f(__ldcg(ml) - M);
-  }
-#pragma unroll
-  for (int k = 16; k; k >>= 1) Ls += __shfl_xor_sync(0xffffffffu, Ls, k);
-#pragma unroll 8
-  for (int c = 0; c < parts; ++c) {
-    const float w = exp2f(__ldcg(part_ml + (first + c * REP) * 2) - M);
-    const float4 a = __ldcg(reinterpret_cast<const float4*>(part_acc + (first + c * REP) * AHD) + lane);
-    o[0] = fmaf(a.x, w, o[0]), o[1] = fmaf(a.y, w, o[1]), o[2] = fmaf(a.z, w, o[2]), o[3] = fmaf(a.w, w, o[3]);
-  }
-  bf16* dst = out + static_cast<size_t>(row) * ldo + (static_cast<size_t>(g) * REP + r) * AHD + lane * 4;
-#pragma unroll
-  for (int d = 0; d < 4; ++d) dst[d] = __float2bfloat16(o[d] / Ls);
-}
-
-// ---- the same attention on the tensor cores: all of a KV head's query rows at once ----------------------------------
-// attn_rows reads a part's keys once per row and runs its scores and P.V on the CUDA cores, one (row, KV head) a block:
-// at 8 rows 8 blocks read the same keys and the SMs run out of issue slots (the verify's attention cost 0.24 ms over
-// the step's at (5,4,8), NOTES). Here block (part p, KV head g, z) holds MTB 16-row tiles of query heads (16 / REP
-// rows of the call, REP heads each) as the A operands of mma.sync m16n8k16 and reads each chunk's keys once for them:
-// scores S = Q K^T and O += P V on the tensor cores. Chunk slot w (warps w, w + TW, ...: one a tile) takes chunks
+// ---- attn_tiles: the attention on the tensor cores, all of a KV head's query rows at once ------------------------
+// Block (part p, KV head g, z) holds MTB 16-row tiles of query heads (16 / REP rows of the call, REP heads each) as
+// the A operands of the mma and reads each chunk's keys once for all of them (a block a row read the same keys once
+// a row and ran out of issue slots at 8 rows: 2026-12-03j_h200_attn_tiles.json): scores S = Q K^T and O += P V on the
+// tensor cores. Chunk slot w (warps w, w + TW, ...: one a tile) takes chunks
 // TW p + w, then + TW P, ... (P = gridDim.x parts, set by the span alone), folding them FlashAttention-2 style: a
 // running max and sum a query row, O rescaled by 2^(m_old - m_new) and the chunk's P V (P rounded to bf16, as
 // FlashAttention does) added by one fma; the slots' states are combined in slot order, the parts merged in part order
-// by the last part to finish. H200, 32 launches at 512 keys: 0.23 ms at 1 row as attn_rows, 0.28 against 0.33 at 4,
-// 0.34 against 0.38 at 8, 0.84 against 1.42 at 49 (NOTES, 23rd session).
+// by the last part to finish (a ticket a (row, KV head), reset by it for the next launch). The committed keys of a
+// part's first chunk are copied before the wait (the committed cache never depends on the predecessor).
 // Row invariance: an mma's D row reads its own A row only (the products rely on it too), every sum runs in an order
 // set by logical key positions, and a chunk's keys sit where the row's logical order puts them: a chunk wholly below
 // the committed length holds the same keys for every row (loaded once, the tile's rows in one pass); a chunk past it
@@ -992,36 +810,29 @@ int launch_tiles(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, 
     big_smem |= 1ull << dev;
   }
   return launch_ex(attn_tiles<REP, MTB>, dim3(parts, hkv, blocks), dim3(32 * TW * MTB),
-                   static_cast<size_t>(tiles_smem(cols, MTB)), g_pdl, s, q, ldq, K, V, cap, base, block, cols, rows,
+                   static_cast<size_t>(tiles_smem(cols, MTB)), PDL, s, q, ldq, K, V, cap, base, block, cols, rows,
                    acc, ml, tickets, out, ldo, 1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn,
                    nk.vn, nk.kn_t, nk.kn_h, nk.vn_t, nk.vn_h);
 }
 
+// the attention's launch: a part of attn_tiles is TW chunks, its parts counted from the span's (`parts`: the span's
+// 32-key chunks, capped), so they depend on the span alone. Two tiles a block from three tiles on (a chunk's keys read
+// once for both); at one or two tiles, one a block (two measured slower there; the bits are the same either way:
+// benchmarks/results/2026-12-03k_h200_attn_tiles_two_a_block.json).
 template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
                 const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,
                 int rows, int hkv, int parts, const NewKeys& nk, cudaStream_t s) {
-#if EK_ATTN_MMA
-  // (a part of attn_tiles is TW chunks: its parts from the span's as attn_rows counts them, so still the span's alone.
-  // Two tiles a block from three tiles on: at 49 rows 0.84 against 1.05 ms for 32 launches, but at two tiles (5-8 rows
-  // of 4 heads a KV head) slower, 0.362 against 0.343 at 8 rows and 4.63 against 4.55 ms for a (5,4,8) verify:
-  // NOTES, 23rd session; the bits are the same either way)
   const int tr = 16 / REP, tiles = (rows + tr - 1) / tr, P = (parts + TW - 1) / TW;
-  if (tiles > 2 && EK_ATTN_MTB > 1)
+  if (tiles > 2)
     return launch_tiles<REP, 2>(q, ldq, K, V, cap, base, block, cols, acc, ml, tickets, out, ldo, rows, hkv, P,
                                 (tiles + 1) / 2, nk, s);
   return launch_tiles<REP, 1>(q, ldq, K, V, cap, base, block, cols, acc, ml, tickets, out, ldo, rows, hkv, P, tiles,
                               nk, s);
-#else
-  return launch_ex(attn_rows<REP>, dim3(parts, hkv, rows), dim3(32 * (REP < 4 ? 4 : REP)), 0, g_pdl, s, q, ldq, K, V,
-                   cap, base, block, cols, acc, ml, tickets, out, ldo,
-                   1.4426950408889634f / sqrtf(static_cast<float>(AHD)), nk.first, nk.kn, nk.vn, nk.kn_t, nk.kn_h,
-                   nk.vn_t, nk.vn_h);
-#endif
 }
 
 // the norm arguments of a product (Epi): ss_in [M, nss] (null: no norm in it), eps; and for RESID, xg [M, N] and
-// ss_out [M, grid] written with g [N] (null xg: neither)
+// ss_out [M, N / 8] written with g [N] (null xg: neither)
 void set_norm(Epi& e, const void* ss_in, int nss, float eps, void* xg, const void* g, void* ss_out) {
   e.ss_in = static_cast<const float*>(ss_in), e.nss = nss, e.eps = eps;
   e.xg = static_cast<bf16*>(xg), e.g = static_cast<const bf16*>(g), e.ss_out = static_cast<float*>(ss_out);
@@ -1029,92 +840,170 @@ void set_norm(Epi& e, const void* ss_in, int nss, float eps, void* xg, const voi
 
 }  // namespace
 
-// The entry points (eaglekit.kernels.hopper calls them through ctypes): 0 on success, a cudaError_t, or -1 (a shape
-// these kernels do not take; bulk.py checks shapes first, so -1 means a bug there).
+// ---- the entry points ---------------------------------------------------------------------------------------------
+// eaglekit.kernels.hopper calls them through ctypes, each with a pointer to its argument struct (mirrored field by
+// field, in order, by a ctypes.Structure there; tests/kernels/test_hopper.py checks the two agree). Each returns 0 on
+// success, a cudaError_t, or -1 (a shape these kernels do not take; hopper.py checks shapes first, so -1 means a bug
+// there). Pointers are device pointers (bf16 unless said), `stream` a cudaStream_t; one field a line.
 extern "C" {
 
-// y = x @ W^T with epilogue `epi` (0 plain, 1 + res, 2 SwiGLU over [gate; up] rows: y [M, N / 2]); x [M, K] with
-// row stride ldx; M <= 64, N % 8 == 0 (SwiGLU: N % 16), K % 2048 == 0; a norm in it as set_norm says
-int ek_bulk_linear(int epi, const void* W, const void* x, void* y, const void* res, int M, int N, int K, int ldx,
-                   const void* ss_in, int nss, float eps, void* xg, const void* g, void* ss_out, int grid,
-                   void* stream) {
-  if (M < 1 || M > 64 || N % (epi == EPI_SWIGLU ? 16 : 8) || K % (512 * CW) || ldx % 8) return -1;
-  if ((xg && (epi != EPI_RESID || !g || !ss_out)) || (ss_in && nss < 1)) return -1;
-  Epi e = {};
-  e.res = static_cast<const bf16*>(res);
-  set_norm(e, ss_in, nss, eps, xg, g, ss_out);
-  const bf16* w = static_cast<const bf16*>(W);
-  const bf16* xx = static_cast<const bf16*>(x);
-  bf16* yy = static_cast<bf16*>(y);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (epi) {
-    case EPI_PLAIN: return gemm_rows_for<EPI_PLAIN>(w, xx, yy, M, N, K, ldx, e, grid, s);
-    case EPI_RESID: return gemm_rows_for<EPI_RESID>(w, xx, yy, M, N, K, ldx, e, grid, s);
-    case EPI_SWIGLU: return gemm_rows_for<EPI_SWIGLU>(w, xx, yy, M, N, K, ldx, e, grid, s);
-    default: return -1;
-  }
-}
+// y = x @ W^T with epilogue `epi` (0 plain, 1 + res, 2 SwiGLU over [gate; up] rows: y [M, N / 2]); M <= 64,
+// N % 8 == 0 (SwiGLU: N % 16), K % 2048 == 0. A norm in it where ss_in is set (Epi says how); RESID with xg set also
+// writes the next norm's input and statistics
+struct ek_hopper_linear_args {
+  int epi;
+  const void* W;       // [N, K]
+  const void* x;       // [M, K], row stride ldx
+  void* y;             // [M, N] (SwiGLU: [M, N / 2])
+  const void* res;     // RESID: [M, N]
+  int M;
+  int N;
+  int K;
+  int ldx;
+  const void* ss_in;   // or null: [M, nss] fp32, the norm's partial sums of squares
+  int nss;
+  float eps;
+  void* xg;            // or null (RESID only): [M, N] = bf16(y * g)
+  const void* g;       // with xg: [N], the next norm's weight
+  void* ss_out;        // with xg: [M, N / 8] fp32, each 8 columns' sum of y^2
+  int grid;            // blocks (two an SM)
+  void* stream;
+};
 
 // the q/k/v product of a layer: W [(H + 2 Hkv) hd, K] ([q; k; v] rows); q (rotated) -> q_out [M, H hd]; k (rotated)
-// and v -> the cache [Hkv, cap, hd] at slots *base + row; pos [M] int64, inv_freq [hd / 2] fp32; the norm before
-// it in the product where ss_in is given (set_norm)
-int ek_bulk_qkv(const void* W, const void* x, void* q_out, int M, int K, int ldx, int H, int Hkv, int hd, void* kc,
-                void* vc, const void* pos, const void* inv_freq, const void* base, int cap, const void* ss_in,
-                int nss, float eps, int grid, void* stream) {
-  if (M < 1 || M > 64 || hd != QHD || K % (512 * CW) || ldx % 8 || (ss_in && nss < 1)) return -1;
-  Epi e = {};
-  set_norm(e, ss_in, nss, eps, nullptr, nullptr, nullptr);
-  e.kc = static_cast<bf16*>(kc);
-  e.vc = static_cast<bf16*>(vc);
-  e.pos = static_cast<const long long*>(pos);
-  e.inv_freq = static_cast<const float*>(inv_freq);
-  e.base = static_cast<const long long*>(base);
-  e.cap = cap, e.qcols = H * hd, e.kcols = Hkv * hd;
-  return gemm_rows_for<EPI_QKV>(static_cast<const bf16*>(W), static_cast<const bf16*>(x), static_cast<bf16*>(q_out),
-                                M, (H + 2 * Hkv) * hd, K, ldx, e, grid, static_cast<cudaStream_t>(stream));
-}
+// and v -> the cache [Hkv, cap, hd] at slots *base + row; the norm before it in the product where ss_in is set
+struct ek_hopper_qkv_args {
+  const void* W;
+  const void* x;         // [M, K], row stride ldx
+  void* q_out;
+  int M;
+  int K;
+  int ldx;
+  int H;
+  int Hkv;
+  int hd;                // 128
+  void* kc;              // [Hkv, cap, hd]
+  void* vc;              // [Hkv, cap, hd]
+  const void* pos;       // [M] int64: each row's position
+  const void* inv_freq;  // [hd / 2] fp32: the rotary frequencies
+  const void* base;      // [1] int64: the slot of row 0 (the cache's committed length)
+  int cap;
+  const void* ss_in;     // or null: as ek_hopper_linear_args's
+  int nss;
+  float eps;
+  int grid;
+  void* stream;
+};
 
-// RMSNorm of x [M, K] -> y; with ss ([M] fp32): y = bf16(w * x) and ss the rows' sums of squares (the norm for a
-// product that takes it, nss 1)
-int ek_bulk_rms(const void* x, const void* w, void* y, int M, int K, float eps, void* ss, void* stream) {
-  if (K % 8) return -1;
-  return launch_ex(rms_rows, dim3(M), dim3(256), 0, g_pdl, static_cast<cudaStream_t>(stream),
-                   static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<bf16*>(y), K, eps,
-                   static_cast<float*>(ss));
-}
+// the first layer's norm statistics (rms_stats): y = bf16(w * x) [M, K] and ss [M] fp32, each row's sum of x^2
+struct ek_hopper_rms_args {
+  const void* x;
+  const void* w;
+  void* y;
+  int M;
+  int K;
+  void* ss;
+  void* stream;
+};
 
-// attention of `rows` (<= 64) query rows: q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128], base: the
-// committed length (slot base + c: pending key c), block [rows, cols] bool (cols <= 64; row t sees pending key c where
-// set); acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv] zeros (left
-// zero); out [rows, H * 128] (stride ldo); any parts >= 1 (a part takes chunks p, p + parts, ...). first (or null):
-// the slot of this call's row 0 key, rows r's key and value read from kn + r kn_t + g kn_h (vn likewise; KV head g;
+// attention of `rows` (<= 64) query rows (attn_tiles): q [rows, >= H * 128] (row stride ldq), K/V [Hkv, cap, 128],
+// base: the committed length (slot base + c: pending key c), block [rows, cols] bool (cols <= 64; row t sees pending
+// key c where set); acc [rows, Hkv, parts, rep, 128] fp32, ml [rows, Hkv, parts, rep, 2] fp32, tickets [rows * Hkv]
+// zeros (left zero); out [rows, H * 128] (stride ldo); parts >= 1: the span's 32-key chunks, capped. first (or null):
+// the slot of this call's row 0 key, row r's key and value read from kn + r kn_t + g kn_h (vn likewise; KV head g;
 // 16-byte aligned) instead of the cache, and written to the cache at slot *first + r
-int ek_bulk_attn(int rep, const void* q, int ldq, const void* K, const void* V, int cap, const void* base,
-                 const void* block, int cols, void* acc, void* ml, void* tickets, void* out, int ldo, int rows,
-                 int hkv, int parts, const void* first, const void* kn, const void* vn, int kn_t, int kn_h, int vn_t,
-                 int vn_h, void* stream) {
-  if (rows < 1 || rows > 64 || cols < 1 || cols > 64 || (first && (!kn || !vn))) return -1;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bf16 *qq = static_cast<const bf16*>(q), *kk = static_cast<const bf16*>(K), *vv = static_cast<const bf16*>(V);
-  const long long* b = static_cast<const long long*>(base);
-  const unsigned char* bl = static_cast<const unsigned char*>(block);
-  float *a = static_cast<float*>(acc), *m = static_cast<float*>(ml);
-  unsigned* t = static_cast<unsigned*>(tickets);
-  bf16* o = static_cast<bf16*>(out);
-  const NewKeys nk = {static_cast<const long long*>(first), static_cast<const bf16*>(kn), static_cast<const bf16*>(vn),
-                      kn_t, kn_h, vn_t, vn_h};
-  switch (rep) {
-    case 1: return launch_attn<1>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
-    case 2: return launch_attn<2>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
-    case 4: return launch_attn<4>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
-    case 8: return launch_attn<8>(qq, ldq, kk, vv, cap, b, bl, cols, a, m, t, o, ldo, rows, hkv, parts, nk, s);
+struct ek_hopper_attn_args {
+  int rep;               // query heads a KV head: 1, 2, 4 or 8
+  const void* q;
+  int ldq;
+  const void* K;
+  const void* V;
+  int cap;
+  const void* base;      // [1] int64
+  const void* block;     // [rows, cols] bool
+  int cols;
+  void* acc;
+  void* ml;
+  void* tickets;
+  void* out;
+  int ldo;
+  int rows;
+  int hkv;
+  int parts;
+  const void* first;     // or null: [1] int64
+  const void* kn;
+  const void* vn;
+  int kn_t;
+  int kn_h;
+  int vn_t;
+  int vn_h;
+  void* stream;
+};
+
+int ek_hopper_linear(const ek_hopper_linear_args* a) {
+  const int M = a->M, N = a->N, K = a->K, ldx = a->ldx;
+  if (M < 1 || M > 64 || N % (a->epi == EPI_SWIGLU ? 16 : 8) || K % (512 * CW) || ldx % 8) return -1;
+  if ((a->xg && (a->epi != EPI_RESID || !a->g || !a->ss_out)) || (a->ss_in && a->nss < 1)) return -1;
+  Epi e = {};
+  e.res = static_cast<const bf16*>(a->res);
+  set_norm(e, a->ss_in, a->nss, a->eps, a->xg, a->g, a->ss_out);
+  const bf16* w = static_cast<const bf16*>(a->W);
+  const bf16* xx = static_cast<const bf16*>(a->x);
+  bf16* yy = static_cast<bf16*>(a->y);
+  cudaStream_t s = static_cast<cudaStream_t>(a->stream);
+  switch (a->epi) {
+    case EPI_PLAIN: return gemm_rows_for<EPI_PLAIN>(w, xx, yy, M, N, K, ldx, e, a->grid, s);
+    case EPI_RESID: return gemm_rows_for<EPI_RESID>(w, xx, yy, M, N, K, ldx, e, a->grid, s);
+    case EPI_SWIGLU: return gemm_rows_for<EPI_SWIGLU>(w, xx, yy, M, N, K, ldx, e, a->grid, s);
     default: return -1;
   }
 }
 
-void ek_bulk_set_pdl(int on) { g_pdl = on; }
+int ek_hopper_qkv(const ek_hopper_qkv_args* a) {
+  if (a->M < 1 || a->M > 64 || a->hd != QHD || a->K % (512 * CW) || a->ldx % 8 || (a->ss_in && a->nss < 1)) return -1;
+  Epi e = {};
+  set_norm(e, a->ss_in, a->nss, a->eps, nullptr, nullptr, nullptr);
+  e.kc = static_cast<bf16*>(a->kc);
+  e.vc = static_cast<bf16*>(a->vc);
+  e.pos = static_cast<const long long*>(a->pos);
+  e.inv_freq = static_cast<const float*>(a->inv_freq);
+  e.base = static_cast<const long long*>(a->base);
+  e.cap = a->cap, e.qcols = a->H * a->hd, e.kcols = a->Hkv * a->hd;
+  return gemm_rows_for<EPI_QKV>(static_cast<const bf16*>(a->W), static_cast<const bf16*>(a->x),
+                                static_cast<bf16*>(a->q_out), a->M, (a->H + 2 * a->Hkv) * a->hd, a->K, a->ldx, e,
+                                a->grid, static_cast<cudaStream_t>(a->stream));
+}
 
-const char* ek_bulk_error(int e) { return status_message(e); }
+int ek_hopper_rms(const ek_hopper_rms_args* a) {
+  if (a->K % 8 || !a->ss) return -1;
+  return launch_ex(rms_stats, dim3(a->M), dim3(256), 0, PDL, static_cast<cudaStream_t>(a->stream),
+                   static_cast<const bf16*>(a->x), static_cast<const bf16*>(a->w), static_cast<bf16*>(a->y), a->K,
+                   static_cast<float*>(a->ss));
+}
 
-int ek_bulk_sm_count() { return current_sm_count(); }
+int ek_hopper_attn(const ek_hopper_attn_args* a) {
+  if (a->rows < 1 || a->rows > 64 || a->cols < 1 || a->cols > 64 || (a->first && (!a->kn || !a->vn))) return -1;
+  cudaStream_t s = static_cast<cudaStream_t>(a->stream);
+  const bf16 *q = static_cast<const bf16*>(a->q), *K = static_cast<const bf16*>(a->K);
+  const bf16* V = static_cast<const bf16*>(a->V);
+  const long long* b = static_cast<const long long*>(a->base);
+  const unsigned char* bl = static_cast<const unsigned char*>(a->block);
+  float *acc = static_cast<float*>(a->acc), *ml = static_cast<float*>(a->ml);
+  unsigned* t = static_cast<unsigned*>(a->tickets);
+  bf16* o = static_cast<bf16*>(a->out);
+  const NewKeys nk = {static_cast<const long long*>(a->first), static_cast<const bf16*>(a->kn),
+                      static_cast<const bf16*>(a->vn), a->kn_t, a->kn_h, a->vn_t, a->vn_h};
+  const int ldq = a->ldq, cap = a->cap, cols = a->cols, ldo = a->ldo, rows = a->rows, hkv = a->hkv, P = a->parts;
+  switch (a->rep) {
+    case 1: return launch_attn<1>(q, ldq, K, V, cap, b, bl, cols, acc, ml, t, o, ldo, rows, hkv, P, nk, s);
+    case 2: return launch_attn<2>(q, ldq, K, V, cap, b, bl, cols, acc, ml, t, o, ldo, rows, hkv, P, nk, s);
+    case 4: return launch_attn<4>(q, ldq, K, V, cap, b, bl, cols, acc, ml, t, o, ldo, rows, hkv, P, nk, s);
+    case 8: return launch_attn<8>(q, ldq, K, V, cap, b, bl, cols, acc, ml, t, o, ldo, rows, hkv, P, nk, s);
+    default: return -1;
+  }
+}
+
+const char* ek_hopper_error(int e) { return status_message(e); }
+
+int ek_hopper_sm_count() { return current_sm_count(); }
 }
