@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-# inductor options for the decode-time layers, chosen on the H200 (benchmarks/NOTES.md, "Fast v2")
+# inductor options for the decode-time layers, chosen on the H200 (benchmarks/results/2026-12-01_h200_fast_v2.json)
 DECODE_OPTIONS: dict = {"coordinate_descent_tuning": True}
 
 
@@ -30,9 +30,9 @@ def op_name(name: str, *sources, extra: str = "") -> str:
     """The registered name of one of eaglekit's Triton ops: "eaglekit::<name>_<digest of the source files and
     `extra`>". Why: inductor's cache of compiled graphs (kept across runs, see cache_dir) keys a triton_op by its name
     and its Triton kernels' source, not by the Python that launches them (strides, grids, buffers, the tuned configs
-    read there). A change to that Python was served from a warm cache as the old code (benchmarks/NOTES.md, "the
-    verify's attention reads q/k/v in place": the H200 ran the old copies until the cache was emptied); a name that
-    carries the digest makes every such change a new op, compiled afresh."""
+    read there). A change to that Python was served from a warm cache as the old code (a GPU ran the old launch code
+    until the cache was emptied); a name that carries the digest makes every such change a new op, compiled
+    afresh."""
     h = hashlib.sha256()
     for src in sources:
         try:

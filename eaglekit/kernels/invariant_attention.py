@@ -2,8 +2,9 @@
 as one of k rows of a verify tree: the attention half of bf16 losslessness (issue "Fast v2", item 4).
 
 Why: SDPA picks other kernels and other key splits for 1 query row and for k, so a token verified in a tree rounds
-differently from the same token stepped alone (benchmarks/NOTES.md, "bf16: where 1 row and k rows part"); in bf16
-that flips a greedy choice now and then. Batch-invariant products (eaglekit.kernels.invariant_gemm) are the other half.
+differently from the same token stepped alone; in bf16 that flips a greedy choice now and then
+(benchmarks/results/2026-12-01_h200_bf16.json). Batch-invariant products (eaglekit.kernels.invariant_gemm) are the other
+half.
 
 How: each (query row, KV head, part) is its own program, so rows never share a reduction. A row's visible keys are taken
 in *logical* order: the committed prefix, then its tree ancestors and itself (`visible`: the True slots of its mask
@@ -34,7 +35,8 @@ CHUNK = 128  # logical keys per chunk: fixed, so a row's split does not depend o
 PARTS = 16  # programs per (row, KV head): part p takes chunks p, p + PARTS, ...; the parts are merged in order
 BLOCK_N = 64  # keys per inner step
 WARPS = 4  # per attend_part program
-DIRECT = True  # rows that see the whole committed prefix read its keys without the slot table (invariant_attention_triton)
+# rows that see the whole committed prefix read its keys without the slot table (invariant_attention_triton)
+DIRECT = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -109,7 +111,8 @@ def _build():
         block_m = max(16, triton.next_power_of_2(rep))
         # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
         # q, k_new and v_new are strided views of the q/k/v product's output in a verify (T > 1): the kernels take
-        # their strides, so no copy of them runs (three kernels a layer, NOTES); only head_dim must be innermost and
+        # their strides, so no copy of them runs (three kernels a layer fewer: 2026-12-02_h200_attend_strides.json);
+        # only head_dim must be innermost and
         # v_new laid out as k_new (one set of strides for both)
         q = q if q.stride(-1) == 1 else q.contiguous()
         if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():

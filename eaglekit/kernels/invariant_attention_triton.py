@@ -1,6 +1,6 @@
-"""The Triton kernels of eaglekit.kernels.invariant_attention (its docstring says what they compute and why). A module of their
-own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
-importing eaglekit never needs Triton."""
+"""The Triton kernels of eaglekit.kernels.invariant_attention (its docstring says what they compute and why). A module
+of their own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use,
+so importing eaglekit never needs Triton."""
 
 import triton
 import triton.language as tl
@@ -58,7 +58,7 @@ def attend_part(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, base_ptr, slot_ptr, count_p
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     # the first `old` keys are the cache's: whole tiles of them load from it alone, in a loop of their own; the
     # tiles from there on may hold this call's keys: two masked loads and a select (a select of addresses instead
-    # loses the loads' vectorization: NOTES). The split measured level with a branch per tile (H200, NOTES); it is
+    # loses the loads' vectorization). The split costs no more than a branch per tile; it is
     # what lets the cache's tiles skip the slot table below. Tiles stay where they were (logical positions,
     # multiples of BLOCK_N), so the bits do not move.
     old = tl.load(old_ptr + b * sgb + t)

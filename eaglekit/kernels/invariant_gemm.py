@@ -4,11 +4,10 @@ same arithmetic for a row whether it comes alone or with up to 63 others.
 Why it was built: at 1 row inductor emits GEMV kernels near copy bandwidth, but 2..16 rows go to cuBLAS's small-M
 GEMMs (a 6-row verify cost 1.21-1.24 steps where its bytes allow ~1.02), and cuBLAS picks other kernels (other
 reduction orders) for 1 row and for k rows, so in bf16 a token verified in a tree rounds differently from the same
-token stepped alone. What it gave (benchmarks/NOTES.md, "Fast v2, second GPU session"): 2-16% over cuBLAS at 6 rows
-in isolation, no gain inside the 8B verify, slower than inductor's GEMVs at 1 row, and bf16 still parts in the
-attention. So it is opt-in alone (`--products invariant_gemm`, Target.set_small_m), and the product half of the invariant
-products (eaglekit.kernels.products.Invariant, with eaglekit.kernels.invariant_attention and .norms; the bf16 GPU default since it
-was timed side by side): bf16 output identical to the baseline.
+token stepped alone. Alone it is faster than cuBLAS at 6 rows in isolation, level inside the 8B verify and slower
+than inductor's GEMVs at 1 row (benchmarks/results/2026-12-01_h200_fast_v2.json), and bf16 still parts in the
+attention. So it is the product half of products "invariant" (eaglekit.kernels.products.Invariant, with
+eaglekit.kernels.invariant_attention and .invariant_norm): bf16 output identical to the baseline.
 
 How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile is always 16 rows (rows past M are
 masked zeros; more rows, more tiles, each its own program). The grid covers N in blocks and K in `split` slices;
@@ -67,7 +66,8 @@ def config(N: int, K: int, exact: bool = False, int8: bool = False) -> tuple[int
 
 
 def gated_config(cfg: tuple) -> tuple:
-    """The config of a gated product (invariant_gemm.linear's `gated`) over a [gate; up] weight whose own config is `cfg`:
+    """The config of a gated product (invariant_gemm.linear's `gated`) over a [gate; up] weight whose own config is
+    `cfg`:
     a program reads block_n / 2 rows of each half, so programs and bytes per program stay those of the plain
     product."""
     return (cfg[0] // 2, *cfg[1:])
@@ -86,8 +86,8 @@ def rope_config(cfg: tuple, head_dim: int) -> tuple | None:
 
 
 def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """The untuned config, from the H200 sweep (benchmarks/NOTES.md, "Fast v2"): one slice of K up to 8192, two
-    beyond; 128 x 128 tiles for weights of 16384 rows or more."""
+    """The untuned config, from the H200 sweep (benchmarks/results/2026-12-01b_h200_smallm.json): one slice of K up
+    to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more."""
     if N >= 16384:
         return 128, 128, 1, 4, 4
     block_k = 256 if K % 256 == 0 else 128
@@ -96,8 +96,9 @@ def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
 
 
 def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """The untuned config of an int8 weight, from the H200 sweep of the 8B draft's six weights (benchmarks/
-    quant_probe.py, NOTES "int8 draft"): 256 columns of K a tile and three stages everywhere; weights of 16384 rows or
+    """The untuned config of an int8 weight, from the H200 sweep of the 8B draft's six weights
+    (benchmarks/results/2026-12-03f_h200_int8_gemv_spread.json): 256 columns of K a tile and three stages everywhere;
+    weights of 16384 rows or
     more in 128-row tiles and one slice of K (gate/up 3.47, lm_head 3.66 TB/s of int8), the rest in 64-row tiles and
     K in four slices (2.7-2.9 TB/s; the 4096 x 4096 o 1.76), fewer slices where K does not split so."""
     block_k = 256 if K % 256 == 0 else 128
@@ -273,7 +274,7 @@ _BUILT: dict = {}  # op name -> kernels: a name registers once, so a table seen 
 
 def kernels():
     """`.op`, the registered op (torch.library.triton_op: torch.compile sees its kernels, CUDA graphs record them),
-    and `.run(x, w, cfg)`, the same with a given config (benchmarks/smallm_sweep.py). Built on first use, so that
+    and `.run(x, w, cfg)`, the same with a given config (what `tune` times). Built on first use, so that
     importing eaglekit never needs Triton. The op's name carries this GPU's tuned table (the configs it plans come
     from there) and the code's digest (compiling.op_name says why): a new table (tune) names a new op."""
     global _KERNELS, _NAMED_FOR

@@ -1,5 +1,5 @@
-"""The Triton kernels of eaglekit.kernels.invariant_gemm (its docstring says what they compute and why). A module of their
-own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
+"""The Triton kernels of eaglekit.kernels.invariant_gemm (its docstring says what they compute and why). A module of
+their own because a kernel can call only @triton.jit functions that are globals of its module; imported on first use, so
 importing eaglekit never needs Triton."""
 
 import triton

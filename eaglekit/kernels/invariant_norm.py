@@ -1,11 +1,10 @@
 """RMSNorm with one program per row (Triton): a row's bits do not depend on how many rows are normed with it.
 
-Why: eager RMSNorm keeps a row's arithmetic whatever the row count, but inside torch.compile'd layers inductor
-generates one kernel per token count, with its own block and warp layout, so the sum of squares of a row is added
-in another order at 1 row and at k rows (benchmarks/NOTES.md: 4 of 300 compiled steps parted with invariant products
-and attention). This op is opaque to inductor's fusion and its layout depends on the width only. Used by products
-"invariant" (eaglekit.kernels.products.Invariant) on the GPU.
-"""
+Why: eager RMSNorm keeps a row's arithmetic whatever the row count, but inside torch.compile'd layers inductor generates
+one kernel per token count, with its own block and warp layout, so the sum of squares of a row is added in another order
+at 1 row and at k rows (compiled steps parted from the baseline with invariant products and attention alone:
+benchmarks/results/2026-12-01d_h200_invariant.json). This op is opaque to inductor's fusion and its layout depends on
+the width only. Used by products "invariant" (eaglekit.kernels.products.Invariant) on the GPU."""
 
 from __future__ import annotations
 
@@ -29,7 +28,8 @@ _KERNELS = None
 
 
 def kernels():
-    """`.op(x, weight, eps)`, built on first use like invariant_gemm.kernels (products.Invariant builds it before compiling)."""
+    """`.op(x, weight, eps)`, built on first use like invariant_gemm.kernels (products.Invariant builds it before
+    compiling)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _build()

@@ -1,9 +1,8 @@
 """A draft tree's pick on a GPU: the top k of softmax(logits) over the draft vocabulary, in two Triton kernels.
 
 Why: torch's softmax + top-k on the tree's [k, 32000] logits runs about ten kernels a level (a softmax, a radix select
-over several blocks with its counts and scans, a sort of the k found): ~62 us a level on an H200, 15 here
-(benchmarks/pick_bench.py; NOTES, "Rotary in the q/k/v product, the draft's products and its picks"). A level is two
-kernels:
+over several blocks with its counts and scans, a sort of the k found); these two take a quarter of that time on an
+H200 (benchmarks/results/2026-12-01j_h200_rope_and_picks.json). A level is two kernels:
   1. each row is cut into chunks; a program takes one chunk: its top k by repeated max (k is small), its max m_c and
      its sum s_c of exp(x - m_c);
   2. a program per row merges the row's chunks: the top k of the chunks' candidates, and the row's softmax
@@ -34,8 +33,8 @@ def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def top1(logits: torch.Tensor) -> torch.Tensor:
     """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
-    monotone): one reduction kernel (~9 us on an H200) where softmax + top-k ran six (~42 us; benchmarks/NOTES.md,
-    "Rotary in the q/k/v product, the draft's products and its picks"). Between logits that tie exactly it may take
+    monotone): one reduction kernel where softmax + top-k ran six (a fifth of their time on an H200:
+    benchmarks/results/2026-12-01j_h200_rope_and_picks.json). Between logits that tie exactly it may take
     another than top-k took: both are drafts the target checks."""
     return logits.argmax(-1, keepdim=True)
 
@@ -43,8 +42,8 @@ def top1(logits: torch.Tensor) -> torch.Tensor:
 def argmax(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """torch.argmax over the last dimension ([..., V] -> [...]: the first of equal maxima), in two stages where V is a
     multiple of `chunk`: each chunk's max and its first index, then the first chunk holding the largest. Why: the
-    target's greedy pick over an 8B model's 128256 logits took 28 us of a 4.3 ms step on an H200 as torch's one-stage
-    reduction (one program walking the row), a few us in two (benchmarks/NOTES.md, sixteenth session)."""
+    target's greedy pick over an 8B model's 128256 logits is one program walking the row in torch's one-stage
+    reduction, several times slower than two stages (benchmarks/results/2026-12-03b_h200_bulk.json)."""
     V = logits.shape[-1]
     if V < 8 * chunk or V % chunk:
         return logits.argmax(-1)

@@ -1,5 +1,5 @@
-"""The Triton kernels of eaglekit.kernels.topk (its docstring says what they compute and why). A module of their
-own, as eaglekit.models.invariant_gemm_triton: torch.compile's wrap_triton reads a kernel's source, and a kernel defined at
+"""The Triton kernels of eaglekit.kernels.topk (its docstring says what they compute and why). A module of their own, as
+eaglekit.kernels.invariant_gemm_triton: torch.compile's wrap_triton reads a kernel's source, and a kernel defined at
 module level is one it can always find; imported on first use, so importing eaglekit never needs Triton."""
 
 import triton
