@@ -28,12 +28,12 @@ from .tokenizer import encode, load_tokenizer, read_prompts
 ASSETS = Path(__file__).parent / "assets" / "demo"
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
-# 1.75-1.85x; a 2-core Sapphire Rapids: the chain of 2, 1.39x against 1.28-1.32x for the chain of 5; NOTES.md).
+# a 2-core Sapphire Rapids: the chain of 2; benchmarks/results/2026-12-01_cpu_demo_chain_pick.json).
 # eaglekit.observe.chainpick predicts each chain's accept length on these very prompts and times its cycles.
 # On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)
 # the run's speedup below this share of the pick's prediction is reported as far below it: the pick's ratios wander
-# by ~10% between repeats on a quiet 2-core machine (NOTES), a larger gap means the machine changed under the run
+# by ~10% between repeats on a quiet 2-core machine, so a larger gap means the machine changed under the run
 FAR_BELOW = 0.85
 
 

@@ -18,7 +18,8 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
               batched: bool = False, draft_quant: str | None = None) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
-    pay: benchmarks/NOTES.md); 'on' / True everywhere, 'off' / False never. The first generation pays the
+    pay: benchmarks/results/2026-12-02c_cpu_compile_cost_main.json); 'on' / True everywhere, 'off' / False never.
+    The first generation pays the
     compile; eaglekit.kernels.compiling keeps the kernels for the next run.
 
     `products`: how the decode products run: 'auto' is eaglekit.kernels.products.choose (the one chooser; its

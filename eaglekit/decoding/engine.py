@@ -124,9 +124,9 @@ class Cycle:
     # --- CUDA graphs ----------------------------------------------------------------------------
     def record(self, greedy: bool, whole: bool = False) -> None:
         """Record each phase in a CUDA graph (sampling keeps its accept on the host side: not recorded); with
-        `whole` (greedy only) also the five phases in order as one graph, "cycle" (benchmarks/h200_suite.py times
-        it beside the phases' graphs: on an H200 one graph ran a cycle 0.05-0.1 ms slower than five back to back,
-        benchmarks/NOTES.md, twenty-second session, so the Decoder replays the phases' graphs)."""
+        `whole` (greedy only) also the five phases in order as one graph, "cycle" (on an H200 one graph ran a cycle
+        slower than the five back to back, benchmarks/results/2026-12-03i_h200_whole_tree.json, so the Decoder
+        replays the phases' graphs)."""
         fns = {p: getattr(self, p) for p in PHASES}
         record = {p: fn for p, fn in fns.items() if greedy or p != "accept"}
         if whole and greedy:

@@ -151,7 +151,7 @@ class Attention(nn.Module):
             out = None
             if visible is not None:
                 # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
-                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op (NOTES).
+                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op.
                 *vis, base = visible
                 out = invariant_attention.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
             elif pending is not None and self.pending_kernel is not None:
