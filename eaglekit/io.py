@@ -1,4 +1,5 @@
-"""Atomic writes: a reader never sees half a file, a killed writer leaves the old file (or none)."""
+"""Files in and out. Atomic writes: a reader never sees half a file, a killed writer leaves the old file (or none).
+Paths, text and a model folder's JSON files given by the user: checked before anything loads, a coded error each."""
 
 from __future__ import annotations
 
@@ -161,3 +162,40 @@ def read_utf8(path: str | Path, what: str) -> str:
     except UnicodeDecodeError as e:
         raise InputError(f"{what} {p} is not valid UTF-8: byte {data[e.start]:#04x} at offset {e.start} "
                          f"({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)", code="E116") from None
+
+
+# --- a model or draft folder's JSON files: read before any loader, each broken one named by its own code ----------
+# (a broken config.json read by the tokenizer loader is not a tokenizer problem). Here, below models/ and the
+# tokenizer, because both read them.
+FOLDER_JSON = {"config.json": "E150", "tokenizer.json": "E151", "tokenizer_config.json": "E152",
+               "generation_config.json": "E153", "model.safetensors.index.json": "E154",
+               "special_tokens_map.json": "E155", "added_tokens.json": "E155", "chat_template.json": "E155"}
+
+
+def read_json(path: str | Path, what: str) -> dict:
+    """The JSON object in `path` (E101 when absent; the file's own FOLDER_JSON code, else E102, when it is not a
+    JSON object)."""
+    from .errors import InputError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what}: no file at {path}", fix="point at a folder that holds config.json", code="E101")
+    code = FOLDER_JSON.get(path.name, "E102")
+    fix = f"restore {path.name} from the original (re-copy or re-export the folder)"
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{what}: {path} is not valid JSON ({e})", fix=fix, code=code) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{what}: {path} holds a JSON {type(obj).__name__}, not the object {path.name} must be",
+                         fix=fix, code=code)
+    return obj
+
+
+def check_folder_json(folder: str | Path) -> None:
+    """Read every JSON file the folder holds (FOLDER_JSON) before a loader does: a broken one is reported by
+    name, not as whatever the loader that tripped on it was doing."""
+    folder = Path(folder)
+    for name in FOLDER_JSON:
+        if (folder / name).is_file():
+            read_json(folder / name, f"{name} of {folder}")

@@ -12,7 +12,7 @@ model is loaded.
 Imports: this module is imported by `eaglekit --help`, which must stay fast; torch costs seconds to import
 (python -X importtime: ~8 s of 8.1 s on the shared 2-core machine), so torch and the modules that need it
 are imported inside the functions that use them. TrainOptions repeats TrainConfig's defaults for the same
-reason (a test checks they agree).
+reason (a test checks they agree); eaglekit.train.run turns them into a TrainConfig (train/ is a layer above).
 """
 
 from __future__ import annotations
@@ -304,13 +304,6 @@ class TrainOptions(Options):
     save_every: int = opt(200, "checkpoint every N steps", lo=1)
     eval_every: int = opt(0, "held-out evaluation every N steps (0 = at the end)", lo=0)
     seed: int = opt(0, "seed of the split, the order and the init", lo=0)
-
-    def config(self, out):
-        from .train.trainer import TrainConfig
-
-        return TrainConfig(out=str(out), batch_size=self.batch_size, epochs=self.epochs, max_steps=self.max_steps,
-                           lr=self.lr, warmup=self.warmup, ttt_length=self.ttt_length, save_every=self.save_every,
-                           eval_every=self.eval_every, seed=self.seed, grad_clip=self.grad_clip)
 
 
 @dataclass

@@ -11,7 +11,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def load_tokenizer(folder: str | Path, required: bool = True):
-    from .io import need_dir
+    from .io import check_folder_json, need_dir
 
     folder = need_dir(folder, "model folder")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
@@ -20,8 +20,6 @@ def load_tokenizer(folder: str | Path, required: bool = True):
                              fix="copy the tokenizer files into the target folder, or pass token ids", code="E109")
         return None
     from transformers import AutoTokenizer
-
-    from .models.config import check_folder_json
 
     check_folder_json(folder)  # a broken config.json / tokenizer.json is named, not reported as "the tokenizer"
     try:

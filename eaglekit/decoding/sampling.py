@@ -43,6 +43,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`probs(logits, self)`: a target's batched generation (models/, a layer below) samples through the
+        parameters it is given, so the one definition of the distribution is this module's."""
+        return probs(logits, self)
+
 
 def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     """[..., V] logits -> the sampling distribution (temperature, then top-k, then top-p), float32."""

@@ -98,7 +98,7 @@ class Draft(ABC):
     def grow_tree(self, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor, frame: tuple, steps: int,
                   n_sel: int) -> tuple | None:
         """A tree (topk > 1) the draft's own faster way, or None (the default): then eaglekit.decoding.tree walks it
-        over `step`. If not None: what eaglekit.decoding.tree.walk_tree returns for these arguments (frame: its
+        over `step`. If not None: what eaglekit.draft.walk.walk_tree returns for these arguments (frame: its
         first frontier, tree._tree_frame), e.g. that walk inside one compiled graph (Eagle3Draft)."""
         return None
 

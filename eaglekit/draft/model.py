@@ -433,11 +433,11 @@ class Eagle3Draft(nn.Module, Draft):
         return self.compiled_tree(self, h_last, logits_last, root, self.cache.length, cols, kv, frame, steps, n_sel)
 
     def _tree_steps(self, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):
-        """grow_tree's walk (what compile() compiles whole): tree.walk_tree with the plain bookkeeping over the layer
+        """grow_tree's walk (what compile() compiles whole): walk.walk_tree with the plain bookkeeping over the layer
         itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
         drops them (the layer reads only their width)."""
         from ..kernels import topk
-        from ..decoding.tree import PLAIN_OPS, walk_tree
+        from .walk import PLAIN_OPS, walk_tree
 
         K = frame[1].numel()
         pending = self.takes_pending(max((steps - 1) * K, 1))

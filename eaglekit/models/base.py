@@ -134,9 +134,10 @@ class Target(ABC):
     def generate_batch(self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int,
                        eos_ids: tuple[int, ...] = ()) -> torch.Tensor:
         """Continue left-padded prompts ids [B, P] (pad [B]: padding per row, never attended to) by up to
-        `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed`, stopping once every row has
-        emitted an EOS -> new tokens [B, T <= max_new] (a row's tokens after its EOS are filler). Uses its own
-        batch state: the decode cache of `reset` is left alone."""
+        `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed` (through `sp.probs(logits)`, the one
+        definition of the distribution), stopping once every row has emitted an EOS -> new tokens [B, T <= max_new]
+        (a row's tokens after its EOS are filler). Uses its own batch state: the decode cache of `reset` is left
+        alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched generation")
 
     # --- batched decoding (eaglekit.decoding.batch.BatchEngine) ----------------------------------

@@ -12,40 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..io import check_folder_json, read_json
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-# every JSON file a model or draft folder may hold, with its own code: the error names the file that is broken
-# (a broken config.json read by the tokenizer loader is not a tokenizer problem)
-FOLDER_JSON = {"config.json": "E150", "tokenizer.json": "E151", "tokenizer_config.json": "E152",
-               "generation_config.json": "E153", "model.safetensors.index.json": "E154",
-               "special_tokens_map.json": "E155", "added_tokens.json": "E155", "chat_template.json": "E155"}
-
-
-def read_json(path: Path, what: str) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{what}: no file at {path}", fix="point at a folder that holds config.json", code="E101")
-    code = FOLDER_JSON.get(path.name, "E102")
-    fix = f"restore {path.name} from the original (re-copy or re-export the folder)"
-    try:
-        obj = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{what}: {path} is not valid JSON ({e})", fix=fix, code=code) from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{what}: {path} holds a JSON {type(obj).__name__}, not the object {path.name} must be",
-                         fix=fix, code=code)
-    return obj
-
-
-def check_folder_json(folder: str | Path) -> None:
-    """Read every JSON file the folder holds (FOLDER_JSON) before a loader does: a broken one is reported by
-    name, not as whatever the loader that tripped on it was doing."""
-    folder = Path(folder)
-    for name in FOLDER_JSON:
-        if (folder / name).is_file():
-            read_json(folder / name, f"{name} of {folder}")
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class DeepSeekTarget(Target):
         last = h[:, -1]
         for t in range(max_new):
             logits = net.lm_head(last).float()
-            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(_probs(logits, sp), 1, generator=g).squeeze(1)
+            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(sp.probs(logits), 1, generator=g).squeeze(1)
             out[:, t] = tok
             done |= torch.isin(tok, eos)
             if t + 1 == max_new or bool(done.all()):
@@ -277,18 +277,3 @@ class DeepSeekTarget(Target):
 
     def embed_weight(self):
         return self.net.model.embed_tokens.weight
-
-
-def _probs(logits: torch.Tensor, sp) -> torch.Tensor:
-    """The sampling distribution of SamplingParams `sp` (temperature, then top-k, then top-p): the definition of
-    eaglekit.decoding.sampling.probs, restated here because models may not import from decoding (a layer above)."""
-    x = logits.float() / sp.temperature
-    if sp.top_k and sp.top_k < x.shape[-1]:
-        x = x.masked_fill(x < x.topk(sp.top_k, dim=-1).values[..., -1:], float("-inf"))
-    p = torch.softmax(x, dim=-1)
-    if sp.top_p < 1.0:
-        ps, idx = p.sort(dim=-1, descending=True)
-        drop = torch.zeros_like(ps, dtype=torch.bool).scatter(-1, idx, (ps.cumsum(-1) - ps) >= sp.top_p)
-        p = p.masked_fill(drop, 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    return p

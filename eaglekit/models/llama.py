@@ -234,8 +234,6 @@ class LlamaTarget(Target):
 
     @torch.inference_mode()
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
-        from ..decoding.sampling import probs
-
         net, c, dev = self.net, self.net.config, self.device  # net.config: this process's KV heads
         B, P = ids.shape
         S = P + max_new
@@ -251,7 +249,7 @@ class LlamaTarget(Target):
         last = h[:, -1]
         for t in range(max_new):
             logits = net.lm_head(last).float()
-            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(probs(logits, sp), 1, generator=g).squeeze(1)
+            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(sp.probs(logits), 1, generator=g).squeeze(1)
             out[:, t] = tok
             done |= torch.isin(tok, eos)
             if t + 1 == max_new or bool(done.all()):

@@ -61,11 +61,18 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
     return draft, vm.hot.to(target.device), vm.coverage
 
 
+def train_config(opts: TrainOptions, out) -> TrainConfig:
+    """The loop's settings out of `eaglekit train`'s options (TrainOptions declares them with TrainConfig's defaults)."""
+    return TrainConfig(out=str(out), batch_size=opts.batch_size, epochs=opts.epochs, max_steps=opts.max_steps,
+                       lr=opts.lr, warmup=opts.warmup, ttt_length=opts.ttt_length, save_every=opts.save_every,
+                       eval_every=opts.eval_every, seed=opts.seed, grad_clip=opts.grad_clip)
+
+
 def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
     """Train a draft for `target_dir` into the run folder `out` (checkpoint/, train_log.jsonl, draft/).
     `model`: backend, device, dtype and the capture (default: the target's default capture)."""
     model = model or ModelOptions()
-    cfg = opts.config(out)
+    cfg = train_config(opts, out)
     if (opts.data is None) == (opts.features is None):
         raise InputError("give exactly one of --data (online: features computed while training) or --features "
                          "(offline: a folder written by eaglekit extract)", code="E130")
