@@ -201,7 +201,8 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
                  "--max-new-tokens", "16", "--time-budget", "0", "--capture-layers", "emb,1,5,8"]) == 1
     capsys.readouterr()
     assert main(["doctor", "--target", str(tmp_path / "none"), "--draft", str(ASSETS / "draft"), "--json"]) == 2
-    assert "could not run" in json.loads(capsys.readouterr().out)["verdict"]
+    out = json.loads(capsys.readouterr().out)
+    assert "could not run" in out["verdict"] and out["status"] == "could_not_run" and out["exit_code"] == 2
 
 
 # --- how sure the doctor is (issue 14 items 7-9, issue 13 item 7) ------------------------------------------
@@ -399,3 +400,36 @@ def test_e293_always_ends_with_a_cause_and_a_fix(tmp_path):
     found, _ = engine_findings({"findings": []}, d, 12, 256, None, None, err, 3)
     f = next(f for f in found if f["code"] == "E293")
     assert "no static check" in f["message"] and "eaglekit export" in f["fix"]
+
+
+# --- what ran, and the exit status as the doctor's own verdict in both forms (issues 41 item 3, 44 item 6) -------
+def test_the_report_names_the_products_and_why(capsys):
+    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)
+    pair = res["pair"]
+    assert pair["target_backend"] == "ours" and pair["device"] == "cpu" and pair["dtype"] == "float32"
+    # on a CPU the chooser times aten against onednn here, and says so
+    assert pair["products"]["kind"] in ("aten", "onednn") and "timed here" in pair["products"]["reason"]
+    from eaglekit.observe.report import doctor_report
+
+    doctor_report(res)
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"products: {pair['products']['kind']} (timed here" in err and "target backend ours on cpu" in err
+
+
+def test_an_unreadable_draft_could_not_run_and_a_misfit_one_is_a_fault(tmp_path, capsys):
+    trunc = _copy(tmp_path, "trunc")  # a truncated draft, as a truncated target: the doctor could not run (2)
+    w = trunc / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    misfit = _copy(tmp_path, "misfit")  # files that read but disagree (E107): a fault of the pair (1)
+    _edit_config(misfit, lambda c: c.update(intermediate_size=512))
+    for d, rc, code in ((trunc, 2, "E105"), (misfit, 1, "E107")):
+        argv = ["doctor", "--target", str(TARGET), "--draft", str(d), "--no-progress"]
+        assert main(argv + ["--json"]) == rc
+        res = json.loads(capsys.readouterr().out)
+        assert res["exit_code"] == rc and res["fault"] is (rc == 1) and code in _codes(res)
+        assert res["status"] == ("could_not_run" if rc == 2 else "fault")
+        assert res["verdict"].startswith("doctor could not run") is (rc == 2)
+        assert main(argv) == rc  # the same verdict without --json
+        cap = capsys.readouterr()
+        assert f"[{code}]" in cap.out and ("COULD NOT RUN" in cap.out) is (rc == 2)
+        assert ("could not run: [E105]" in cap.err) is (rc == 2)
