@@ -79,7 +79,8 @@ def test_onednn_and_compiled_layers_do_not_mix():
 def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     """products='auto' on a GPU (eaglekit.kernels.products.choose, the one chooser): the batch-invariant kernels for
     bf16/fp16 (hopper's where they take the model, invariant's elsewhere), draft or not (so speculative output is
-    the plain decode's, bit for bit, across runs), F.linear for float32, serve's batches and foreign targets; every
+    the plain decode's, bit for bit, across runs; serve's batches: invariant at every size), F.linear for float32
+    and foreign targets; every
     choice with its reason. The decision alone is checked here (the kernels: tests/test_attend.py, tests/test_gpu.py)."""
     from eaglekit.kernels import invariant_gemm, products
     from eaglekit.kernels.products import choose
@@ -89,7 +90,8 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     monkeypatch.setattr(products, "hopper_reason", lambda target: "it needs an sm_90 GPU")
     assert choose(t, "cuda").kind == choose(t, "cuda:1").kind == "invariant"  # draft or not (--baseline)
     assert "sm_90" in choose(t, "cuda").reason
-    assert choose(t, "cuda", batched=True).kind is None  # serve: 16-row tiles over many rows are untimed
+    # serve: batch-invariant at every batch size (a request's bits do not depend on what shares the batch)
+    assert choose(t, "cuda", batched=True).kind == "invariant" and "batch" in choose(t, "cuda", batched=True).reason
     assert choose(t, "cpu").kind == "pick"
     t32, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
     assert choose(t32, "cuda").kind is None and "float32" in choose(t32, "cuda").reason
@@ -98,7 +100,7 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     # where the hopper kernels take the model (bf16, sm_90, nvcc, its shapes): hopper, the same guarantee, for the
     # baseline and every tree alike
     monkeypatch.setattr(products, "hopper_reason", lambda target: None)
-    assert choose(t, "cuda").kind == "hopper" and choose(t, "cuda", batched=True).kind is None
+    assert choose(t, "cuda").kind == "hopper" and choose(t, "cuda", batched=True).kind == "invariant"
     monkeypatch.setattr(products, "hopper_reason", lambda target: "no nvcc found")
     assert choose(t, "cuda").kind == "invariant" and "no nvcc found" in choose(t, "cuda").reason
     monkeypatch.setattr(invariant_gemm, "HAVE_TRITON", False)

@@ -55,14 +55,15 @@ class Aten:
 
 
 class Invariant(Aten):
-    """Batch-invariant decode (GPU, Triton): every product of a decode call through invariant_gemm from one row on (never
-    cuBLAS, even where it was tuned faster) and the attention through eaglekit.kernels.invariant_attention, so a token's arithmetic
-    is the same bits stepped alone or verified in a tree: bf16 greedy output identical to the bf16 baseline."""
+    """Batch-invariant decode (GPU, Triton): every product of a decode call through invariant_gemm from one row on
+    (never cuBLAS, even where it was tuned faster) and the attention through eaglekit.kernels.invariant_attention, so
+    a token's arithmetic is the same bits stepped alone or verified in a tree: bf16 greedy output identical to the
+    bf16 baseline."""
 
     name = "invariant"
     attention = True
     batch_invariant = True
-    fuses = True  # the SwiGLU gate and the residual adds run in the products' kernels (invariant_gemm.epilogue says what)
+    fuses = True  # the SwiGLU gate and residual adds run in the products' kernels (invariant_gemm.epilogue says what)
 
     def __init__(self):
         from . import invariant_attention, invariant_norm
@@ -84,8 +85,8 @@ class Invariant(Aten):
 
 
 class Hopper(Invariant):
-    """Invariant, plus eaglekit.kernels.hopper's kernels: `layer_kernels.layers` runs the decoder layers of a decode call
-    (eaglekit.models.llama asks `layer_kernels`), and `linear` takes a plain product that fits them (the lm_head);
+    """Invariant, plus eaglekit.kernels.hopper's kernels: `layer_kernels.layers` runs the decoder layers of a decode
+    call (eaglekit.models.llama asks `layer_kernels`), and `linear` takes a plain product that fits them (the lm_head);
     every other product (prompts, batched rows) goes the Invariant way."""
 
     name = "hopper"
@@ -258,10 +259,11 @@ def choose(target, device, batched: bool = False) -> Choice:
         return Choice(None, f"F.linear on {device}")
     if getattr(target, "dtype", None) not in (torch.bfloat16, torch.float16):
         return Choice(None, "float32 on a GPU: inductor's products (no rounding differs between 1 and k rows there)")
-    if batched:
-        return Choice(None, "batched rows (serve): F.linear; the invariant kernels' 16-row tiles are untimed there")
     if not invariant_gemm.HAVE_TRITON:
         return Choice(None, "Triton is not installed: F.linear (bf16 output may part from the plain decode's)")
+    if batched:  # hopper's kernels run one row: a request would change bits as the batch grows past one
+        return Choice("invariant", "batched rows (serve): batch-invariant Triton kernels at every batch size, so a "
+                                   "request's greedy output is the same bits whatever shares the batch")
     why_not = hopper_reason(target)
     if why_not is None:
         return Choice("hopper", "bf16 on an sm_90 GPU with nvcc: the Hopper layer kernels (fastest; batch-invariant)")

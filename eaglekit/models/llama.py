@@ -191,11 +191,16 @@ class LlamaTarget(Target):
 
     @torch.inference_mode()
     def forward_rows(self, kv, ids, depths, block, span, capture=None):
-        T = ids.shape[1]
+        B, T = ids.shape
         L = kv.length
+        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
+        kern = self.net.products.layer_kernels if self.net.products is not None else None
+        if kern is not None and B == 1 and T <= COMPILE_MAX_TOKENS:
+            # products "hopper" on one row (a RowKV row has KVCache's layout): its kernels take the block itself
+            h, feats = self.net(ids, L[:, None] + depths, kv, capture=layers, block=block[0], span=span)
+            return product_module(self.net.products, self.net.lm_head, h).float(), feats
         slots = L[:, None] + torch.arange(T, device=self.device)
         mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
-        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
         return product_module(self.net.products, self.net.lm_head, h).float(), feats
 
