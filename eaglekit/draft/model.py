@@ -162,7 +162,7 @@ class Eagle3Draft(nn.Module, Draft):
         if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
-            # the layer's own kernels, where eager code ran ~6 small kernels a draft step (NOTES); tracing (which
+            # the layer's own kernels, where eager code ran ~6 small kernels a draft step; tracing (which
             # records them) and a sliding window (which writes slot positions) take the path below
             kv = span_dynamic(mask, kv)
             return self.compiled_whole(self, hidden, ids, positions, kv, slots, mask, from_target, head_at, pending)
@@ -293,7 +293,8 @@ class Eagle3Draft(nn.Module, Draft):
     def set_attention(self, kind: str = "sdpa") -> bool:
         """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
         "hopper" (eaglekit.kernels.hopper.pending_attention: the verify's attention kernel, keys split in 32-key parts;
-        cuDNN's SDPA does not split them at a few rows, 27 us a tree level at the 8B shape against ~12, NOTES) where
+        cuDNN's SDPA does not split them at a few rows and took about twice as long a tree level at the 8B shape:
+        benchmarks/results/2026-12-03h_h200_draft_attention.json) where
         it runs this draft; elsewhere "sdpa" stays. -> whether "hopper" runs. Like the products, it changes the
         draft's rounding only, never the output (the target verifies)."""
         from ..kernels import hopper
@@ -394,7 +395,7 @@ class Eagle3Draft(nn.Module, Draft):
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """Draft.chain; compiled, the whole chain is one graph (its steps, picks, masks and id maps: inductor fuses
-        what ran as ~10 small kernels a step between the compiled layers; NOTES), unless tracing is on (it records
+        what ran as ~10 small kernels a step between the compiled layers), unless tracing is on (it records
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
             return super().chain(h_last, logits_last, steps, root)
@@ -419,7 +420,7 @@ class Eagle3Draft(nn.Module, Draft):
     def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
         """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
         bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
-        graphs of their own: 26 more kernels and their boundaries a (5,4,8) tree; NOTES); None (the engine's walk)
+        graphs of their own: benchmarks/results/2026-12-03i_h200_whole_tree.json); None (the engine's walk)
         where the chain would not be compiled either."""
         if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
             return None
