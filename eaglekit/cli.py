@@ -150,7 +150,7 @@ def cmd_generate(args) -> int:
                               model.dtype_name, compile=model.compile_mode, products=model.products,
                               draft_quant=model.draft_quant)
     if args.auto and draft is not None:
-        from .observe.sweep import auto_shape
+        from .tune.sweep import auto_shape
 
         shape, _ = auto_shape(target, draft, [ids], sp, capture=capture, allow_other_target=model.allow_other_target)
     dec = Decoder(target, draft, shape, capture=capture, allow_other_target=model.allow_other_target,
@@ -233,7 +233,7 @@ def cmd_sweep(args) -> int:
     names the best setting. topk 1 is a chain: its draft token count is steps + 1."""
     from .observe.metrics import fmt
     from .observe.report import print_table, sweep_table
-    from .observe.sweep import sweep, write_results
+    from .tune.sweep import sweep, write_results
     from .pair import load_pair
     from .tokenizer import encode, load_tokenizer, read_prompts
 

@@ -18,8 +18,8 @@ from .decoding.compare import compare
 from .decoding.engine import Decoder
 from .decoding.tree import TreeShape
 from .errors import InputError
-from .observe import chainpick
-from .observe.chainpick import pick_chain
+from .tune import chainpick
+from .tune.chainpick import pick_chain
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
 from .pair import compiled, load_pair, pick_device, set_pair_products
@@ -29,7 +29,7 @@ ASSETS = Path(__file__).parent / "assets" / "demo"
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
 # a 2-core Sapphire Rapids: the chain of 2; benchmarks/results/2026-12-01_cpu_demo_chain_pick.json).
-# eaglekit.observe.chainpick predicts each chain's accept length on these very prompts and times its cycles.
+# eaglekit.tune.chainpick predicts each chain's accept length on these very prompts and times its cycles.
 # On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)
 # the run's speedup below this share of the pick's prediction is reported as far below it: the pick's ratios wander

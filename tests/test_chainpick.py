@@ -1,4 +1,4 @@
-"""eaglekit.observe.chainpick: one teacher-forced pass predicts what every chain length accepts, cycle by cycle, on
+"""eaglekit.tune.chainpick: one teacher-forced pass predicts what every chain length accepts, cycle by cycle, on
 the target's own text; the cycle times are pooled along a line; the pick is the fastest prediction."""
 
 import json
@@ -10,7 +10,7 @@ import torch
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import demo_paths
-from eaglekit.observe import chainpick
+from eaglekit.tune import chainpick
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 

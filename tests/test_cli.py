@@ -89,7 +89,7 @@ def test_sweep_writes_table_files_and_names_the_best(tmp_path, capsys):
 
 def test_auto_and_profile_trace(tmp_path, capsys, monkeypatch):
     from eaglekit.demo import ASSETS
-    from eaglekit.observe import sweep
+    from eaglekit.tune import sweep
 
     # --auto sweeps a small grid here (the default's ~50 shapes took 28 s of the default tier)
     grid = dict(steps=(2, 3), topk=(1, 2), draft_tokens=(4, 6))

@@ -43,7 +43,7 @@ def test_the_processor_names_the_kernels_when_capped(monkeypatch):
 
 
 def test_demo_json(capsys, monkeypatch, tmp_path):
-    from eaglekit.observe import chainpick
+    from eaglekit.tune import chainpick
 
     # the timing rounds generate 12 tokens here, not 24, within the smallest budget (2 s: the minimum of 2 rounds):
     # the test checks that the pick follows its measurements, not how well so few rank the chains

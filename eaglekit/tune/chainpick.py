@@ -303,7 +303,7 @@ def remember_pick(fields: dict, picked: dict) -> Path | None:
     entries[cache_key(fields)] = {"key": fields, "picked": picked,
                                   "at": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
-        atomic_write_json(path, {"what": "eaglekit demo: the chain picked per machine (eaglekit.observe.chainpick)",
+        atomic_write_json(path, {"what": "eaglekit demo: the chain picked per machine (eaglekit.tune.chainpick)",
                                  "entries": entries})
     except (OSError, EaglekitError):  # (EaglekitError: a full disk, E160)
         return None

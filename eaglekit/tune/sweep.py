@@ -16,7 +16,7 @@ from ..decoding.engine import Decoder
 from ..decoding.sampling import SamplingParams
 from ..decoding.tree import TreeShape
 from ..errors import GenerationError
-from .metrics import fmt, rounded
+from ..observe.metrics import fmt, rounded
 
 DEFAULT_GRID = dict(steps=(1, 3, 5), topk=(1, 4, 8), draft_tokens=(4, 8, 16, 32))
 AUTO_GRID = dict(steps=(2, 3, 4, 5, 6), topk=(1, 2, 4), draft_tokens=(4, 6, 8, 12, 16))
