@@ -63,7 +63,7 @@ def build_pair(tiny: bool, device: str):
 
 @case("batch-cycles", "batched step and cycle per batch size (chain (3,1,4)), replayed tok/s and speedup",
       defaults={"tiny": False, "sizes": [1, 2, 4, 8, 16, 32, 64], "context": 512, "max_new": 256, "reps": 30,
-                "accept_length": 2.79},
+                "accept_length": 2.79, "products": ["aten", "invariant"]},
       quick={"sizes": [1, 8, 64], "reps": 10})
 @torch.inference_mode()  # the engine's state tensors are inference tensors
 def batch_cycles(p, ctx):
@@ -79,14 +79,16 @@ def batch_cycles(p, ctx):
     acc, metrics, rows = p["accept_length"], {}, []
     g = torch.Generator().manual_seed(1)
     sizes = as_list(p["sizes"])
-    for B in sizes:
-        eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda)
+    kinds = [k for k in as_list(p["products"]) if cuda or k in ("aten", "onednn")]
+    for kind, B in [(k, b) for k in kinds for b in sizes]:
+        t.set_products(kind)  # aten: F.linear (cuBLAS); invariant: what serve runs in bf16 (batch-invariant)
+        eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda, adaptive=False)
         for i in range(B):
             prompt = torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g).tolist()
             eng.add(Request(f"r{i}", prompt, p["max_new"], eos_ids=()))
         eng.step()  # prefill every row, record this size's graphs (GPU), one cycle
         c = eng._rows()
-        state = [c.tk.length, c.dk.length, c.root, c.h, c.dl]
+        state = [c.tk.length, c.dk.length, c.root, c.h, c.dl, eng.lag_n]
         snap = [x.clone() for x in state]
 
         def restore():  # outside the timed span
@@ -104,29 +106,36 @@ def batch_cycles(p, ctx):
         cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=restore), "ms")
         base = stats(samples_ms(step, p["reps"], cuda=cuda, before=restore), "ms")
         ratio = cyc["median"] / base["median"]
-        metrics[f"step_ms_b{B}"] = base
-        metrics[f"cycle_ms_b{B}"] = cyc
-        metrics[f"speedup_replayed_b{B}"] = value(acc / ratio, "x")
-        rows.append({"batch": B, "speedup_replayed": round(acc / ratio, 3), "sglang_speedup": SGLANG.get(B)})
+        sfx = "" if kind == "aten" else f"_{kind}"
+        metrics[f"step_ms_b{B}{sfx}"] = base
+        metrics[f"cycle_ms_b{B}{sfx}"] = cyc
+        metrics[f"speedup_replayed_b{B}{sfx}"] = value(acc / ratio, "x")
+        rows.append({"products": kind, "batch": B, "step_ms": base["median"], "cycle_ms": cyc["median"],
+                     "speedup_replayed": round(acc / ratio, 3), "sglang_speedup": SGLANG.get(B)})
         del eng
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    paying = [r["batch"] for r in rows if r["speedup_replayed"] > 1.0]
-    first_loss = next((r["batch"] for r in rows if r["speedup_replayed"] <= 1.0), None)
-    rec = (max(b for b in paying if first_loss is None or b < first_loss) if paying and paying[0] == rows[0]["batch"]
-           else 0)
+    for B in sizes:  # what batch invariance costs: the invariant kernels' step over cuBLAS's, per batch size
+        if f"step_ms_b{B}_invariant" in metrics:
+            metrics[f"invariant_step_cost_b{B}"] = value(metrics[f"step_ms_b{B}_invariant"]["median"] /
+                                                         metrics[f"step_ms_b{B}"]["median"], "x")
     return {"metrics": metrics,
             "details": {"shape": "tiny" if p["tiny"] else "llama-3.1-8b", "dtype": str(t.dtype), "tree": [3, 1, 4],
-                        "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows,
-                        "recommended_spec_max_batch": rec, "context": context}}
+                        "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows, "context": context}}
 
 
 @case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
       defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None},
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1})
-@torch.inference_mode()
 def batch_demo(p, ctx):
+    # the pair loads outside inference mode (oneDNN's packs keep the weights' version counters)
+    with torch.inference_mode(False):
+        return _batch_demo(p)
+
+
+@torch.inference_mode()
+def _batch_demo(p):
     from eaglekit.decoding.batch import BatchEngine, Request
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
@@ -136,8 +145,9 @@ def batch_demo(p, ctx):
         torch.set_num_threads(p["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # float32: identical greedy outputs with and without the draft are then a real check; uncompiled, as `serve`
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
-                     products=p["products"], batched=True)
+    with torch.inference_mode(False):
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
+                         products=p["products"], batched=True)
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
     metrics, identity = {}, {}
