@@ -838,6 +838,29 @@ def _serve_args(p):
 cmd_serve.add_args = _serve_args
 
 
+# --- kernels ----------------------------------------------------------------------------------------
+@command("kernels", "kernels check: which products kinds run on this machine and why not; build them, check bits")
+def cmd_kernels(args) -> int:
+    """`eaglekit kernels check`: for aten, onednn, invariant, hopper, the int8 draft and top-k: whether it runs
+    here and why not, its build (nvcc, Triton), and a bit check (a row alone equals the same row among 5 and 16
+    rows; values against a float64 reference). Exit 0 when every kind that runs here passed, 1 when one failed."""
+    from .kernels.check import main as check
+
+    return check((["--json"] if args.json else []) + (["--only", *args.only] if args.only else []))
+
+
+def _kernels_args(p):
+    from .kernels.check import KINDS
+
+    p.add_argument("action", choices=["check"], help="check: build and check every kind that runs here")
+    p.add_argument("--json", action="store_true", help="the rows as JSON instead of a table")
+    p.add_argument("--only", nargs="+", choices=list(KINDS), metavar="KIND",
+                   help=f"check these kinds only ({', '.join(KINDS)})")
+
+
+cmd_kernels.add_args = _kernels_args
+
+
 # --- bench ------------------------------------------------------------------------------------------
 @command("bench", "load an OpenAI-compatible server: TTFT, TPOT, ITL, latency, tok/s, spec-decode acceptance")
 def cmd_bench(args) -> int:

@@ -179,3 +179,31 @@ def random_tree_paths(T: int, rng) -> list[list[int]]:
             a = parents[a]
         paths.append(path[::-1])
     return paths
+
+
+def hopper_target(products: str, layers: int = 2):
+    """A bf16 Llama target on the GPU of a shape the hopper kernels take (hidden 2048, head_dim 128, intermediate
+    4096, vocab 8192), random weights (norm weights not ones: they travel inside the hopper products)."""
+    import dataclasses
+
+    from eaglekit.models.config import parse_target_config
+    from eaglekit.models.layers import Rotary
+    from eaglekit.models.llama import LlamaModel, LlamaTarget
+    from eaglekit.train.pretrain import llama_config
+
+    raw = llama_config(8192, 2048, 2, 16, 4, 4096, max_pos=4096, tie=False, eos_id=1)
+    cfg = dataclasses.replace(parse_target_config(raw), num_layers=layers)
+    torch.manual_seed(0)
+    net = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.02)
+        for n, p in net.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    net = net.to("cuda", torch.bfloat16)
+    net.rotary = Rotary(cfg.head_dim, cfg.rope).to("cuda")  # (its frequencies stay float32)
+    t = LlamaTarget(net, "cuda", torch.bfloat16)
+    t.fuse()
+    t.set_products(products)
+    return t

@@ -71,3 +71,11 @@ def test_an_unknown_kind_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         check.main(["--only", "bulk"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_the_cli_runs_the_check(capsys):
+    from eaglekit.cli import main
+
+    assert main(["kernels", "check", "--json", "--only", "aten"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and [r["kind"] for r in out["kinds"]] == ["aten"]

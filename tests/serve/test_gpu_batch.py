@@ -45,12 +45,12 @@ def test_bf16_serving_is_batch_invariant_by_default(adaptive):
 
 def test_hopper_products_run_a_one_row_batch_with_the_decoders_bits():
     from eaglekit.kernels.products import hopper_reason
+    from helpers import hopper_target
 
-    from test_bulk import _target  # a model the hopper kernels take (bf16, head_dim 128, sizes of 2048)
-
-    t = _target("hopper")
+    t = hopper_target("invariant")
     if hopper_reason(t) is not None:
         pytest.skip(hopper_reason(t))
+    t.set_products("hopper")
     prompts = [torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 40)]
     eng = BatchEngine(t, None, TreeShape(3, 1, 4), max_batch=1)
     got = [_run(eng, [p], 32)[0] for p in prompts]
