@@ -14,7 +14,7 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft
 from eaglekit.errors import ContractError, GenerationError, InputError
 from eaglekit.models import load_target
-from test_checkpoint import write_specforge_folder
+from folders import write_specforge_folder
 
 
 def test_missing_folder():

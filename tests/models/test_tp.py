@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from eaglekit.distributed import free_port
 from helpers import make_hf_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spawn(name, *args, timeout_s=30.0):

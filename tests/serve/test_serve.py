@@ -22,7 +22,7 @@ from eaglekit.serve.local import LocalServer
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "eaglekit" / "assets" / "demo"
 TARGET, DRAFT = str(DEMO / "target"), str(DEMO / "draft")
 # the demo tokenizer has no chat template: the server is given one, as --chat-template (vLLM's option)

@@ -13,7 +13,7 @@ from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
 from eaglekit.demo import ASSETS
 from eaglekit.doctor import run_doctor
-from test_checkpoint import write_specforge_folder
+from folders import write_specforge_folder
 
 TARGET = ASSETS / "target"
 # two prompts, one round: the probe does not grow (two prompts cannot decide, so under the default budget it would

@@ -27,8 +27,8 @@ from eaglekit.distributed import free_port
 from eaglekit.serve.bench import (BenchOptions, RequestResult, bench, chunk_text, parse_prometheus, parse_sse,
                                   percentile, spec_figures, summarize, vllm_spec_counters)
 
-FIX = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _naive_counter(text: str, name: str, position: str | None = None) -> float:

@@ -17,7 +17,7 @@ from eaglekit.train.data import Example, chat_example, load_examples, pad_batch,
 from eaglekit.train.ttt import TargetBatch, simulated_accept_length, target_distribution, ttt_forward
 from eaglekit.train.vocab import build_vocab_map
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):

@@ -14,7 +14,7 @@ from eaglekit.draft import load_draft, new_draft
 from eaglekit.interop.export import export
 from eaglekit.interop.inspect import inspect_folder
 from eaglekit.models import load_target
-from test_checkpoint import write_specforge_folder
+from folders import write_specforge_folder
 
 
 @pytest.fixture(scope="module")

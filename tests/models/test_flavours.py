@@ -243,7 +243,7 @@ def test_speculators_norm_before_residual_defaults_as_vllm_reads_it(target, tmp_
 
 
 # --- folders written by speculators' and SpecForge's own code (tests/fixtures/make_thirdparty.py) ---------
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
 THIRD = {  # folder: (layout eaglekit reports, its ids convention, key prefix in thirdparty_ref.safetensors)
     "speculators_eagle3": ("vllm", "input_of", "speculators"),
     "specforge_eagle3": ("sglang", "output_of", "specforge"),
@@ -304,7 +304,7 @@ def test_thirdparty_folder_in_vllm_matches_eaglekit(tmp_path, name):
     py = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(Path.home() / ".cache/eaglekit/vllm-venv/bin/python")
     if not Path(py).exists():
         pytest.skip("no vLLM python: set EAGLEKIT_VLLM_PYTHON (tests/engine/setup_venv.sh builds one)")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     p = subprocess.run([py, str(FIX / "vllm_check_thirdparty.py"), name, str(tmp_path)], capture_output=True,
                        text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(repo)})
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
