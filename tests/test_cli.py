@@ -134,7 +134,7 @@ def test_options_are_declared_once_and_the_api_agrees_with_the_cli():
     assert inspect.signature(run_regenerate).parameters["opts"].default is None  # -> RegenOptions()
     sub = build_parser()._subparsers._group_actions[0].choices
     helps = {}
-    for name, p in sub.items():
+    for p in sub.values():
         for a in p._actions:
             for flag in ("--capture-layers", "--backend", "--dtype", "--device"):
                 if flag in a.option_strings:

@@ -149,7 +149,7 @@ def test_compile_flags_are_checked():
 
     assert ModelOptions().compile_mode == "auto" and ModelOptions(no_compile=True).compile_mode == "off"
     with pytest.raises(InputError, match="contradict"):
-        ModelOptions(compile=True, no_compile=True).compile_mode
+        ModelOptions(compile=True, no_compile=True).compile_mode  # noqa: B018 -- the property raises
     with pytest.raises(InputError, match="not one of auto, on, off"):
         load_pair(ASSETS / "target", None, device="cpu", compile="maybe")
     t, _ = load_pair(ASSETS / "target", None, device="cpu")

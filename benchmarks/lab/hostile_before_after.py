@@ -202,7 +202,7 @@ def main():
         print("CLI cases", flush=True)
         crows = cli_rows(tmp)
     rows = sorted(srows + crows, key=lambda r: r["item"])
-    print(f"\n| item | case | before (issue 44) | after |\n|---|---|---|---|")
+    print("\n| item | case | before (issue 44) | after |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['item']} | {r['case']} | {r['before']} | {r['after'].replace('|', '/')} |")
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

@@ -162,7 +162,7 @@ def stalled_uploads(port: int, n: int = 4, wait_s: float = 10.0) -> dict:
     """`n` connections that send half a body and stall, and `n` that send half their headers and stall: how
     many the server still holds open after `wait_s` s, and what the body-stalled ones were answered."""
     socks = []
-    for i in range(n):
+    for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=wait_s + 5)
         s.sendall(post_head("/v1/completions", 1000) + b'{"prompt": "')
         socks.append(("body", s))

@@ -17,7 +17,7 @@ from ..models import load_target
 from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
 from ..pair import load_pair
 from ..tokenizer import encode, load_tokenizer, read_prompts
-from .data import Example, load_examples, read_records, roles, write_examples
+from .data import load_examples, read_records, roles, write_examples
 from .extract import FeatureStore, extract
 from .regen import regenerate
 from .sources import OnlineSource

@@ -4,8 +4,6 @@ probed back, and rows keep their draft state through plain steps (the catch-up).
 
 Costs are injected (the policy's figures), never read from the clock: the tests do not depend on the machine."""
 
-import random
-
 import pytest
 import torch
 

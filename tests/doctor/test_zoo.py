@@ -39,7 +39,9 @@ def test_a_fault_refused_before_the_probe_gets_its_cause(case, pairs, tmp_path):
 
 def test_outcomes_are_scored_three_ways():
     fault = next(c for c in CASES if c.name == "d2t-rolled")
-    mk = lambda status, codes: {"status": status, "findings": [{"code": c, "severity": "error"} for c in codes]}
+    def mk(status, codes):
+        return {"status": status, "findings": [{"code": c, "severity": "error"} for c in codes]}
+
     assert outcome(fault, mk("fault", ["E222"])) == "right"
     assert outcome(fault, mk("fault", ["E282"])) == "wrong cause"
     assert outcome(fault, mk("cannot_tell", [])) == "cannot tell"

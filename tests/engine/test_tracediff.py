@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape

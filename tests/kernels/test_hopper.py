@@ -60,7 +60,7 @@ def _pending_reference(calls):
     """hopper.pending_attention in torch (any device): the mask from (base, block), this call's keys written first."""
     def ref(q, k, v, kn, vn, base, block, first):
         calls.append(block.shape)
-        T, (Hkv, S, hd) = q.shape[0], k.shape
+        T, (_, S, hd) = q.shape[0], k.shape
         f, b = int(first[0]), int(base[0])
         k[:, f:f + T], v[:, f:f + T] = kn.transpose(0, 1), vn.transpose(0, 1)
         mask = torch.zeros(T, S, dtype=torch.bool)
