@@ -50,3 +50,14 @@ def test_an_upward_import_is_refused_by_name(tmp_path, where):
     assert "eaglekit's layers: imports only go downward BROKEN" in out
     assert "eaglekit.kernels is not allowed to import eaglekit.serve" in out
     assert "eaglekit.kernels.products -> eaglekit.serve.app" in out
+
+
+def test_the_architecture_table_is_the_contract_and_the_code():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_architecture_md", ROOT / "docs" / "make_architecture_md.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    text = make.DOC.read_text()
+    assert make.START in text and make.END in text
+    assert make.updated(text) == text, "docs/architecture.md is stale: run python docs/make_architecture_md.py"
