@@ -152,7 +152,7 @@ def make_tokenizer(folder: Path, vocab: int = 96, chat_template: str | None = No
 
 def use_triton_interpreter() -> None:
     """Call at the top of a test module: skip it where Triton is missing or a GPU is visible (the interpreter would
-    take over the GPU's kernels in this process; tests/test_gpu.py covers them there), else run Triton kernels in
+    take over the GPU's kernels in this process; tests/gpu/test_gpu.py covers them there), else run Triton kernels in
     Triton's interpreter on the CPU (set before triton is first imported)."""
     import importlib.util
     import os
@@ -162,7 +162,7 @@ def use_triton_interpreter() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs triton (the dev extra installs it)", allow_module_level=True)
     if torch.cuda.is_available():
-        pytest.skip("interpreter tests run on CPU machines; tests/test_gpu.py covers the kernels on the GPU",
+        pytest.skip("interpreter tests run on CPU machines; tests/gpu/test_gpu.py covers the kernels on the GPU",
                     allow_module_level=True)
     os.environ["TRITON_INTERPRET"] = "1"
 

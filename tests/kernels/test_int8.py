@@ -1,6 +1,6 @@
 """Weight-only int8 drafts (eaglekit.kernels.int8, --draft-quant int8): the rounding, the product, a quantized draft
-against its dequantized twin, and the output still the target's (float64, as tests/test_lossless.py). The GPU
-kernel's int8 path runs in Triton's interpreter in tests/test_smallm.py."""
+against its dequantized twin, and the output still the target's (float64, as tests/decoding/test_lossless.py). The GPU
+kernel's int8 path runs in Triton's interpreter in tests/kernels/test_invariant_gemm.py."""
 
 import copy
 import json

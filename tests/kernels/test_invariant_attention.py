@@ -1,7 +1,7 @@
 """Batch-invariant decode attention (eaglekit.kernels.invariant_attention) and the "invariant" products policy, in Triton's
 interpreter on the CPU: right results against float64 SDPA, a tree row's bits equal to the same token attended
 alone with its keys in consecutive slots (what the baseline step sees), and a model whose decode runs every
-product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/test_gpu.py
+product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/gpu/test_gpu.py
 runs bf16 on the GPU)."""
 
 import random

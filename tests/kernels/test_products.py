@@ -80,8 +80,8 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     """products='auto' on a GPU (eaglekit.kernels.products.choose, the one chooser): the batch-invariant kernels for
     bf16/fp16 (hopper's where they take the model, invariant's elsewhere), draft or not (so speculative output is
     the plain decode's, bit for bit, across runs; serve's batches: invariant at every size), F.linear for float32
-    and foreign targets; every
-    choice with its reason. The decision alone is checked here (the kernels: tests/test_attend.py, tests/test_gpu.py)."""
+    and foreign targets; every choice with its reason. The decision alone is checked here (the kernels:
+    tests/kernels/test_invariant_attention.py, tests/gpu/test_gpu.py)."""
     from eaglekit.kernels import invariant_gemm, products
     from eaglekit.kernels.products import choose
 

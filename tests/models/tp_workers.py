@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-# the 10 tree shapes of the lossless suite (tests/test_lossless.py)
+# the 10 tree shapes of the lossless suite (tests/decoding/test_lossless.py)
 SHAPES = [(1, 1, 2), (3, 1, 4), (5, 1, 6), (2, 2, 4), (3, 2, 6), (4, 3, 10), (5, 4, 16), (6, 8, 48), (5, 2, 4),
           (6, 4, 5)]
 
