@@ -15,7 +15,8 @@ def pick_device(name: str | None = "auto") -> str:
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: str | bool = "auto", products: str = "auto",
-              batched: bool = False, draft_quant: str | None = None) -> tuple[Target, Eagle3Draft | None]:
+              batched: bool = False, draft_quant: str | None = None,
+              rows: int | None = None) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/results/2026-12-02c_cpu_compile_cost_main.json); 'on' / True everywhere, 'off' / False never.
@@ -50,11 +51,12 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile()
         if draft is not None:
             draft.compile()
-    set_pair_products(target, draft, products, device, batched)
+    set_pair_products(target, draft, products, device, batched, rows)
     return target, draft
 
 
-def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False) -> None:
+def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,
+                      rows: int | None = None) -> None:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair). The kind that runs and
     why are kept on the target as `products_choice` (eaglekit.kernels.products.Choice): `--json`, the demo's table
     and the doctor report them."""
@@ -65,7 +67,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
                          fix=f"pass one of {', '.join(PRODUCTS)}")
     if products == "auto":
-        choice = choose(target, device, batched)
+        choice = choose(target, device, batched, rows)
         if choice.kind == "pick":
             target.products_pick = pick_cpu(target)
             ms = ", ".join(f"{k} {a:.1f} + {b:.1f} ms" for k, (a, b) in target.products_pick["ms"].items())

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 # torch.cuda.graphs needs a few eager runs on a side stream before recording (allocator, cuBLAS workspaces)
@@ -30,10 +32,19 @@ def record_graphs(warmup: list[list], record: dict, state: list[torch.Tensor]) -
     torch.cuda.current_stream().wait_stream(s)
     pool = torch.cuda.graph_pool_handle()
     graphs = {}
-    for name, fn in record.items():
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            fn()
-        graphs[name] = g
+    # no garbage collection while recording: an engine dropped earlier (its phases and their graphs hold each other,
+    # a cycle only the collector frees) would have its graphs destroyed mid-recording, which invalidates the capture
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for name, fn in record.items():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                fn()
+            graphs[name] = g
+    finally:
+        if was_enabled:
+            gc.enable()
     torch.cuda.synchronize()
     return graphs

@@ -243,10 +243,11 @@ def compiled(target) -> bool:
     return getattr(getattr(target, "net", None), "compiled_layer", None) is not None
 
 
-def choose(target, device, batched: bool = False) -> Choice:
+def choose(target, device, batched: bool = False, rows: int | None = None) -> Choice:
     """The one chooser: what products='auto' means for this target on `device`, with the reason. The choice never
     depends on the tree or on whether a draft is loaded: `generate --baseline` must decode the bits `generate` does.
-    `batched`: many rows per forward (serve), where the 16-row tiles of the invariant kernels are untimed."""
+    `batched`: many sequences per forward (serve); `rows`: the most rows one forward can hold there (max batch
+    times the tree's tokens), where known."""
     device = str(device)
     if not own_decoder(target):
         return Choice(None, "this target has no products policy (transformers-backed, DeepSeek-family or a "
@@ -261,6 +262,10 @@ def choose(target, device, batched: bool = False) -> Choice:
         return Choice(None, "float32 on a GPU: inductor's products (no rounding differs between 1 and k rows there)")
     if not invariant_gemm.HAVE_TRITON:
         return Choice(None, "Triton is not installed: F.linear (bf16 output may part from the plain decode's)")
+    if batched and rows is not None and rows > invariant_gemm.MAX_ROWS:
+        return Choice(None, f"batched forwards of up to {rows} rows (serve): F.linear, not batch-invariant (the "
+                            f"invariant kernels take at most {invariant_gemm.MAX_ROWS} rows; lower --max-batch to "
+                            f"{invariant_gemm.MAX_ROWS} rows or ask --products invariant)")
     if batched:  # hopper's kernels run one row: a request would change bits as the batch grows past one
         return Choice("invariant", "batched rows (serve): batch-invariant Triton kernels at every batch size, so a "
                                    "request's greedy output is the same bits whatever shares the batch")

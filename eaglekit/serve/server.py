@@ -134,6 +134,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
 
     from .. import __version__
     from ..decoding.batch import BatchEngine
+    from ..decoding.tree import TreeShape
     from ..pair import load_pair
     from ..tokenizer import load_tokenizer
     from .app import build_app
@@ -148,8 +149,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     # each, some of them while requests wait); --compile asks for it on purpose
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
                               compile="off" if compile in ("auto", None) else compile, products=products,
-                              draft_quant=draft_quant,
-                              batched=True)
+                              draft_quant=draft_quant, batched=True,
+                              rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
                          synthetic_accept_length=synthetic_accept_length)
