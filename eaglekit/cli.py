@@ -178,7 +178,8 @@ def cmd_generate(args) -> int:
         # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
         choice = getattr(target, "products_choice", None)
         served = {"backend": getattr(target, "backend", None),
-                  "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None}
+                  "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+                  "draft_precision": getattr(draft, "precision", None)}
         out = {"text": text, "token_ids": res.token_ids,
                "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
                "stop_reason": res.stop_reason}

@@ -171,6 +171,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
            "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
            "backend": getattr(tgt, "backend", None),
            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
+           "draft_precision": getattr(drf, "precision", None),
            "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
            "per_prompt": cmp.rows()}
     if picked is not None:

@@ -26,7 +26,7 @@ from .capture import CaptureSpec
 from .errors import InputError
 
 PRODUCTS = ("auto", "aten", "onednn", "invariant", "hopper")  # --products (eaglekit.kernels.products.KINDS)
-DRAFT_QUANT = ("none", "int8")  # --draft-quant (eaglekit.kernels.int8)
+DRAFT_QUANT = ("auto", "none", "int8")  # --draft-quant (eaglekit.kernels.int8)
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -159,9 +159,11 @@ class ModelOptions(Options):
                                 "sm_90, bf16 Llama shapes: invariant with whole decode layers as streaming kernels, "
                                 "built with nvcc at first use)",
                         choices=PRODUCTS, group="runtime")
-    draft_quant: str = opt("none", "the draft's weights: none (as stored) or int8 (weight-only, a scale per row: half "
-                                   "the bytes a draft step reads; the output stays the target's, the accept length "
-                                   "may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT, group="runtime")
+    draft_quant: str = opt("auto", "the draft's weights: auto (int8 on a GPU in bf16/fp16, as stored elsewhere: "
+                                   "eaglekit.pair.auto_draft_quant), none (as stored) or int8 (weight-only, a scale "
+                                   "per row: half the bytes a draft step reads; the output stays the target's, the "
+                                   "accept length may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT,
+                           group="runtime")
 
     def __post_init__(self):
         super().__post_init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target
@@ -30,15 +32,19 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     F.linear; its arithmetic never reaches the output).
 
     `draft_quant`: 'int8' runs the draft's products from int8 weights (eaglekit.kernels.int8: half its bytes a step;
-    the output is the target's either way, the accept length may move); None or 'none' as stored."""
+    the output is the target's either way, the accept length may move); 'none' as stored; 'auto' (or None) is
+    `auto_draft_quant`. What ran is kept as `draft.precision` ('int8' or the stored dtype)."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
-        if draft_quant not in (None, "none"):
+        if draft_quant in (None, "auto"):
+            draft_quant = auto_draft_quant(target, draft, device)
+        if draft_quant != "none":
             draft.quantize(draft_quant)
+        draft.precision = draft_quant if draft_quant != "none" else str(draft.dtype).replace("torch.", "")
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         compile = str(device).startswith("cuda") and hasattr(target, "compile") and getattr(target, "tp", None) is None
@@ -53,6 +59,17 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
             draft.compile()
     set_pair_products(target, draft, products, device, batched, rows)
     return target, draft
+
+
+def auto_draft_quant(target, draft, device) -> str:
+    """The fastest draft precision whose accept length stays within 1% of the stored draft's: int8 on a GPU for a
+    bf16/fp16 pair (the draft step streams half the bytes; on the H200 the 8B-shape cycle over the step for (5,1,6)
+    went 1.38 -> 1.28, results/2026-12-04_h200-8b.json; the demo pair's accept length 3.191 with int8 against
+    3.186 as stored, results/2026-12-04_h200-demo_draft_*.json); as stored elsewhere (a CPU draft is too small to
+    gain). The output is the target's either way."""
+    gpu = str(device).startswith("cuda")
+    half = getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)
+    return "int8" if gpu and half and hasattr(draft, "quantize") else "none"
 
 
 def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,

@@ -137,3 +137,23 @@ def test_the_demo_drafts_accept_length_barely_moves_in_int8():
         assert s["identical"]
         acc[mode] = s["accept_length"]
     assert abs(acc["int8"] - acc["none"]) <= 0.02 * acc["none"], acc
+
+
+def test_the_default_draft_precision_is_int8_on_a_gpu_in_bf16_only():
+    """--draft-quant auto (eaglekit.pair.auto_draft_quant): int8 where a GPU runs a bf16/fp16 pair, as stored
+    elsewhere; what ran is kept as draft.precision (generate --json's metrics.draft_precision)."""
+    from types import SimpleNamespace
+
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import auto_draft_quant, load_pair
+
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
+    assert d.precision == "float32" and d.quantized is None
+    bf16 = SimpleNamespace(dtype=torch.bfloat16)
+    assert auto_draft_quant(bf16, d, "cuda") == "int8" and auto_draft_quant(bf16, d, "cuda:1") == "int8"
+    assert auto_draft_quant(bf16, d, "cpu") == "none"
+    assert auto_draft_quant(SimpleNamespace(dtype=torch.float32), d, "cuda") == "none"
+    assert auto_draft_quant(bf16, object(), "cuda") == "none"  # a draft that cannot be quantized
+    _, d8 = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten",
+                      draft_quant="int8")
+    assert d8.precision == "int8"
