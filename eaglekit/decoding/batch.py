@@ -452,6 +452,10 @@ class BatchEngine:
             return False
         if self.policy is None or self.synthetic is not None:  # synthetic runs measure the cycle, never switch
             return True
+        if any(s.req.sampling.seed is not None and not s.req.sampling.greedy for s in self.rows):
+            # a seeded sampled request draws its random numbers per cycle or per step: a choice made from timings
+            # would change its output with the machine's load; speculation stays on while one runs
+            return True
         B = padded_size(b, self.max_batch) if self.pad else b
         spec, why = self.policy.choose(B)
         if self.policy.switched(spec):

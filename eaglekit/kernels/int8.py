@@ -23,7 +23,7 @@ from . import invariant_gemm
 
 MODES = ("int8",)
 # one row inside torch.compile: "kernel" (invariant_gemm's, as for more rows) or "inductor" (its GEMV reduction over the
-# widened weight); read when a graph is traced (tests/test_gpu.py checks both against the fp64 product)
+# widened weight); read when a graph is traced (tests/gpu/test_gpu.py checks both against the fp64 product)
 ONE_ROW = "kernel"
 
 

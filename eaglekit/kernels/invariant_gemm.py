@@ -13,8 +13,8 @@ How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile i
 masked zeros; more rows, more tiles, each its own program). The grid covers N in blocks and K in `split` slices;
 each program accumulates its slice in fp32 with the tensor cores, partial sums land in [split, M, N] fp32 and a
 second kernel adds them in a fixed order. The tile config depends on (N, K) only, never on M, so each row's result
-is bit-identical for every M: the batch invariance that bf16 losslessness needs (tests/test_smallm.py checks it, in
-Triton's interpreter on a CPU and on the GPU). The same kernels do the invariant policy's epilogues (`linear`'s
+is bit-identical for every M: the batch invariance that bf16 losslessness needs (tests/kernels/test_invariant_gemm.py
+checks it, in Triton's interpreter on a CPU and on the GPU). The same kernels do the invariant policy's epilogues (`linear`'s
 `gated`: silu(gate) * up over a [gate; up] weight; `residual`: the layer's residual add), so a layer has three
 kernels fewer; what they compute is `epilogue` in plain torch.
 

@@ -104,7 +104,7 @@ def record(point: str, tensor, **meta) -> dict | None:
 
 def event(point: str, **meta) -> dict | None:
     """A record without a tensor (a decision: the engine switching speculation on or off, and why)."""
-    if not ENABLED:
+    if not active():
         return None
     rec = {"cycle": _cycle, "point": point, **meta}
     if RANK is not None:

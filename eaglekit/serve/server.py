@@ -151,6 +151,11 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
                               compile="off" if compile in ("auto", None) else compile, products=products,
                               draft_quant=draft_quant, batched=True,
                               rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
+    from ..distributed import current
+
+    tp = current()
+    # (under tensor parallelism every rank must take the same step: the policy's timings differ by rank)
+    adaptive = adaptive and (tp is None or tp.world == 1)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
                          synthetic_accept_length=synthetic_accept_length)
@@ -158,9 +163,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
               f"output is NOT the target's", file=sys.stderr, flush=True)
-    from ..distributed import current
-
-    tp, lockstep = current(), None
+    lockstep = None
     if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
         from .lockstep import Lockstep, follow
 

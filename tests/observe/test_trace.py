@@ -67,7 +67,7 @@ def test_off_computes_nothing(model_dirs, monkeypatch):
 
 def test_environment_switches_it_on(model_dirs, tmp_path):
     out = tmp_path / "t.jsonl"
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_trace import _decode; "
+    code = ("import sys; sys.path[:0] = ['tests', 'tests/observe']; from test_trace import _decode; "
             f"_decode({{'llama': __import__('pathlib').Path({str(model_dirs['llama'])!r})}}, 6)")
     env = {"EAGLE3_DEBUG": "1", "EAGLE3_DEBUG_FILE": str(out), "EAGLE3_DEBUG_STEPS": "1", "PATH": "/usr/bin"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=".")
