@@ -171,3 +171,58 @@ class Target(ABC):
 
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...
+
+
+class StaticCacheTarget(Target):
+    """A target over one static cache of its own (`self.cache`: a committed `length` tensor, `keep`, a `uid`) and
+    the span its last reset gave (`self.span`): eaglekit's Llama-family and DeepSeek-family decoders."""
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.length) if self.cache is not None else 0
+
+    @property
+    def committed(self) -> torch.Tensor:
+        return self.cache.length
+
+    def storage_key(self) -> tuple:
+        return (self.span, self.cache.uid)
+
+    def _advance(self, n: int) -> None:
+        self.cache.length += n
+
+    @torch.inference_mode()
+    def keep(self, path, n, in_place: bool = False) -> None:
+        if in_place:  # a chain: the accepted entries already sit at slots length .. length + n - 1
+            self.cache.length += n
+        else:
+            self.cache.keep(path, n)
+
+
+def generate_left_padded(net, cache, ids, pad, max_new: int, sp, seed: int, eos_ids=()) -> torch.Tensor:
+    """Target.generate_batch for a decoder `net(ids, positions, cache, slots, mask) -> (hidden, feats)` with an
+    `lm_head`: B left-padded prompts ids [B, P] (pad [B] tokens of padding each) decoded together in `cache`, greedy or
+    sampled by `sp` with one generator seeded `seed`, until max_new tokens or every row's EOS -> [B, <= max_new]."""
+    B, P = ids.shape
+    S, dev = P + max_new, ids.device
+    real = torch.arange(S, device=dev)[None, :] >= pad[:, None]  # [B, S] left padding is never attended to
+    g = torch.Generator(device=dev).manual_seed(seed)
+    pos = (torch.arange(P, device=dev)[None] - pad[:, None]).clamp(min=0)
+    mask = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :P]
+    h, _ = net(ids, pos, cache, torch.arange(P, device=dev), mask)
+    out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    eos = torch.tensor(list(eos_ids) or [-1], device=dev)
+    last = h[:, -1]
+    for t in range(max_new):
+        logits = net.lm_head(last).float()
+        tok = logits.argmax(-1) if sp.greedy else torch.multinomial(sp.probs(logits), 1, generator=g).squeeze(1)
+        out[:, t] = tok
+        done |= torch.isin(tok, eos)
+        if t + 1 == max_new or bool(done.all()):
+            return out[:, :t + 1]
+        slot = P + t
+        h, _ = net(tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev),
+                   real[:, None, :slot + 1])
+        last = h[:, -1]
+    return out

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..kernels import invariant_attention
-from .base import Target, TargetInfo
+from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from ..kernels.compiling import span_dynamic
 from .config import TargetConfig, load_target_config
 from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, install_products,
@@ -107,7 +107,7 @@ class LlamaModel(nn.Module):
         return self._finish(x, caught, capture)
 
 
-class LlamaTarget(Target):
+class LlamaTarget(StaticCacheTarget):
     """A target backed by our compact decoder."""
 
     backend = "ours"
@@ -147,17 +147,6 @@ class LlamaTarget(Target):
         self.cache.length.zero_()
         self.span = span
 
-    @property
-    def length(self) -> int:
-        return int(self.cache.length) if self.cache is not None else 0
-
-    @property
-    def committed(self) -> torch.Tensor:
-        return self.cache.length
-
-    def storage_key(self) -> tuple:
-        return (self.span, self.cache.uid)
-
     def _forward(self, ids, depths, block, capture):
         T = ids.numel()
         L = self.cache.length
@@ -171,16 +160,6 @@ class LlamaTarget(Target):
             h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
         logits = product_module(self.net.products, self.net.lm_head, h[0]).float()
         return logits, (feats[0] if feats is not None else None)
-
-    def _advance(self, n: int) -> None:
-        self.cache.length += n
-
-    @torch.inference_mode()
-    def keep(self, path, n, in_place: bool = False) -> None:
-        if in_place:  # the accepted entries already sit at slots length .. length + n - 1
-            self.cache.length += n
-        else:
-            self.cache.keep(path, n)
 
     # --- batched decoding ----------------------------------------------------------------------------
     batched = True
@@ -239,31 +218,10 @@ class LlamaTarget(Target):
 
     @torch.inference_mode()
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
-        net, c, dev = self.net, self.net.config, self.device  # net.config: this process's KV heads
-        B, P = ids.shape
-        S = P + max_new
-        cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, S, B, dev, self.dtype)
-        real = torch.arange(S, device=dev)[None, :] >= pad[:, None]  # [B, S] left padding is never attended to
-        g = torch.Generator(device=dev).manual_seed(seed)
-        pos = (torch.arange(P, device=dev)[None] - pad[:, None]).clamp(min=0)
-        mask = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :P]
-        h, _ = net(ids, pos, cache, torch.arange(P, device=dev), mask)
-        out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        eos = torch.tensor(list(eos_ids) or [-1], device=dev)
-        last = h[:, -1]
-        for t in range(max_new):
-            logits = net.lm_head(last).float()
-            tok = logits.argmax(-1) if sp.greedy else torch.multinomial(sp.probs(logits), 1, generator=g).squeeze(1)
-            out[:, t] = tok
-            done |= torch.isin(tok, eos)
-            if t + 1 == max_new or bool(done.all()):
-                return out[:, :t + 1]
-            slot = P + t
-            h, _ = net(tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev),
-                       real[:, None, :slot + 1])
-            last = h[:, -1]
-        return out
+        c = self.net.config  # this process's KV heads
+        cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, ids.shape[1] + max_new, ids.shape[0], self.device,
+                        self.dtype)
+        return generate_left_padded(self.net, cache, ids, pad, max_new, sp, seed, eos_ids)
 
     @torch.no_grad()
     def features(self, ids, pad_mask=None, capture=None):

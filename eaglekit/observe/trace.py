@@ -88,12 +88,14 @@ def record(point: str, tensor, **meta) -> dict | None:
     if RANK is not None:
         rec["rank"] = RANK
     extras = " ".join(f"{k}={v}" for k, v in meta.items())
-    print(
-        f"[EAGLE3_DEBUG]{'' if RANK is None else f' rank {RANK}'} cycle {rec['cycle']} {point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} "
-        f"device={rec['device']} {extras} mean={rec['mean']:.4g} std={rec['std']:.4g} absmax={rec['absmax']:.4g} "
-        f"nan={rec['nan']} inf={rec['inf']} head={rec['head']}",
-        file=_stream,
-    )
+    return _emit(rec, f"{point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} device={rec['device']} {extras} "
+                      f"mean={rec['mean']:.4g} std={rec['std']:.4g} absmax={rec['absmax']:.4g} nan={rec['nan']} "
+                      f"inf={rec['inf']} head={rec['head']}")
+
+
+def _emit(rec: dict, text: str) -> dict:
+    """One record to every output: the stream (a line), EAGLE3_DEBUG_FILE (JSON lines), the sink."""
+    print(f"[EAGLE3_DEBUG]{'' if RANK is None else f' rank {RANK}'} cycle {rec['cycle']} {text}", file=_stream)
     if FILE:
         with open(FILE, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -109,15 +111,7 @@ def event(point: str, **meta) -> dict | None:
     rec = {"cycle": _cycle, "point": point, **meta}
     if RANK is not None:
         rec["rank"] = RANK
-    extras = " ".join(f"{k}={v}" for k, v in meta.items())
-    print(f"[EAGLE3_DEBUG]{'' if RANK is None else f' rank {RANK}'} cycle {_cycle} {point:<22} {extras}",
-          file=_stream)
-    if FILE:
-        with open(FILE, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-    if _sink is not None:
-        _sink.append(rec)
-    return rec
+    return _emit(rec, f"{point:<22} " + " ".join(f"{k}={v}" for k, v in meta.items()))
 
 
 configure()

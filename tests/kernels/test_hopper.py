@@ -407,24 +407,9 @@ def test_attention_tree_rows_equal_rows_alone(P, rep, T):
 
 
 def _target(products, layers=2):
-    from eaglekit.models.layers import Rotary
-    from eaglekit.models.llama import LlamaModel, LlamaTarget
+    from helpers import hopper_target
 
-    cfg = _cfg(num_layers=layers)
-    torch.manual_seed(0)
-    net = LlamaModel(cfg)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0, 0.02)
-        for n, p in net.named_parameters():
-            if "norm" in n:  # (not ones: the norms' weights travel inside the hopper products)
-                p.uniform_(0.5, 1.5)
-    net = net.to("cuda", torch.bfloat16)
-    net.rotary = Rotary(cfg.head_dim, cfg.rope).to("cuda")  # (its frequencies stay float32)
-    t = LlamaTarget(net, "cuda", torch.bfloat16)
-    t.fuse()
-    t.set_products(products)
-    return t
+    return hopper_target(products, layers)
 
 
 @pytest.mark.gpu
