@@ -801,8 +801,8 @@ def _serve_args(p):
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV is held for this many)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
     p.add_argument("--spec-max-batch", type=int, default=None,
-                   help="above this many running requests decode without the draft (default: the engine's choice; "
-                        "0: never use the draft)")
+                   help="above this many running requests decode without the draft (default: no cap, the adaptive "
+                        "policy decides per step; 0: never use the draft)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) accepted in the request's 'model' (default: the --target path as given)")
     p.add_argument("--chat-template", default=None,

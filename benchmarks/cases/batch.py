@@ -126,7 +126,8 @@ def batch_cycles(p, ctx):
 
 
 @case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
-      defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None},
+      defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None,
+                "variants": ["draft", "draft_always", "random_draft"]},
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1})
 def batch_demo(p, ctx):
     # the pair loads outside inference mode (oneDNN's packs keep the weights' version counters)
@@ -150,12 +151,19 @@ def _batch_demo(p):
                          products=p["products"], batched=True)
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
+    from eaglekit.draft import new_draft
+
+    with torch.inference_mode(False):  # an untrained draft: the adaptive policy must switch it off
+        rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
+    # draft: the trained draft, speculation when it pays (the default); draft_always: speculation on every step
+    drafts = {"draft": (d, True), "draft_always": (d, False), "random_draft": (rand, True)}
+    variants = [v for v in as_list(p["variants"]) if v in drafts]
     metrics, identity = {}, {}
     sizes = as_list(p["sizes"])
     for B in sizes:
         res = {}
-        for name, draft in (("draft", d), ("no_draft", None)):
-            eng = BatchEngine(t, draft, max_batch=B, spec_max_batch=B)
+        for name, (draft, adaptive) in [(v, drafts[v]) for v in variants] + [("no_draft", (None, False))]:
+            eng = BatchEngine(t, draft, max_batch=B, spec_max_batch=B, adaptive=adaptive)
             for _rep in range(2):  # the first pass records every graph and span the timed second one meets
                 got: dict[str, list[int]] = {}
                 for i in range(B * p["waves"]):
@@ -172,14 +180,19 @@ def _batch_demo(p):
             drafts = eng.spec_stats["num_drafts"] - d0
             accepted = eng.spec_stats["num_accepted_tokens"] - a0
             res[name] = {"tok_s": ntok / dt, "tok_cpu_s": ntok / cpu, "outputs": got,
-                         "accept": 1 + accepted / drafts if drafts else None}
-        metrics[f"tokens_per_s_b{B}_draft"] = value(res["draft"]["tok_s"], "tok/s")
+                         "accept": 1 + accepted / drafts if drafts else None,
+                         "plain_steps": eng.spec_stats["plain_steps"], "spec_cycles": eng.spec_stats["spec_cycles"]}
         metrics[f"tokens_per_s_b{B}_no_draft"] = value(res["no_draft"]["tok_s"], "tok/s")
-        metrics[f"speedup_b{B}"] = value(res["draft"]["tok_s"] / res["no_draft"]["tok_s"], "x")
-        metrics[f"speedup_cpu_time_b{B}"] = value(res["draft"]["tok_cpu_s"] / res["no_draft"]["tok_cpu_s"], "x")
-        if res["draft"]["accept"]:
-            metrics[f"accept_length_b{B}"] = value(res["draft"]["accept"], "tokens/verify")
-        identity[f"outputs_identical_b{B}"] = res["draft"]["outputs"] == res["no_draft"]["outputs"]
+        for v in variants:
+            sfx = "" if v == "draft" else f"_{v}"
+            metrics[f"tokens_per_s_b{B}{sfx or '_draft'}"] = value(res[v]["tok_s"], "tok/s")
+            metrics[f"speedup_b{B}{sfx}"] = value(res[v]["tok_s"] / res["no_draft"]["tok_s"], "x")
+            metrics[f"speedup_cpu_time_b{B}{sfx}"] = value(res[v]["tok_cpu_s"] / res["no_draft"]["tok_cpu_s"], "x")
+            metrics[f"spec_cycles_b{B}{sfx}"] = value(res[v]["spec_cycles"], "cycles")
+            metrics[f"plain_steps_b{B}{sfx}"] = value(res[v]["plain_steps"], "steps")
+            if res[v]["accept"]:
+                metrics[f"accept_length_b{B}{sfx}"] = value(res[v]["accept"], "tokens/verify")
+            identity[f"outputs_identical_b{B}{sfx}"] = res[v]["outputs"] == res["no_draft"]["outputs"]
     return {"metrics": metrics, "identity": identity,
             "details": {"device": device, "dtype": "float32", "threads": torch.get_num_threads(),
                         "products": str(getattr(t, "products_choice", None))}}

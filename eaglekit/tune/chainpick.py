@@ -16,9 +16,10 @@ candidate of a round alike: a chain's cost is the median over rounds of its cycl
 Predicted speedup = accept length / that ratio; the fastest wins.
 
 Time: on a loaded 2-core machine every forward costs several times its quiet figure, so the pick runs against a
-budget (`budget_s`): the model walks the prompts in interleaved slices (a spread of the set, not its first few)
-until half the budget is spent, the timing rounds until all of it is (at least MIN_ROUNDS). What was measured by
-then decides, and the result says how much that was.
+budget (`budget_s`): the model walks the prompts in interleaved slices (a spread of the set, not its first few;
+the first one half a slice, the least it rests on) until half the budget is spent, the timing rounds until all of
+it is (MIN_ROUNDS while the budget lasts, one past it). What was measured by then decides, and the result says how
+much that was.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ BUDGET_S = 20.0  # the whole pick, model and timing (the README's promise; a loa
 MODEL_SHARE = 0.5  # of the budget, for the model's slices (at least one slice runs)
 SLICE = 8  # prompts per slice of the model (its batch: the greedy continuations and the teacher-forced pass)
 TIME_PROMPTS, TIME_TOKENS = 4, 24  # the timing rounds cycle over this many prompts, one generation of this length
-MIN_ROUNDS, MAX_ROUNDS = 2, 40  # rounds of the timing: at least (past the budget), at most (a fast machine)
+MIN_ROUNDS, MAX_ROUNDS = 2, 40  # rounds of the timing: at least (within the budget; one past it), at most
 
 
 class Progress:
@@ -122,7 +123,11 @@ def model_accept_lengths(target, draft, prompts: list[list[int]], max_new_tokens
 
     capture, eos = check_pair(draft, target), tuple(target.info.eos_token_ids)
     runs, starts, last = [], [], 0.0
-    for part in spread(prompts, SLICE):
+    slices = spread(prompts, SLICE)
+    if slices:  # the first slice in two halves: a loaded machine past its share after the first stops there
+        head = slices[0]
+        slices = [head[:(len(head) + 1) // 2], head[(len(head) + 1) // 2:]] + slices[1:]
+    for part in (s for s in slices if s):
         if runs and clock.elapsed + last > until_s:  # (the next slice would end past the share: as long as the last)
             break
         clock.say(f"accept lengths, {len(starts)}/{len(prompts)} prompts")
@@ -161,6 +166,8 @@ def cycle_ratios(target, draft, prompts: list[list[int]], chains, clock: Progres
     order = [None, *chains]  # None: the target alone
     last = 0.0
     for r in range(max_rounds):
+        if r >= 1 and clock.elapsed > until_s:  # past the budget: what one round measured decides
+            break
         if r >= min_rounds and clock.elapsed + last > until_s:  # (the next round would end past the budget)
             break
         t0 = clock.elapsed

@@ -136,10 +136,13 @@ def test_the_model_stops_at_its_share_of_the_budget(monkeypatch):
 
     prompts = [[1, 2, 3]] * 32
     _, used = chainpick.model_accept_lengths(T, None, prompts, 8, (2, 4), clock, until_s=0.0)
-    assert used == 8  # one slice at least, however tight the budget
+    assert used == 4  # half a slice at least, however tight the budget
     clock.elapsed = 0.0
     _, used = chainpick.model_accept_lengths(T, None, prompts, 8, (2, 4), clock, until_s=7.0)
-    assert used == 16  # 3 s + 3 s, and a third would end at 9 s, past the 7 s share
+    assert used == 8  # the first slice's two halves, 3 s each; a third would end at 9 s, past the 7 s share
+    clock.elapsed = 0.0
+    _, used = chainpick.model_accept_lengths(T, None, prompts, 8, (2, 4), clock, until_s=13.0)
+    assert used == 24  # halves, then whole slices of 8
     assert any("accept lengths" in s for s in clock.said)
 
 
@@ -179,7 +182,10 @@ def test_cycles_are_timed_interleaved_as_ratios_to_the_step(monkeypatch):
     FakeDecoder.slowness = [1.0, 3.0, 1.0, 1.0, 3.0, 1.0, 1.0]  # (a period prime to the round's 6 generations)
     clock.elapsed = 0.0
     ratios, steps = chainpick.cycle_ratios(None, None, [[1, 2]], (2, 4, 6), clock, until_s=0.0)
-    assert len(steps) == chainpick.MIN_ROUNDS  # past the budget: the minimum
+    assert len(steps) == 1  # past the budget after the warm-up: one round
+    FakeDecoder.calls, clock.elapsed = [], 0.0
+    ratios, steps = chainpick.cycle_ratios(None, None, [[1, 2]], (2, 4, 6), clock, until_s=0.95)
+    assert len(steps) == chainpick.MIN_ROUNDS  # within the budget, though the next round would end past it
     timed = FakeDecoder.calls[4:]  # after the warm-up (the step, then each chain once)
     assert timed[:4] == [None, 2, 4, 6] and timed[4:8] == [2, 4, 6, None]  # the order rotates round by round
     FakeDecoder.calls, clock.elapsed = [], 0.0
