@@ -127,8 +127,8 @@ def batch_cycles(p, ctx):
 
 @case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
       defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None,
-                "variants": ["draft", "draft_always", "random_draft"]},
-      quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1})
+                "variants": ["draft", "draft_always", "random_draft"], "reps": 3},
+      quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1, "reps": 1})
 def batch_demo(p, ctx):
     # the pair loads outside inference mode (oneDNN's packs keep the weights' version counters)
     with torch.inference_mode(False):
@@ -156,43 +156,55 @@ def _batch_demo(p):
     with torch.inference_mode(False):  # an untrained draft: the adaptive policy must switch it off
         rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
     # draft: the trained draft, speculation when it pays (the default); draft_always: speculation on every step
-    drafts = {"draft": (d, True), "draft_always": (d, False), "random_draft": (rand, True)}
-    variants = [v for v in as_list(p["variants"]) if v in drafts]
+    kinds = {"draft": (d, True), "draft_always": (d, False), "random_draft": (rand, True)}
+    variants = [v for v in as_list(p["variants"]) if v in kinds]
     metrics, identity = {}, {}
     sizes = as_list(p["sizes"])
     for B in sizes:
-        res = {}
-        for name, (draft, adaptive) in [(v, drafts[v]) for v in variants] + [("no_draft", (None, False))]:
-            eng = BatchEngine(t, draft, max_batch=B, spec_max_batch=B, adaptive=adaptive)
-            for _rep in range(2):  # the first pass records every graph and span the timed second one meets
+        names = variants + ["no_draft"]
+        engines = {v: BatchEngine(t, kinds[v][0], max_batch=B, spec_max_batch=B, adaptive=kinds[v][1])
+                   for v in variants}
+        engines["no_draft"] = BatchEngine(t, None, max_batch=B, spec_max_batch=B)
+        runs: dict[str, list[dict]] = {v: [] for v in names}
+        # ratios side by side: a warm pass each, then `reps` passes with the order rotating, medians of each
+        for r in range(1 + p["reps"]):
+            for v in names[r % len(names):] + names[:r % len(names)]:
+                eng = engines[v]
                 got: dict[str, list[int]] = {}
                 for i in range(B * p["waves"]):
                     eng.add(Request(f"r{i}", prompts[i % len(prompts)], p["new_tokens"], eos_ids=()))
-                d0, a0 = eng.spec_stats["num_drafts"], eng.spec_stats["num_accepted_tokens"]
+                st0 = dict(eng.spec_stats)
                 t0, c0 = time.perf_counter(), time.process_time()
                 while eng.has_work:
                     for ev in eng.step():
                         got.setdefault(ev.rid, []).extend(ev.token_ids)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            ntok = sum(len(v) for v in got.values())
-            drafts = eng.spec_stats["num_drafts"] - d0
-            accepted = eng.spec_stats["num_accepted_tokens"] - a0
-            res[name] = {"tok_s": ntok / dt, "tok_cpu_s": ntok / cpu, "outputs": got,
-                         "accept": 1 + accepted / drafts if drafts else None,
-                         "plain_steps": eng.spec_stats["plain_steps"], "spec_cycles": eng.spec_stats["spec_cycles"]}
-        metrics[f"tokens_per_s_b{B}_no_draft"] = value(res["no_draft"]["tok_s"], "tok/s")
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if r == 0:
+                    continue
+                ntok = sum(len(x) for x in got.values())
+                st = {k: eng.spec_stats[k] - st0[k] for k in ("num_drafts", "num_accepted_tokens", "spec_cycles",
+                                                             "plain_steps")}
+                runs[v].append({"tok_s": ntok / dt, "tok_cpu_s": ntok / cpu, "outputs": got, **st})
+        base = [x["tok_s"] for x in runs["no_draft"]]
+        base_cpu = [x["tok_cpu_s"] for x in runs["no_draft"]]
+        metrics[f"tokens_per_s_b{B}_no_draft"] = stats(base, "tok/s")
         for v in variants:
             sfx = "" if v == "draft" else f"_{v}"
-            metrics[f"tokens_per_s_b{B}{sfx or '_draft'}"] = value(res[v]["tok_s"], "tok/s")
-            metrics[f"speedup_b{B}{sfx}"] = value(res[v]["tok_s"] / res["no_draft"]["tok_s"], "x")
-            metrics[f"speedup_cpu_time_b{B}{sfx}"] = value(res[v]["tok_cpu_s"] / res["no_draft"]["tok_cpu_s"], "x")
-            metrics[f"spec_cycles_b{B}{sfx}"] = value(res[v]["spec_cycles"], "cycles")
-            metrics[f"plain_steps_b{B}{sfx}"] = value(res[v]["plain_steps"], "steps")
-            if res[v]["accept"]:
-                metrics[f"accept_length_b{B}{sfx}"] = value(res[v]["accept"], "tokens/verify")
-            identity[f"outputs_identical_b{B}{sfx}"] = res[v]["outputs"] == res["no_draft"]["outputs"]
+            rs = runs[v]
+            metrics[f"tokens_per_s_b{B}{sfx or '_draft'}"] = stats([x["tok_s"] for x in rs], "tok/s")
+            # each pass over the no-draft pass of the same round
+            metrics[f"speedup_b{B}{sfx}"] = stats([x["tok_s"] / b for x, b in zip(rs, base)], "x")
+            metrics[f"speedup_cpu_time_b{B}{sfx}"] = stats([x["tok_cpu_s"] / b for x, b in zip(rs, base_cpu)], "x")
+            metrics[f"spec_cycles_b{B}{sfx}"] = stats([x["spec_cycles"] for x in rs], "cycles")
+            metrics[f"plain_steps_b{B}{sfx}"] = stats([x["plain_steps"] for x in rs], "steps")
+            drafts = sum(x["num_drafts"] for x in rs)
+            if drafts:
+                metrics[f"accept_length_b{B}{sfx}"] = value(1 + sum(x["num_accepted_tokens"] for x in rs) / drafts,
+                                                            "tokens/verify")
+            identity[f"outputs_identical_b{B}{sfx}"] = all(x["outputs"] == b["outputs"]
+                                                          for x, b in zip(rs, runs["no_draft"]))
     return {"metrics": metrics, "identity": identity,
             "details": {"device": device, "dtype": "float32", "threads": torch.get_num_threads(),
                         "products": str(getattr(t, "products_choice", None))}}

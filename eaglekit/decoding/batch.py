@@ -41,11 +41,11 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import GenerationError
+from ..kernels.graphs import record_graphs
 from ..models.base import Target
 from ..observe import trace
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
 from .adaptive import MAX_PROBE, SpecPolicy
-from ..kernels.graphs import record_graphs
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
@@ -456,7 +456,9 @@ class BatchEngine:
             # a seeded sampled request draws its random numbers per cycle or per step: a choice made from timings
             # would change its output with the machine's load; speculation stays on while one runs
             return True
-        B = padded_size(b, self.max_batch) if self.pad else b
+        # the policy's figures are kept per padded size even where the rows run unpadded (a CPU): a handful of
+        # sizes to time, not one per row count
+        B = padded_size(b, self.max_batch)
         spec, why = self.policy.choose(B)
         if self.policy.switched(spec):
             key = "switches_to_spec" if spec else "switches_to_plain"
@@ -525,7 +527,7 @@ class BatchEngine:
         if self.policy is not None:
             # wall time up to the host read, which waits for the device: in a run of cycles each one's figure
             # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
-            self.policy.observe_cycle(c.B, time.perf_counter() - t0,
+            self.policy.observe_cycle(padded_size(len(self.rows), self.max_batch), time.perf_counter() - t0,
                                       [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft])
         for s, row in zip(self.rows, host):
             n = row[0]
@@ -549,7 +551,7 @@ class BatchEngine:
         host = c.next[:len(self.rows)].tolist()
         self.spec_stats["plain_steps"] += 1
         if self.policy is not None:
-            self.policy.observe_plain(c.B, time.perf_counter() - t0)
+            self.policy.observe_plain(padded_size(len(self.rows), self.max_batch), time.perf_counter() - t0)
         for r, (s, tok) in enumerate(zip(self.rows, host)):
             if s.use_draft:
                 s.lag += 1
