@@ -45,7 +45,7 @@ def test_the_processor_names_the_kernels_when_capped(monkeypatch):
 def test_demo_json(capsys, monkeypatch, tmp_path):
     from eaglekit.tune import chainpick
 
-    # the timing rounds generate 12 tokens here, not 24, within the smallest budget (2 s: the minimum of 2 rounds):
+    # the timing rounds generate 12 tokens here, not 24, within the smallest budget (2 s: one round past it):
     # the test checks that the pick follows its measurements, not how well so few rank the chains
     cycle_ratios = chainpick.cycle_ratios
     monkeypatch.setattr(chainpick, "cycle_ratios", lambda *a, **k: cycle_ratios(*a, **{**k, "tokens": 12}))
@@ -63,7 +63,7 @@ def test_demo_json(capsys, monkeypatch, tmp_path):
     assert [c["steps"] for c in picked["candidates"]] == [2, 3, 4, 5, 6] and res["tree"]["topk"] == 1
     best = max(picked["candidates"], key=lambda c: c["speedup"])
     assert res["tree"]["steps"] == best["steps"] == picked["chain"] and res["tree"]["draft_tokens"] == best["steps"] + 1
-    assert picked["why"].startswith(f"chain {best['steps']}:") and picked["rounds"] >= 2 and picked["seconds"] > 0
+    assert picked["why"].startswith(f"chain {best['steps']}:") and picked["rounds"] >= 1 and picked["seconds"] > 0
     assert picked["cached"] is False and picked["budget_s"] == 2.0
     # ...and kept for this machine under the cache dir (the test's own: XDG_CACHE_HOME), with what it predicted
     assert picked["cache_file"] == str(tmp_path / "cache" / "eaglekit" / "chain_pick.json")
