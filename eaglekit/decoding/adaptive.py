@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 HALF_LIFE = 32.0  # steps: how fast old acceptance counts fade
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 1.0  # before any cycle: a draft of middling quality, worth one observation
 COST_MEAN = 0.3  # weight of the newest wall time in the running cost
-MIN_PROBE, MAX_PROBE = 8, 48  # plain steps between probes; MAX_PROBE < the engine's catch-up window
+MIN_PROBE, MAX_PROBE = 16, 96  # plain steps between probes; MAX_PROBE < the engine's catch-up window
 
 
 @dataclass
