@@ -207,3 +207,36 @@ def hopper_target(products: str, layers: int = 2):
     t.fuse()
     t.set_products(products)
     return t
+
+
+def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: t.step(tok)) -> None:
+    """One tree-masked verify of a 9-node tree after a 10-token prefix gives, at every node, transformers' (`ref`)
+    logits of prefix + that node's path; keeping one path (padded, 5 real) then leaves a cache that steps on like
+    a plain sequence. `step(target, token) -> logits [V]` (a target's own step, or a test's wrapper)."""
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(3, 96, (10,), generator=g)
+    parents = [0, 0, 0, 1, 1, 2, 3, 3, 6]  # node 0 is the root
+    D = len(parents)
+    tokens = torch.randint(3, 96, (D,), generator=g)
+    depths = torch.zeros(D, dtype=torch.long)
+    mask = torch.eye(D, dtype=torch.bool)
+    for i in range(1, D):
+        depths[i] = depths[parents[i]] + 1
+        mask[i] = mask[parents[i]].clone()
+        mask[i, i] = True
+    ours.reset(32)
+    ours.prefill(prefix)
+    logits, _ = ours.verify(tokens, depths, mask)
+    for i in range(D):
+        path = mask[i].nonzero().squeeze(1)
+        with torch.no_grad():
+            want = ref(torch.cat([prefix, tokens[path]])[None]).logits[0, -1]
+        torch.testing.assert_close(logits[i], want.float(), rtol=tol, atol=tol)
+    keep = mask[8].nonzero().squeeze(1)  # root, 1, 3, 6, 8
+    ours.keep(torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))  # padded, 5 real
+    assert ours.length == 15
+    nxt = torch.tensor([5])
+    lg = step(ours, nxt).reshape(-1)
+    with torch.no_grad():
+        want = ref(torch.cat([prefix, tokens[keep], nxt])[None]).logits[0, -1]
+    torch.testing.assert_close(lg, want.float(), rtol=tol, atol=tol)

@@ -95,32 +95,9 @@ def test_tree_verify_equals_running_each_path(tmp_path_factory, name):
     path leaves a cache that continues like a plain sequence. Tolerance 1e-6, not float64's: the router runs in
     float32 (as transformers' does), so a 1e-16 difference of its input can move a routing weight by a float32 ulp."""
     ref, ours, _ = _pair(tmp_path_factory, name, 0, torch.float64)
-    g = torch.Generator().manual_seed(3)
-    prefix = torch.randint(3, 96, (10,), generator=g)
-    parents = [0, 0, 0, 1, 1, 2, 3, 3, 6]
-    D = len(parents)
-    tokens = torch.randint(3, 96, (D,), generator=g)
-    depths = torch.zeros(D, dtype=torch.long)
-    mask = torch.eye(D, dtype=torch.bool)
-    for i in range(1, D):
-        depths[i] = depths[parents[i]] + 1
-        mask[i] = mask[parents[i]].clone()
-        mask[i, i] = True
-    ours.reset(32)
-    ours.prefill(prefix)
-    logits, _ = ours.verify(tokens, depths, mask)
-    for i in range(D):
-        path = mask[i].nonzero().squeeze(1)
-        with torch.no_grad():
-            want = ref(torch.cat([prefix, tokens[path]])[None]).logits[0, -1]
-        torch.testing.assert_close(logits[i], want.float(), rtol=1e-6, atol=1e-6)
-    keep = mask[8].nonzero().squeeze(1)  # root, 1, 3, 6, 8
-    ours.keep(torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))
-    assert ours.length == 15
-    lg = ours.step(torch.tensor([5]))
-    with torch.no_grad():
-        want = ref(torch.cat([prefix, tokens[keep], torch.tensor([5])])[None]).logits[0, -1]
-    torch.testing.assert_close(lg, want.float(), rtol=1e-6, atol=1e-6)
+    from helpers import assert_tree_verify_matches
+
+    assert_tree_verify_matches(ours, ref, 1e-6)
 
 
 def test_moe_paths_and_attention_forms_agree(tmp_path_factory):

@@ -65,34 +65,9 @@ def test_tree_verify_equals_running_each_path(model_dirs, family):
     """One tree-masked forward gives, at every node, the logits of prefix + that node's path."""
     ref = _hf(model_dirs[family], torch.float64)
     ours = load_target(model_dirs[family], backend="ours", dtype="float64")
-    g = torch.Generator().manual_seed(3)
-    prefix = torch.randint(3, 96, (10,), generator=g)
-    parents = [0, 0, 0, 1, 1, 2, 3, 3, 6]  # node 0 is the root
-    D = len(parents)
-    tokens = torch.randint(3, 96, (D,), generator=g)
-    depths = torch.zeros(D, dtype=torch.long)
-    mask = torch.eye(D, dtype=torch.bool)
-    for i in range(1, D):
-        depths[i] = depths[parents[i]] + 1
-        mask[i] = mask[parents[i]].clone()
-        mask[i, i] = True
-    ours.reset(32)
-    ours.prefill(prefix)
-    logits, _ = ours.verify(tokens, depths, mask)
-    for i in range(D):
-        path = mask[i].nonzero().squeeze(1)
-        with torch.no_grad():
-            want = ref(torch.cat([prefix, tokens[path]])[None]).logits[0, -1]
-        torch.testing.assert_close(logits[i], want.float(), rtol=1e-9, atol=1e-9)
-    # keep one path, drop the rest: the cache then continues like a plain sequence
-    keep = mask[8].nonzero().squeeze(1)  # root, 1, 3, 6, 8
-    ours.keep(torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))  # padded, 5 real
-    assert ours.length == 15
-    nxt = torch.tensor([5])
-    lg, _ = _step(ours, nxt)
-    with torch.no_grad():
-        want = ref(torch.cat([prefix, tokens[keep], nxt])[None]).logits[0, -1]
-    torch.testing.assert_close(lg[0], want.float(), rtol=1e-9, atol=1e-9)
+    from helpers import assert_tree_verify_matches
+
+    assert_tree_verify_matches(ours, ref, 1e-9, step=lambda t, tok: _step(t, tok)[0][0])
 
 
 def test_tied_embeddings_and_sharded_index(tmp_path):
