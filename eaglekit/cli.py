@@ -8,8 +8,19 @@ import sys
 from pathlib import Path
 
 from .errors import EaglekitError, InputError
-from .options import (DATA_HELP, DEMO_DEVICE, DOCTOR_DEVICE, DecodeOptions, DemoOptions, EvalOptions, ExtractOptions,
-                      ModelOptions, PromptSetOptions, RegenOptions, TrainOptions)
+from .options import (
+    DATA_HELP,
+    DEMO_DEVICE,
+    DOCTOR_DEVICE,
+    DecodeOptions,
+    DemoOptions,
+    EvalOptions,
+    ExtractOptions,
+    ModelOptions,
+    PromptSetOptions,
+    RegenOptions,
+    TrainOptions,
+)
 
 COMMANDS: dict[str, tuple] = {}
 
@@ -234,9 +245,9 @@ def cmd_sweep(args) -> int:
     names the best setting. topk 1 is a chain: its draft token count is steps + 1."""
     from .observe.metrics import fmt
     from .observe.report import print_table, sweep_table
-    from .tune.sweep import sweep, write_results
     from .pair import load_pair
     from .tokenizer import encode, load_tokenizer, read_prompts
+    from .tune.sweep import sweep, write_results
 
     def ints(s):
         try:
@@ -404,10 +415,9 @@ def cmd_export(args) -> int:
     specforge: the same, with the embedding. vllm: the speculators layout, 'input of layer' ids at the top
     level and nested. d2t as offsets, t2d derived. Reads any supported format (see eaglekit inspect)."""
     from .interop.export import export
+    from .io import no_file_at
     from .models import resolve_dtype
     from .pair import load_pair
-
-    from .io import no_file_at
 
     capture_override(args)  # a malformed --capture-layers before anything loads
     no_file_at(args.out, "the output folder")
@@ -480,7 +490,6 @@ def cmd_inspect(args) -> int:
     layer count), the fc width, the draft vocabulary and its coverage, the d2t form, and missing or extra
     tensors. With --target it also checks the pair."""
     from .interop.inspect import inspect_folder
-
     from .io import need_dir
 
     need_dir(args.dir, "the draft folder")
@@ -595,9 +604,8 @@ def cmd_extract(args) -> int:
     (captures x hidden) and the final hidden state, plus manifest.json (target fingerprint, CaptureSpec,
     dtype, counts, per-shard sha256). Prints the disk it needs first; a killed run resumes where it stopped.
     For targets that fit beside the draft, train online instead (eaglekit train --data)."""
-    from .train.run import run_extract
-
     from .io import no_file_at
+    from .train.run import run_extract
 
     opts, model = ExtractOptions.from_args(args), model_options(args)
     _check_data(args.data)
@@ -629,9 +637,8 @@ def cmd_train(args) -> int:
     atomically every --save-every steps and a killed run resumes from the last one when started again with
     the same --out. Under torchrun the same command trains data-parallel (gloo on CPU, NCCL on GPU).
     The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
-    from .train.run import run_train
-
     from .io import no_file_at
+    from .train.run import run_train
 
     opts, model = TrainOptions.from_args(args), model_options(args)
     no_file_at(args.out, "--out")

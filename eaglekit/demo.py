@@ -18,12 +18,12 @@ from .decoding.compare import compare
 from .decoding.engine import Decoder
 from .decoding.tree import TreeShape
 from .errors import InputError
-from .tune import chainpick
-from .tune.chainpick import pick_chain
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
 from .pair import compiled, load_pair, pick_device, set_pair_products
 from .tokenizer import encode, load_tokenizer, read_prompts
+from .tune import chainpick
+from .tune.chainpick import pick_chain
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+from folders import write_specforge_folder
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
@@ -14,7 +15,6 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft
 from eaglekit.errors import ContractError, GenerationError, InputError
 from eaglekit.models import load_target
-from folders import write_specforge_folder
 
 
 def test_missing_folder():

@@ -66,7 +66,6 @@ def demo_identity(n_prompts: int, max_new: int, compile: str = "off",
 
 def step_cost(ctx: int, reps: int) -> list[dict]:
     from benchmarks.cases.batch import build_pair
-
     from eaglekit.decoding.engine import Decoder
 
     t, _, raw = build_pair(False, "cuda")

@@ -25,7 +25,6 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarks.timing import graph_ms  # noqa: E402  (the suite's timer)
-
 from eaglekit.kernels import invariant_gemm  # noqa: E402
 
 

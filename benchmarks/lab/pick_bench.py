@@ -16,7 +16,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.timing import median_ms  # noqa: E402
-
 from eaglekit.kernels.graphs import record_graphs  # noqa: E402
 from eaglekit.kernels.topk import kernel_top_probs, torch_top_probs  # noqa: E402
 

@@ -34,8 +34,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pdl_probe import Chain  # noqa: E402
-from benchmarks.timing import graph_ms  # noqa: E402
 
+from benchmarks.timing import graph_ms  # noqa: E402
 from eaglekit.kernels import invariant_gemm  # noqa: E402
 
 

@@ -22,16 +22,16 @@ from ..capture import CaptureSpec
 from ..draft import check_pair
 from ..draft.base import Draft
 from ..errors import GenerationError
-from ..models.base import Target
 from ..kernels.compiling import twin
 from ..kernels.graphs import record_graphs
+from ..kernels.topk import argmax
+from ..models.base import Target
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
 from ..observe.profile import Profiler
 from .accept import accept_greedy, accept_sampling
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
-from ..kernels.topk import argmax
 from .tree import TreeShape, expand
 
 PHASES = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")

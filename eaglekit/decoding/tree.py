@@ -18,9 +18,10 @@ import torch
 from ..draft.base import Draft
 from ..draft.walk import DECAY, PLAIN_OPS, advance, frontier, select, walk_tree
 from ..errors import GenerationError
-from ..kernels.compiling import twin
 from ..kernels import topk
+from ..kernels.compiling import twin
 from ..kernels.topk import top_probs
+
 
 @dataclass(frozen=True)
 class TreeShape:

@@ -25,8 +25,18 @@ from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..kernels.compiling import span_dynamic
 from ..models.config import RopeConfig
-from ..models.layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, product_module,
-                             span_mask, span_mask_rows)
+from ..models.layers import (
+    COMPILE_MAX_TOKENS,
+    MLP,
+    Attention,
+    KVCache,
+    RMSNorm,
+    Rotary,
+    RowKV,
+    product_module,
+    span_mask,
+    span_mask_rows,
+)
 from ..observe import trace
 from .base import Draft
 

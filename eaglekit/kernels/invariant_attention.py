@@ -100,8 +100,8 @@ def _build():
     from torch.library import triton_op, wrap_triton
 
     from . import invariant_attention_triton
-    from .invariant_attention_triton import attend_merge, attend_part
     from .compiling import op_name
+    from .invariant_attention_triton import attend_merge, attend_part
 
     def run(q, k, v, k_new, v_new, base, slots, count, old, wrap=lambda f: f):
         B, H, T, hd = q.shape

@@ -123,8 +123,8 @@ def probs_op():
     if _OP is None:
         from torch.library import triton_op
 
-        from .compiling import op_name
         from . import topk_triton
+        from .compiling import op_name
 
         @triton_op(op_name("top_probs", __file__, topk_triton.__file__), mutates_args=())
         def top_probs_kernels(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

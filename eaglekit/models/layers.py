@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels import invariant_attention, invariant_gemm, invariant_norm, products
-from .config import RopeConfig
 from ..kernels.int8 import Int8Linear
+from .config import RopeConfig
 
 # torch.compile'd layers serve calls of at most this many tokens (decode steps, trees, a path's extend);
 # longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape

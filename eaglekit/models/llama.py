@@ -12,11 +12,23 @@ import torch
 import torch.nn as nn
 
 from ..kernels import invariant_attention
-from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from ..kernels.compiling import span_dynamic
+from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from .config import TargetConfig, load_target_config
-from .layers import (COMPILE_MAX_TOKENS, MLP, Attention, KVCache, RMSNorm, Rotary, RowKV, install_products,
-                     product_module, product_weights, span_mask, span_mask_rows)
+from .layers import (
+    COMPILE_MAX_TOKENS,
+    MLP,
+    Attention,
+    KVCache,
+    RMSNorm,
+    Rotary,
+    RowKV,
+    install_products,
+    product_module,
+    product_weights,
+    span_mask,
+    span_mask_rows,
+)
 from .weights import load_state_dict_into, read_folder_tensors
 
 

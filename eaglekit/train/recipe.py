@@ -299,12 +299,13 @@ def demo_fingerprint(target_dir, draft_dir, n_prompts: int = 192, log=print) -> 
     regen stage over again (same windows of the training files, same seeds and settings; the first `n_prompts`
     of them, cut to the draft stage's max length), features at the draft's capture, FeatureSketch as the trainer
     records it. Writes only config.json's eaglekit.features; the weights are untouched."""
+    from transformers import AutoTokenizer
+
     from ..models import load_target
     from ..models.config import read_json
     from .data import Example
     from .fingerprint import sketch_of
     from .regen import regenerate
-    from transformers import AutoTokenizer
 
     assets = Path(target_dir).parent
     corpus = json.loads((assets / "corpus.json").read_text())

@@ -19,10 +19,10 @@ from ..pair import load_pair
 from ..tokenizer import encode, load_tokenizer, read_prompts
 from .data import load_examples, read_records, roles, write_examples
 from .extract import FeatureStore, extract
+from .loop import Indexed, heldout_split
 from .regen import regenerate
 from .sources import OnlineSource
-from .loop import Indexed, heldout_split
-from .trainer import TrainConfig, distributed_run, dist_info, evaluate_ttt, train_draft
+from .trainer import TrainConfig, dist_info, distributed_run, evaluate_ttt, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
 

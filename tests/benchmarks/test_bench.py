@@ -24,8 +24,18 @@ import numpy as np
 import pytest
 
 from eaglekit.distributed import free_port
-from eaglekit.serve.bench import (BenchOptions, RequestResult, bench, chunk_text, parse_prometheus, parse_sse,
-                                  percentile, spec_figures, summarize, vllm_spec_counters)
+from eaglekit.serve.bench import (
+    BenchOptions,
+    RequestResult,
+    bench,
+    chunk_text,
+    parse_prometheus,
+    parse_sse,
+    percentile,
+    spec_figures,
+    summarize,
+    vllm_spec_counters,
+)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

@@ -312,9 +312,8 @@ def test_sampled_rows_follow_target_distribution(tmp_path_factory, shape):
     """Sampled requests decoded in batches (with greedy requests in the same batches) follow the target's
     distribution: chi-square of the first, (first, second) and third tokens against the exact distributions
     (the helpers of test_sampling.py; the same seeded, deterministic design)."""
-    from test_sampling import PROMPT, V, _chi2_p, _exact
-
     from helpers import make_hf_model
+    from test_sampling import PROMPT, V, _chi2_p, _exact
 
     d = tmp_path_factory.mktemp("v8b")
     make_hf_model(d, "llama", seed=7, vocab=V, hidden=32, heads=4, kv_heads=2, inter=48, std=1.5,

@@ -3,6 +3,7 @@ transformers adapter on DeepSeek-V3 (the architecture of the story), metrics boo
 
 import pytest
 import torch
+from helpers import OracleDraft
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.engine import Decoder
@@ -10,7 +11,6 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target
 from eaglekit.observe.metrics import GenerationMetrics, aggregate
-from helpers import OracleDraft
 
 
 def _oracle_decoder(target, prompt, shape):

@@ -11,13 +11,13 @@ import random
 
 import pytest
 import torch
+from helpers import NoisyOracleDraft, OracleDraft
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target
-from helpers import NoisyOracleDraft, OracleDraft
 
 SHAPES = [(1, 1, 2), (3, 1, 4), (5, 1, 6), (2, 2, 4), (3, 2, 6), (4, 3, 10), (5, 4, 16), (6, 8, 48), (5, 2, 4),
           (6, 4, 5)]  # the last two: fewer nodes than the depth allows, so the path is cut by the size

@@ -9,6 +9,7 @@ test (the test has power). Everything is seeded: the outcome is deterministic, n
 
 import pytest
 import torch
+from helpers import make_hf_model
 from scipy.stats import chisquare
 
 import eaglekit.decoding.engine as engine_mod
@@ -17,7 +18,6 @@ from eaglekit.decoding.sampling import SamplingParams, probs, sample
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target
-from helpers import make_hf_model
 
 V = 8
 PROMPT = [3, 5, 1, 6]

@@ -7,13 +7,13 @@ import shutil
 
 import pytest
 import torch
+from folders import write_specforge_folder
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
 from eaglekit.demo import ASSETS
 from eaglekit.doctor import run_doctor
-from folders import write_specforge_folder
 
 TARGET = ASSETS / "target"
 # two prompts, one round: the probe does not grow (two prompts cannot decide, so under the default budget it would

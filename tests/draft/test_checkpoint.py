@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from folders import write_specforge_folder
 from safetensors.torch import save_file
 
 from eaglekit.capture import CaptureSpec
@@ -12,7 +13,6 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft, new_draft, save_draft
 from eaglekit.draft.checkpoint import t2d_from_d2t
 from eaglekit.models import load_target
-from folders import write_specforge_folder
 
 
 def test_specforge_folder_loads_and_runs(model_dirs, tmp_path):

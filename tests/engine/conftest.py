@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import DEMO, HERE, PROMPTS, REPO  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

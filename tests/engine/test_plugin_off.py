@@ -5,9 +5,9 @@ import json
 import sys
 
 import pytest
+from engine_helpers import DEMO
 
 from eaglekit.cli import main
-from engine_helpers import DEMO
 
 
 def test_plugin_returns_at_once_when_tracing_is_off(monkeypatch):

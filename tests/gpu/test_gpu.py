@@ -4,6 +4,7 @@ a tree of rows round differently, see benchmarks/NOTES.md)."""
 
 import pytest
 import torch
+from helpers import random_tree_paths
 
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.sampling import SamplingParams
@@ -11,7 +12,6 @@ from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
-from helpers import random_tree_paths
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from folders import write_specforge_folder
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
@@ -14,7 +15,6 @@ from eaglekit.draft import load_draft, new_draft
 from eaglekit.interop.export import export
 from eaglekit.interop.inspect import inspect_folder
 from eaglekit.models import load_target
-from folders import write_specforge_folder
 
 
 @pytest.fixture(scope="module")

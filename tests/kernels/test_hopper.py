@@ -10,12 +10,12 @@ import random
 
 import pytest
 import torch
+from helpers import random_tree_paths
 
 from eaglekit.errors import InputError
 from eaglekit.kernels import hopper
 from eaglekit.models.config import parse_target_config
 from eaglekit.train.pretrain import llama_config
-from helpers import random_tree_paths
 
 
 def _cfg(**over):

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
-from eaglekit.models import load_target
 from eaglekit.kernels import int8
+from eaglekit.models import load_target
 
 LINEARS = ["fc", "lm_head", "midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj",
            "midlayer.self_attn.o_proj", "midlayer.mlp.gate_proj", "midlayer.mlp.up_proj", "midlayer.mlp.down_proj"]

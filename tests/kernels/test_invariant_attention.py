@@ -9,7 +9,6 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
@@ -188,8 +187,9 @@ def _invariant_target(model_dirs, family):
 def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts):
     """Every product, attention and norm of a decode call goes through the Triton kernels (none falls back to
     F.linear or SDPA), and a token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
-    from eaglekit.kernels import invariant_norm, invariant_gemm
     from helpers import make_hf_model
+
+    from eaglekit.kernels import invariant_gemm, invariant_norm
 
     # the test llama with 2 layers instead of 8 (17 s in the interpreter): every layer runs the same calls, and the
     # counts below are per layer
@@ -227,10 +227,11 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
     """Heads of 64 (the test models' 16 are too narrow for the kernel's 16-column half-head tiles): the q/k/v product
     does the rotary embedding itself in every layer; the logits are near those with the rotary in torch, and a
     token's logits are the same bits stepped alone or as row 0 of a 5-row chain."""
-    from eaglekit.models import load_target
+    from helpers import make_hf_model
+
     from eaglekit.kernels import invariant_gemm
     from eaglekit.kernels.products import Invariant
-    from helpers import make_hf_model
+    from eaglekit.models import load_target
 
     make_hf_model(tmp_path, "llama", hidden=256, heads=4, kv_heads=2, layers=2)
     t = load_target(tmp_path, backend="ours", dtype="float16")
@@ -257,10 +258,11 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
 @pytest.mark.parametrize("case", range(6))
 def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model_dirs, case, few_parts):
     """fp16, every decode product and attention batch-invariant: speculative output equals the baseline's."""
+    from helpers import NoisyOracleDraft
+
     from eaglekit.capture import CaptureSpec
     from eaglekit.decoding.engine import Decoder
     from eaglekit.decoding.tree import TreeShape
-    from helpers import NoisyOracleDraft
 
     rng = random.Random(2000 + case)
     family = ["llama", "mistral", "qwen2", "qwen3"][case % 4]

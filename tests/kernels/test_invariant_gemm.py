@@ -5,14 +5,13 @@ fp16 here: the interpreter computes through numpy, which has no bfloat16 (the GP
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
 from eaglekit.kernels import invariant_gemm  # noqa: E402
-from eaglekit.models.layers import MLP, set_products  # noqa: E402
 from eaglekit.kernels.products import Invariant  # noqa: E402
+from eaglekit.models.layers import MLP, set_products  # noqa: E402
 
 CONFIGS = [(64, 128, 1, 4, 4), (32, 128, 2, 4, 4), (16, 64, 4, 4, 4), (128, 64, 8, 4, 4)]
 

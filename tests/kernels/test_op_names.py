@@ -7,7 +7,13 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
-from eaglekit.kernels import invariant_attention, invariant_attention_triton, invariant_gemm, invariant_gemm_triton, invariant_norm  # noqa: E402
+from eaglekit.kernels import (  # noqa: E402
+    invariant_attention,
+    invariant_attention_triton,
+    invariant_gemm,
+    invariant_gemm_triton,
+    invariant_norm,
+)
 from eaglekit.kernels.compiling import op_name  # noqa: E402
 
 

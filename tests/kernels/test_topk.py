@@ -4,7 +4,6 @@ and short chunks handled."""
 
 import pytest
 import torch
-
 from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported

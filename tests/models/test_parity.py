@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
+from helpers import make_hf_model
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.models import load_target
-from helpers import make_hf_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 

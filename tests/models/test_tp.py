@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import make_hf_model
 
 from eaglekit.distributed import free_port
-from helpers import make_hf_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,9 +110,10 @@ def test_dying_rank_fails_the_others_in_bounded_time(tiny, tmp_path):
 @pytest.mark.slow
 def test_cli_tp2_equals_tp1_and_errors_on_every_rank(tiny, tmp_path):
     """`eaglekit generate --tp 2` (2 CPU processes) prints what the single-process run prints, once."""
+    from helpers import make_tokenizer
+
     from eaglekit.draft import new_draft, save_draft
     from eaglekit.models import load_target
-    from helpers import make_tokenizer
 
     folder = tiny / "llama"
     make_tokenizer(folder, 96)
@@ -141,10 +142,11 @@ def test_serve_tp2_answers_as_tp1_and_drains_on_sigterm(tiny, tmp_path):
     import urllib.request
 
     pytest.importorskip("fastapi")
+    from helpers import make_tokenizer
+
     from eaglekit.draft import new_draft, save_draft
     from eaglekit.models import load_target
     from eaglekit.serve.local import LocalServer
-    from helpers import make_tokenizer
 
     folder = tiny / "llama"
     make_tokenizer(folder, 96)

@@ -44,8 +44,9 @@ def test_bf16_serving_is_batch_invariant_by_default(adaptive):
 
 
 def test_hopper_products_run_a_one_row_batch_with_the_decoders_bits():
-    from eaglekit.kernels.products import hopper_reason
     from helpers import hopper_target
+
+    from eaglekit.kernels.products import hopper_reason
 
     t = hopper_target("invariant")
     if hopper_reason(t) is not None:

@@ -281,10 +281,10 @@ def test_training_leaves_the_group_it_joined(model_dirs, tmp_path, monkeypatch):
 def test_fingerprint_names_layers_where_adjacent_layers_are_close(tmp_path):
     """Layers that each change the residual stream by a few percent: acceptance could hardly tell them apart,
     the fingerprint recorded on one text still names each slot's layer on another text."""
+    from helpers import make_hf_model
     from safetensors.torch import load_file, save_file
 
     from eaglekit.train.fingerprint import FeatureSketch, match, sketch_of
-    from helpers import make_hf_model
 
     d = tmp_path / "close"
     make_hf_model(d, "llama", seed=5, layers=8)

@@ -10,9 +10,9 @@ import torch
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import demo_paths
-from eaglekit.tune import chainpick
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+from eaglekit.tune import chainpick
 
 
 @pytest.fixture(scope="module")
