@@ -38,8 +38,7 @@ class SpecPolicy:
     plain: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per plain step
     probe: int = MIN_PROBE
     since_spec: int = 0  # plain steps since the last speculative cycle
-    speculating: bool = True  # the last choice (switches are counted against it)
-    switches: dict[str, int] = field(default_factory=lambda: {"to_plain": 0, "to_spec": 0})
+    speculating: bool = True  # the last choice (a switch is a choice that differs from it)
 
     def __post_init__(self):
         self.reached = [PRIOR_WEIGHT] * self.positions
@@ -78,10 +77,8 @@ class SpecPolicy:
         return False, f"expected gain x{g:.2f} < 1"
 
     def switched(self, speculate: bool) -> bool:
-        """Record the choice made; True when it differs from the last one (a switch)."""
+        """Record the choice made; True when it differs from the last one (a switch: the engine counts them)."""
         changed = speculate != self.speculating
-        if changed:
-            self.switches["to_spec" if speculate else "to_plain"] += 1
         self.speculating = speculate
         return changed
 
@@ -110,11 +107,6 @@ class SpecPolicy:
         k = 0.5 ** (1 / HALF_LIFE)
         self.reached = [r * k for r in self.reached]
         self.accepted = [a * k for a in self.accepted]
-
-    def summary(self) -> dict:
-        return {"expected_tokens": round(self.expected_tokens(), 3), "rates": [round(r, 3) for r in self.rates()],
-                "spec_s": dict(self.spec), "plain_s": dict(self.plain), "probe_every": self.probe,
-                **{f"switches_{k}": v for k, v in self.switches.items()}}
 
 
 def _mean(old: float | None, new: float) -> float:
