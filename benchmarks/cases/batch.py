@@ -1,9 +1,13 @@
 """Batched EAGLE-3 decoding (eaglekit.decoding.batch.BatchEngine, what `eaglekit serve` runs).
 
-    batch-cycles   per batch size, the plain batched step and the batched cycle (chain (3,1,4)), each its CUDA graphs
+    batch-cycles   per batch size, the plain batched step and the batched cycle of the chain (3,1,4) and of its
+                   shorter prefixes (the draft lengths the engine's policy picks from), each its CUDA graphs
                    replayed, at the 8B shape (random bf16 weights; `tiny=true`: a tiny float32 shape, runs on a CPU).
                    Output tok/s with the draft is REPLAYED at `accept_length` (default the demo pair's 2.79 for
-                   (3,1,4)): B x accept / cycle; without: B / step. SGLang's published ratios beside them.
+                   (3,1,4); each position accepted at the rate that gives it, so a prefix of j accepts
+                   1 + r + ... + r^j): B x accept / cycle; without: B / step. `speedup_replayed`: the whole chain;
+                   `speedup_policy`: the best length at that batch size (what the policy runs once it has timed
+                   them). SGLang's published ratios beside them.
     batch-demo     the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, greedy
                    outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
 """
@@ -61,12 +65,14 @@ def build_pair(tiny: bool, device: str):
     return t, d, raw
 
 
-@case("batch-cycles", "batched step and cycle per batch size (chain (3,1,4)), replayed tok/s and speedup",
+@case("batch-cycles", "batched step and cycle per batch size and draft length (chain (3,1,4) and its prefixes), "
+      "replayed tok/s and speedup",
       defaults={"tiny": False, "sizes": [1, 2, 4, 8, 16, 32, 64], "context": 512, "max_new": 256, "reps": 30,
                 "accept_length": 2.79, "products": ["aten", "invariant"]},
       quick={"sizes": [1, 8, 64], "reps": 10})
 @torch.inference_mode()  # the engine's state tensors are inference tensors
 def batch_cycles(p, ctx):
+    from eaglekit.decoding.accept import synthetic_rate
     from eaglekit.decoding.batch import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
 
@@ -75,8 +81,9 @@ def batch_cycles(p, ctx):
         raise RuntimeError("the 8B shape needs a CUDA GPU; on a CPU pass --param tiny=true")
     device = "cuda" if cuda else "cpu"
     context = min(p["context"], 64) if p["tiny"] else p["context"]
+    rate = synthetic_rate(p["accept_length"], 3)
     t, d, raw = build_pair(p["tiny"], device)
-    acc, metrics, rows = p["accept_length"], {}, []
+    metrics, rows = {}, []
     g = torch.Generator().manual_seed(1)
     sizes = as_list(p["sizes"])
     kinds = [k for k in as_list(p["products"]) if cuda or k in ("aten", "onednn")]
@@ -95,23 +102,37 @@ def batch_cycles(p, ctx):
             for x, v in zip(state, snap):  # noqa: B023 (called within this iteration)
                 x.copy_(v)
 
-        def cycle():
-            for ph in c.SPEC:  # noqa: B023 (called within this iteration)
-                c.run(ph)  # noqa: B023 (called within this iteration)
-
         def step():
             c.run("plain")  # noqa: B023 (called within this iteration)
             c.run("plain_commit")  # noqa: B023 (called within this iteration)
 
-        cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=restore), "ms")
         base = stats(samples_ms(step, p["reps"], cuda=cuda, before=restore), "ms")
-        ratio = cyc["median"] / base["median"]
         sfx = "" if kind == "aten" else f"_{kind}"
         metrics[f"step_ms_b{B}{sfx}"] = base
-        metrics[f"cycle_ms_b{B}{sfx}"] = cyc
-        metrics[f"speedup_replayed_b{B}{sfx}"] = value(acc / ratio, "x")
-        rows.append({"products": kind, "batch": B, "step_ms": base["median"], "cycle_ms": cyc["median"],
-                     "speedup_replayed": round(acc / ratio, 3), "sglang_speedup": SGLANG.get(B)})
+        row = {"products": kind, "batch": B, "step_ms": base["median"], "sglang_speedup": SGLANG.get(B)}
+        best = (0.0, None)
+        for j, shape in sorted(eng.shapes.items(), reverse=True):
+            cj = eng._rows(shape)  # records this length's graphs (GPU)
+            restore()
+
+            def cycle():
+                for ph in cj.SPEC:  # noqa: B023 (called within this iteration)
+                    cj.run(ph)  # noqa: B023 (called within this iteration)
+
+            cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=restore), "ms")
+            accept = sum(rate ** i for i in range(j + 1))  # this prefix's accept length at the same per-position rate
+            speedup = accept * base["median"] / cyc["median"]
+            name = f"b{B}{sfx}" if j == 3 else f"b{B}_len{j}{sfx}"
+            metrics[f"cycle_ms_{name}"] = cyc
+            metrics[f"speedup_replayed_{name}"] = value(speedup, "x")
+            row[f"cycle_ms_len{j}"] = cyc["median"]
+            row[f"speedup_len{j}"] = round(speedup, 3)
+            best = max(best, (speedup, j))
+        metrics[f"speedup_policy_b{B}{sfx}"] = value(best[0], "x")
+        metrics[f"policy_length_b{B}{sfx}"] = value(best[1], "draft tokens")
+        row.update(cycle_ms=row["cycle_ms_len3"], speedup_replayed=row["speedup_len3"],
+                   speedup_policy=round(best[0], 3), policy_length=best[1])
+        rows.append(row)
         del eng
         gc.collect()
         if cuda:
@@ -122,6 +143,7 @@ def batch_cycles(p, ctx):
                                                          metrics[f"step_ms_b{B}"]["median"], "x")
     return {"metrics": metrics,
             "details": {"shape": "tiny" if p["tiny"] else "llama-3.1-8b", "dtype": str(t.dtype), "tree": [3, 1, 4],
+                        "rate_per_position": round(rate, 4),
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows, "context": context}}
 
 

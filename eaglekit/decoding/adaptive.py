@@ -1,22 +1,29 @@
-"""When to speculate: per step, the draft tree or a plain decode step, whichever gives more tokens per second.
+"""How far to speculate: per step, a draft length (0 = a plain decode step) with the most expected tokens per second.
 
-A speculative cycle over B padded rows costs `spec[B]` seconds and emits E tokens per row, E = 1 + sum over
-draft positions i of prod_{j <= i} a_j, where a_j is the running rate at which position j is accepted given
-that j - 1 was (per-position acceptance, as vLLM's spec-decode counters count it). A plain step costs
-`plain[B]` and emits one token per row. The engine speculates iff E / spec[B] >= 1 / plain[B]: expected
-tokens per second, never a fixed batch-size threshold, so a draft that stops paying (a hard prompt, an
-untrained draft, a batch grown past where the verify stays memory-bound) is switched off by its own figures.
+The engine can run its tree shape and shorter ones (`lengths`: the draft positions of each, TreeShape.shorter). A
+cycle of length j over B padded rows costs `spec[B, j]` seconds and emits E(j) tokens per row,
+E(j) = 1 + sum over draft positions i < j of prod_{m <= i} a_m, where a_m is the running rate at which position m is
+accepted given that m - 1 was (per-position acceptance, as vLLM's spec-decode counters count it). A plain step costs
+`plain[B]` and emits one token per row. The engine runs the j with the highest E(j) / spec[B, j], or a plain step
+when 1 / plain[B] is higher: expected tokens per second, never a fixed batch-size threshold, so a draft that stops
+paying (a hard prompt, an untrained draft) is switched off by its own figures, and a batch grown past where a long
+verify stays memory-bound drafts fewer tokens instead of none.
 
-The costs are the engine's own wall times of the last cycles at each padded size (an exponential mean: the
-step ends with the one host read, so its wall time is the device time), measured as the engine runs; a size
-not yet timed is tried once each way. Acceptance is counted with exponential decay by steps of either kind
-(half-life HALF_LIFE steps), from a weak prior: while plain steps run, old evidence fades, so a probe that
-finds the draft right again outweighs it within a few probes.
+The rates are shared by all lengths. For a chain that is exact (a shorter chain is a prefix of the longer one: the
+same tokens at the same positions); a shallower tree of the same width spends its tokens on fewer levels, so it
+accepts at least as often per position as the longest tree's rates say (the estimate errs towards the long tree).
 
-While plain steps run, speculation's figures go stale, so every `probe` plain steps one speculative cycle
-runs anyway; a probe that still loses doubles the interval (up to MAX_PROBE), one that wins resets it. The
-rows keep their draft state through plain steps (the engine buffers each plain token's captured features and
-the draft catches up before the next cycle), so switching back costs one draft extend, not a new prefill.
+The costs are the engine's own wall times of the last cycles at each (padded size, length) (an exponential mean: the
+step ends with the one host read, so its wall time is the device time), measured as the engine runs; a pair not yet
+timed is tried once (the longest first, then a plain step, then the shorter lengths). Acceptance is counted with
+exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while plain or short cycles
+run, old evidence fades, so a probe that finds the draft right again outweighs it within a few probes.
+
+Only the longest length sees every position, so while anything else runs its figures go stale: every `probe` steps
+one cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to MAX_PROBE), one
+that wins resets it. The rows keep their draft state through plain steps (the engine buffers each plain token's
+captured features and the draft catches up before the next cycle), so switching back costs one draft extend, not a
+new prefill.
 """
 
 from __future__ import annotations
@@ -26,21 +33,25 @@ from dataclasses import dataclass, field
 HALF_LIFE = 32.0  # steps: how fast old acceptance counts fade
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 1.0  # before any cycle: a draft of middling quality, worth one observation
 COST_MEAN = 0.3  # weight of the newest wall time in the running cost
-MIN_PROBE, MAX_PROBE = 16, 96  # plain steps between probes; MAX_PROBE < the engine's catch-up window
+MIN_PROBE, MAX_PROBE = 16, 96  # steps between probes; MAX_PROBE < the engine's catch-up window
 
 
 @dataclass
 class SpecPolicy:
-    positions: int  # draft positions of the tree's longest path (shape.path_len - 1)
+    positions: int  # draft positions of the longest shape's longest path (shape.path_len - 1)
+    lengths: tuple[int, ...] = ()  # the draft lengths the engine can run (positions each); () = (positions,)
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
-    spec: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per speculative cycle
+    spec: dict[tuple[int, int], float] = field(default_factory=dict)  # (padded rows, length) -> s per cycle
     plain: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per plain step
     probe: int = MIN_PROBE
-    since_spec: int = 0  # plain steps since the last speculative cycle
-    speculating: bool = True  # the last choice (a switch is a choice that differs from it)
+    since_full: int = 0  # steps since the last cycle at the longest length
+    length: int = -1  # the last choice (0: plain); -1 before the first
 
     def __post_init__(self):
+        self.lengths = tuple(sorted(set(self.lengths) | {self.positions}, reverse=True))
+        if self.lengths[-1] < 1 or self.lengths[0] != self.positions:
+            raise ValueError(f"draft lengths must lie in 1..{self.positions}, got {self.lengths}")
         self.reached = [PRIOR_WEIGHT] * self.positions
         self.accepted = [PRIOR_WEIGHT * PRIOR_RATE] * self.positions
 
@@ -48,60 +59,103 @@ class SpecPolicy:
     def rates(self) -> list[float]:
         return [a / r if r > 0 else 0.0 for a, r in zip(self.accepted, self.reached)]
 
-    def expected_tokens(self) -> float:
-        """Tokens a speculating row emits per cycle (the bonus included), from the running rates."""
+    def expected_tokens(self, length: int | None = None) -> float:
+        """Tokens a speculating row emits per cycle of `length` draft positions (default the longest), the bonus
+        included, from the running rates."""
         e, run = 1.0, 1.0
-        for a in self.rates():
+        for a in self.rates()[:self.positions if length is None else length]:
             run *= a
             e += run
         return e
 
-    def gain(self, rows: int) -> float | None:
-        """Expected tokens/s speculating over tokens/s plain at this padded size; None until both are timed."""
-        if rows not in self.spec or rows not in self.plain:
+    def best(self, rows: int) -> tuple[int, float] | None:
+        """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per
+        second of one row); None while no length is timed here."""
+        timed = [(self.expected_tokens(j) / self.spec[rows, j], j) for j in self.lengths if (rows, j) in self.spec]
+        if not timed:
             return None
-        return self.expected_tokens() * self.plain[rows] / self.spec[rows]
+        rate, j = max(timed)
+        return j, rate
+
+    def gain(self, rows: int, length: int | None = None) -> float | None:
+        """Expected tokens/s at `length` (default: the best timed one) over tokens/s plain at this padded size; None
+        until both are timed."""
+        if rows not in self.plain:
+            return None
+        if length is None:
+            b = self.best(rows)
+            return None if b is None else b[1] * self.plain[rows]
+        if (rows, length) not in self.spec:
+            return None
+        return self.expected_tokens(length) * self.plain[rows] / self.spec[rows, length]
 
     # --- the choice --------------------------------------------------------------------------------
-    def choose(self, rows: int) -> tuple[bool, str]:
-        """-> (speculate?, why) for a step over `rows` padded rows."""
-        if rows not in self.spec:
-            return True, "first cycle at this batch size: timing it"
+    def choose(self, rows: int) -> tuple[int, str]:
+        """-> (draft length, why) for a step over `rows` padded rows; length 0 is a plain decode step."""
+        full = self.positions
+        if (rows, full) not in self.spec:
+            return full, "first cycle at this batch size: timing it"
         if rows not in self.plain:
-            return False, "first plain step at this batch size: timing it"
+            return 0, "first plain step at this batch size: timing it"
+        for j in self.lengths:
+            if (rows, j) not in self.spec:
+                return j, f"first cycle of draft length {j} at this batch size: timing it"
+        j, _ = self.best(rows)
         g = self.gain(rows)
+        if (j != full or g < 1.0) and self.since_full >= self.probe:
+            return full, f"probe at draft length {full} after {self.since_full} steps (best: length {j}, x{g:.2f})"
         if g >= 1.0:
-            return True, f"expected gain x{g:.2f}"
-        if self.since_spec >= self.probe:
-            return True, f"probe after {self.since_spec} plain steps (expected gain x{g:.2f})"
-        return False, f"expected gain x{g:.2f} < 1"
+            return j, f"draft length {j}: expected gain x{g:.2f}"
+        return 0, f"expected gain x{g:.2f} < 1 (best draft length {j})"
 
-    def switched(self, speculate: bool) -> bool:
-        """Record the choice made; True when it differs from the last one (a switch: the engine counts them)."""
-        changed = speculate != self.speculating
-        self.speculating = speculate
+    def switched(self, length: int) -> bool:
+        """Record the choice made; True when speculation turns on or off (a switch: the engine counts them; a change
+        of draft length while speculating is not one)."""
+        changed = self.length >= 0 and (length > 0) != (self.length > 0)
+        self.length = length
         return changed
 
+    @property
+    def speculating(self) -> bool:
+        return self.length != 0
+
     # --- what happened -----------------------------------------------------------------------------
-    def observe_cycle(self, rows: int, seconds: float, accepted: list[int]) -> None:
-        """A speculative cycle at `rows` padded rows took `seconds`; `accepted` holds each drafting row's count
-        of accepted draft tokens (0 .. positions)."""
-        self.spec[rows] = _mean(self.spec.get(rows), seconds)
+    def observe_cycle(self, rows: int, seconds: float, accepted: list[int], length: int | None = None) -> None:
+        """A speculative cycle of `length` draft positions (default the longest) at `rows` padded rows took
+        `seconds`; `accepted` holds each drafting row's count of accepted draft tokens (0 .. length)."""
+        length = self.positions if length is None else length
+        self.spec[rows, length] = _mean(self.spec.get((rows, length)), seconds)
         self._fade()
         for n in accepted:
-            for i in range(min(n + 1, self.positions)):  # positions 0..n reached; 0..n-1 accepted
+            for i in range(min(n + 1, length)):  # positions 0..n reached (those the cycle drafted); 0..n-1 accepted
                 self.reached[i] += 1
                 if i < n:
                     self.accepted[i] += 1
-        probing, self.since_spec = self.since_spec > 0, 0
-        if probing:
-            g = self.gain(rows)
-            self.probe = MIN_PROBE if g is not None and g >= 1.0 else min(2 * self.probe, MAX_PROBE)
+        if length != self.positions:
+            self.since_full += 1
+            return
+        probing, self.since_full = self.since_full > 0, 0
+        if probing:  # a probe: did the longest length (or speculation at all) win again?
+            g, j = self.gain(rows, length), self.best(rows)
+            won = g is not None and g >= 1.0 and j is not None and j[0] == length
+            self.probe = MIN_PROBE if won else min(2 * self.probe, MAX_PROBE)
 
     def observe_plain(self, rows: int, seconds: float) -> None:
         self.plain[rows] = _mean(self.plain.get(rows), seconds)
-        self.since_spec += 1
+        self.since_full += 1
         self._fade()
+
+    def summary(self) -> dict:
+        """The policy's figures, for /server_info and benchmarks: rates, costs (ms) and gains per padded size. Safe
+        to call from another thread than the engine's: it reads copies (a dict copy is one step under the GIL)."""
+        snap = SpecPolicy(self.positions, self.lengths, list(self.reached), list(self.accepted), dict(self.spec),
+                          dict(self.plain))
+        sizes = sorted({r for r, _ in snap.spec} | set(snap.plain))
+        return {"rates": [round(a, 4) for a in snap.rates()], "lengths": list(snap.lengths),
+                "sizes": {str(r): {"plain_ms": _ms(snap.plain.get(r)),
+                                   "cycle_ms": {str(j): _ms(snap.spec.get((r, j))) for j in snap.lengths},
+                                   "best_length": (snap.best(r) or (None,))[0], "gain": _round(snap.gain(r))}
+                          for r in sizes}}
 
     def _fade(self) -> None:
         k = 0.5 ** (1 / HALF_LIFE)
@@ -111,3 +165,11 @@ class SpecPolicy:
 
 def _mean(old: float | None, new: float) -> float:
     return new if old is None else (1 - COST_MEAN) * old + COST_MEAN * new
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(1000 * s, 4)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)

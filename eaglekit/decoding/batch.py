@@ -14,14 +14,15 @@ capped at max_batch); padding rows are inactive (their accepted count is forced 
 move) and write only their own pending slots. On a GPU each phase is recorded in a CUDA graph per padded
 size; on a CPU the phases run eagerly over the span the rows actually use.
 
-Whether a step speculates is the policy's choice (eaglekit.decoding.adaptive.SpecPolicy): the tree cycle
-or a plain batched decode step (one token per row), whichever gives more tokens per second at this padded
-size by the engine's own timings and running per-position acceptance. A plain step captures the target's
+How far a step speculates is the policy's choice (eaglekit.decoding.adaptive.SpecPolicy): a cycle of the tree
+shape or of one of its shallower versions (TreeShape.shorter), or a plain batched decode step (one token per row),
+whichever gives more tokens per second at this padded size by the engine's own timings and running per-position
+acceptance. Every length's output is the target's (acceptance is exact at any length); only the speed differs. A plain step captures the target's
 features of its token into a per-row window (CATCH_UP tokens); before the next tree cycle the draft extends
 over the window, so rows keep their draft through plain steps. A row whose window overflows (speculation
 off for longer than CATCH_UP steps, or past `spec_max_batch` rows) stays draft-less (it accepts only the
 root in later cycles: still one exact target token per cycle) until it finishes; rows admitted later draft
-again. `adaptive=False` speculates on every step up to `spec_max_batch` rows.
+again. `adaptive=False` runs the whole tree shape on every step up to `spec_max_batch` rows.
 
 `synthetic_accept_length` (benchmarks only, never lossless): acceptance replaced by
 eaglekit.decoding.accept.accept_synthetic_rows at the per-position rate that gives that accept length, so
@@ -99,17 +100,17 @@ class _Seq:
 
 
 class _Rows:
-    """One fixed-shape cycle over rows [0, B) of the engine's state, as phases (recordable in CUDA graphs).
-    S, Sd: the attention spans of the target and the draft."""
+    """One fixed-shape cycle of tree shape `shape` over rows [0, B) of the engine's state, as phases (recordable in
+    CUDA graphs), and the plain step over the same rows. S, Sd: the attention spans of the target and the draft."""
 
-    def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int):
-        self.e, self.B, self.S, self.Sd = eng, B, S, Sd
+    def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int, shape: TreeShape):
+        self.e, self.B, self.S, self.Sd, self.shape = eng, B, S, Sd, shape
         self.tk = eng.tk.rows(0, B)
         self.dk = eng.dk.rows(0, B) if eng.dk is not None else None
         self.root, self.active, self.use_draft = eng.root[:B], eng.active[:B], eng.use_draft[:B]
         self.h = eng.h[:B] if eng.h is not None else None
         self.dl = eng.dl[:B] if eng.dl is not None else None
-        dev, P = eng.device, eng.shape.path_len
+        dev, P = eng.device, shape.path_len
         self.path = torch.zeros(B, P, dtype=torch.long, device=dev)
         self.n = torch.ones(B, dtype=torch.long, device=dev)
         self.neff = torch.zeros(B, dtype=torch.long, device=dev)
@@ -123,7 +124,7 @@ class _Rows:
     # --- speculative phases ----------------------------------------------------------------------
     def draft_tree(self):
         e = self.e
-        self.tree = expand_rows(e.draft, self.dk, self.h, self.dl, self.root, e.shape, self.Sd)
+        self.tree = expand_rows(e.draft, self.dk, self.h, self.dl, self.root, self.shape, self.Sd)
 
     def verify(self):
         t = self.tree
@@ -133,10 +134,10 @@ class _Rows:
     def accept(self):
         e = self.e
         if e.synthetic is not None:
-            path, n, bonus = accept_synthetic_rows(self.tree, self.logits, e.shape.path_len, e.synthetic,
+            path, n, bonus = accept_synthetic_rows(self.tree, self.logits, self.shape.path_len, e.synthetic,
                                                    self.use_draft)
         else:
-            path, n, bonus = accept_greedy_rows(self.tree, self.logits, e.shape.path_len, self.use_draft)
+            path, n, bonus = accept_greedy_rows(self.tree, self.logits, self.shape.path_len, self.use_draft)
         self.path.copy_(path)
         self.n.copy_(n)
         self.bonus.copy_(bonus)
@@ -182,17 +183,18 @@ class _Rows:
     SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 
     # --- CUDA graphs -----------------------------------------------------------------------------
-    def record(self) -> None:
-        """Record each phase in a CUDA graph. Warm-up runs the speculative group and the plain group, each
-        restoring the state below after it (both write the same pending slots)."""
+    def record(self, plain: bool = True) -> None:
+        """Record each phase in a CUDA graph (`plain`: the plain step's too; one shape per padded size records them).
+        Warm-up runs the speculative group and the plain group, each restoring the state below after it (both write
+        the same pending slots)."""
         state = [self.tk.length, self.root]
         if self.dk is not None:
             state += [self.dk.length, self.h, self.dl]
         if self.e.lag_n is not None:
             state.append(self.e.lag_n)
         groups = ([[getattr(self, p) for p in self.SPEC]] if self.e.draft is not None else []) + \
-            [[self.plain, self.plain_commit]]
-        names = (list(self.SPEC) if self.e.draft is not None else []) + ["plain", "plain_commit"]
+            ([[self.plain, self.plain_commit]] if plain else [])
+        names = (list(self.SPEC) if self.e.draft is not None else []) + (["plain", "plain_commit"] if plain else [])
         self.recorded = record_graphs(groups, {p: getattr(self, p) for p in names}, state)
 
     def run(self, phase: str) -> None:
@@ -241,15 +243,19 @@ class BatchEngine:
         self._cycles: dict = {}
         self._lock = threading.RLock()
         P = self.shape.path_len
+        # the shapes a step may run, by draft length (accepted-path positions): the tree and its shallower versions
+        self.shapes = {s.path_len - 1: s for s in self.shape.shorter()}
         self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                            "accepted_per_pos": [0] * (P - 1), "spec_cycles": 0, "plain_steps": 0,
-                           "switches_to_plain": 0, "switches_to_spec": 0}
-        self.policy = SpecPolicy(P - 1) if draft is not None and adaptive else None
+                           "switches_to_plain": 0, "switches_to_spec": 0,
+                           "cycles_by_length": {j: 0 for j in sorted(self.shapes)}}
+        self.policy = SpecPolicy(P - 1, tuple(self.shapes)) if draft is not None and adaptive else None
         self.synthetic = None
         if synthetic_accept_length is not None:
             if draft is None:
                 raise GenerationError("synthetic acceptance needs a draft", fix="serve with --draft", code="E317")
             self.synthetic = synthetic_rate(float(synthetic_accept_length), P - 1)
+            self.policy = None  # a synthetic run measures the whole tree's cycle: no choice from its timings
         self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
 
     # --- public interface ----------------------------------------------------------------------
@@ -322,8 +328,9 @@ class BatchEngine:
             events, self._cancelled = self._cancelled, []
             admitted = self._admit()
             if self.rows:
-                if self._speculate():
-                    self._spec_cycle()
+                shape = self._speculate()
+                if shape is not None:
+                    self._spec_cycle(shape)
                 else:
                     self._plain_step()
             # events for every row touched this step (admitted rows that finished at prefill included)
@@ -445,26 +452,29 @@ class BatchEngine:
         self.use_draft[r] = with_draft
 
     # --- cycles --------------------------------------------------------------------------------
-    def _speculate(self) -> bool:
-        """This step's choice: a tree cycle or a plain step (logged under EAGLE3_DEBUG when it switches)."""
+    def _speculate(self) -> TreeShape | None:
+        """This step's choice: the tree shape of a cycle, or None for a plain step (logged under EAGLE3_DEBUG when it
+        changes)."""
         b = len(self.rows)
         if self.draft is None or b > self.spec_max_batch or not any(s.use_draft for s in self.rows):
-            return False
-        if self.policy is None or self.synthetic is not None:  # synthetic runs measure the cycle, never switch
-            return True
+            return None
+        if self.policy is None:  # --no-adaptive, or a synthetic run (it measures the whole tree's cycle)
+            return self.shape
         if any(s.req.sampling.seed is not None and not s.req.sampling.greedy for s in self.rows):
             # a seeded sampled request draws its random numbers per cycle or per step: a choice made from timings
-            # would change its output with the machine's load; speculation stays on while one runs
-            return True
+            # would change its output with the machine's load; the whole tree runs while one does
+            return self.shape
         # the policy's figures are kept per padded size even where the rows run unpadded (a CPU): a handful of
         # sizes to time, not one per row count
         B = padded_size(b, self.max_batch)
-        spec, why = self.policy.choose(B)
-        if self.policy.switched(spec):
-            key = "switches_to_spec" if spec else "switches_to_plain"
+        last = self.policy.length
+        length, why = self.policy.choose(B)
+        if self.policy.switched(length):
+            key = "switches_to_spec" if length else "switches_to_plain"
             self.spec_stats[key] += 1
-            trace.event("speculation", on=spec, rows=b, padded=B, why=why)
-        return spec
+        if length != last:
+            trace.event("speculation", on=length > 0, length=length, rows=b, padded=B, why=why)
+        return self.shapes[length] if length else None
 
     def _catch_up(self, c: _Rows) -> None:
         """Rows that went through plain steps: the draft extends over their window of plain tokens (one eager
@@ -483,25 +493,26 @@ class BatchEngine:
     def _use_graphs(self) -> bool:
         return self.graphs and not trace.ENABLED  # tracing reads tensors on the host: eager only
 
-    def _rows(self) -> _Rows:
+    def _rows(self, shape: TreeShape | None = None) -> _Rows:
+        """The cycle of `shape` (default the whole tree; its _Rows also holds the plain step) over the running rows."""
+        shape = shape or self.shape
         b = len(self.rows)
         B = padded_size(b, self.max_batch) if self.pad else b
-        P = self.shape.path_len
         if not self._use_graphs():
             # eager: attend over the slots the rows actually use
             top = max(s.length for s in self.rows)
-            pend = max(P, (self.shape.steps - 1) * self.shape.topk)
-            return _Rows(self, B, top + self.shape.draft_tokens, top + pend)
-        key = (B, self.S)
+            pend = max(shape.path_len, (shape.steps - 1) * shape.topk)
+            return _Rows(self, B, top + shape.draft_tokens, top + pend, shape)
+        key = (B, self.S, shape)
         if key not in self._cycles:
-            c = _Rows(self, B, self.S, self.dk.max_len if self.dk is not None else 0)
-            c.record()
+            c = _Rows(self, B, self.S, self.dk.max_len if self.dk is not None else 0, shape)
+            c.record(plain=shape == self.shape)
             self._cycles[key] = c
         return self._cycles[key]
 
-    def _spec_cycle(self) -> None:
-        c = self._rows()
-        P, D = self.shape.path_len, self.shape.draft_tokens
+    def _spec_cycle(self, shape: TreeShape) -> None:
+        c = self._rows(shape)
+        P, D = shape.path_len, shape.draft_tokens
         if any(s.lag for s in self.rows if s.use_draft):
             self._catch_up(c)
         t0 = time.perf_counter()
@@ -524,11 +535,12 @@ class BatchEngine:
         c.run("draft_extend")
         st = self.spec_stats
         st["spec_cycles"] += 1
+        st["cycles_by_length"][P - 1] += 1
         if self.policy is not None:
             # wall time up to the host read, which waits for the device: in a run of cycles each one's figure
             # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
             self.policy.observe_cycle(padded_size(len(self.rows), self.max_batch), time.perf_counter() - t0,
-                                      [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft])
+                                      [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft], P - 1)
         for s, row in zip(self.rows, host):
             n = row[0]
             if s.use_draft:

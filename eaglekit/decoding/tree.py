@@ -50,6 +50,17 @@ class TreeShape:
                 f"draft_tokens must lie in 2..{most} for steps={s}, topk={k} (root + candidates), got {d}",
                 fix=f"pass --draft-tokens between 2 and {most}", code="E303")
 
+    def shorter(self) -> list["TreeShape"]:
+        """This shape and the shallower ones an engine may run instead, one per accepted-path length, longest first:
+        a chain's prefixes; a tree of the same width at each smaller depth, its draft tokens capped at what that
+        depth holds."""
+        out: dict[int, TreeShape] = {}
+        for s in range(self.steps, 0, -1):
+            d = s + 1 if self.topk == 1 else min(self.draft_tokens, 1 + self.topk + (s - 1) * self.topk ** 2)
+            shape = self if s == self.steps else TreeShape(s, self.topk, d)
+            out.setdefault(shape.path_len, shape)
+        return list(out.values())
+
     @property
     def path_len(self) -> int:
         """The longest accepted path, root included: bounded by the depth and by the tree's size."""

@@ -64,6 +64,8 @@ class ServerMetrics:
             self.per_pos = [self._per_pos.labels(*lv, str(i)) for i in range(positions)]
             self.switches = Counter("eaglekit:spec_switches", "Times the engine switched speculation on (to=spec) "
                                     "or off (to=plain), by its expected tokens per second.", L + ["to"], registry=r)
+            self.cycles = Counter("eaglekit:spec_cycles", "Speculative cycles run, by draft length (the engine's "
+                                  "policy picks the length per step).", L + ["length"], registry=r)
             self.plain_steps = counter("eaglekit:spec_plain_steps", "Engine steps decoded without the draft.").labels(
                 *lv)
             self.accept_length = Gauge("sglang:spec_accept_length", "The average acceptance length of speculative "
@@ -101,9 +103,14 @@ class ServerMetrics:
             key = f"switches_to_{to}"
             self.switches.labels(*self._lv, to).inc(stats.get(key, 0) - last.get(key, 0))
         self.plain_steps.inc(stats.get("plain_steps", 0) - last.get("plain_steps", 0))
+        by, last_by = stats.get("cycles_by_length") or {}, last.get("cycles_by_length") or {}
+        for j, n in by.items():
+            if n != last_by.get(j, 0):
+                self.cycles.labels(*self._lv, str(j)).inc(n - last_by.get(j, 0))
         self._last = {"num_drafts": stats["num_drafts"], "num_draft_tokens": stats["num_draft_tokens"],
                       "num_accepted_tokens": stats["num_accepted_tokens"], "accepted_per_pos": pos,
-                      **{k: stats.get(k, 0) for k in ("switches_to_spec", "switches_to_plain", "plain_steps")}}
+                      **{k: stats.get(k, 0) for k in ("switches_to_spec", "switches_to_plain", "plain_steps")},
+                      "cycles_by_length": dict(by)}
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

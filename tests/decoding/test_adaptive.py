@@ -1,6 +1,7 @@
-"""When the engine speculates (eaglekit.decoding.adaptive.SpecPolicy, BatchEngine's policy): the choice follows
-expected tokens per second, a draft that stops paying is switched off within a bounded number of cycles and
-probed back, and rows keep their draft state through plain steps (the catch-up).
+"""How far the engine speculates (eaglekit.decoding.adaptive.SpecPolicy, BatchEngine's policy): the draft length
+(0: a plain step) follows expected tokens per second, a draft that stops paying is switched off within a bounded
+number of cycles and probed back, a shorter draft wins where its cycle is cheap enough, every length decodes the
+target's output, and rows keep their draft state through plain steps (the catch-up).
 
 Costs are injected (the policy's figures), never read from the clock: the tests do not depend on the machine."""
 
@@ -19,14 +20,16 @@ from eaglekit.models import load_target
 
 
 class FixedCosts(SpecPolicy):
-    """The engine's policy with the wall times replaced: a cycle costs `spec`, a plain step `plain`."""
+    """The engine's policy with the wall times replaced: a cycle costs `spec` (a number, or a function of the draft
+    length), a plain step `plain`."""
 
-    def __init__(self, positions, spec=1.5, plain=1.0):
-        super().__init__(positions)
+    def __init__(self, positions, spec=1.5, plain=1.0, lengths=()):
+        super().__init__(positions, lengths)
         self.c_spec, self.c_plain = spec, plain
 
-    def observe_cycle(self, rows, seconds, accepted):
-        super().observe_cycle(rows, self.c_spec, accepted)
+    def observe_cycle(self, rows, seconds, accepted, length=None):
+        j = self.positions if length is None else length
+        super().observe_cycle(rows, self.c_spec(j) if callable(self.c_spec) else self.c_spec, accepted, length)
 
     def observe_plain(self, rows, seconds):
         super().observe_plain(rows, self.c_plain)
@@ -36,19 +39,48 @@ def test_expected_tokens_follow_the_per_position_rates():
     p = SpecPolicy(3)
     p.reached, p.accepted = [10, 8, 4], [8, 4, 1]  # rates 0.8, 0.5, 0.25
     assert p.expected_tokens() == pytest.approx(1 + 0.8 + 0.8 * 0.5 + 0.8 * 0.5 * 0.25)
+    assert p.expected_tokens(1) == pytest.approx(1.8) and p.expected_tokens(2) == pytest.approx(2.2)
 
 
 def test_choice_times_each_size_once_then_compares_tokens_per_second():
     p = FixedCosts(3, spec=1.5, plain=1.0)
-    assert p.choose(4)[0] is True  # untimed: a cycle first
+    assert p.choose(4)[0] == 3  # untimed: a cycle first
     p.observe_cycle(4, 0, [3, 3, 3, 3])
-    assert p.choose(4)[0] is False  # then a plain step, to time it
+    assert p.choose(4)[0] == 0  # then a plain step, to time it
     p.observe_plain(4, 0)
-    assert p.expected_tokens() > 1.5 and p.choose(4)[0] is True  # good acceptance: speculate
+    assert p.expected_tokens() > 1.5 and p.choose(4)[0] == 3  # good acceptance: speculate
     for _ in range(10):
         p.observe_cycle(4, 0, [0, 0, 0, 0])  # the draft stops being right
-    assert p.expected_tokens() < 1.5 and p.choose(4)[0] is False
-    assert p.choose(8)[0] is True  # another padded size has its own figures
+    assert p.expected_tokens() < 1.5 and p.choose(4)[0] == 0
+    assert p.choose(8)[0] == 3  # another padded size has its own figures
+
+
+def test_a_shorter_draft_wins_where_its_cycle_is_cheap_enough():
+    """Each length is timed once at a size, then the best expected tokens/s runs: with a cycle of 1 + 0.3 j steps and
+    every position accepted half the time, one draft token beats three (1.5 / 1.3 > 1.875 / 1.9) and plain steps
+    (1 / 1); the longest length still runs as a probe every `probe` steps, so its figures stay fresh."""
+    p = FixedCosts(3, spec=lambda j: 1.0 + 0.3 * j, lengths=(1, 2))
+    p.reached, p.accepted = [1e6] * 3, [5e5] * 3  # rates 0.5, held by their weight
+    seen = []
+    for _ in range(200):
+        j, _ = p.choose(2)
+        seen.append(j)
+        if j:
+            p.observe_cycle(2, 0, [min(j, 1)] * 2, j)
+        else:
+            p.observe_plain(2, 0)
+    assert seen[:4] == [3, 0, 2, 1]  # the longest first, a plain step, then the shorter lengths once each
+    assert seen[-40:].count(1) >= 36 and 0 not in seen[4:]
+    # the probe: MIN_PROBE steps after the first full cycle; it loses, so the next comes twice as late
+    assert set(seen[3:MIN_PROBE + 1]) == {1} and seen[MIN_PROBE + 1] == 3 and p.probe > 2 * MIN_PROBE
+    assert p.best(2)[0] == 1 and p.gain(2) == pytest.approx(1.5 / 1.3, rel=0.01)
+    # a cheaper long cycle makes the long draft the best again
+    q = FixedCosts(3, spec=lambda j: 1.0 + 0.05 * j, lengths=(1, 2))
+    q.reached, q.accepted = [1e6] * 3, [5e5] * 3
+    for _ in range(20):
+        j, _ = q.choose(2)
+        q.observe_cycle(2, 0, [1, 1], j) if j else q.observe_plain(2, 0)
+    assert q.choose(2)[0] == 3
 
 
 def test_probe_interval_backs_off_and_resets():
@@ -59,7 +91,7 @@ def test_probe_interval_backs_off_and_resets():
     for _ in range(400):
         spec, _ = p.choose(1)
         if spec:
-            seen.append(p.since_spec)
+            seen.append(p.since_full)
             p.observe_cycle(1, 0, [0])
         else:
             p.observe_plain(1, 0)
@@ -119,7 +151,7 @@ class Alternate(SpecPolicy):
 
     def choose(self, rows):
         self.i += 1
-        return self.i % (self.k + 1) == 0, "forced"
+        return (self.positions if self.i % (self.k + 1) == 0 else 0), "forced"
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (3, 2, 6)])
@@ -181,3 +213,51 @@ def test_synthetic_acceptance_is_named_and_needs_a_draft(llama):
     assert eng.synthetic == pytest.approx(synthetic_rate(3.52, 5))
     _, accepted = _run(eng, [[1, 5, 9], [1, 7]], 80)
     assert 1.8 < 1 + sum(accepted) / len(accepted) < 5.0  # far above what a random draft reaches
+
+
+class RandomLengths(SpecPolicy):
+    """A policy that draws each step's draft length (0: plain) at random: every mix of lengths must decode the same."""
+
+    def __init__(self, positions, lengths, seed):
+        super().__init__(positions, lengths)
+        import random
+
+        self.rng = random.Random(seed)
+
+    def choose(self, rows):
+        return self.rng.choice((0,) + self.lengths), "drawn"
+
+
+@pytest.mark.parametrize("shape", [(5, 1, 6), (3, 2, 6)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_mix_of_draft_lengths_decodes_the_targets_output(llama, shape, seed):
+    """Greedy output of rows whose steps draw their draft length at random (the tree, its shallower versions and
+    plain steps) equals the target's own greedy output, for a random draft and for an exact one; the exact draft
+    accepts each cycle's whole path, whatever its length."""
+    from test_batch import RowOracle
+
+    ts = TreeShape(*shape)
+    prompts = [[1, 5, 9, 14], [1, 33, 2, 8, 70, 4], [1, 50]]
+    want = {f"r{i}": Decoder(llama).generate(pr, 40, eos_ids=()).token_ids for i, pr in enumerate(prompts)}
+    for exact in (False, True):
+        eng = BatchEngine(llama, None if exact else new_draft(llama, seed=seed, dtype=torch.float32), ts,
+                          max_batch=3)
+        if exact:
+            eng.draft = RowOracle(llama)
+            eng.capture = CaptureSpec.default(llama.info.num_layers)
+        eng.policy = RandomLengths(ts.path_len - 1, tuple(eng.shapes), seed)
+        for i, pr in enumerate(prompts):
+            eng.add(Request(f"r{i}", pr, 40, eos_ids=()))
+        out, pairs = {}, []
+        while eng.has_work:
+            for ev in eng.step():
+                out.setdefault(ev.rid, []).extend(ev.token_ids)
+                if ev.accepted is not None:
+                    pairs.append((ev.accepted, ev.drafted))
+        assert out == want
+        by = eng.spec_stats["cycles_by_length"]
+        assert sum(v > 0 for v in by.values()) >= 2 and eng.spec_stats["plain_steps"] > 0
+        assert sum(by.values()) == eng.spec_stats["spec_cycles"]
+        assert len({d for _, d in pairs}) >= 2  # rows were offered drafts of several sizes
+        if exact and ts.topk == 1:  # a chain of any length: the exact draft's whole chain is accepted
+            assert all(a == d for a, d in pairs)

@@ -60,6 +60,13 @@ def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
     r, stream, info, metrics = _serve(eng, tok, check)
     rate_line = next(x for x in metrics.splitlines() if x.startswith("eaglekit:synthetic_acceptance_rate{"))
     assert "eaglekit:spec_switches_total" in metrics and "eaglekit:spec_plain_steps_total" in metrics
+    cycles = {x.split('length="')[1].split('"')[0]: float(x.split()[-1]) for x in metrics.splitlines()
+              if x.startswith("eaglekit:spec_cycles_total{")}
+    assert sum(cycles.values()) == info["internal_states"][0]["spec_stats"]["spec_cycles"] > 0
+    policy = info["internal_states"][0]["spec_policy"]
+    assert (policy is None) == (synthetic is not None)  # synthetic runs measure the whole tree: no policy figures
+    if policy is not None:
+        assert policy["lengths"] == [3, 2, 1] and len(policy["rates"]) == 3 and policy["sizes"]
     if synthetic is None:
         assert "system_fingerprint" not in r and "synthetic" not in stream
         assert info["synthetic_acceptance"] is None and float(rate_line.split()[-1]) == 0.0
