@@ -15,7 +15,8 @@ accepts at least as often per position as the longest tree's rates say (the esti
 
 The costs are the engine's own wall times of the last cycles at each (padded size, length) (an exponential mean: the
 step ends with the one host read, so its wall time is the device time), measured as the engine runs; a pair not yet
-timed is tried once (the longest first, then a plain step, then the shorter lengths). Acceptance is counted with
+timed is tried once (the longest first, then a plain step, then each shorter length that could still win: a cycle
+costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed). Acceptance is counted with
 exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while plain or short cycles
 run, old evidence fades, so a probe that finds the draft right again outweighs it within a few probes.
 
@@ -68,40 +69,47 @@ class SpecPolicy:
             e += run
         return e
 
-    def best(self, rows: int) -> tuple[int, float] | None:
+    def best(self, rows: int, drafting: float = 1.0) -> tuple[int, float] | None:
         """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per
-        second of one row); None while no length is timed here."""
-        timed = [(self.expected_tokens(j) / self.spec[rows, j], j) for j in self.lengths if (rows, j) in self.spec]
+        second of one row); None while no length is timed here. `drafting`: the share of rows that draft (a row
+        without its draft emits one token a cycle)."""
+        timed = [((drafting * self.expected_tokens(j) + 1 - drafting) / self.spec[rows, j], j) for j in self.lengths
+                 if (rows, j) in self.spec]
         if not timed:
             return None
         rate, j = max(timed)
         return j, rate
 
-    def gain(self, rows: int, length: int | None = None) -> float | None:
+    def gain(self, rows: int, length: int | None = None, drafting: float = 1.0) -> float | None:
         """Expected tokens/s at `length` (default: the best timed one) over tokens/s plain at this padded size; None
         until both are timed."""
         if rows not in self.plain:
             return None
         if length is None:
-            b = self.best(rows)
+            b = self.best(rows, drafting)
             return None if b is None else b[1] * self.plain[rows]
         if (rows, length) not in self.spec:
             return None
-        return self.expected_tokens(length) * self.plain[rows] / self.spec[rows, length]
+        e = drafting * self.expected_tokens(length) + 1 - drafting
+        return e * self.plain[rows] / self.spec[rows, length]
 
     # --- the choice --------------------------------------------------------------------------------
-    def choose(self, rows: int) -> tuple[int, str]:
-        """-> (draft length, why) for a step over `rows` padded rows; length 0 is a plain decode step."""
+    def choose(self, rows: int, drafting: float = 1.0) -> tuple[int, str]:
+        """-> (draft length, why) for a step over `rows` padded rows of which the share `drafting` has its draft;
+        length 0 is a plain decode step."""
         full = self.positions
         if (rows, full) not in self.spec:
             return full, "first cycle at this batch size: timing it"
         if rows not in self.plain:
             return 0, "first plain step at this batch size: timing it"
+        g = self.gain(rows, drafting=drafting)
         for j in self.lengths:
-            if (rows, j) not in self.spec:
+            # a cycle costs at least a plain step (its verify holds the step's row and more), so a length whose
+            # expected tokens E(j) do not beat the best gain so far cannot win: it is not worth a timing cycle.
+            # (Each length is timed at most once per size: an untrained draft's cost is bounded by that.)
+            if (rows, j) not in self.spec and drafting * self.expected_tokens(j) + 1 - drafting > max(1.0, g):
                 return j, f"first cycle of draft length {j} at this batch size: timing it"
-        j, _ = self.best(rows)
-        g = self.gain(rows)
+        j, _ = self.best(rows, drafting)
         if (j != full or g < 1.0) and self.since_full >= self.probe:
             return full, f"probe at draft length {full} after {self.since_full} steps (best: length {j}, x{g:.2f})"
         if g >= 1.0:

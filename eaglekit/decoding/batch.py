@@ -79,6 +79,11 @@ class Event:
 _REASON = {"eos": "stop", "stop_string": "stop", "length": "length"}
 
 
+def _seeded(sp: SamplingParams) -> bool:
+    """A sampled request with a seed: its output must be the same whatever shares the batch or ran before it."""
+    return sp.seed is not None and not sp.greedy
+
+
 def padded_size(b: int, max_batch: int) -> int:
     """The captured batch size that holds b rows: the next power of two, capped at max_batch."""
     p = 1
@@ -404,6 +409,10 @@ class BatchEngine:
         if k == 0:
             return []
         with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
+        # the draft is off by the policy's figures: a new row skips the draft's prefill (what an unpaying draft would
+        # cost it); a running row that keeps its draft is the one the policy's probes measure. A seeded sampled
+        # request always takes its draft: its random draws must not depend on what ran before it.
+        off = self.policy is not None and not self.policy.speculating and any(s.use_draft for s in self.rows)
         out = []
         for _ in range(k):
             s = self.waiting.popleft()
@@ -411,7 +420,7 @@ class BatchEngine:
             self._ensure_span(n + s.req.max_new_tokens + self.shape.draft_tokens + 1)
             r = len(self.rows)
             self.rows.append(s)
-            self._prefill(s, r, with_draft)
+            self._prefill(s, r, with_draft and not (off and not _seeded(s.req.sampling)))
             out.append(s)
         # a request that stopped at its first token leaves before the cycle
         for r in range(len(self.rows) - 1, -1, -1):
@@ -460,7 +469,7 @@ class BatchEngine:
             return None
         if self.policy is None:  # --no-adaptive, or a synthetic run (it measures the whole tree's cycle)
             return self.shape
-        if any(s.req.sampling.seed is not None and not s.req.sampling.greedy for s in self.rows):
+        if any(_seeded(s.req.sampling) for s in self.rows):
             # a seeded sampled request draws its random numbers per cycle or per step: a choice made from timings
             # would change its output with the machine's load; the whole tree runs while one does
             return self.shape
@@ -468,7 +477,7 @@ class BatchEngine:
         # sizes to time, not one per row count
         B = padded_size(b, self.max_batch)
         last = self.policy.length
-        length, why = self.policy.choose(B)
+        length, why = self.policy.choose(B, sum(s.use_draft for s in self.rows) / b)
         if self.policy.switched(length):
             key = "switches_to_spec" if length else "switches_to_plain"
             self.spec_stats[key] += 1

@@ -131,15 +131,47 @@ def test_an_untrained_draft_falls_back_to_plain_decoding_within_a_few_cycles(lla
     timed plain step, the engine decodes plainly, probing now and then; output is the target's greedy output."""
     draft = new_draft(llama, seed=3, dtype=torch.float32)
     eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1)
-    eng.policy = FixedCosts(3)
+    eng.policy = FixedCosts(3, lengths=tuple(eng.shapes))
     prompt = [1, 5, 9, 14, 3, 7]
     out, _ = _run(eng, [prompt], 120)
     assert out["r0"] == Decoder(llama).generate(prompt, 120, eos_ids=()).token_ids
     st = eng.spec_stats
-    # 120 tokens: one timing cycle, one timing step, then probes at 16, 32, 64 plain steps at most
-    assert st["spec_cycles"] <= 7 and st["plain_steps"] >= 100
+    # 120 tokens: one timing cycle of the whole chain, one timing step, at most one timing cycle of each shorter
+    # length (while the prior still weighs in the rates), then probes at 16, 32, 64 plain steps at most
+    by = st["cycles_by_length"]
+    assert st["spec_cycles"] <= 9 and st["plain_steps"] >= 100 and by[1] <= 1 and by[2] <= 1 and by[3] <= 7
     assert st["switches_to_plain"] >= 1 and st["switches_to_spec"] == st["switches_to_plain"] - 1 + (
         1 if eng.policy.speculating else 0)
+
+
+def test_rows_admitted_while_the_draft_is_off_skip_its_prefill(llama):
+    """While the policy has the draft off, a new row is admitted without the draft's prefill (an unpaying draft
+    costs it nothing); the running row that keeps its draft is what the probes measure. Outputs stay the target's."""
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=2)
+    eng.policy = FixedCosts(3)
+    calls = []
+    extend_rows = draft.extend_rows
+    draft.extend_rows = lambda *a, **k: calls.append(a[1].shape[1]) or extend_rows(*a, **k)
+    first, second = [1, 5, 9, 14, 3, 7], [1, 33, 2, 8, 70, 4, 11]
+    eng.add(Request("a", first, 80, eos_ids=()))
+    out = {}
+    for _ in range(20):
+        for ev in eng.step():
+            out.setdefault(ev.rid, []).extend(ev.token_ids)
+    assert not eng.policy.speculating and eng.rows[0].use_draft  # off, and the sentinel row keeps its draft
+    n = len(calls)
+    eng.add(Request("b", second, 40, eos_ids=()))
+    for ev in eng.step():
+        out.setdefault(ev.rid, []).extend(ev.token_ids)
+    # admitted without the draft's prefill (an extend over its 7 prompt tokens); the step's cycle (the first at two
+    # rows: timing it) extends the sentinel row only
+    assert not eng.rows[1].use_draft and len(second) not in calls[n:]
+    while eng.has_work:
+        for ev in eng.step():
+            out.setdefault(ev.rid, []).extend(ev.token_ids)
+    assert out["a"] == Decoder(llama).generate(first, 80, eos_ids=()).token_ids
+    assert out["b"] == Decoder(llama).generate(second, 40, eos_ids=()).token_ids
 
 
 class Alternate(SpecPolicy):
@@ -149,7 +181,7 @@ class Alternate(SpecPolicy):
         super().__init__(positions)
         self.k, self.i = plain, 0
 
-    def choose(self, rows):
+    def choose(self, rows, drafting=1.0):
         self.i += 1
         return (self.positions if self.i % (self.k + 1) == 0 else 0), "forced"
 
@@ -224,7 +256,7 @@ class RandomLengths(SpecPolicy):
 
         self.rng = random.Random(seed)
 
-    def choose(self, rows):
+    def choose(self, rows, drafting=1.0):
         return self.rng.choice((0,) + self.lengths), "drawn"
 
 
