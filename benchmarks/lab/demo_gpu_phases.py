@@ -47,6 +47,39 @@ def main() -> None:
     dec.generate(prompts[0], 32, baseline=True)
     res = {"load_and_warm_s": round(time.perf_counter() - t0, 1), "shape": [shape.steps, 1, shape.draft_tokens],
            "products": str(getattr(t, "products_choice", None)), "draft_precision": getattr(d, "precision", None)}
+    # a prompt of a length not seen before: its prefill's first call against a second one, and what compiled
+    from torch._dynamo.utils import counters
+
+    from eaglekit.decoding import engine as engine_mod
+
+    records = []
+    record = engine_mod.record_graphs
+    engine_mod.record_graphs = lambda *x, **k: records.append(1) or record(*x, **k)
+    frames0 = sum(counters["stats"].values())
+    first = {"draft": 0.0, "no_draft": 0.0}
+    again = {"draft": 0.0, "no_draft": 0.0}
+    for i, p in enumerate(prompts[1:]):
+        mode = i % 2 == 0  # alternate which mode sees the new length first
+        for m in (mode, not mode):
+            k = "no_draft" if m else "draft"
+            t1 = time.perf_counter()
+            dec.generate(p, 1, eos_ids=(), baseline=m)
+            torch.cuda.synchronize() if a.device == "cuda" else None
+            first[k] += time.perf_counter() - t1
+    for i, p in enumerate(prompts[1:]):
+        for m in (False, True):
+            k = "no_draft" if m else "draft"
+            t1 = time.perf_counter()
+            dec.generate(p, 1, eos_ids=(), baseline=m)
+            torch.cuda.synchronize() if a.device == "cuda" else None
+            again[k] += time.perf_counter() - t1
+    n = max(len(prompts) - 1, 1)
+    res["new_length_prefill_ms"] = {k: round(1000 * v / n, 2) for k, v in first.items()}
+    res["seen_length_prefill_ms"] = {k: round(1000 * v / n, 2) for k, v in again.items()}
+    res["dynamo_stats_delta"] = sum(counters["stats"].values()) - frames0
+    res["dynamo_stats"] = {k: v for k, v in counters["stats"].items()}
+    res["graph_recordings_in_prefills"] = len(records)
+    records.clear()
     spec_s = base_s = 0.0
     cycles = toks = 0
     for p in prompts:
@@ -56,9 +89,39 @@ def main() -> None:
         base_s += b.metrics.elapsed_s
         cycles += len(r.metrics.accepted)
         toks += r.metrics.new_tokens
+    res["graph_recordings_in_timed_loop"] = len(records)
     res.update(tokens=toks, cycles=cycles, accept_length=round(toks / cycles, 3),
                wall_ms_per_cycle=round(1000 * spec_s / cycles, 4), wall_ms_per_step=round(1000 * base_s / toks, 4),
                speedup=round(base_s / spec_s, 3))
+    # per generate: the prefill alone (one new token) with and without the draft, and the profiler's phases (CUDA
+    # events: a phase's figure holds the device's idle time while the host works inside it)
+    from eaglekit.observe.profile import Profiler
+
+    pre_spec = pre_base = 0.0
+    for p in prompts:
+        pre_spec += dec.generate(p, 1, eos_ids=()).metrics.elapsed_s
+        pre_base += dec.generate(p, 1, eos_ids=(), baseline=True).metrics.elapsed_s
+    res["prefill_ms_per_generate"] = {"draft": round(1000 * pre_spec / len(prompts), 3),
+                                      "no_draft": round(1000 * pre_base / len(prompts), 3)}
+    dec.profiler = Profiler(True, a.device)
+    ph_spec, ph_base = {}, {}
+    t1 = time.perf_counter()
+    for p in prompts:
+        for k, v in dec.generate(p, 128, eos_ids=()).metrics.phases.items():
+            ph_spec[k] = ph_spec.get(k, 0.0) + v
+        for k, v in dec.generate(p, 128, eos_ids=(), baseline=True).metrics.phases.items():
+            ph_base[k] = ph_base.get(k, 0.0) + v
+    res["profiled_pass_wall_s"] = round(time.perf_counter() - t1, 3)
+    dec.profiler = Profiler(False, a.device)
+    t1 = time.perf_counter()
+    s2 = b2 = 0.0
+    for p in prompts:  # the timed pass again, every length seen
+        s2 += dec.generate(p, 128, eos_ids=()).metrics.elapsed_s
+        b2 += dec.generate(p, 128, eos_ids=(), baseline=True).metrics.elapsed_s
+    res["second_pass"] = {"wall_ms_per_cycle": round(1000 * s2 / cycles, 4),
+                          "wall_ms_per_step": round(1000 * b2 / toks, 4), "speedup": round(b2 / s2, 3)}
+    res["profiled_ms_per_cycle"] = {k: round(1000 * v / cycles, 4) for k, v in ph_spec.items()}
+    res["profiled_ms_per_step"] = {k: round(1000 * v / toks, 4) for k, v in ph_base.items()}
     # the recorded phases replayed on their own (device time; no host work between)
     c = dec._cycle(True)
     r = dec.generate(prompts[0], 64, eos_ids=())  # leaves the cycle's state mid-generation

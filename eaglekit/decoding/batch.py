@@ -42,6 +42,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import GenerationError
+from ..kernels.compiling import prompt_calls
 from ..kernels.graphs import record_graphs
 from ..models.base import Target
 from ..observe import trace
@@ -440,7 +441,9 @@ class BatchEngine:
         kv.length.zero_()
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
         capture = self.capture if with_draft else None
-        logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture)
+        with prompt_calls():  # a prompt's length changes from call to call: no compiled graph per length
+            logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T,
+                                                     capture)
         kv.length += T
         tok = self._pick(logits[0, -1], s)
         s.length = T
@@ -452,7 +455,8 @@ class BatchEngine:
             dk = self.dk.rows(r, r + 1)
             dk.length.zero_()
             nxt = torch.cat([ids[1:], tok.view(1)])[None]
-            h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
+            with prompt_calls():
+                h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
             self.h[r] = h[0]
             self.dl[r] = dl[0]
         if self.lag_n is not None:
@@ -490,8 +494,9 @@ class BatchEngine:
         draft forward for all of them), so the tree cycle starts from each row's current token."""
         m = max(s.lag for s in self.rows if s.use_draft)
         n = self.lag_n[:c.B] * c.use_draft
-        h, dl = self.draft.extend_rows(self.dk.rows(0, c.B), self.lag_feats[:c.B, :m], self.lag_ids[:c.B, :m], n,
-                                       c.Sd)
+        with prompt_calls():  # the window's length changes from call to call, as a prompt's does
+            h, dl = self.draft.extend_rows(self.dk.rows(0, c.B), self.lag_feats[:c.B, :m], self.lag_ids[:c.B, :m], n,
+                                           c.Sd)
         moved = (n > 0)[:, None]
         self.h[:c.B] = torch.where(moved, h.to(self.h.dtype), self.h[:c.B])
         self.dl[:c.B] = torch.where(moved, dl, self.dl[:c.B])

@@ -22,7 +22,7 @@ from ..capture import CaptureSpec
 from ..draft import check_pair
 from ..draft.base import Draft
 from ..errors import GenerationError
-from ..kernels.compiling import twin
+from ..kernels.compiling import prompt_calls, twin
 from ..kernels.graphs import record_graphs
 from ..kernels.topk import argmax
 from ..models.base import Target
@@ -284,7 +284,7 @@ class Decoder:
         em.push([int(tok)])
         if em.done:
             return m
-        with ph("prefill"):  # the prompt's draft entries: once a generation, not a cycle's cost
+        with ph("prefill"), prompt_calls():  # the prompt's draft entries: once a generation, not a cycle's cost
             h, dl = d.extend(feats, torch.cat([ids[1:], tok.view(1)]))
         c = self._cycle(sp.greedy)
         c.start(tok, h, dl)

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
-from ..kernels.compiling import span_dynamic
+from ..kernels.compiling import in_prompt, span_dynamic
 from ..models.config import RopeConfig
 from ..models.layers import (
     COMPILE_MAX_TOKENS,
@@ -169,7 +169,7 @@ class Eagle3Draft(nn.Module, Draft):
         head_at[b] of each sequence goes through the norm and the lm_head, and h and logits are [B, 1, ..] (an
         extend needs its last entry's: the head's product then runs on 1 row instead of T). `pending`: the mask as
         (base, block), for the decode attention set_attention picks (eaglekit.models.layers.Attention)."""
-        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None
+        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None and not in_prompt()
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
             # the layer's own kernels, where eager code ran ~6 small kernels a draft step; tracing (which
@@ -188,7 +188,8 @@ class Eagle3Draft(nn.Module, Draft):
         cos, sin = self.rotary(positions, h.dtype)
         if self.config.sliding_window is not None:
             mask = self._window(positions, slots, mask, extra_kv)
-        if self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS:
+        if (self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS
+                and not in_prompt()):
             kv = span_dynamic(mask, kv)
             return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at, pending=pending)
         return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at, pending)

@@ -6,8 +6,10 @@ The engine records the compiled kernels inside its own CUDA graphs, so inductor'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -54,6 +56,30 @@ def compile_decode(fn, options: dict | None = None):
 
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)  # one graph per token count
     return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
+
+
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def prompt_calls():
+    """Model calls made inside run their plain (uncompiled) code: a prompt's prefill and the draft's extend over a
+    prompt or a catch-up window, whose token count changes from call to call. A compiled function holds one graph
+    per token count, so each prompt of a new length compiled one more inside the timed generation (on an H200 the
+    demo pair's first pass over its prompts ran at 0.60x of no draft, the same prompts again at 1.38x:
+    benchmarks/results/2026-12-04c_h200_demo_phases.json). Per thread: another thread's decode calls keep their
+    compiled graphs (and their bits)."""
+    prev = getattr(_LOCAL, "prompt", False)
+    _LOCAL.prompt = True
+    try:
+        yield
+    finally:
+        _LOCAL.prompt = prev
+
+
+def in_prompt() -> bool:
+    """True inside prompt_calls (on this thread): compiled decode functions stand aside."""
+    return getattr(_LOCAL, "prompt", False)
 
 
 _TWINS: dict = {}

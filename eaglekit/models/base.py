@@ -18,6 +18,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import GenerationError
+from ..kernels.compiling import prompt_calls
 from ..observe import trace
 
 
@@ -112,7 +113,8 @@ class Target(ABC):
             raise GenerationError(f"the prompt needs {T} cache slots but the cache holds {self.span}",
                                   fix="shorten the prompt or lower --max-new-tokens", code="E301")
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
-        logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal, capture)
+        with prompt_calls():  # a prompt's length changes from call to call: no compiled graph per length
+            logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal, capture)
         self._advance(T)
         self._trace(feats, T, capture)
         if feats is not None:

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import InputError
+from ..kernels.compiling import in_prompt
 from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from .deepseek_config import DeepSeekConfig, load_deepseek_config
 from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, span_mask, span_mask_rows
@@ -80,7 +81,7 @@ class DeepSeekModel(nn.Module):
             caught[-1] = x
         cos, sin = self.rotary(positions, x.dtype)
         # the compiled layer serves the small fixed shapes of decoding; prompts of any length run plain
-        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None
+        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None and not in_prompt()
                                        and ids.shape[1] <= COMPILE_MAX_TOKENS) else None
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..kernels import invariant_attention
-from ..kernels.compiling import span_dynamic
+from ..kernels.compiling import in_prompt, span_dynamic
 from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from .config import TargetConfig, load_target_config
 from .layers import (
@@ -84,7 +84,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
-        fast = self.compiled_layer if (self.compiled_layer is not None and small) else None
+        fast = self.compiled_layer if (self.compiled_layer is not None and small and not in_prompt()) else None
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
         if (small and cache is not None and mask is not None and self.products is not None and self.products.attention

@@ -365,3 +365,36 @@ def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
         assert int(d.committed) == n
         assert torch.equal(h, h_all[0, n - 1])
         torch.testing.assert_close(logits, logits_all[0, n - 1].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_prompt_calls_never_reach_the_compiled_graphs(model_dirs):
+    """The compiled decode functions hold one graph per token count: a prompt's prefill, the draft's extend over it
+    and a catch-up window change their count from call to call, so they run the plain code (each new prompt length
+    compiled a graph inside the timed generation). Stand-ins that record the token count of every compiled call
+    (and run the plain code) show that only decode shapes reach them, in the Decoder and the batched engine."""
+    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.draft.model import Eagle3Draft
+    from eaglekit.models.llama import DecoderLayer
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    seen = []
+    t.net.compiled_layer = lambda layer, x, *a: seen.append(("target", x.shape[1])) or DecoderLayer.forward(layer, x,
+                                                                                                             *a)
+    d.compiled_whole = lambda self, hidden, ids, *a: seen.append(("draft", ids.shape[1])) or Eagle3Draft._whole(
+        self, hidden, ids, *a)
+    shape = TreeShape(3, 1, 4)
+    prompts = [list(range(5, 5 + n)) for n in (7, 11, 13)]  # lengths no decode call has
+    for p in prompts:
+        Decoder(t, d, shape).generate(p, 12, eos_ids=())
+        Decoder(t, d, shape).generate(p, 12, eos_ids=(), baseline=True)
+    eng = BatchEngine(t, d, shape, max_batch=2)
+    for i, p in enumerate(prompts):
+        eng.add(Request(f"r{i}", p, 12, eos_ids=()))
+    while eng.has_work:
+        eng.step()
+    counts = {n for _, n in seen}
+    assert seen and {"target", "draft"} <= {who for who, _ in seen}
+    assert not counts & {7, 11, 13}, sorted(counts)
+    # a plain step, and each draft length's verify and extend (the batched engine's policy runs shorter chains too)
+    assert counts <= {1} | {n for s in shape.shorter() for n in (s.draft_tokens, s.path_len)}, sorted(counts)
