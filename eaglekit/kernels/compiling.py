@@ -61,18 +61,32 @@ def compile_decode(fn, options: dict | None = None):
 _LOCAL = threading.local()
 
 
+# SDPA's backends for calls whose shapes change from call to call: not cuDNN's, which builds an execution plan for each
+# new shape (tens of ms on an H200, once per prompt length)
+PROMPT_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
 @contextlib.contextmanager
 def prompt_calls():
-    """Model calls made inside run their plain (uncompiled) code: a prompt's prefill and the draft's extend over a
-    prompt or a catch-up window, whose token count changes from call to call. A compiled function holds one graph
-    per token count, so each prompt of a new length compiled one more inside the timed generation (on an H200 the
-    demo pair's first pass over its prompts ran at 0.60x of no draft, the same prompts again at 1.38x:
-    benchmarks/results/2026-12-04c_h200_demo_phases.json). Per thread: another thread's decode calls keep their
-    compiled graphs (and their bits)."""
+    """Model calls made inside are the ones whose token count changes from call to call (a prompt's prefill, the
+    draft's extend over a prompt or a catch-up window); they run no code that prepares itself per shape: the plain
+    (uncompiled) layers, since a compiled function holds one graph per token count, and SDPA without cuDNN's backend,
+    which plans per shape. Each new prompt length paid both inside the timed generation: on an H200 the demo pair's
+    first pass over its prompts ran at 0.60x of no draft, the same prompts again at 1.38x, and a prefill at a new
+    length took 64 ms against 14 ms at a seen one (benchmarks/results/2026-12-04c_h200_demo_phases.json).
+    The compiled-graph switch is per thread (another thread's decode calls keep their graphs and bits); SDPA's
+    backend choice is torch's own process-wide setting, changed for the duration (decode calls inside recorded CUDA
+    graphs do not consult it)."""
     prev = getattr(_LOCAL, "prompt", False)
     _LOCAL.prompt = True
     try:
-        yield
+        if torch.cuda.is_available():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([getattr(SDPBackend, b) for b in PROMPT_SDPA]):
+                yield
+        else:
+            yield
     finally:
         _LOCAL.prompt = prev
 
