@@ -13,12 +13,14 @@ The rates are shared by all lengths. For a chain that is exact (a shorter chain 
 same tokens at the same positions); a shallower tree of the same width spends its tokens on fewer levels, so it
 accepts at least as often per position as the longest tree's rates say (the estimate errs towards the long tree).
 
-The costs are the engine's own wall times of the last cycles at each (padded size, length) (an exponential mean: the
-step ends with the one host read, so its wall time is the device time), measured as the engine runs; a pair not yet
+The costs are the engine's own wall times of the last cycles at each (padded size, length) (a running mean that takes a
+faster time at once, since interference only adds time; the step ends with the one host read, so its wall time is the
+device time), measured as the engine runs; a pair not yet
 timed is tried once (the longest first, then a plain step, then each shorter length that could still win: a cycle
-costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed). Acceptance is counted with
-exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while plain or short cycles
-run, old evidence fades, so a probe that finds the draft right again outweighs it within a few probes.
+costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed).
+Acceptance is counted with exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while
+plain or short cycles run, old evidence fades, so a probe that finds the draft right again outweighs it within a few
+probes.
 
 Only the longest length sees every position, so while anything else runs its figures go stale: every `probe` steps
 one cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to MAX_PROBE), one
@@ -34,7 +36,10 @@ from dataclasses import dataclass, field
 HALF_LIFE = 32.0  # steps: how fast old acceptance counts fade
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 1.0  # before any cycle: a draft of middling quality, worth one observation
 COST_MEAN = 0.3  # weight of the newest wall time in the running cost
-MIN_PROBE, MAX_PROBE = 16, 96  # steps between probes; MAX_PROBE < the engine's catch-up window
+# steps between probes. A probe costs its cycle and the draft's catch-up over the plain tokens since the last one (two
+# to four steps' time), so at MAX_PROBE an unpaying draft costs ~1-2% of plain decoding; MAX_PROBE < the engine's
+# catch-up window, whose features it keeps per row (MAX_PROBE + 16 tokens x 3 hidden sizes)
+MIN_PROBE, MAX_PROBE = 16, 240
 
 
 @dataclass
@@ -172,7 +177,12 @@ class SpecPolicy:
 
 
 def _mean(old: float | None, new: float) -> float:
-    return new if old is None else (1 - COST_MEAN) * old + COST_MEAN * new
+    """The running cost: a faster time is taken at once, a slower one by COST_MEAN. A step's wall time is its work plus
+    whatever else held the machine (another process, a first call's set-up), never less than its work, so one slow
+    sample must not decide the next hundred steps (a first timing that caught a set-up kept a trained draft off)."""
+    if old is None or new <= old:
+        return new
+    return (1 - COST_MEAN) * old + COST_MEAN * new
 
 
 def _ms(s: float | None) -> float | None:

@@ -17,9 +17,9 @@ size; on a CPU the phases run eagerly over the span the rows actually use.
 How far a step speculates is the policy's choice (eaglekit.decoding.adaptive.SpecPolicy): a cycle of the tree
 shape or of one of its shallower versions (TreeShape.shorter), or a plain batched decode step (one token per row),
 whichever gives more tokens per second at this padded size by the engine's own timings and running per-position
-acceptance. Every length's output is the target's (acceptance is exact at any length); only the speed differs. A plain step captures the target's
-features of its token into a per-row window (CATCH_UP tokens); before the next tree cycle the draft extends
-over the window, so rows keep their draft through plain steps. A row whose window overflows (speculation
+acceptance. Every length's output is the target's (acceptance is exact at any length); only the speed differs. A plain
+step captures the target's features of its token into a per-row window (CATCH_UP tokens); before the next tree cycle the
+draft extends over the window, so rows keep their draft through plain steps. A row whose window overflows (speculation
 off for longer than CATCH_UP steps, or past `spec_max_batch` rows) stays draft-less (it accepts only the
 root in later cycles: still one exact target token per cycle) until it finishes; rows admitted later draft
 again. `adaptive=False` runs the whole tree shape on every step up to `spec_max_batch` rows.

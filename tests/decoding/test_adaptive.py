@@ -83,12 +83,26 @@ def test_a_shorter_draft_wins_where_its_cycle_is_cheap_enough():
     assert q.choose(2)[0] == 3
 
 
+def test_one_slow_timing_does_not_decide_the_next_steps():
+    """Wall time is work plus interference, never less than the work: a first cycle that caught a set-up (10x) is
+    corrected by the next faster one at once, while a slower sample moves the cost only by COST_MEAN."""
+    p = SpecPolicy(3)
+    p.reached, p.accepted = [1e6] * 3, [8e5] * 3  # rates 0.8: E = 2.95 tokens a cycle
+    p.observe_cycle(1, 15.0, [3])  # the first cycle at this size, with a set-up inside
+    p.observe_plain(1, 1.0)
+    assert p.choose(1)[0] == 0  # 2.95 / 15 < 1 / 1
+    p.observe_cycle(1, 1.5, [3])  # a probe at the real cost
+    assert p.spec[1, 3] == 1.5 and p.choose(1)[0] == 3
+    p.observe_plain(1, 3.0)  # a slow plain step (another process): the cost rises by COST_MEAN only
+    assert p.plain[1] == pytest.approx(1.0 + 0.3 * 2.0)
+
+
 def test_probe_interval_backs_off_and_resets():
     p = FixedCosts(3, spec=2.0, plain=1.0)
     p.observe_cycle(1, 0, [0] * 64)
     p.observe_plain(1, 0)
     seen = []
-    for _ in range(400):
+    for _ in range(1200):
         spec, _ = p.choose(1)
         if spec:
             seen.append(p.since_full)
@@ -98,7 +112,7 @@ def test_probe_interval_backs_off_and_resets():
     assert seen[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, min(8 * MIN_PROBE, MAX_PROBE)]
     assert max(seen) == MAX_PROBE
     spec_run = 0
-    for _ in range(400):  # the draft is right again: within a few probes one wins and speculation stays on
+    for _ in range(600):  # the draft is right again: within a few probes one wins and speculation stays on
         spec, _ = p.choose(1)
         if spec:
             p.observe_cycle(1, 0, [3])
