@@ -112,7 +112,8 @@ def new_result(suite: str, notes: str = "", argv: list[str] | None = None) -> di
     """`argv`: the suite's command-line arguments (default sys.argv's), kept as the command that made the file."""
     return {"schema": SCHEMA, "suite": suite,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_sha": git_sha(), "command": " ".join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]),
+            "git_sha": git_sha(),
+            "command": " ".join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]),
             "machine": machine(), "notes": notes, "cases": []}
 
 

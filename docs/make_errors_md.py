@@ -21,7 +21,8 @@ def render() -> str:
     for code, (meaning, fix) in CODES.items():
         if code[:2] != cur:
             cur = code[:2]
-            out += ["", f"## {cur}xx: {CLASSES.get(cur, '')}", "", "| code | meaning | usual fix |", "| --- | --- | --- |"]
+            out += ["", f"## {cur}xx: {CLASSES.get(cur, '')}", "", "| code | meaning | usual fix |",
+                    "| --- | --- | --- |"]
         out.append(f'| <a id="{code.lower()}"></a>{code} | {meaning} | {fix} |')
     return "\n".join(out) + "\n"
 

@@ -458,7 +458,8 @@ def _export_args(p):
 cmd_export.add_args = _export_args
 
 
-@command("trace", "trace diff A B: put two EAGLE3_DEBUG traces side by side (e.g. vLLM's and eaglekit's), name where they part")
+@command("trace", "trace diff A B: put two EAGLE3_DEBUG traces side by side (e.g. vLLM's and eaglekit's), name "
+                 "where they part")
 def cmd_trace(args) -> int:
     """Compares two trace files (JSON lines from EAGLE3_DEBUG_FILE, written by eaglekit or by the eaglekit plugin
     inside vLLM) record by record at matching (cycle, point) and names the first point where they part: layers,

@@ -32,8 +32,8 @@ def test_the_layers_hold_on_this_checkout():
 
 PLANTS = {
     "module level": "\nfrom ..serve import app  # planted: kernels reaching up to the server\n",
-    "in a function": "\n\ndef _planted():\n    from ..serve import app  # planted: kernels reaching up to the server\n\n"
-                     "    return app\n",
+    "in a function": "\n\ndef _planted():\n    from ..serve import app  # planted: kernels reaching up to the "
+                     "server\n\n    return app\n",
 }
 
 

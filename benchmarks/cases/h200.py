@@ -274,7 +274,8 @@ def peers(p, ctx):
     prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")[:p["prompts"]]]
     hf = AutoModelForCausalLM.from_pretrained(ASSETS / "target", dtype=torch.bfloat16).cuda().eval()
     metrics = {}
-    for name, kw in (("transformers_generate_eager", {}), ("transformers_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+    for name, kw in (("transformers_generate_eager", {}),
+                     ("transformers_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
         rates = []
         for x in prompts:
             ids = torch.tensor([x], device="cuda")

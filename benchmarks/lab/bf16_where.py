@@ -3,8 +3,8 @@
 Demo pair target, bf16, uncompiled, on the GPU: after a prompt, the same token is stepped as 1 row and as row 0 of a
 k-row chain (Target.step(token, rows=k)); forward hooks record every module's output, and the first module (in
 execution order) whose row 0 differs is where the rounding parts. Run with products through cuBLAS, through
-eaglekit.kernels.invariant_gemm (batch-invariant products), and with products "invariant" (invariant_gemm and the batch-invariant
-attention of eaglekit.kernels.invariant_attention), so what is left over is visible.
+eaglekit.kernels.invariant_gemm (batch-invariant products), and with products "invariant" (invariant_gemm and the
+batch-invariant attention of eaglekit.kernels.invariant_attention), so what is left over is visible.
 
     python benchmarks/lab/bf16_where.py OUT.json [--rows 6]
 """
@@ -51,7 +51,8 @@ def main():
     t, _ = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype="bfloat16", compile="off")
     tok = load_tokenizer(ASSETS / "target")
     res = {}
-    for key in ("cublas", "invariant_gemm", "invariant"):  # F.linear; invariant_gemm from 1 row; invariant_gemm + attend (all invariant)
+    # F.linear; invariant_gemm from 1 row; invariant_gemm + attend (all invariant)
+    for key in ("cublas", "invariant_gemm", "invariant"):
         t.set_products({"cublas": None, "invariant_gemm": "invariant_gemm"}.get(key, key), from_rows=1)
         first: dict[str, int] = {}
         same_logits = 0

@@ -10,8 +10,8 @@ waits only for its x). This builds the kernels with nvcc and
 - checks them: fresh random inputs against an fp64 product, NaN-poisoned outputs all written, the same bits at other
   grid sizes and slot counts, and for the tensor-core variant each row's bits the same alone and among 6 or 16 rows;
 - times the chain of the 8B step's products (pdl_probe.Chain: eight layers, one CUDA graph) at 1 and 6 rows against
-  invariant_gemm's, side by side, and whole layers (the products with norm and attention stand-ins between them, plain or
-  as PDL participants).
+  invariant_gemm's, side by side, and whole layers (the products with norm and attention stand-ins between them, plain
+  or as PDL participants).
 
     python benchmarks/lab/bulk_probe.py OUT [LAYERS] [--repeat]
 

@@ -6,7 +6,8 @@ over R different weights, so the timing is launch-free and the weights come from
 
 Writes DIR/smallm_sweep.json: per (N, K, rows) the cuBLAS time, the best config and its time, the default
 config's (invariant_gemm.config: tuned if the table has it) time, and bytes/s for each; prints a table. With --tune it
-first runs invariant_gemm.tune (every config of invariant_gemm.GRID at 6 rows, cuBLAS too) and stores the winners for this GPU.
+first runs invariant_gemm.tune (every config of invariant_gemm.GRID at 6 rows, cuBLAS too) and stores the winners for
+this GPU.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tune", action="store_true", help="instead: invariant_gemm.tune() over its GRID at 6 rows, written to "
-                    "this GPU's table (invariant_gemm.table_path()), then the sweep with the tuned configs as 'default'")
+    ap.add_argument("--tune", action="store_true", help="instead: invariant_gemm.tune() over its GRID at 6 rows, "
+                    "written to this GPU's table (invariant_gemm.table_path()), then the sweep with the tuned configs "
+                    "as 'default'")
     ap.add_argument("--epilogues", action="store_true", help="instead: the fused epilogues of the invariant "
                     "policy (gate_up gated over a grid of configs, down with its residual add) against the plain "
                     "product followed by the same epilogue in torch")
@@ -114,8 +116,8 @@ GATED_GRID = [c for c in itertools.product((32, 64, 128), (64, 128, 256), (1,), 
 
 
 def epilogues(out: Path) -> None:
-    """gate_up + SwiGLU and down + residual: one kernel (invariant_gemm's epilogue) against the product and torch after it,
-    each inside a CUDA graph over weights that stream from HBM (8B shapes, rows 1 and 6)."""
+    """gate_up + SwiGLU and down + residual: one kernel (invariant_gemm's epilogue) against the product and torch after
+    it, each inside a CUDA graph over weights that stream from HBM (8B shapes, rows 1 and 6)."""
     graph_ms, run = invariant_gemm.graph_ms, invariant_gemm.kernels().run
     rows = []
     for name, gated in (("gate_up", True), ("down", False)):
@@ -128,7 +130,8 @@ def epilogues(out: Path) -> None:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             r = torch.randn(M, width, device="cuda", dtype=torch.bfloat16)
             ref = invariant_gemm.epilogue(F.linear(x.float(), ws[0].float()), None if gated else r.float(), gated)
-            apart = graph_ms(lambda i: invariant_gemm.epilogue(run(x, ws[i], plain), None if gated else r, gated), copies)
+            apart = graph_ms(lambda i: invariant_gemm.epilogue(run(x, ws[i], plain), None if gated else r, gated),
+                             copies)
             cfgs = [c for c in GATED_GRID if K % c[1] == 0] if gated else []
             default = invariant_gemm.gated_config(plain) if gated else plain
             timed = time_configs(f"{name} rows={M}", [default] + cfgs,

@@ -4,9 +4,9 @@ layer").
 
 bulk_probe.py measured layers whose attention was a stand-in (~3 us, reading 2 MB); the step's attention takes ~11.5
 us a layer (eaglekit.kernels.invariant_attention: two Triton kernels). This replaces the stand-in with
-- today's attention (eaglekit.kernels.invariant_attention on the cache with this step's k/v apart, the DIRECT path a decode step
-  takes, and the cache write the step does), with today's norms (eaglekit.kernels.invariant_norm) and invariant_gemm's products: today's
-  layer, less the epilogues that ride inside its products;
+- today's attention (eaglekit.kernels.invariant_attention on the cache with this step's k/v apart, the DIRECT path a
+  decode step takes, and the cache write the step does), with today's norms (eaglekit.kernels.invariant_norm) and
+  invariant_gemm's products: today's layer, less the epilogues that ride inside its products;
 - `attn_decode` (bulk_gemv.cu): a decode attention whose K/V stream into shared memory before it waits for its
   predecessor, parts merged in order by the last one to finish; checked here against an fp64 attention;
 - variants of the tensor-core product (gemm_bulk), each leaving out one suspect for why it lost more than the one-row
@@ -142,7 +142,8 @@ def check_attention(lib) -> dict:
         mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
         mask[..., :n] = True
         slots, count, _ = invariant_attention.visible(mask)
-        ours = invariant_attention.attend(q.view(1, H, 1, HD), k[None], v[None], slots, count).transpose(1, 2).reshape(-1)
+        ours = (invariant_attention.attend(q.view(1, H, 1, HD), k[None], v[None], slots, count)
+                .transpose(1, 2).reshape(-1))
         row = {"rel_err": ((outs[0].double() - ref).norm() / ref.norm()).item(),
                "all_written": bool(torch.isfinite(outs[0]).all()),
                "same_bits_again_and_pdl": all(torch.equal(outs[0], o) for o in (outs[1], outs[2], outs[4], outs[5])),
@@ -229,7 +230,8 @@ class RealLayers(Layers):
         mask = torch.zeros(1, 1, CAP, dtype=torch.bool, device="cuda")
         mask[..., :CTX] = True
         self.base = torch.tensor([CTX - 1], device="cuda")
-        self.slots, self.count, self.old = invariant_attention.visible(mask, self.base)  # once a step, as the decoder does
+        # once a step, as the decoder does
+        self.slots, self.count, self.old = invariant_attention.visible(mask, self.base)
         self.pos = torch.tensor([CTX - 1], device="cuda")
         self.attn = {(pdl, ach): Attention(lib, pdl, ach=ach) for pdl in (0, 1, 2, 3, 5, 9) for ach in (32, 64)}
 
@@ -394,9 +396,9 @@ def table(variants: dict, shape: str):
 
 
 def six_rows(lib, sms: int, n: int, res: dict, save):
-    """A verify's shape, 6 rows ((3,1,4) verifies 5, (5,1,6) 7): today's products (invariant_gemm, plain launches) against
-    gemm and the packed <= 8-row gemm with every kernel PDL, in whole layers with the stand-in norms and attention
-    (bulk_probe.Layers: they take any row count) and alone. Two rounds in opposite orders."""
+    """A verify's shape, 6 rows ((3,1,4) verifies 5, (5,1,6) 7): today's products (invariant_gemm, plain launches)
+    against gemm and the packed <= 8-row gemm with every kernel PDL, in whole layers with the stand-in norms and
+    attention (bulk_probe.Layers: they take any row count) and alone. Two rounds in opposite orders."""
     layers = Layers(lib, n, 6)
     gemm = Gemm(lib, 4, 8, 2 * sms, 1, 100)
     packed_lo = Packed(lib, GEMM_PACKED_LO, 2 * sms, 1, [w for ws in layers.ws for w in ws])

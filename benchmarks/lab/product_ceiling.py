@@ -13,8 +13,8 @@ at 1 row (the baseline step) and at 8 (a verify), each product's output checked 
 
     python benchmarks/lab/product_ceiling.py OUT [--layers 8] [--ceilings-only | --by-size]
 
---by-size: the ceilings, then each weight shape alone as a pure read and as invariant_gemm's product (results and what they
-say: benchmarks/NOTES.md, "The products' ceiling").
+--by-size: the ceilings, then each weight shape alone as a pure read and as invariant_gemm's product (results and what
+they say: benchmarks/NOTES.md, "The products' ceiling").
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def ceilings(res: dict, gb: int = 4):
     ms = graph_ms(lambda: sink.copy_(buf.sum(dtype=torch.float32)))
     res["torch.sum_TBps"] = round(n * 2 / (ms / 1e3) / 1e12, 3)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for block, warps, per_sm in ((4096, 8, 4), (8192, 8, 4), (8192, 16, 2), (16384, 16, 2), (4096, 4, 8), (2048, 4, 16)):
+    for block, warps, per_sm in ((4096, 8, 4), (8192, 8, 4), (8192, 16, 2), (16384, 16, 2), (4096, 4, 8),
+                                 (2048, 4, 16)):
         part = torch.empty(sms * per_sm, device="cuda")
         name = f"triton read {block} w{warps} x{per_sm}/SM_TBps"
         try:
@@ -123,8 +124,8 @@ def ceilings(res: dict, gb: int = 4):
 
 def read_by_size(res: dict, chain: "Chain", big_rate: float):
     """A pure read (read_grid, its best tiling above) of each of the step's weight shapes as its own kernel, over the
-    chain's eight copies in turn (nothing stays in L2), next to invariant_gemm's product of the same weights at one row: does
-    a kernel that only streams one weight already lose the time the products lose (then only streaming across
+    chain's eight copies in turn (nothing stays in L2), next to invariant_gemm's product of the same weights at one row:
+    does a kernel that only streams one weight already lose the time the products lose (then only streaming across
     products, one persistent kernel, gets nearer the ceiling), or does it reach the big buffer's rate (`big_rate`,
     bytes per second)?"""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -194,7 +195,8 @@ def main():
         ref = F.linear(chain.x0.float()[:, : w0.shape[1]], w0.float())  # the chain's first product, in float
         variants = {"invariant_gemm (tl.dot)": smallm_linear, "F.linear (cuBLAS)": aten_linear,
                     "compiled F.linear": torch.compile(lambda x, w, y: F.linear(x, w), dynamic=False)}
-        for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4), (4, 512, 4), (8, 256, 2)):
+        for bn, bk, wp in ((16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (64, 64, 4), (4, 512, 4),
+                           (8, 256, 2)):
             variants[f"gemv {bn}x{bk} w{wp}"] = gemv_linear(bn, bk, wp)
         rowres = {}
         for name, fn in variants.items():

@@ -2,10 +2,10 @@
 
 For each of the draft's weights (fused q/k/v, o, [gate; up] with its SwiGLU, down, lm_head, fc): ms and TB/s (of the
 weight's own bytes) for cuBLAS in bf16 (F.linear) and inductor's compiled GEMV in bf16 at one row (what the draft runs
-today), the int8 weight through inductor's GEMV at one row and through invariant_gemm's kernel at 1 / 4 / 6 rows (its rule's
-config). With --sweep, invariant_gemm's int8 configs at `--sweep-rows` rows per weight within a time budget; the fastest go
-into this GPU's invariant_gemm table as "int8:NxK" entries (what invariant_gemm.config reads), unless --no-write. Every timing is a
-CUDA graph of calls over weight copies that exceed the L2 (invariant_gemm.graph_ms).
+today), the int8 weight through inductor's GEMV at one row and through invariant_gemm's kernel at 1 / 4 / 6 rows (its
+rule's config). With --sweep, invariant_gemm's int8 configs at `--sweep-rows` rows per weight within a time budget; the
+fastest go into this GPU's invariant_gemm table as "int8:NxK" entries (what invariant_gemm.config reads), unless
+--no-write. Every timing is a CUDA graph of calls over weight copies that exceed the L2 (invariant_gemm.graph_ms).
 
     python benchmarks/lab/quant_probe.py OUT [--sweep] [--budget-s 120]
 """

@@ -173,8 +173,8 @@ class Decoder:
                                   fix="e.g. --max-new-tokens 128", code="E306")
         V = self.target.info.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise GenerationError(f"prompt token ids must lie in 0..{V - 1}", fix="tokenize with the target's tokenizer",
-                                  code="E305")
+            raise GenerationError(f"prompt token ids must lie in 0..{V - 1}",
+                                  fix="tokenize with the target's tokenizer", code="E305")
         ctx, n = self.target.info.max_position_embeddings, ids.numel()
         if n >= ctx and max_new_tokens > 0:  # no --max-new-tokens makes room: only a shorter prompt does
             raise GenerationError(f"the prompt is {n} tokens; the target's context is {ctx}, so it is {n - ctx + 1} "

@@ -187,7 +187,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                                     f"after_layers {list(base.after_layers)}"))
         prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
         ctx = _Context(source=source, label="configured wiring" if base == configured else "draft's declared wiring")
-        ctx.identity, ctx.reference, ctx.vocab_recorded = identity, reference_acceptance, bool(draft.config.vocab_map_sha)
+        ctx.identity, ctx.reference, ctx.vocab_recorded = (identity, reference_acceptance,
+                                                           bool(draft.config.vocab_map_sha))
         ctx.budget = time_budget
         if base is None:
             return _conclude(findings, None, ctx, t0, pair)
@@ -313,8 +314,8 @@ def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: l
                        f"{e['proposed']} proposals, d2t maps it to {e['d2t_maps_to']}" for e in ev["examples"])
         findings.append(Finding(
             "E222", "error", f"the vocabulary mapping (d2t) is not the one the draft's lm_head was trained with: of "
-            f"the {ev['ids']} draft ids with a usual token on the probe (the target chose one token at 3 or more of the "
-            f"id's proposals, and at half of them), {ev['wrong']:.0%} stand for "
+            f"the {ev['ids']} draft ids with a usual token on the probe (the target chose one token at 3 or more of "
+            f"the id's proposals, and at half of them), {ev['wrong']:.0%} stand for "
             f"another target token than d2t maps them to (the target chose the mapped token at "
             f"{ev['share_mapped']:.0%} of those positions, the id's usual token at {ev['share_usual']:.0%}; {ex})",
             "restore the d2t saved with the draft (model.safetensors, offsets: target id = i + d2t[i]); never "
@@ -427,7 +428,8 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
                                                                    "best": fp_layers}))
         if not better:
             texts.append(f"[E281] {msg} (acceptance alone "
-                         f"{'cannot tell them apart on this probe' if undecided else 'agrees'}); fix: {_fix(fp_layers)}")
+                         f"{'cannot tell them apart on this probe' if undecided else 'agrees'}); "
+                         f"fix: {_fix(fp_layers)}")
     if texts:
         return "; ".join(texts), out, True, []
     if fp:

@@ -54,7 +54,8 @@ def vocab_evidence(pairs: list[tuple[torch.Tensor, torch.Tensor]], hot: torch.Te
     freq = torch.bincount(y, minlength=V).double() / y.numel()
     lift = (top.double() / total[ids].double()) / freq[usual].clamp(min=1e-12)
     wrong = usual != mapped
-    ex = [{"draft_id": int(a), "proposed": int(total[a]), "target_chose": int(u), "times": int(t), "d2t_maps_to": int(m)}
+    ex = [{"draft_id": int(a), "proposed": int(total[a]), "target_chose": int(u), "times": int(t),
+           "d2t_maps_to": int(m)}
           for a, u, t, m in zip(ids[wrong].tolist(), usual[wrong].tolist(), top[wrong].tolist(),
                                 mapped[wrong].tolist())][:3]
     return {"ids": int(ids.numel()), "wrong": round(float(wrong.double().mean()), 4),

@@ -145,7 +145,8 @@ def _ids_fix(after_layers, fmt=None) -> str:
     vLLM reads them; a folder of another layout served by vLLM gets its own convention and the vLLM note."""
     from ..doctor.fixes import ids_fix
 
-    return ids_fix(after_layers, fmt, engine="vllm") + "; or re-export: eaglekit export OUT --to vllm --draft D --target T"
+    return (ids_fix(after_layers, fmt, engine="vllm")
+            + "; or re-export: eaglekit export OUT --to vllm --draft D --target T")
 
 
 def _crash_cause(doctor: dict) -> tuple[str, str] | None:
@@ -231,7 +232,9 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
                             f"{_pp(v['per_position'])} per position and eaglekit {_pp(same['per_position'])}"
                             + ("" if cmp["identical_outputs"] else "; the decoded outputs differ")
                             + ": vLLM computes another draft function (norm options, fc_norm, vocabulary mapping, "
-                            f"dtype); vLLM reports {json.dumps({x: conf.get(x) for x in ('fc_in', 'norm_before_fc', 'fc_norm', 'norm_before_residual', 'draft_vocab_size')})}",
+                            "dtype); vLLM reports "
+                            + json.dumps({x: conf.get(x) for x in ("fc_in", "norm_before_fc", "fc_norm",
+                                                                   "norm_before_residual", "draft_vocab_size")}),
                             "check the draft's norm options and d2t against what vLLM reports"))
     ref = cmp.get("reference")
     verdict = None
@@ -304,7 +307,8 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
     from ..doctor import TIME_BUDGET_S
 
     res = run_doctor(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
-                     shape=TreeShape.make(k, 1, k + 1), time_budget=TIME_BUDGET_S if time_budget is None else time_budget,
+                     shape=TreeShape.make(k, 1, k + 1),
+                     time_budget=TIME_BUDGET_S if time_budget is None else time_budget,
                      reference_acceptance=reference_acceptance)
     if res["status"] == "could_not_run":  # a file of the pair cannot be read: nothing to hand to vLLM either
         return res

@@ -55,7 +55,8 @@ def inspect_folder(folder, target=None) -> dict:
         out["fc_captures"] = fc.shape[1] / Ht
     out.update(hidden_size=H, target_hidden_size=Ht, vocab_size=vocab, draft_vocab_size=dvocab,
                target_vocab_coverage=round(dvocab / vocab, 4) if vocab else None,
-               **{k: bool(cfg.get(k)) for k in OPTIONS}, sliding_window=sliding_window_of(cfg), fc_bias=bool(cfg.get("bias")))
+               **{k: bool(cfg.get(k)) for k in OPTIONS}, sliding_window=sliding_window_of(cfg),
+               fc_bias=bool(cfg.get("bias")))
     d2t = tensors.get("d2t")
     if d2t is None:
         out["d2t"] = "missing: draft id i is read as target id i" + (" (fine: full vocabulary)" if dvocab == vocab
@@ -79,7 +80,8 @@ def inspect_folder(folder, target=None) -> dict:
     out["target_fingerprint"] = rec
     if info is not None:
         out["target"] = {"layers": info.num_layers, "hidden_size": info.hidden_size, "vocab_size": info.vocab_size,
-                         "fingerprint": info.fingerprint, "fingerprint_matches": rec == info.fingerprint if rec else None}
+                         "fingerprint": info.fingerprint,
+                         "fingerprint_matches": rec == info.fingerprint if rec else None}
         try:
             d = load_draft(folder, embed_weight=target.embed_weight())
             out["problems"] = [f"[{p.code}] {p.message}" for p in pair_problems(d, target)[1]]

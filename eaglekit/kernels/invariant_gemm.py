@@ -14,9 +14,9 @@ masked zeros; more rows, more tiles, each its own program). The grid covers N in
 each program accumulates its slice in fp32 with the tensor cores, partial sums land in [split, M, N] fp32 and a
 second kernel adds them in a fixed order. The tile config depends on (N, K) only, never on M, so each row's result
 is bit-identical for every M: the batch invariance that bf16 losslessness needs (tests/kernels/test_invariant_gemm.py
-checks it, in Triton's interpreter on a CPU and on the GPU). The same kernels do the invariant policy's epilogues (`linear`'s
-`gated`: silu(gate) * up over a [gate; up] weight; `residual`: the layer's residual add), so a layer has three
-kernels fewer; what they compute is `epilogue` in plain torch.
+checks it, in Triton's interpreter on a CPU and on the GPU). The same kernels do the invariant policy's epilogues
+(`linear`'s `gated`: silu(gate) * up over a [gate; up] weight; `residual`: the layer's residual add), so a layer has
+three kernels fewer; what they compute is `epilogue` in plain torch.
 
 Runs where Triton runs (CUDA); elsewhere, and for fp32 (tensor-core tiles would round fp32 inputs to tf32), `linear`
 is F.linear (then `epilogue`).
@@ -283,7 +283,8 @@ def kernels():
         from . import invariant_gemm_triton
         from .compiling import op_name
 
-        name = op_name("small_m_linear", __file__, invariant_gemm_triton.__file__, extra=json.dumps(table, sort_keys=True))
+        name = op_name("small_m_linear", __file__, invariant_gemm_triton.__file__,
+                       extra=json.dumps(table, sort_keys=True))
         if name not in _BUILT:
             _BUILT[name] = _build(name)
         _KERNELS, _NAMED_FOR = _BUILT[name], table

@@ -92,5 +92,5 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     return target
 
 
-__all__ = ["BACKENDS", "DEEPSEEK_FAMILIES", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target", "load_target_config",
-           "resolve_dtype"]
+__all__ = ["BACKENDS", "DEEPSEEK_FAMILIES", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target",
+           "load_target_config", "resolve_dtype"]

@@ -159,7 +159,8 @@ def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
             fingerprint=config_fingerprint(raw),
         )
     except KeyError as e:
-        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder", code="E102") from None
+        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder",
+                         code="E102") from None
     return cfg
 
 

@@ -63,7 +63,8 @@ def mla_inv_freq(dim: int, rope: MLARope) -> tuple[torch.Tensor, float]:
         att = yarn_get_mscale(factor)
 
     def corr_dim(rot):
-        return (dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi))) / (2 * math.log(rope.theta))
+        return ((dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi)))
+                / (2 * math.log(rope.theta)))
 
     low, high = corr_dim(rope.beta_fast), corr_dim(rope.beta_slow)
     if rope.truncate:
@@ -246,7 +247,8 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
             fingerprint=config_fingerprint(raw),
         )
     except KeyError as e:
-        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder", code="E102") from None
+        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder",
+                         code="E102") from None
     if cfg.qk_rope_head_dim % 2:
         raise InputError(f"{where}: qk_rope_head_dim {cfg.qk_rope_head_dim} is odd (rotary pairs)",
                          fix="check config.json", code="E191")

@@ -101,8 +101,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
         self.products = None  # a policy of eaglekit.kernels.products (set_products); None: F.linear
-        # the decode attention for calls that pass `pending` (a draft's): an op as eaglekit.kernels.hopper.pending_attention
-        # (hopper.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
+        # the decode attention for calls that pass `pending` (a draft's): an op as
+        # eaglekit.kernels.hopper.pending_attention (hopper.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
         self.pending_kernel = None
 
     def fuse(self) -> None:
@@ -214,8 +214,8 @@ class MLP(nn.Module):
 
 
 def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
-    """invariant_gemm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.kernels.products) runs
-    it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel, and the rotary
+    """invariant_gemm.epilogue(F.linear(x, w, b), residual, gated), the product as `policy` (eaglekit.kernels.products)
+    runs it: a policy that `fuses` does the epilogue (SwiGLU gate, residual add) in the product's kernel, and the rotary
     embedding `rope` where its takes_rope() said so."""
     if isinstance(w, Int8Linear):  # a quantized weight (the draft's, fused) runs its own product, its bias in it
         return w(x, residual=residual, gated=gated)
@@ -386,7 +386,8 @@ class RowKV:
         L, B, H, _, hd = self.k.shape
         P = path.shape[1]
         src = (self.length[:, None] + path)[None, :, None, :, None].expand(L, B, H, P, hd)
-        dst = (self.length[:, None] + torch.arange(P, device=path.device))[None, :, None, :, None].expand(L, B, H, P, hd)
+        dst = ((self.length[:, None] + torch.arange(P, device=path.device))[None, :, None, :, None]
+               .expand(L, B, H, P, hd))
         self.k.scatter_(3, dst, self.k.gather(3, src))  # gather copies first: overlaps are fine
         self.v.scatter_(3, dst, self.v.gather(3, src))
         self.length += n

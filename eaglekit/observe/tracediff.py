@@ -183,7 +183,8 @@ def diff(path_a, path_b, rtol: float = 1e-3, atol: float = 1e-4) -> dict:
     cfg = [r for r in ra + rb if r["point"] == "engine.config"]
     return {"a": {"path": str(path_a), "engine": engine_of(ra), "records": len(ra)},
             "b": {"path": str(path_b), "engine": engine_of(rb), "records": len(rb)},
-            "compared": compared, "pairs": [list(k) for k in both], "merged": note, "only_in_a": only_a, "only_in_b": only_b,
+            "compared": compared, "pairs": [list(k) for k in both], "merged": note, "only_in_a": only_a,
+            "only_in_b": only_b,
             "agree": not parts and bool(both), "first": parts[0] if parts else None, "partings": len(parts),
             "parts": parts[:20], "engine_config": cfg[-1] if cfg else None}
 

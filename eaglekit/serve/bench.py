@@ -265,7 +265,8 @@ async def run_level(client: httpx.AsyncClient, opts: BenchOptions, model: str, p
                 return None
             path, body = _payload(opts, model, prompt)
             try:
-                return await asyncio.wait_for(one_request(client, path, body), max(deadline - time.perf_counter(), 0.001)
+                return await asyncio.wait_for(one_request(client, path, body),
+                                              max(deadline - time.perf_counter(), 0.001)
                                               if deadline < math.inf else None)
             except asyncio.TimeoutError:
                 return RequestResult(False, "cut at --max-seconds")

@@ -133,8 +133,8 @@ def sketch_of(target, examples, capture, max_tokens: int = 200_000, batch_size: 
 # for a large target:
 #   sha256    of the sliced values rounded to bfloat16 (a float32 and a bfloat16 copy of one target agree)
 #   sample    WEIGHT_SAMPLE floats: each tensor's sliced values, over their RMS, projected on a seeded Gaussian
-#             vector, summed into the bucket its name hashes to. A change of the weights by a relative amount e moves the sample by
-#             about e relative (weights_distance), so a mismatch comes with a measured size.
+#             vector, summed into the bucket its name hashes to. A change of the weights by a relative amount e
+#             moves the sample by about e relative (weights_distance), so a mismatch comes with a measured size.
 WEIGHTS_VERSION = 1
 WEIGHT_SAMPLE = 64
 SLICE = 32  # values read from each of a tensor's first, middle and last rows

@@ -167,5 +167,6 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
         net.load_state_dict(best[1])
         log(f"pretrain: keeping the weights of step {best[2]} (held-out loss {best[0]:.3f}), the best seen")
     net.eval()
-    return {"steps": total, "kept_step": best[2], "kept_heldout_loss": round(best[0], 4), "tokens": total * cfg.batch_size * cfg.seq_len, "history": history,
+    return {"steps": total, "kept_step": best[2], "kept_heldout_loss": round(best[0], 4),
+            "tokens": total * cfg.batch_size * cfg.seq_len, "history": history,
             "seconds": round(time.time() - t0, 1), "config": asdict(cfg)}

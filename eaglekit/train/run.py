@@ -41,8 +41,9 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
                            embed_weight=target.embed_weight().float())
         if draft_vocab_size and draft_vocab_size != draft.config.draft_vocab_size:
             raise ContractError(
-                f"--draft-vocab-size {draft_vocab_size} differs from the initial draft's {draft.config.draft_vocab_size}"
-                f"; a trained draft keeps its vocabulary mapping", fix="leave out --draft-vocab-size", code="E211")
+                f"--draft-vocab-size {draft_vocab_size} differs from the initial draft's "
+                f"{draft.config.draft_vocab_size}; a trained draft keeps its vocabulary mapping",
+                fix="leave out --draft-vocab-size", code="E211")
         check_pair(draft, target, capture if capture != CaptureSpec.default(target.info.num_layers) else None)
         if draft.config.capture is None:
             draft.config.capture = capture
@@ -62,7 +63,8 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
 
 
 def train_config(opts: TrainOptions, out) -> TrainConfig:
-    """The loop's settings out of `eaglekit train`'s options (TrainOptions declares them with TrainConfig's defaults)."""
+    """The loop's settings out of `eaglekit train`'s options (TrainOptions declares them with TrainConfig's
+    defaults)."""
     return TrainConfig(out=str(out), batch_size=opts.batch_size, epochs=opts.epochs, max_steps=opts.max_steps,
                        lr=opts.lr, warmup=opts.warmup, ttt_length=opts.ttt_length, save_every=opts.save_every,
                        eval_every=opts.eval_every, seed=opts.seed, grad_clip=opts.grad_clip)

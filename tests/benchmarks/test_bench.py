@@ -53,7 +53,8 @@ def test_prometheus_parse_and_spec_figures_on_recorded_vllm_metrics():
     before_t, after_t = (FIX / "vllm_metrics_before.txt").read_text(), (FIX / "vllm_metrics_after.txt").read_text()
     before, after = vllm_spec_counters(parse_prometheus(before_t)), vllm_spec_counters(parse_prometheus(after_t))
     fig = spec_figures(before, after)
-    drafts = _naive_counter(after_t, "vllm:spec_decode_num_drafts") - _naive_counter(before_t, "vllm:spec_decode_num_drafts")
+    drafts = (_naive_counter(after_t, "vllm:spec_decode_num_drafts")
+              - _naive_counter(before_t, "vllm:spec_decode_num_drafts"))
     acc = (_naive_counter(after_t, "vllm:spec_decode_num_accepted_tokens")
            - _naive_counter(before_t, "vllm:spec_decode_num_accepted_tokens"))
     dtok = (_naive_counter(after_t, "vllm:spec_decode_num_draft_tokens")
@@ -105,7 +106,8 @@ def test_sse_parse_on_recorded_streams():
         assert content and len(content) <= usage[0]["completion_tokens"]  # a spec-decode chunk may carry several
         # the text is exactly what the raw JSON lines hold, field by field
         key = "text" if "completions.txt" in name else "content"
-        raw = "".join(json.loads(m)["choices"][0].get(key) or (json.loads(m)["choices"][0].get("delta") or {}).get(key) or ""
+        raw = "".join(json.loads(m)["choices"][0].get(key)
+                      or (json.loads(m)["choices"][0].get("delta") or {}).get(key) or ""
                       for m in re.findall(r"^data: (\{.*\})$", text, re.M) if json.loads(m)["choices"])
         assert "".join(content) == raw
 
@@ -178,7 +180,8 @@ def test_bounded_by_max_seconds():
 
 # --- against a real vLLM ------------------------------------------------------------------------------
 def _vllm_python() -> str | None:
-    py = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(Path.home() / ".cache" / "eaglekit" / "vllm-venv" / "bin" / "python")
+    py = (os.environ.get("EAGLEKIT_VLLM_PYTHON")
+          or str(Path.home() / ".cache" / "eaglekit" / "vllm-venv" / "bin" / "python"))
     return py if Path(py).exists() else None
 
 

@@ -17,7 +17,8 @@ from eaglekit.observe.tracediff import diff
 def _trace(path, target, draft, capture, prompt, k=3):
     trace.configure(enabled=True, file=str(path), stream=open("/dev/null", "w"))
     try:
-        Decoder(target, draft, TreeShape.make(k, 1, k + 1), capture=capture, allow_other_target=True).generate(prompt, 12)
+        Decoder(target, draft, TreeShape.make(k, 1, k + 1), capture=capture,
+                allow_other_target=True).generate(prompt, 12)
     finally:
         trace.configure(enabled=False)
 

@@ -90,7 +90,8 @@ def _vllm_trace(python, draft, prompt_ids, path, k=3, steps=4):
 
 def _eaglekit_trace(path, prompt_text, k=3, steps=4):
     env = dict(os.environ, EAGLE3_DEBUG="1", EAGLE3_DEBUG_FILE=str(path), EAGLE3_DEBUG_STEPS=str(steps))
-    p = subprocess.run([sys.executable, "-m", "eaglekit.cli", "generate", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"),
+    p = subprocess.run([sys.executable, "-m", "eaglekit.cli", "generate", "--target", str(DEMO / "target"),
+                        "--draft", str(DEMO / "draft"),
                         "--prompt", prompt_text, "--steps", str(k), "--topk", "1", "--max-new-tokens", "16",
                         "--device", "cpu"], env=dict(env, PYTHONPATH=str(REPO)), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -132,8 +132,8 @@ def test_bf16_chains_equal_the_verify_shaped_baseline(shape, compile):
 
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 14336), (32000, 4096), (1000, 512)])
 def test_small_m_kernel_is_right_and_batch_invariant_in_bf16(N, K):
-    """eaglekit.kernels.invariant_gemm on the GPU in bf16: near the fp64 product, and each row's bits the same for 1..16 rows
-    (the tile is 16 rows whatever M is; its config depends on the weight only)."""
+    """eaglekit.kernels.invariant_gemm on the GPU in bf16: near the fp64 product, and each row's bits the same for 1..16
+    rows (the tile is 16 rows whatever M is; its config depends on the weight only)."""
     from eaglekit.kernels import invariant_gemm
 
     g = torch.Generator(device="cuda").manual_seed(N)
@@ -215,8 +215,8 @@ def test_small_m_compiled_graphs_equal_eager_bf16():
 
 
 def test_invariant_attention_tree_rows_equal_rows_alone_bf16():
-    """eaglekit.kernels.invariant_attention on the GPU in bf16: a tree row's bits equal the same token attended alone with its
-    keys in consecutive slots (the baseline's layout), over prefixes that cross chunk boundaries."""
+    """eaglekit.kernels.invariant_attention on the GPU in bf16: a tree row's bits equal the same token attended alone
+    with its keys in consecutive slots (the baseline's layout), over prefixes that cross chunk boundaries."""
     import random
 
     from eaglekit.kernels import invariant_attention
@@ -272,8 +272,8 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
 @pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
                                        (32000, 4096, False)])
 def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, monkeypatch):
-    """The 8B draft's int8 products (eaglekit.kernels.int8) in bf16: through invariant_gemm's kernel at 1-8 rows and, at one
-    row inside torch.compile, the kernel (the default) or inductor's GEMV over the widened weight: near the fp64
+    """The 8B draft's int8 products (eaglekit.kernels.int8) in bf16: through invariant_gemm's kernel at 1-8 rows and, at
+    one row inside torch.compile, the kernel (the default) or inductor's GEMV over the widened weight: near the fp64
     product over the dequantized weight every way."""
     from eaglekit.kernels import int8
     from eaglekit.kernels.compiling import compile_decode

@@ -1,5 +1,5 @@
-"""Batch-invariant decode attention (eaglekit.kernels.invariant_attention) and the "invariant" products policy, in Triton's
-interpreter on the CPU: right results against float64 SDPA, a tree row's bits equal to the same token attended
+"""Batch-invariant decode attention (eaglekit.kernels.invariant_attention) and the "invariant" products policy, in
+Triton's interpreter on the CPU: right results against float64 SDPA, a tree row's bits equal to the same token attended
 alone with its keys in consecutive slots (what the baseline step sees), and a model whose decode runs every
 product and attention through the kernels. fp16 and fp32 here (the interpreter has no bfloat16; tests/gpu/test_gpu.py
 runs bf16 on the GPU)."""
@@ -118,7 +118,8 @@ def test_a_tree_row_has_the_bits_of_the_token_attended_alone(monkeypatch, seed, 
         v1[:, :, P:P + len(path)] = v[:, :, [P + a for a in path]]
         m1 = torch.zeros(1, 1, S, dtype=torch.bool)
         m1[..., :P + len(path)] = True
-        alone = invariant_attention.attend(q[:, :, t:t + 1], k1[:, :, :S], v1[:, :, :S], *invariant_attention.visible(m1))
+        alone = invariant_attention.attend(q[:, :, t:t + 1], k1[:, :, :S], v1[:, :, :S],
+                                           *invariant_attention.visible(m1))
         assert torch.equal(alone[:, :, 0], tree[:, :, t]), f"row {t} (depth {len(path) - 1}) rounds differently"
 
 
@@ -196,7 +197,8 @@ def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts
     make_hf_model(tmp_path, "llama", seed=10, layers=2)
     t = _invariant_target({"llama": tmp_path}, "llama")
     calls = {"attend": 0, "linear": 0, "norm": 0}
-    attend_op, linear_op, norm_op = invariant_attention.kernels().op, invariant_gemm.kernels().op, invariant_norm.kernels().op
+    attend_op, linear_op, norm_op = (invariant_attention.kernels().op, invariant_gemm.kernels().op,
+                                     invariant_norm.kernels().op)
 
     def count(name, fn):
         def f(*a):

@@ -220,7 +220,8 @@ def test_int8_weights_are_widened_and_scaled_in_the_kernel(cfg, gated, residual)
     ref = invariant_gemm.epilogue(_ref(x, q.double() * s.double()[:, None]), r.double() if residual else None, gated)
     assert full.shape == (16, N)
     assert (full.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
-    unscaled = invariant_gemm.epilogue(_ref(x, q.double()), None, gated)  # the test can fail: a scale left out is far off
+    # the test can fail: a scale left out is far off
+    unscaled = invariant_gemm.epilogue(_ref(x, q.double()), None, gated)
     assert (unscaled - invariant_gemm.epilogue(_ref(x, q.double() * s.double()[:, None]), None, gated)).abs().max() > 1
     for M in (1, 5):
         part = run(x[:M], q, cfg, residual=r[:M] if residual else None, gated=gated, scale=s)

@@ -43,7 +43,8 @@ def test_a_new_tuned_table_names_a_new_small_m_op_and_an_old_one_is_reused(monke
     monkeypatch.setattr(invariant_gemm, "_KERNELS", None)
     monkeypatch.setattr(invariant_gemm, "_TABLE", {})
     plain = invariant_gemm.kernels()
-    assert plain.op._qualname == op_name("small_m_linear", invariant_gemm.__file__, invariant_gemm_triton.__file__, extra="{}")
+    assert plain.op._qualname == op_name("small_m_linear", invariant_gemm.__file__, invariant_gemm_triton.__file__,
+                                         extra="{}")
     monkeypatch.setattr(invariant_gemm, "_TABLE", {"4096x4096": [64, 128, 1, 4, 3]})  # as tune() leaves it, read again
     tuned = invariant_gemm.kernels()
     assert tuned.op._qualname != plain.op._qualname

@@ -58,7 +58,8 @@ def ids_markdown(rows) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['engine']} | {r['format']} | {r['ids']} | {r['convention']} | "
-                     f"{r['captured_before_layers']} | {r['after_layers']} | {'yes' if r['first_id_rule_safe'] else 'no'} |")
+                     f"{r['captured_before_layers']} | {r['after_layers']} | "
+                     f"{'yes' if r['first_id_rule_safe'] else 'no'} |")
     return "\n".join(lines)
 
 

@@ -114,7 +114,8 @@ def reference(sd: dict, c, feats, own, ids, pos, inv_freq):
     o = torch.einsum("hqk,khd->qhd", att, v).reshape(T, nh * hd) @ sd["midlayer.self_attn.o_proj.weight"].T
     h = residual + o
     m = _rms(h, sd["midlayer.post_attention_layernorm.weight"], eps)
-    mlp = (torch.nn.functional.silu(m @ sd["midlayer.mlp.gate_proj.weight"].T) * (m @ sd["midlayer.mlp.up_proj.weight"].T))
+    mlp = (torch.nn.functional.silu(m @ sd["midlayer.mlp.gate_proj.weight"].T)
+           * (m @ sd["midlayer.mlp.up_proj.weight"].T))
     h = h + mlp @ sd["midlayer.mlp.down_proj.weight"].T
     hn = _rms(h, sd["norm.weight"], eps)
     return (hn if c.norm_output else h), hn @ sd["lm_head.weight"].T
