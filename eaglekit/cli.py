@@ -826,8 +826,9 @@ def _serve_args(p):
                         "upload is dropped (408) instead of holding its socket")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
     p.add_argument("--no-adaptive", action="store_true",
-                   help="speculate on every step up to --spec-max-batch rows (default: each step speculates or "
-                        "decodes plainly by expected tokens/s, from the engine's timings and running acceptance)")
+                   help="run the whole tree on every step up to --spec-max-batch rows (default: each step runs the "
+                        "tree, a shallower one or a plain step by expected tokens/s, from the engine's timings and "
+                        "running acceptance)")
     p.add_argument("--synthetic-accept-length", type=float, default=None, metavar="L",
                    help="BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that "
                         "gives accept length L (tokens per verify, bonus included), whatever the target says, to "
