@@ -15,9 +15,9 @@ accepts at least as often per position as the longest tree's rates say (the esti
 
 The costs are the engine's own wall times of the last cycles at each (padded size, length) (a running mean that takes a
 faster time at once, since interference only adds time; the step ends with the one host read, so its wall time is the
-device time), measured as the engine runs; a pair not yet
-timed is tried once (the longest first, then a plain step, then each shorter length that could still win: a cycle
-costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed).
+device time), measured as the engine runs; a pair not yet timed is tried once (the longest first, then a plain step,
+then each shorter length that could still win: a cycle costs at least a plain step, so a length whose expected tokens
+do not beat the best gain so far is never timed).
 Acceptance is counted with exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while
 plain or short cycles run, old evidence fades, so a probe that finds the draft right again outweighs it within a few
 probes.
@@ -74,12 +74,22 @@ class SpecPolicy:
             e += run
         return e
 
+    def per_row(self, drafting: float = 1.0) -> dict[int, float]:
+        """Tokens a row emits per cycle at each length, on average over rows of which the share `drafting` has its
+        draft (a row without it emits one token a cycle); the rates read once."""
+        e, run, out = 1.0, 1.0, {}
+        for i, a in enumerate(self.rates(), 1):
+            run *= a
+            e += run
+            if i in self.lengths:
+                out[i] = drafting * e + 1 - drafting
+        return out
+
     def best(self, rows: int, drafting: float = 1.0) -> tuple[int, float] | None:
         """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per
-        second of one row); None while no length is timed here. `drafting`: the share of rows that draft (a row
-        without its draft emits one token a cycle)."""
-        timed = [((drafting * self.expected_tokens(j) + 1 - drafting) / self.spec[rows, j], j) for j in self.lengths
-                 if (rows, j) in self.spec]
+        second of one row); None while no length is timed here."""
+        tokens = self.per_row(drafting)
+        timed = [(tokens[j] / self.spec[rows, j], j) for j in self.lengths if (rows, j) in self.spec]
         if not timed:
             return None
         rate, j = max(timed)
@@ -95,8 +105,7 @@ class SpecPolicy:
             return None if b is None else b[1] * self.plain[rows]
         if (rows, length) not in self.spec:
             return None
-        e = drafting * self.expected_tokens(length) + 1 - drafting
-        return e * self.plain[rows] / self.spec[rows, length]
+        return self.per_row(drafting)[length] * self.plain[rows] / self.spec[rows, length]
 
     # --- the choice --------------------------------------------------------------------------------
     def choose(self, rows: int, drafting: float = 1.0) -> tuple[int, str]:
@@ -108,11 +117,12 @@ class SpecPolicy:
         if rows not in self.plain:
             return 0, "first plain step at this batch size: timing it"
         g = self.gain(rows, drafting=drafting)
+        tokens = self.per_row(drafting)
         for j in self.lengths:
             # a cycle costs at least a plain step (its verify holds the step's row and more), so a length whose
             # expected tokens E(j) do not beat the best gain so far cannot win: it is not worth a timing cycle.
             # (Each length is timed at most once per size: an untrained draft's cost is bounded by that.)
-            if (rows, j) not in self.spec and drafting * self.expected_tokens(j) + 1 - drafting > max(1.0, g):
+            if (rows, j) not in self.spec and tokens[j] > max(1.0, g):
                 return j, f"first cycle of draft length {j} at this batch size: timing it"
         j, _ = self.best(rows, drafting)
         if (j != full or g < 1.0) and self.since_full >= self.probe:

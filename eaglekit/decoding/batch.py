@@ -433,6 +433,7 @@ class BatchEngine:
         sp = s.req.sampling
         return logits_row.argmax(-1) if sp.greedy else sample(probs(logits_row, sp), s.gen)
 
+    @prompt_calls()  # a prompt's length changes from call to call: no per-shape preparation (compiling.prompt_calls)
     def _prefill(self, s: _Seq, r: int, with_draft: bool) -> None:
         dev = self.device
         ids = torch.as_tensor(s.req.prompt_ids, dtype=torch.long, device=dev)
@@ -441,9 +442,7 @@ class BatchEngine:
         kv.length.zero_()
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
         capture = self.capture if with_draft else None
-        with prompt_calls():  # a prompt's length changes from call to call: no compiled graph per length
-            logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T,
-                                                     capture)
+        logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture)
         kv.length += T
         tok = self._pick(logits[0, -1], s)
         s.length = T
@@ -455,8 +454,7 @@ class BatchEngine:
             dk = self.dk.rows(r, r + 1)
             dk.length.zero_()
             nxt = torch.cat([ids[1:], tok.view(1)])[None]
-            with prompt_calls():
-                h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
+            h, dl = self.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
             self.h[r] = h[0]
             self.dl[r] = dl[0]
         if self.lag_n is not None:
@@ -489,14 +487,14 @@ class BatchEngine:
             trace.event("speculation", on=length > 0, length=length, rows=b, padded=B, why=why)
         return self.shapes[length] if length else None
 
+    @prompt_calls()  # the window's length changes from call to call, as a prompt's does
     def _catch_up(self, c: _Rows) -> None:
         """Rows that went through plain steps: the draft extends over their window of plain tokens (one eager
         draft forward for all of them), so the tree cycle starts from each row's current token."""
         m = max(s.lag for s in self.rows if s.use_draft)
         n = self.lag_n[:c.B] * c.use_draft
-        with prompt_calls():  # the window's length changes from call to call, as a prompt's does
-            h, dl = self.draft.extend_rows(self.dk.rows(0, c.B), self.lag_feats[:c.B, :m], self.lag_ids[:c.B, :m], n,
-                                           c.Sd)
+        h, dl = self.draft.extend_rows(self.dk.rows(0, c.B), self.lag_feats[:c.B, :m], self.lag_ids[:c.B, :m], n,
+                                       c.Sd)
         moved = (n > 0)[:, None]
         self.h[:c.B] = torch.where(moved, h.to(self.h.dtype), self.h[:c.B])
         self.dl[:c.B] = torch.where(moved, dl, self.dl[:c.B])
