@@ -189,7 +189,8 @@ class SpecPolicy:
 def _mean(old: float | None, new: float) -> float:
     """The running cost: a faster time is taken at once, a slower one by COST_MEAN. A step's wall time is its work plus
     whatever else held the machine (another process, a first call's set-up), never less than its work, so one slow
-    sample must not decide the next hundred steps (a first timing that caught a set-up kept a trained draft off)."""
+    sample must not decide the next hundred steps (a first timing that catches a set-up would keep a paying draft off
+    until the probes' back-off lets it back)."""
     if old is None or new <= old:
         return new
     return (1 - COST_MEAN) * old + COST_MEAN * new

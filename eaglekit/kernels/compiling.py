@@ -62,7 +62,7 @@ _LOCAL = threading.local()
 
 
 # SDPA's backends for calls whose shapes change from call to call: not cuDNN's, which builds an execution plan for each
-# new shape (tens of ms on an H200, once per prompt length)
+# new shape
 PROMPT_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
@@ -72,13 +72,10 @@ def prompt_calls():
     draft's extend over a prompt or a catch-up window); they run no code that prepares itself per shape, which would
     pay again for every new prompt length inside the timed generation: the plain (uncompiled) layers, since a
     compiled function holds one graph per token count (prompts of up to COMPILE_MAX_TOKENS reach it), and SDPA
-    without cuDNN's backend, which builds a plan per shape. On an H200 the demo pair's first pass over its prompts
-    (96-120 tokens: past the compiled layers, so cuDNN's plans) ran at 0.60x of no draft, the same prompts again at
-    1.38x, and a prefill at a new length took 64 ms against 14 ms at a seen one
-    (benchmarks/results/2026-12-04c_h200_demo_phases.json); without cuDNN for them `eaglekit demo` ran 1.42-1.55x
-    (2026-12-04d_h200_demo_cli.json). The compiled-graph switch is per thread (another thread's decode calls keep
-    their graphs and bits); SDPA's backend choice is torch's own process-wide setting, changed for the duration
-    (decode calls inside recorded CUDA graphs do not consult it)."""
+    without cuDNN's backend, which builds a plan per shape (what that cost the GPU demo: docs/performance.md).
+    The compiled-graph switch is per thread (another thread's decode calls keep their graphs and bits); SDPA's
+    backend choice is torch's own process-wide setting, changed for the duration (decode calls inside recorded CUDA
+    graphs do not consult it). Usable as a decorator too."""
     prev = getattr(_LOCAL, "prompt", False)
     _LOCAL.prompt = True
     try:
