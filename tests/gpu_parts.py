@@ -36,6 +36,8 @@ PARTS = {
         f"{HOPPER}::test_qkv_rotates_and_writes_the_cache",
         "tests/serve/test_gpu_batch.py::test_bf16_serving_is_batch_invariant_by_default",
         "tests/serve/test_gpu_batch.py::test_hopper_products_run_a_one_row_batch_with_the_decoders_bits",
+        "tests/models/test_attention.py::test_folded_heads_compute_grouped_query_attention",
+        "tests/models/test_attention.py::test_cached_decode_calls_on_a_gpu_fold_and_prompts_do_not",
     ]),
     2: ("Triton and int8 kernels against torch", [
         f"{GPU}::test_small_m_kernel_is_right_and_batch_invariant_in_bf16",

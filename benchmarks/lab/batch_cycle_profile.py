@@ -1,9 +1,11 @@
 """Where a batched cycle goes at the 8B shape: device time of each recorded phase (and of the plain step) per
 products kind, batch size and draft length, and the kernels of a few cycles by device time.
 
-    python benchmarks/lab/batch_cycle_profile.py --out DIR [--cases aten:64,invariant:16] [--tiny]
+    python benchmarks/lab/batch_cycle_profile.py --out DIR [--cases aten:64,invariant:16] [--fold on,off] [--tiny]
 
-Writes DIR/batch_cycle_profile.json and DIR/batch_kernels_<kind>_b<B>_len<j>.txt."""
+`--fold off` sets eaglekit.models.layers.FOLD_GQA_MAX_TOKENS to 0 (SDPA's enable_gqa for cached calls), to set the
+folded attention beside it in one process; such cases are named <kind>_b<B>_nofold. Writes
+DIR/batch_cycle_profile.json and DIR/batch_kernels_<case>_len<j>.txt."""
 
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ def main() -> None:
     ap.add_argument("--cases", default="aten:64,invariant:16,invariant:8")
     ap.add_argument("--lengths", default="3,1")
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--fold", default="on")
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
     from eaglekit.decoding.batch import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.models import layers
 
     cuda = torch.cuda.is_available() and not a.tiny
     out = Path(a.out)
@@ -38,9 +42,12 @@ def main() -> None:
     t, d, raw = build_pair(a.tiny, "cuda" if cuda else "cpu")
     g = torch.Generator().manual_seed(1)
     res = {}
-    for item in a.cases.split(","):
+    fold_on = layers.FOLD_GQA_MAX_TOKENS
+    for item, fold in [(i, f) for i in a.cases.split(",") for f in a.fold.split(",")]:
         kind, B = item.split(":")
         B = int(B)
+        name = f"{kind}_b{B}" + ("" if fold == "on" else "_nofold")
+        layers.FOLD_GQA_MAX_TOKENS = fold_on if fold == "on" else 0
         t.set_products(kind)
         eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda, adaptive=False)
         for i in range(B):
@@ -77,10 +84,10 @@ def main() -> None:
                         restore()
                         cycle()
                     torch.cuda.synchronize()
-                (out / f"batch_kernels_{kind}_b{B}_len{j}.txt").write_text(
+                (out / f"batch_kernels_{name}_len{j}.txt").write_text(
                     prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
-        res[f"{kind}_b{B}"] = row
-        print(kind, B, json.dumps(row), flush=True)
+        res[name] = row
+        print(name, json.dumps(row), flush=True)
         del eng
         if cuda:
             torch.cuda.empty_cache()

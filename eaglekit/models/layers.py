@@ -25,6 +25,30 @@ from .config import RopeConfig
 # longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape
 COMPILE_MAX_TOKENS = 64
 
+# cached calls of 2 to this many tokens on a GPU fold grouped query heads into query rows (sdpa_folded); 0: off.
+# One token a row stays with enable_gqa: folded, the 8B plain step at 64 rows took 11.2 ms against 10.6
+# (benchmarks/results/2026-12-04e_h200_batch_fold.json).
+FOLD_GQA_MAX_TOKENS = 64
+
+
+def sdpa_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention with the query heads that share a kv head folded into the query rows: q [B, H, T, hd]
+    runs as [B, Hkv, rep * T, hd] against k, v [B, Hkv, S, hd], the mask [B|1, 1, T, S] repeated for each head of a
+    group. The same sums as SDPA's enable_gqa (query head h reads kv head h // rep), but the attention kernel reads
+    each kv head once instead of once per query head, and a decode call's few tokens fill its query tiles rep times
+    better. With enable_gqa, cuDNN's attention over 64 rows x 1024 slots took 57% of a batched 8B cycle on an H200;
+    folded, that cycle ((3,1,4), 64 rows) went from 25.0 to 17.2 ms
+    (benchmarks/results/2026-12-04e_h200_batch_fold.json). The kernel's output may be strided: reshaped, not viewed."""
+    B, H, T, hd = q.shape
+    Hkv = k.shape[1]
+    rep = H // Hkv
+    qf = q.reshape(B, Hkv, rep * T, hd)
+    m = None
+    if attn_mask is not None:
+        Bm, _, _, S = attn_mask.shape
+        m = attn_mask[:, :, None].expand(Bm, 1, rep, T, S).reshape(Bm, 1, rep * T, S)
+    return F.scaled_dot_product_attention(qf, k, v, attn_mask=m).reshape(B, H, T, hd)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -185,8 +209,11 @@ class Attention(nn.Module):
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             gqa = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask is None and kv is None,
-                                             enable_gqa=gqa)
+        if gqa and kv is not None and q.is_cuda and 2 <= T <= FOLD_GQA_MAX_TOKENS:
+            out = sdpa_folded(q, k, v, attn_mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                 is_causal=mask is None and kv is None, enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         return product_module(self.products, self.o_proj, out, residual), new_kv
 

@@ -1,0 +1,59 @@
+"""The attention of eaglekit.models.layers: grouped query heads folded into query rows (sdpa_folded) computes SDPA's
+enable_gqa attention, for one sequence and for rows of their own lengths, and cached decode calls on a GPU take it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eaglekit.models import layers
+from eaglekit.models.layers import sdpa_folded
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+def _case(device, dtype, B, Bm, H, Hkv, T, S, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, 16, generator=g).to(device, dtype).transpose(1, 2)  # as Attention makes it: strided
+    k, v = (torch.randn(B, Hkv, S, 16, generator=g).to(device, dtype) for _ in range(2))
+    # per row: every slot below its own length, then a tree block over the last T slots
+    lengths = torch.randint(1, S - T + 1, (Bm,), generator=g)
+    block = torch.rand(Bm, T, T, generator=g) < 0.5
+    block |= torch.eye(T, dtype=torch.bool)
+    mask = torch.zeros(Bm, T, S, dtype=torch.bool)
+    for b in range(Bm):
+        mask[b, :, :lengths[b]] = True
+        mask[b, :, lengths[b]:lengths[b] + T] = block[b]
+    return q, k, v, mask[:, None].to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,Bm,H,Hkv,T", [(1, 1, 8, 2, 1), (1, 1, 8, 2, 6), (4, 4, 8, 2, 4), (3, 1, 6, 3, 5),
+                                          (2, 2, 4, 4, 3)])
+def test_folded_heads_compute_grouped_query_attention(device, B, Bm, H, Hkv, T):
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    for seed in range(3):
+        q, k, v, mask = _case(device, dtype, B, Bm, H, Hkv, T, 40, seed)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
+        got = sdpa_folded(q, k, v, mask)
+        assert got.shape == want.shape == (B, H, T, 16)
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cached_decode_calls_on_a_gpu_fold_and_prompts_do_not(monkeypatch):
+    """Trees and extends of up to FOLD_GQA_MAX_TOKENS tokens fold; one token a row and prompts keep enable_gqa."""
+    att = layers.Attention(64, 8, 2, 8, 64).cuda()
+    seen = []
+    real = layers.sdpa_folded
+    monkeypatch.setattr(layers, "sdpa_folded", lambda *a: seen.append(a[0].shape[2]) or real(*a))
+    S = 128
+    cache = tuple(torch.zeros(1, 2, S, 8, device="cuda") for _ in range(2))
+    cos = torch.ones(1, 1, 8, device="cuda")
+    sin = torch.zeros(1, 1, 8, device="cuda")
+    for T in (1, 4, layers.FOLD_GQA_MAX_TOKENS + 1):
+        x = torch.randn(1, T, 64, device="cuda")
+        mask = torch.ones(1, T, S, dtype=torch.bool, device="cuda")
+        att(x, cos, sin, kv=cache, slots=torch.arange(T, device="cuda"), mask=mask)
+    assert seen == [4]
