@@ -15,9 +15,10 @@ accepts at least as often per position as the longest tree's rates say (the esti
 
 The costs are the engine's own wall times of the last cycles at each (padded size, length) (a running mean that takes a
 faster time at once, since interference only adds time; the step ends with the one host read, so its wall time is the
-device time), measured as the engine runs; a pair not yet timed is tried once (the longest first, then a plain step,
-then each shorter length that could still win: a cycle costs at least a plain step, so a length whose expected tokens
-do not beat the best gain so far is never timed).
+device time), refined as the engine runs. Where the engine records CUDA graphs it times every length and the plain
+step when it records a padded size (seed_costs: warm-up, not a serving step, pays for it); elsewhere a pair not yet
+timed is tried once (the longest first, then a plain step, then each shorter length that could still win: a cycle
+costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed).
 Acceptance is counted with exponential decay by steps of any kind (half-life HALF_LIFE steps), from a weak prior: while
 plain or short cycles run, old evidence fades, so a probe that finds the draft right again outweighs it within a few
 probes.
@@ -162,6 +163,13 @@ class SpecPolicy:
             g, j = self.gain(rows, length), self.best(rows)
             won = g is not None and g >= 1.0 and j is not None and j[0] == length
             self.probe = MIN_PROBE if won else min(2 * self.probe, MAX_PROBE)
+
+    def seed_costs(self, rows: int, plain: float, spec: dict[int, float]) -> None:
+        """Costs timed before any step at this padded size (the engine's warm-up): the plain step's and each length's
+        cycle's seconds. They count as the first observations: later ones refine them as any others do."""
+        self.plain[rows] = plain
+        for j, seconds in spec.items():
+            self.spec[rows, j] = seconds
 
     def observe_plain(self, rows: int, seconds: float) -> None:
         self.plain[rows] = _mean(self.plain.get(rows), seconds)

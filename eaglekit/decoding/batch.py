@@ -55,6 +55,8 @@ from .tree import TreeShape, expand_rows, tree_row
 # Plain tokens a row may go without its draft and still catch up (a window of captured features per row);
 # longer than the policy's longest probe interval, so rows keep their draft while the policy probes.
 CATCH_UP = MAX_PROBE + 16
+# replays per length when the policy's costs are timed at warm-up (the fastest counts)
+WARMUP_REPS = 3
 
 
 @dataclass
@@ -517,10 +519,51 @@ class BatchEngine:
             return _Rows(self, B, top + shape.draft_tokens, top + pend, shape)
         key = (B, self.S, shape)
         if key not in self._cycles:
-            c = _Rows(self, B, self.S, self.dk.max_len if self.dk is not None else 0, shape)
-            c.record(plain=shape == self.shape)
-            self._cycles[key] = c
+            self._record(B)
         return self._cycles[key]
+
+    def _record(self, B: int) -> None:
+        """Record the graphs of padded size B over the current span: the whole tree's cycle and the plain step, and
+        with the policy on every shorter length's cycle too, all at once (a length recorded on the policy's first
+        try would put a recording inside a running step). The first time B is seen, the policy's costs at B are
+        timed here, at warm-up (_time_at_warmup)."""
+        Sd = self.dk.max_len if self.dk is not None else 0
+        shapes = list(self.shapes.values()) if self.policy is not None else [self.shape]
+        for shape in shapes:
+            c = _Rows(self, B, self.S, Sd, shape)
+            c.record(plain=shape == self.shape)
+            self._cycles[B, self.S, shape] = c
+        if self.policy is not None and B not in self.policy.plain:
+            self._time_at_warmup(B)
+
+    def _time_at_warmup(self, B: int) -> None:
+        """Seed the policy's costs at padded size B with the device time of each recorded length's cycle and of the
+        plain step (the fastest of WARMUP_REPS replays each, from the same state, restored after), so that serving
+        spends no step on timing a length. The running wall times refine them as the engine runs (SpecPolicy)."""
+        c0 = self._cycles[B, self.S, self.shape]
+        state = [self.tk.length, self.root, self.dk.length, self.h, self.dl, self.lag_n]
+        snap = [x.clone() for x in state]
+
+        def timed(fn) -> float:
+            best = float("inf")
+            for _ in range(WARMUP_REPS):
+                for x, v in zip(state, snap):
+                    x.copy_(v)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            for x, v in zip(state, snap):
+                x.copy_(v)
+            return best
+
+        plain = timed(lambda: (c0.run("plain"), c0.run("plain_commit")))
+        spec = {}
+        for j, shape in self.shapes.items():
+            c = self._cycles[B, self.S, shape]
+            spec[j] = timed(lambda c=c: [c.run(p) for p in c.SPEC])
+        self.policy.seed_costs(B, plain, spec)
 
     def _spec_cycle(self, shape: TreeShape) -> None:
         c = self._rows(shape)

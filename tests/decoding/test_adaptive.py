@@ -55,6 +55,25 @@ def test_choice_times_each_size_once_then_compares_tokens_per_second():
     assert p.choose(8)[0] == 3  # another padded size has its own figures
 
 
+@pytest.mark.parametrize("rows,bound", [(1, 5), (4, 2)])
+def test_costs_timed_at_warmup_switch_an_untrained_draft_off_within_a_bound(rows, bound):
+    """With the costs seeded at warm-up (the GPU engine's recording: no timing cycles), a draft that never hits is
+    off after at most `bound` cycles when its lengths cost 1.1-1.3 plain steps (docs/serving.md quotes the bound),
+    and no step before that is spent timing."""
+    cost = {3: 1.3, 2: 1.2, 1: 1.1}
+    p = FixedCosts(3, spec=cost.get, plain=1.0, lengths=(1, 2, 3))
+    p.seed_costs(rows, 1.0, cost)
+    cycles = 0
+    while True:
+        j, why = p.choose(rows)
+        assert "timing" not in why
+        if j == 0:
+            break
+        cycles += 1
+        p.observe_cycle(rows, 0, [0] * rows, j)
+    assert 1 <= cycles <= bound
+
+
 def test_a_shorter_draft_wins_where_its_cycle_is_cheap_enough():
     """Each length is timed once at a size, then the best expected tokens/s runs: with a cycle of 1 + 0.3 j steps and
     every position accepted half the time, one draft token beats three (1.5 / 1.3 > 1.875 / 1.9) and plain steps

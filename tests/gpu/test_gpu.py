@@ -113,6 +113,10 @@ def test_batched_graphs_equal_alone(pair32, shape):
             else:
                 assert got[rid] == w, f"wave {wave}, {rid}: batched output differs from alone"
     assert eng.spec_stats["num_drafts"] > 0
+    # every padded size met was recorded at every draft length and timed at warm-up (BatchEngine._time_at_warmup)
+    sizes = {B for B, _, _ in eng._cycles}
+    assert {s for _, _, s in eng._cycles} == set(eng.shapes.values())
+    assert all(B in eng.policy.plain and all((B, j) in eng.policy.spec for j in eng.shapes) for B in sizes)
 
 
 @pytest.mark.parametrize("shape,compile", [((3, 1, 4), "off"), ((5, 1, 6), "auto")])
