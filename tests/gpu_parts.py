@@ -48,6 +48,7 @@ PARTS = {
         f"{GPU}::test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel",
         f"{GPU}::test_int8_draft_compiled_in_graphs_keeps_the_output",
         f"{GPU}::test_small_m_compiled_graphs_equal_eager_bf16",
+        f"{GPU}::test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded",
     ]),
     3: ("the float32 pair: CUDA graphs, torch.compile, batches, sampling", [
         f"{GPU}::test_graphs_equal_eager_and_baseline",

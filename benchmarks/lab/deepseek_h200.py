@@ -15,7 +15,8 @@ Stages (each prints its progress; a stage that fails records its error and the n
                      tokens/s at the measured copy bandwidth
   step_eager_graph   the recorded greedy decode step (CUDA graph) without torch.compile
   step_compiled      the same with the layers compiled (the path `generate` takes on a GPU): tokens/s, its fraction
-                     of the roofline
+                     of the roofline; with --experts auto,triton also step_compiled_triton (the routed experts
+                     through eaglekit.kernels.moe_gemv), and with --profile-step each one's kernels by device time
   cycles             the EAGLE-3 cycle with a random draft (hidden 2048, 16 heads, draft vocab 32000) for chains
                      (3,1,4) and (5,1,6), a CUDA graph a phase as the Decoder replays them, over the compiled step.
                      The random draft's proposals are rejected, so each cycle accepts its root only; a chain's
@@ -235,8 +236,28 @@ class Bench:
         if "roofline_tok_s" in self.ctx:
             res["roofline_fraction"] = round(1e3 / med / self.ctx["roofline_tok_s"], 4)
         if compiled:
-            self.ctx["step_ms"] = med
+            if self.ctx.get("experts", "auto") == "auto" or "step_ms" not in self.ctx:
+                self.ctx["step_ms"] = med  # (what the cycles are over: the per-call experts where it ran)
+            if self.cuda and self.args.profile_step:
+                res["kernels"] = self._kernels(run, lambda: t.committed.copy_(L))
         return res
+
+    def _kernels(self, run, before, reps: int = 20) -> str:
+        """The compiled step's kernels by device time over `reps` replays (--profile-step): the table is written
+        beside the JSON (deepseek_step_kernels.txt); returns its file name."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                before()
+                run()
+            torch.cuda.synchronize()
+        mode = self.ctx.get("experts", "auto")
+        name = "deepseek_step_kernels.txt" if mode == "auto" else f"deepseek_step_kernels_{mode}.txt"
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=110)
+        Path(self.args.out).mkdir(parents=True, exist_ok=True)
+        (Path(self.args.out) / name).write_text(f"{reps} replays of the compiled step\n{table}")
+        return name
 
     def cycles(self):
         from eaglekit.capture import CaptureSpec
@@ -375,8 +396,14 @@ class Bench:
         self.stage("roofline", self.roofline)
         self.stage("step_eager_graph", lambda: self._step(False))
         if self.cuda or self.args.compile_on_cpu:
-            self.stage("step_compiled", lambda: self._step(True))
-        self.stage("cycles", self.cycles)
+            for mode in self.args.experts.split(","):
+                # "auto": the experts' per-call choice (moe.Experts); another mode names its stage
+                self.ctx["target"].set_experts(None if mode == "auto" else mode)
+                self.ctx["experts"] = mode
+                self.stage("step_compiled" + ("" if mode == "auto" else f"_{mode}"), lambda: self._step(True))
+            self.ctx["target"].set_experts(None)
+        if not self.args.skip_cycles:
+            self.stage("cycles", self.cycles)
         if not self.args.skip_hf:
             self.stage("transformers", self.transformers_generate)
         s = self.out["stages"]
@@ -417,6 +444,11 @@ def main(argv=None):
     p.add_argument("--shapes", default="3,1,4;5,1,6", help="cycle shapes steps,topk,draft_tokens; separated")
     p.add_argument("--hf-new-tokens", type=int, default=None, help="transformers' generate length (default 64)")
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate")
+    p.add_argument("--skip-cycles", action="store_true", help="leave out the EAGLE-3 cycles")
+    p.add_argument("--experts", default="auto", help="the compiled step once per experts mode, comma-separated "
+                   "(auto: per call; triton: eaglekit.kernels.moe_gemv); the cycles run with auto")
+    p.add_argument("--profile-step", action="store_true", help="the compiled step's kernels by device time, to "
+                   "deepseek_step_kernels.txt beside the JSON")
     p.add_argument("--tuned", action="store_true", help="compile with eaglekit's tuned inductor options (slower "
                    "to compile) instead of inductor's defaults")
     p.add_argument("--compile-on-cpu", action="store_true", help="(--tiny) compile the layers on the CPU too")

@@ -1,10 +1,10 @@
 """`eaglekit kernels check`: which kernels run on this machine, why the others do not, and a short bit check of each
 that runs.
 
-Each row is a products kind (aten, onednn, invariant, hopper; eaglekit.kernels.products) or a draft kernel (int8,
-topk). A row that runs here is built (nvcc for hopper, Triton for the others; the build's time is in the row's
-time) and checked on small random products:
-- batch invariance (onednn, invariant, hopper, int8): each of rows 0, 2 and 4 computed alone has the bits it has
+Each row is a products kind (aten, onednn, invariant, hopper; eaglekit.kernels.products), a draft kernel (int8,
+topk) or the routed experts' decode kernels (moe; eaglekit.kernels.moe_gemv). A row that runs here is built (nvcc
+for hopper, Triton for the others; the build's time is in the row's time) and checked on small random products:
+- batch invariance (onednn, invariant, hopper, int8, moe): each of rows 0, 2 and 4 computed alone has the bits it has
   inside 5 rows and inside 16 rows (what makes speculative output identical to plain decoding);
 - the values against a float64 torch reference, within bf16/fp32 tolerance (every kind; aten is not batch-invariant
   by design, so this is its whole check); topk: the kernels' picks equal torch's, their probabilities within 1e-5.
@@ -137,6 +137,22 @@ def check_topk(device: str) -> str:
     return "top 1 and top 8 of 6 x 32000: torch's picks, probabilities within 1e-5"
 
 
+def check_moe(device: str) -> str:
+    from . import moe_gemv
+
+    E, I, D, k = 16, 352, 512, 4
+    gate_up = _rand(E, 2 * I, D, dtype=torch.bfloat16, device=device, seed=4, scale=D ** -0.5)
+    down = _rand(E, D, I, dtype=torch.bfloat16, device=device, seed=5, scale=I ** -0.5)
+    x = _rand(max(ROWS), D, dtype=torch.bfloat16, device=device, seed=6)
+    g = torch.Generator().manual_seed(7)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(max(ROWS))]).to(device)
+    w = torch.rand(max(ROWS), k, generator=g).to(device)
+    y = moe_gemv.experts(x, gate_up, down, idx, w)
+    _close(y, moe_gemv.reference(x.double(), gate_up.double(), down.double(), idx, w.double()), 2e-2, "experts")
+    _invariant(lambda xs: moe_gemv.experts(xs, gate_up, down, idx[:len(xs)], w[:len(xs)]), x, "experts")
+    return "bf16, 16 experts top-4: tokens alone = tokens in 5 and 16, bit for bit; values against float64"
+
+
 # kind -> (why it cannot run here or None, its check on a device returning what it checked, the device: "any" is
 # the GPU where torch sees one, else the CPU)
 KINDS: dict[str, tuple[Callable[[], str | None], Callable[[str], str], str]] = {
@@ -146,6 +162,7 @@ KINDS: dict[str, tuple[Callable[[], str | None], Callable[[str], str], str]] = {
     "hopper": (_hopper, check_hopper, "cuda"),
     "int8": (_triton, check_int8, "cuda"),
     "topk": (_triton, check_topk, "cuda"),
+    "moe": (_triton, check_moe, "cuda"),
 }
 
 

@@ -212,6 +212,17 @@ class DeepSeekTarget(StaticCacheTarget):
 
         self.net.compiled_layer = compile_decode(DeepSeekLayer.forward, options)
 
+    def set_experts(self, mode: str | None) -> None:
+        """How the routed experts run (eaglekit.models.moe.Experts.mode): None chooses per call; "triton" sends
+        decode calls to eaglekit.kernels.moe_gemv (opt-in until measured on a GPU). Set before compile()."""
+        from .moe import Experts
+
+        if mode not in (None, "gather", "fused", "loop", "dense", "triton"):
+            raise ValueError(f"unknown experts mode {mode!r}")
+        for m in self.net.modules():
+            if isinstance(m, Experts):
+                m.mode = mode
+
     def fuse(self) -> None:
         """Fused gate/up projections of the dense and shared-expert MLPs (same memory, fewer kernels)."""
         for m in self.net.modules():

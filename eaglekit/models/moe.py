@@ -14,6 +14,9 @@ The routed experts' weights are stacked as transformers 5 holds them (gate_up_pr
   experts were hit; not recordable).
 - dense (larger calls while a CUDA graph records, eager): every expert on every token, weights zero where not
   chosen: fixed shapes, reads every expert once.
+- triton (opt-in: `mode = "triton"`, DeepSeekTarget.set_experts): a decode call's pairs through
+  eaglekit.kernels.moe_gemv's two kernels (gate/up with the activation, then down with the weighted sum), eager or
+  compiled, where that module runs (bf16/fp16 on CUDA); other calls choose per call as above.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ class Experts(nn.Module):
         self.I = I
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
         self.down_proj = nn.Parameter(torch.empty(E, D, I))
-        self.mode: str | None = None  # None: chosen per call (module docstring); or gather | fused | loop | dense
+        self.mode: str | None = None  # None: chosen per call (module docstring); or gather | fused | loop | dense |
+        # triton
 
     def _act(self, gu):
         g, u = gu.split(self.I, dim=-1)
@@ -120,6 +124,12 @@ class Experts(nn.Module):
 
     def forward(self, h, idx, w):
         mode = self.mode
+        if mode == "triton":
+            from ..kernels import moe_gemv
+
+            if moe_gemv.usable(h, idx.numel()):
+                return moe_gemv.experts(h, self.gate_up_proj, self.down_proj, idx, w)
+            mode = None  # (a prompt, float32, a CPU: the per-call choice)
         if mode is None:
             if torch.compiler.is_compiling():
                 mode = "fused"

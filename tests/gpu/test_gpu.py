@@ -390,3 +390,35 @@ def test_compiled_whole_tree_is_the_level_walk():
         for field in ("tokens", "parents", "depths", "mask"):
             assert torch.equal(getattr(whole, field), getattr(levels, field)), (span, field)
         assert (whole.tokens[1:] % 4 == 0).all()  # target ids (d2t applied)
+
+
+def test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded():
+    """eaglekit.kernels.moe_gemv on the GPU in bf16 at DeepSeek-V2-Lite's expert shape (64 experts, intermediate 1408,
+    hidden 2048, top-6): near the fp64 arithmetic of Experts.gather, a token's bits the same alone and among 5 others,
+    and the op inside torch.compile and a CUDA graph gives the eager op's bits."""
+    from eaglekit.kernels import moe_gemv
+    from eaglekit.kernels.compiling import compile_decode
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    E, I, D, k, N = 64, 1408, 2048, 6, 6
+    gate_up = (torch.randn(E, 2 * I, D, device="cuda", generator=g) * D ** -0.5).bfloat16()
+    down = (torch.randn(E, D, I, device="cuda", generator=g) * I ** -0.5).bfloat16()
+    x = torch.randn(N, D, device="cuda", generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(N)])
+    w = torch.rand(N, k, device="cuda", generator=g)
+    y = moe_gemv.experts(x, gate_up, down, idx, w)
+    ref = moe_gemv.reference(x.double(), gate_up.double(), down.double(), idx, w.double())
+    assert (y.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    for n in range(N):
+        assert torch.equal(moe_gemv.experts(x[n:n + 1], gate_up, down, idx[n:n + 1], w[n:n + 1])[0], y[n]), n
+    fn = compile_decode(lambda a: moe_gemv.experts(a, gate_up, down, idx, w))
+    assert torch.equal(fn(x), y)
+    buf = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    fn(buf)  # warm
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = fn(buf)
+    buf.copy_(x.flip(0))
+    graph.replay()
+    assert torch.equal(out, moe_gemv.experts(x.flip(0), gate_up, down, idx, w))

@@ -19,12 +19,12 @@ def test_on_a_cpu_the_cpu_kinds_pass_and_the_gpu_kinds_say_why_not(capsys):
     rc, out = _json(capsys, [])
     rows = {r["kind"]: r for r in out["kinds"]}
     assert rc == 0 and out["ok"] is True
-    assert list(rows) == list(check.KINDS) == ["aten", "onednn", "invariant", "hopper", "int8", "topk"]
+    assert list(rows) == list(check.KINDS) == ["aten", "onednn", "invariant", "hopper", "int8", "topk", "moe"]
     assert rows["aten"]["runs"] and rows["aten"]["check"] == "pass" and rows["aten"]["seconds"] >= 0
     from eaglekit.kernels.products import onednn_available
 
     assert rows["onednn"]["check"] == ("pass" if onednn_available() else "-")
-    for kind in ("invariant", "hopper", "int8", "topk"):
+    for kind in ("invariant", "hopper", "int8", "topk", "moe"):
         assert not rows[kind]["runs"] and rows[kind]["check"] == "-" and rows[kind]["seconds"] is None
         assert "CUDA" in rows[kind]["reason"], rows[kind]
 
