@@ -179,8 +179,9 @@ class SpecPolicy:
     def summary(self) -> dict:
         """The policy's figures, for /server_info and benchmarks: rates, costs (ms) and gains per padded size. Safe
         to call from another thread than the engine's: it reads copies (a dict copy is one step under the GIL)."""
-        snap = SpecPolicy(self.positions, self.lengths, list(self.reached), list(self.accepted), dict(self.spec),
-                          dict(self.plain))
+        snap = SpecPolicy(self.positions, self.lengths)  # (its __post_init__ sets the prior: the figures go in after)
+        snap.reached, snap.accepted, snap.spec, snap.plain = (list(self.reached), list(self.accepted), dict(self.spec),
+                                                              dict(self.plain))
         sizes = sorted({r for r, _ in snap.spec} | set(snap.plain))
         return {"rates": [round(a, 4) for a in snap.rates()], "lengths": list(snap.lengths),
                 "sizes": {str(r): {"plain_ms": _ms(snap.plain.get(r)),

@@ -74,6 +74,17 @@ def test_costs_timed_at_warmup_switch_an_untrained_draft_off_within_a_bound(rows
     assert 1 <= cycles <= bound
 
 
+def test_the_summary_reports_the_running_figures_not_the_prior():
+    """/server_info's spec_policy shows the rates and gains the policy decides by, not its prior (0.6 at every
+    position)."""
+    p = FixedCosts(3, spec=1.5, plain=1.0)
+    p.observe_cycle(4, 0, [3, 0, 1, 2])
+    p.observe_plain(4, 0)
+    s = p.summary()
+    assert s["rates"] == [round(r, 4) for r in p.rates()] != [0.6, 0.6, 0.6]
+    assert s["sizes"]["4"]["gain"] == round(p.gain(4), 4) and s["sizes"]["4"]["cycle_ms"]["3"] == 1500.0
+
+
 def test_a_shorter_draft_wins_where_its_cycle_is_cheap_enough():
     """Each length is timed once at a size, then the best expected tokens/s runs: with a cycle of 1 + 0.3 j steps and
     every position accepted half the time, one draft token beats three (1.5 / 1.3 > 1.875 / 1.9) and plain steps
