@@ -132,6 +132,13 @@ class SpecPolicy:
             return j, f"draft length {j}: expected gain x{g:.2f}"
         return 0, f"expected gain x{g:.2f} < 1 (best draft length {j})"
 
+    def draft_pays(self, rows: int) -> bool:
+        """Whether speculation would pay at this padded size if every row had its draft (the engine admits a row with
+        its draft then): the best timed length's gain at full drafting, or, before both are timed here, whether the
+        last choice speculated."""
+        g = self.gain(rows, drafting=1.0)
+        return self.speculating if g is None else g >= 1.0
+
     def switched(self, length: int) -> bool:
         """Record the choice made; True when speculation turns on or off (a switch: the engine counts them; a change
         of draft length while speculating is not one)."""

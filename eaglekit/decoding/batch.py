@@ -412,10 +412,13 @@ class BatchEngine:
         if k == 0:
             return []
         with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
-        # the draft is off by the policy's figures: a new row skips the draft's prefill (what an unpaying draft would
-        # cost it); a running row that keeps its draft is the one the policy's probes measure. A seeded sampled
-        # request always takes its draft: its random draws must not depend on what ran before it.
-        off = self.policy is not None and not self.policy.speculating and any(s.use_draft for s in self.rows)
+        # the draft does not pay by the policy's figures: a new row skips the draft's prefill (what an unpaying draft
+        # would cost it); a running row that keeps its draft is the one the policy's probes measure. Judged as if every
+        # row drafted (SpecPolicy.draft_pays): plain steps chosen because few rows have a draft must not keep the
+        # draft from the rows admitted next. A seeded sampled request always takes its draft: its random draws must
+        # not depend on what ran before it.
+        off = (self.policy is not None and any(s.use_draft for s in self.rows)
+               and not self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch)))
         out = []
         for _ in range(k):
             s = self.waiting.popleft()

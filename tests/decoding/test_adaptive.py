@@ -218,6 +218,33 @@ def test_rows_admitted_while_the_draft_is_off_skip_its_prefill(llama):
     assert out["b"] == Decoder(llama).generate(second, 40, eos_ids=()).token_ids
 
 
+def test_a_row_admitted_while_few_rows_draft_takes_its_draft_when_the_draft_pays(llama):
+    """Plain steps can win only because few running rows have a draft (rows admitted while the draft was off): the
+    draft still pays for a row that has one, so a new row is admitted with its draft; where the draft itself loses,
+    it is not. Outputs stay the target's."""
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    first, second = [1, 5, 9, 14, 3, 7], [1, 33, 2, 8, 70, 4, 11]
+    for rate, admitted_with_draft in ((0.9, True), (0.05, False)):
+        eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=2)
+        eng.policy = FixedCosts(3, spec=1.5, plain=1.0)
+        eng.add(Request("a", first, 60, eos_ids=()))
+        eng.step()
+        p = eng.policy
+        p.seed_costs(2, 1.0, {3: 1.5})
+        p.reached, p.accepted = [1e6] * 3, [rate * 1e6] * 3  # rates held by their weight
+        p.length = 0  # the last step was plain (as it is where half the rows draft and the gain sits below 1)
+        eng.add(Request("b", second, 30, eos_ids=()))
+        out = {}
+        for ev in eng.step():
+            out.setdefault(ev.rid, []).extend(ev.token_ids)
+        assert eng.rows[1].use_draft is admitted_with_draft, rate
+        assert p.draft_pays(2) is admitted_with_draft
+        while eng.has_work:
+            for ev in eng.step():
+                out.setdefault(ev.rid, []).extend(ev.token_ids)
+        assert out["b"] == Decoder(llama).generate(second, 30, eos_ids=()).token_ids
+
+
 class Alternate(SpecPolicy):
     """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
 
