@@ -91,8 +91,8 @@ class Experts(nn.Module):
         self.I = I
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
         self.down_proj = nn.Parameter(torch.empty(E, D, I))
-        self.mode: str | None = None  # None: chosen per call (module docstring); or gather | fused | loop | dense |
-        # triton
+        # None: chosen per call (module docstring); or one of gather, fused, loop, dense, triton
+        self.mode: str | None = None
 
     def _act(self, gu):
         g, u = gu.split(self.I, dim=-1)
