@@ -412,13 +412,13 @@ class BatchEngine:
         if k == 0:
             return []
         with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
-        # the draft does not pay by the policy's figures: a new row skips the draft's prefill (what an unpaying draft
-        # would cost it); a running row that keeps its draft is the one the policy's probes measure. Judged as if every
-        # row drafted (SpecPolicy.draft_pays): plain steps chosen because few rows have a draft must not keep the
-        # draft from the rows admitted next. A seeded sampled request always takes its draft: its random draws must
-        # not depend on what ran before it.
-        off = (self.policy is not None and any(s.use_draft for s in self.rows)
-               and not self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch)))
+        # Where the draft does not pay by the policy's figures, a new row skips the draft's prefill (what an unpaying
+        # draft would cost it), except one row when none running has its draft: the sentinel whose cycles the policy's
+        # probes measure. Judged as if every row drafted (SpecPolicy.draft_pays): plain steps chosen because few rows
+        # have a draft must not keep the draft from the rows admitted next. A seeded sampled request always takes its
+        # draft: its random draws must not depend on what ran before it.
+        pays = self.policy is None or self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch))
+        sentinel = any(s.use_draft for s in self.rows)
         out = []
         for _ in range(k):
             s = self.waiting.popleft()
@@ -426,7 +426,9 @@ class BatchEngine:
             self._ensure_span(n + s.req.max_new_tokens + self.shape.draft_tokens + 1)
             r = len(self.rows)
             self.rows.append(s)
-            self._prefill(s, r, with_draft and not (off and not _seeded(s.req.sampling)))
+            take = with_draft and (pays or not sentinel or _seeded(s.req.sampling))
+            self._prefill(s, r, take)
+            sentinel = sentinel or take
             out.append(s)
         # a request that stopped at its first token leaves before the cycle
         for r in range(len(self.rows) - 1, -1, -1):

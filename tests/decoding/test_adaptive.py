@@ -245,6 +245,28 @@ def test_a_row_admitted_while_few_rows_draft_takes_its_draft_when_the_draft_pays
         assert out["b"] == Decoder(llama).generate(second, 30, eos_ids=()).token_ids
 
 
+def test_rows_admitted_together_while_the_draft_loses_keep_one_sentinel(llama):
+    """Three requests admitted into an empty batch while the draft loses by the policy's figures: one takes the
+    draft's prefill (the sentinel the probes measure), the other two decode without it. Outputs stay the target's."""
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=4)
+    eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
+    p.seed_costs(4, 1.0, {3: 1.5})
+    p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3
+    prompts = [[1, 5, 9, 14, 3, 7], [1, 33, 2, 8, 70, 4, 11], [2, 6, 6, 1]]
+    for i, pr in enumerate(prompts):
+        eng.add(Request(f"r{i}", pr, 20, eos_ids=()))
+    out = {}
+    for ev in eng.step():
+        out.setdefault(ev.rid, []).extend(ev.token_ids)
+    assert [s.use_draft for s in eng.rows] == [True, False, False]
+    while eng.has_work:
+        for ev in eng.step():
+            out.setdefault(ev.rid, []).extend(ev.token_ids)
+    for i, pr in enumerate(prompts):
+        assert out[f"r{i}"] == Decoder(llama).generate(pr, 20, eos_ids=()).token_ids
+
+
 class Alternate(SpecPolicy):
     """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
 
