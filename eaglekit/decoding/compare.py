@@ -99,10 +99,26 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
     rows = dec.baseline_rows
     t0 = time.perf_counter()
     if prompts and warmup:
-        warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling)
-        warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True)
+        n = min(max_new_tokens, warmup)
+        runs = [("the draft's cycle", {}), ("the target alone", {"baseline": True})]
         if rows > 1:  # the one-row baseline records its own CUDA graph
-            warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline=True, baseline_rows=1)
+            runs.append(("the one-row baseline", {"baseline": True, "baseline_rows": 1}))
+        bar = None
+        if progress:  # a first run on a GPU compiles and records for a minute or more: say so, and show each run
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(runs), desc=f"{progress}: warm-up", unit="run", leave=False, mininterval=0)
+            if dec.target.device.type == "cuda":
+                bar.write(f"{progress}: warming up; a first run compiles the layers and records CUDA graphs (a minute "
+                          f"or more), later runs reuse the compiled kernels from the cache")
+        for what, kw in runs:
+            if bar is not None:
+                bar.set_description_str(f"{progress}: warm-up, {what}")
+            warm_up(dec, prompts[0], n, sampling, **kw)
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
     warmup_s = time.perf_counter() - t0
     it = prompts
     if progress:
