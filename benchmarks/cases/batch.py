@@ -98,7 +98,7 @@ def batch_cycles(p, ctx):
             eng.add(Request(f"r{i}", prompt, p["max_new"], eos_ids=()))
         eng.step()  # prefill every row, record this size's graphs (GPU), one cycle
         c = eng._rows()
-        state = [c.tk.length, c.dk.length, c.root, c.h, c.dl, eng.lag_n]
+        state = c.state()
         snap = [x.clone() for x in state]
 
         def restore():  # outside the timed span
@@ -314,7 +314,7 @@ def engine_b1(p, ctx):
         eng.add(Request("r", prompt.tolist(), 256, eos_ids=()))
         eng.step()  # the prefill, this size's graphs, one cycle
         c = eng._rows()
-        state = [c.tk.length, c.dk.length, c.root, c.h, c.dl, eng.lag_n]
+        state = c.state()
         snap = [x.clone() for x in state]
 
         def restore(state=state, snap=snap):

@@ -55,7 +55,7 @@ def main() -> None:
             eng.add(Request(f"r{i}", prompt, 256, eos_ids=()))
         eng.step()
         c0 = eng._rows()
-        state = [c0.tk.length, c0.dk.length, c0.root, c0.h, c0.dl, eng.lag_n]
+        state = c0.state()
         snap = [x.clone() for x in state]
 
         def restore():

@@ -66,25 +66,24 @@ class SpecPolicy:
     def rates(self) -> list[float]:
         return [a / r if r > 0 else 0.0 for a, r in zip(self.accepted, self.reached)]
 
+    def _expected(self) -> list[float]:
+        """E(j) for j = 0 .. positions from the running rates (E(0) = 1: the bonus alone); the rates read once."""
+        out, run = [1.0], 1.0
+        for a in self.rates():
+            run *= a
+            out.append(out[-1] + run)
+        return out
+
     def expected_tokens(self, length: int | None = None) -> float:
         """Tokens a speculating row emits per cycle of `length` draft positions (default the longest), the bonus
         included, from the running rates."""
-        e, run = 1.0, 1.0
-        for a in self.rates()[:self.positions if length is None else length]:
-            run *= a
-            e += run
-        return e
+        return self._expected()[self.positions if length is None else length]
 
     def per_row(self, drafting: float = 1.0) -> dict[int, float]:
         """Tokens a row emits per cycle at each length, on average over rows of which the share `drafting` has its
-        draft (a row without it emits one token a cycle); the rates read once."""
-        e, run, out = 1.0, 1.0, {}
-        for i, a in enumerate(self.rates(), 1):
-            run *= a
-            e += run
-            if i in self.lengths:
-                out[i] = drafting * e + 1 - drafting
-        return out
+        draft (a row without it emits one token a cycle)."""
+        e = self._expected()
+        return {j: drafting * e[j] + 1 - drafting for j in self.lengths}
 
     def best(self, rows: int, drafting: float = 1.0) -> tuple[int, float] | None:
         """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per

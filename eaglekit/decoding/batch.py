@@ -191,15 +191,21 @@ class _Rows:
     SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 
     # --- CUDA graphs -----------------------------------------------------------------------------
-    def record(self, plain: bool = True) -> None:
-        """Record each phase in a CUDA graph (`plain`: the plain step's too; one shape per padded size records them).
-        Warm-up runs the speculative group and the plain group, each restoring the state below after it (both write
-        the same pending slots)."""
+    def state(self) -> list[torch.Tensor]:
+        """What a cycle or a plain step over these rows moves (committed lengths, roots, the draft's last hidden and
+        logits, the catch-up counts): a replay made only to warm up or to time puts these back after it (both kinds
+        write the same pending slots past the lengths, which the next real step overwrites)."""
         state = [self.tk.length, self.root]
         if self.dk is not None:
             state += [self.dk.length, self.h, self.dl]
         if self.e.lag_n is not None:
             state.append(self.e.lag_n)
+        return state
+
+    def record(self, plain: bool = True) -> None:
+        """Record each phase in a CUDA graph (`plain`: the plain step's too; one shape per padded size records them).
+        Warm-up runs the speculative group and the plain group, each restoring `state()` after it."""
+        state = self.state()
         groups = ([[getattr(self, p) for p in self.SPEC]] if self.e.draft is not None else []) + \
             ([[self.plain, self.plain_commit]] if plain else [])
         names = (list(self.SPEC) if self.e.draft is not None else []) + (["plain", "plain_commit"] if plain else [])
@@ -546,7 +552,7 @@ class BatchEngine:
         plain step (the fastest of WARMUP_REPS replays each, from the same state, restored after), so that serving
         spends no step on timing a length. The running wall times refine them as the engine runs (SpecPolicy)."""
         c0 = self._cycles[B, self.S, self.shape]
-        state = [self.tk.length, self.root, self.dk.length, self.h, self.dl, self.lag_n]
+        state = c0.state()
         snap = [x.clone() for x in state]
 
         def timed(fn) -> float:

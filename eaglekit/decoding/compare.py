@@ -96,6 +96,8 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
             alternate: bool = True, progress: str | None = None) -> Comparison:
     """Each prompt decoded with the draft and with the target alone. `alternate` swaps the order on every
     other prompt so that neither mode always runs on a warmer cache; `progress` names a tqdm bar."""
+    from tqdm import tqdm
+
     rows = dec.baseline_rows
     t0 = time.perf_counter()
     if prompts and warmup:
@@ -103,28 +105,18 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
         runs = [("the draft's cycle", {}), ("the target alone", {"baseline": True})]
         if rows > 1:  # the one-row baseline records its own CUDA graph
             runs.append(("the one-row baseline", {"baseline": True, "baseline_rows": 1}))
-        bar = None
-        if progress:  # a first run on a GPU compiles and records for a minute or more: say so, and show each run
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(runs), desc=f"{progress}: warm-up", unit="run", leave=False, mininterval=0)
-            if dec.target.device.type == "cuda":
-                bar.write(f"{progress}: warming up; a first run compiles the layers and records CUDA graphs (a minute "
-                          f"or more), later runs reuse the compiled kernels from the cache")
-        for what, kw in runs:
-            if bar is not None:
+        # a first run on a GPU compiles and records for a minute or more: say so, and show each run
+        if progress and dec.target.device.type == "cuda":
+            tqdm.write(f"{progress}: warming up; a first run compiles the layers and records CUDA graphs (a minute "
+                       f"or more), later runs reuse the compiled kernels from the cache")
+        with tqdm(total=len(runs), desc=f"{progress}: warm-up", unit="run", leave=False, mininterval=0,
+                  disable=not progress) as bar:
+            for what, kw in runs:
                 bar.set_description_str(f"{progress}: warm-up, {what}")
-            warm_up(dec, prompts[0], n, sampling, **kw)
-            if bar is not None:
+                warm_up(dec, prompts[0], n, sampling, **kw)
                 bar.update()
-        if bar is not None:
-            bar.close()
     warmup_s = time.perf_counter() - t0
-    it = prompts
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(prompts, desc=progress, unit="prompt", leave=False)
+    it = tqdm(prompts, desc=progress, unit="prompt", leave=False) if progress else prompts
     eagle, base, plain = [], [], []
     for i, p in enumerate(it):
         order = (True, False) if (alternate and i % 2 == 0) else (False, True)

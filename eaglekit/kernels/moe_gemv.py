@@ -66,6 +66,7 @@ def kernels():
 
         from . import moe_gemv_triton
         from .compiling import op_name
+        from .invariant_gemm import triton_cdiv
 
         def run(x, gate_up, down, idx, w, wrap=lambda k: k):
             N, D = x.shape
@@ -97,7 +98,3 @@ def experts(x, gate_up, down, idx, w):
     if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
         raise ValueError("the stacked expert weights must be contiguous in their last dimension")
     return kernels().op(x, gate_up, down, idx, w)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
