@@ -49,6 +49,7 @@ PARTS = {
         f"{GPU}::test_int8_draft_compiled_in_graphs_keeps_the_output",
         f"{GPU}::test_small_m_compiled_graphs_equal_eager_bf16",
         f"{GPU}::test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded",
+        f"{GPU}::test_one_row_extend_takes_the_pending_form_with_extends_bits",
     ]),
     3: ("the float32 pair: CUDA graphs, torch.compile, batches, sampling", [
         f"{GPU}::test_graphs_equal_eager_and_baseline",
@@ -61,6 +62,7 @@ PARTS = {
     4: ("the bf16 pair: speculative output equals the one-row baseline", [
         f"{GPU}::test_bf16_chains_equal_the_verify_shaped_baseline",
         f"{GPU}::test_invariant_bf16_speculative_equals_the_one_row_baseline",
+        f"{GPU}::test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk",
     ]),
 }
 

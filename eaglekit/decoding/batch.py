@@ -42,7 +42,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import GenerationError
-from ..kernels.compiling import prompt_calls
+from ..kernels.compiling import prompt_calls, twin
 from ..kernels.graphs import record_graphs
 from ..models.base import Target
 from ..observe import trace
@@ -87,6 +87,14 @@ def _seeded(sp: SamplingParams) -> bool:
     return sp.seed is not None and not sp.greedy
 
 
+def emitted_rows(tokens, depths, path, n, bonus):
+    """engine.emitted per row -> (the tokens each row's cycle emits: after each path node the next one, after the last
+    the bonus, padded as `path` [B, P]; what the host reads per row: n, the tree's depth, those tokens)."""
+    em = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
+    em = em.scatter(1, (n - 1).clamp(min=0)[:, None], bonus[:, None])
+    return em, torch.cat([n[:, None], depths.max(-1).values[:, None], em], 1)
+
+
 def padded_size(b: int, max_batch: int) -> int:
     """The captured batch size that holds b rows: the next power of two, capped at max_batch."""
     p = 1
@@ -128,6 +136,12 @@ class _Rows:
         self.next = torch.zeros(B, dtype=torch.long, device=dev)
         self.tree = self.logits = self.feats = self.plogits = self.pfeats = None
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
+        # a chain's accepted path is each row's first n nodes: its KV entries and features are already in path order
+        self.chain = shape.topk == 1
+        # the accept's and the emit's small operations: compiled (a few kernels) where the draft is, as the
+        # one-sequence cycle's (engine.Cycle)
+        compiled = getattr(eng.draft, "compiled_layer", None) is not None
+        self._accept, self._emit = twin(accept_greedy_rows, compiled), twin(emitted_rows, compiled)
 
     # --- speculative phases ----------------------------------------------------------------------
     def draft_tree(self):
@@ -145,23 +159,25 @@ class _Rows:
             path, n, bonus = accept_synthetic_rows(self.tree, self.logits, self.shape.path_len, e.synthetic,
                                                    self.use_draft)
         else:
-            path, n, bonus = accept_greedy_rows(self.tree, self.logits, self.shape.path_len, self.use_draft)
+            path, n, bonus = self._accept(self.tree, self.logits, self.shape.path_len, self.use_draft)
         self.path.copy_(path)
         self.n.copy_(n)
         self.bonus.copy_(bonus)
 
     def cache_update(self):
         self.neff.copy_(self.n * self.active)  # padding rows commit nothing
-        self.tk.keep(self.path, self.neff)
-        # the token after each path node: the next path node, and after the last one the bonus
-        em = torch.cat([self.tree.tokens.gather(1, self.path[:, 1:]), self.bonus[:, None]], 1)
-        em = em.scatter(1, (self.n - 1).clamp(min=0)[:, None], self.bonus[:, None])
+        if self.chain:
+            self.tk.length += self.neff
+        else:
+            self.tk.keep(self.path, self.neff)
+        em, out = self._emit(self.tree.tokens, self.tree.depths, self.path, self.n, self.bonus)
         self.emitted.copy_(em)
-        self.out.copy_(torch.cat([self.n[:, None], self.tree.depths.max(-1).values[:, None], em], 1))
+        self.out.copy_(out)
 
     def draft_extend(self):
         F = self.feats.shape[-1]
-        feats = self.feats.gather(1, self.path[:, :, None].expand(self.B, self.path.shape[1], F))
+        feats = self.feats if self.chain else self.feats.gather(1, self.path[:, :, None].expand(
+            self.B, self.path.shape[1], F))
         h, dl = self.e.draft.extend_rows(self.dk, feats, self.emitted, self.neff, self.Sd)
         self.h.copy_(h)
         self.dl.copy_(dl)

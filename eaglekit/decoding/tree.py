@@ -181,6 +181,12 @@ def expand_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root
 def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> Tree:
     """`_chain` for B rows (see expand_rows): the same trees as `_tree_rows` for topk = 1, with fewer operations."""
     dev, B = logits_last.device, root.shape[0]
+    D = steps + 1
+    own = getattr(draft, "chain_rows", None)
+    tokens = own(kv, h_last, logits_last, steps, root, span) if own is not None else None
+    if tokens is not None:  # one row, compiled: the one-sequence chain's graph (Eagle3Draft.chain_rows)
+        parents, depths, mask = _chain_frame(steps, dev)
+        return Tree(tokens=tokens, parents=parents[None], depths=depths[None], mask=mask[None])
     m = kv.length  # [B]
     cols = torch.arange(span, device=dev)
     tok = topk.top1(logits_last)  # [B, 1]
@@ -191,7 +197,6 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
         h, logits = draft.step_rows(kv, h, draft.to_target_ids(tok), slot, slot, mask)
         tok = topk.top1(logits)[:, 0]  # [B, 1]
         toks.append(tok)
-    D = steps + 1
     return Tree(
         tokens=torch.cat([root[:, None], draft.to_target_ids(torch.cat(toks, 1))], 1),
         parents=torch.arange(-1, steps, device=dev).clamp_(min=0).repeat(B, 1),
@@ -205,6 +210,12 @@ def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root:
     """The general batched expansion (expand_rows sends chains to `_chain_rows`)."""
     K, dev = shape.topk, logits_last.device
     B = root.shape[0]
+    own = getattr(draft, "tree_rows", None)
+    if own is not None:  # one row, compiled: the one-sequence tree's graph (Eagle3Draft.tree_rows)
+        frame = _tree_frame(K, max((shape.steps - 1) * K, 1), dev)
+        grown = own(kv, h_last, logits_last, root, frame, shape.steps, shape.draft_tokens - 1, span)
+        if grown is not None:
+            return Tree(*grown)
     m = kv.length  # [B]
     top_p, top_i = top_probs(logits_last, K)  # [B, K]
     cand_scores, cand_tokens = [top_p], [top_i]

@@ -341,12 +341,12 @@ class Eagle3Draft(nn.Module, Draft):
         """An extend's block: its E entries causal among themselves (made once per E)."""
         return self._const(("causal", E), lambda dev: torch.ones(E, E, dtype=torch.bool, device=dev).tril_())
 
-    def _unread_mask(self, T: int) -> torch.Tensor:
+    def _unread_mask(self, T: int, span: int | None = None) -> torch.Tensor:
         """A [1, T, span] stand-in for the mask where the attention takes the pending form and reads no mask: it
         carries the span's size (span_dynamic, the layer) and costs no kernel (an expanded view; its values are
-        False: were it ever read, it would hide every key, not pass for a mask)."""
+        False: were it ever read, it would hide every key, not pass for a mask). Default span: the own cache's."""
         return self._const(("unread",), lambda dev: torch.zeros(1, 1, 1, dtype=torch.bool, device=dev)).expand(
-            1, T, self.span)
+            1, T, self.span if span is None else span)
 
     def _const(self, key: tuple, make) -> torch.Tensor:
         """self._consts[key] on the draft's device, made by make(device) the first time (read only)."""
@@ -410,9 +410,13 @@ class Eagle3Draft(nn.Module, Draft):
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
             return super().chain(h_last, logits_last, steps, root)
-        cols = torch.arange(self.span, device=logits_last.device)
-        kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic (cols stands for a mask's last dimension)
-        return self.compiled_chain(self, h_last.view(1, -1), logits_last, self.cache.length, cols, kv, steps, root)
+        return self._compiled_chain(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps, root)
+
+    def _compiled_chain(self, layer, m, span: int, h_last, logits_last, steps: int, root):
+        """The compiled chain over one sequence's cache layer (k, v) [1, Hkv, S_max, hd] with m committed entries."""
+        cols = torch.arange(span, device=logits_last.device)
+        kv = span_dynamic(cols, layer)  # the span symbolic (cols stands for a mask's last dimension)
+        return self.compiled_chain(self, h_last.view(1, -1), logits_last, m, cols, kv, steps, root)
 
     def _chain_steps(self, h, logits_last, m, cols, kv, steps: int, root=None):
         """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
@@ -435,14 +439,19 @@ class Eagle3Draft(nn.Module, Draft):
         where the chain would not be compiled either."""
         if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
             return None
+        return self._compiled_tree(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root, frame,
+                                   steps, n_sel)
+
+    def _compiled_tree(self, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
+        """The compiled tree over one sequence's cache layer with m committed entries (as _compiled_chain)."""
         from ..kernels import topk
 
         K = frame[1].numel()
         # the pick: the top-k kernels as a registered op on a GPU (fetched here, before any trace), torch elsewhere
         self._top = (topk.probs_op() if logits_last.is_cuda and topk.HAVE_TRITON and K <= topk.MAX_K else None)
-        cols = torch.arange(self.span, device=logits_last.device)
-        kv = span_dynamic(cols, self.cache.layer(0))  # the span symbolic, as in the chain
-        return self.compiled_tree(self, h_last, logits_last, root, self.cache.length, cols, kv, frame, steps, n_sel)
+        cols = torch.arange(span, device=logits_last.device)
+        kv = span_dynamic(cols, layer)  # the span symbolic, as in the chain
+        return self.compiled_tree(self, h_last, logits_last, root, m, cols, kv, frame, steps, n_sel)
 
     def _tree_steps(self, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):
         """grow_tree's walk (what compile() compiles whole): walk.walk_tree with the plain bookkeeping over the layer
@@ -480,13 +489,39 @@ class Eagle3Draft(nn.Module, Draft):
         writes only invisible slots and returns junk (padding rows)."""
         B, E = next_ids.shape
         m = kv.length
-        slots = m[:, None] + torch.arange(E, device=next_ids.device)
-        causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
-        mask = span_mask_rows(m, causal, span)
+        if B == 1 and self.takes_pending(E):  # one row: `extend`'s pending form (no mask to build)
+            slots, pending = m + self._arange(E), (m, self._causal(E))
+            mask = self._unread_mask(E, span)
+        else:
+            slots, pending = m[:, None] + torch.arange(E, device=next_ids.device), None
+            causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
+            mask = span_mask_rows(m, causal, span)
         h, logits, _ = self(feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
-                            from_target=True, head_at=(n - 1).clamp(min=0))
+                            from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
         kv.length += n
         return h[:, 0], logits[:, 0].float()
+
+    @torch.inference_mode()
+    def chain_rows(self, kv: RowKV, h_last, logits_last, steps: int, root, span: int) -> torch.Tensor | None:
+        """A chain for one row the compiled way `chain` walks it, on the row's cache (kv: a one-row RowKV view; h_last
+        [1, H], logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]; None where `chain` would not run
+        compiled, or for more than one row (then eaglekit.decoding.tree walks the rows over step_rows). A batch of
+        one then runs the one-sequence decoder's graph (the same shapes: a row's cache is laid out as KVCache's)."""
+        if (kv.batch != 1 or self.compiled_chain is None or trace.ENABLED
+                or self.config.sliding_window is not None):
+            return None
+        return self._compiled_chain(kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
+
+    @torch.inference_mode()
+    def tree_rows(self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int,
+                  span: int) -> tuple | None:
+        """`grow_tree` for one row on the row's cache (as chain_rows) -> (tokens, parents, depths, mask) each with a
+        batch dimension of 1; None where grow_tree would return None, or for more than one row."""
+        if kv.batch != 1 or self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
+            return None
+        grown = self._compiled_tree(kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,
+                                    n_sel)
+        return tuple(x[None] for x in grown)
 
     @torch.inference_mode()
     def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):

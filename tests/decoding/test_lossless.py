@@ -158,6 +158,44 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
         _assert_same_tree(a, b)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 2), (4, 1, 5), (3, 2, 6), (4, 4, 12)])
+def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs, shape):
+    """A batch of one runs the one-sequence decoder's compiled chain or tree on the row's cache (Eagle3Draft.chain_rows,
+    tree_rows); here the compiled functions are stood in by the plain ones they compile (the same code), and the tree
+    must be the batched walk's, field by field, at committed lengths 0 and above."""
+    from eaglekit.decoding import tree as T
+    from eaglekit.draft.model import Eagle3Draft
+
+    target = load_target(model_dirs["llama"], backend="ours")
+    draft = new_draft(target, seed=sum(shape))
+    shape = TreeShape(*shape)
+    g = torch.Generator().manual_seed(shape.draft_tokens)
+    span = 40
+    kv = draft.row_cache(1, span)
+    kv.k.normal_(generator=g)
+    kv.v.normal_(generator=g)
+    for length in (0, 11, 27):  # (a tree of 4 x 4 writes 12 pending slots: 27 + 12 < span)
+        kv.length.fill_(length)
+        h = torch.randn(1, draft.hidden_size, generator=g)
+        dl = torch.randn(1, draft.draft_vocab_size, generator=g) * 4
+        root = torch.tensor([7])
+        with torch.inference_mode():
+            draft.compiled_chain = draft.compiled_tree = None
+            assert draft.chain_rows(kv, h, dl, shape.steps, root, span) is None  # not compiled: the batched walk
+            want = T.expand_rows(draft, kv, h, dl, root, shape, span)
+            draft.compiled_chain, draft.compiled_tree = Eagle3Draft._chain_steps, Eagle3Draft._tree_steps
+            try:
+                got = T.expand_rows(draft, kv, h, dl, root, shape, span)
+                # two rows never take it (the one-sequence walk has one committed length)
+                two = draft.row_cache(2, span)
+                assert draft.chain_rows(two, h.repeat(2, 1), dl.repeat(2, 1), shape.steps, root.repeat(2), span) \
+                    is None
+            finally:
+                draft.compiled_chain = draft.compiled_tree = None
+        assert int(kv.length) == length  # a tree writes pending slots only
+        _assert_same_tree(got, want)
+
+
 # cases 0-11 take every tree shape, every family and both drafts (12 s); 12-23 again, in the slow tier
 @pytest.mark.parametrize("case", [c if c < 12 else pytest.param(c, marks=pytest.mark.slow) for c in range(24)])
 def test_greedy_speculative_equals_baseline_with_onednn_products(model_dirs, case):

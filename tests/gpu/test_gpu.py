@@ -273,6 +273,40 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
         assert dec.generate(p, 96).token_ids == dec.generate(p, 96, baseline=True).token_ids
 
 
+@pytest.mark.parametrize("shape", [(5, 1, 6), (3, 2, 6)], ids=lambda s: "-".join(map(str, s)))
+def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(pair_bf16, shape):
+    """BatchEngine(max_batch=1) on the bf16 demo pair, graphed (compiled or not): each prompt's output equals the plain
+    one-row baseline, and where the draft is compiled its chain or tree ran as the one-sequence graph on the row's
+    cache (Eagle3Draft.chain_rows / tree_rows), with draft tokens accepted (chains keep their KV in place)."""
+    from eaglekit.decoding.batch import BatchEngine, Request
+
+    t, d, prompts = pair_bf16
+    shape = TreeShape(*shape)
+    taken = []
+    own = d.chain_rows if shape.topk == 1 else d.tree_rows
+
+    def counted(*a, **k):
+        r = own(*a, **k)
+        taken.append(r is not None)
+        return r
+
+    eng = BatchEngine(t, d, shape, max_batch=1, adaptive=False)
+    dec = Decoder(t, d, shape, graphs=True)
+    setattr(d, "chain_rows" if shape.topk == 1 else "tree_rows", counted)
+    try:
+        for i, p in enumerate(prompts[:6]):
+            eng.add(Request(f"r{i}", p, 64))
+            got = []
+            while eng.has_work:
+                for ev in eng.step():
+                    got += ev.token_ids
+            assert got == dec.generate(p, 64, baseline=True).token_ids, i
+    finally:
+        delattr(d, "chain_rows" if shape.topk == 1 else "tree_rows")
+    assert eng.spec_stats["num_accepted_tokens"] > 0
+    assert taken and all(taken) == (d.compiled_layer is not None), taken[:3]
+
+
 @pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
                                        (32000, 4096, False)])
 def test_int8_products_in_bf16_one_row_compiled_and_in_the_kernel(N, K, gated, monkeypatch):
@@ -365,6 +399,26 @@ def test_draft_attention_bulk_against_sdpa():
         assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
     for a, b in zip(out["sdpa"], out["hopper"]):
         assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()
+
+
+def test_one_row_extend_takes_the_pending_form_with_extends_bits():
+    """Eagle3Draft.extend_rows on a one-row cache, with the draft's attention "hopper": the pending form `extend` takes
+    on the draft's own cache, so the same bits (hidden, logits, cache entries) as `extend` from the same state."""
+    from eaglekit.models.layers import RowKV
+
+    d = _draft_of_head_dim_128()
+    assert d.set_attention("hopper")
+    feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 4096, (40,), device="cuda")
+    d.reset(200)
+    d.extend(feats[:30], ids[:30])
+    kv = RowKV(0, 0, 0, 0, 0, _views=(d.cache.k.clone(), d.cache.v.clone(), d.cache.length.view(1).clone()))
+    n = torch.tensor([5], device="cuda")
+    h, logits = d.extend(feats[30:36], ids[30:36], n[0])
+    hr, lr = d.extend_rows(kv, feats[None, 30:36], ids[None, 30:36], n, d.span)
+    assert torch.equal(h, hr[0]) and torch.equal(logits, lr[0])
+    assert int(kv.length) == int(d.committed) == 35
+    assert torch.equal(kv.k[..., :36, :], d.cache.k[..., :36, :])
 
 
 def test_compiled_whole_tree_is_the_level_walk():
