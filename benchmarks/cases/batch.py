@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 
 import torch
@@ -268,7 +269,7 @@ def engine_b1(p, ctx):
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g).to(device)
     reps = p["reps"]
-    metrics = {}
+    metrics, phases = {}, {}
 
     # the Decoder: its recorded step and each tree's cycle (a graph a phase, as it replays them)
     dec = Decoder(t)
@@ -306,6 +307,7 @@ def engine_b1(p, ctx):
             d.committed.copy_(Ld)
 
         metrics[f"decoder_cycle_ms_{key}"] = stats(samples_ms(cycle, reps, cuda=cuda, before=reset), "ms")
+        phases[f"decoder_{key}"] = phase_ms(c.run, PHASES, reps, cuda, reset)
 
     # the batched engine at one row: its plain step and each tree's cycle, as `serve` replays them
     for s in as_list(p["shapes"].split(";")):
@@ -332,6 +334,7 @@ def engine_b1(p, ctx):
         if "engine_step_ms" not in metrics:
             metrics["engine_step_ms"] = stats(samples_ms(plain, reps, cuda=cuda, before=restore), "ms")
         metrics[f"engine_cycle_ms_{key}"] = stats(samples_ms(cycle, reps, cuda=cuda, before=restore), "ms")
+        phases[f"engine_{key}"] = phase_ms(c.run, c.SPEC, reps, cuda, restore)
         del eng, c
         gc.collect()
     ds, es = metrics["decoder_step_ms"]["median"], metrics["engine_step_ms"]["median"]
@@ -344,7 +347,31 @@ def engine_b1(p, ctx):
         metrics[f"engine_over_decoder_cycle_{key}"] = value(ec / dc, "x")
     return {"metrics": metrics,
             "details": {"device": device, "products": str(getattr(t, "products_choice", None)),
-                        "draft_precision": getattr(d, "precision", None), "context": context}}
+                        "draft_precision": getattr(d, "precision", None), "context": context,
+                        "phase_ms_median": phases}}
+
+
+def phase_ms(run, names, reps: int, cuda: bool, before) -> dict:
+    """Median time of each phase of a cycle run phase by phase (`run(name)`), `reps` cycles from the same state: on a
+    GPU CUDA events between the phases' replays (one synchronisation a cycle), on a CPU the wall clock."""
+    out = {n: [] for n in names}
+    for _ in range(reps):
+        before()
+        if cuda:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+            ev[0].record()
+            for n, e in zip(names, ev[1:]):
+                run(n)
+                e.record()
+            torch.cuda.synchronize()
+            for n, a, b in zip(names, ev, ev[1:]):
+                out[n].append(a.elapsed_time(b))
+        else:
+            for n in names:
+                t0 = time.perf_counter()
+                run(n)
+                out[n].append((time.perf_counter() - t0) * 1e3)
+    return {n: round(statistics.median(v), 4) for n, v in out.items()}
 
 
 suite("h200-batch", "batched decoding: the 8B shape's batched step and cycle per batch size, the demo pair batched",
