@@ -95,6 +95,12 @@ def emitted_rows(tokens, depths, path, n, bonus):
     return em, torch.cat([n[:, None], depths.max(-1).values[:, None], em], 1)
 
 
+def _pending(shape: TreeShape) -> int:
+    """Draft slots a cycle of `shape` writes past a row's committed entries: its tree's pending nodes, then the extend
+    over the accepted path."""
+    return max(shape.path_len, (shape.steps - 1) * shape.topk)
+
+
 def padded_size(b: int, max_batch: int) -> int:
     """The captured batch size that holds b rows: the next power of two, capped at max_batch."""
     p = 1
@@ -384,8 +390,8 @@ class BatchEngine:
             return
         q = 256 if self.graphs else 64
         S = -(-need // q) * q
-        extra = self.shape.steps * self.shape.topk
-        if self.draft is not None:  # a catch-up extend writes up to CATCH_UP slots past a row's length
+        extra = max(self.shape.steps * self.shape.topk, _pending(self.shape))  # (the cycles' draft spans: _record)
+        if self.draft is not None:  # a catch-up extend's padding writes up to CATCH_UP slots past a row's length
             extra = max(extra, CATCH_UP)
         if self.tk is None:
             self.tk = self.target.row_cache(self.max_batch, S)
@@ -540,10 +546,15 @@ class BatchEngine:
         b = len(self.rows)
         B = padded_size(b, self.max_batch) if self.pad else b
         if not self._use_graphs():
-            # eager: attend over the slots the rows actually use
+            # eager: attend over the slots the rows actually use; one _Rows per size and shape (its buffers are
+            # overwritten by every step), its spans set for this step
             top = max(s.length for s in self.rows)
-            pend = max(shape.path_len, (shape.steps - 1) * shape.topk)
-            return _Rows(self, B, top + shape.draft_tokens, top + pend, shape)
+            key = ("eager", B, self.S, shape)
+            if key not in self._cycles:
+                self._cycles[key] = _Rows(self, B, 0, 0, shape)
+            c = self._cycles[key]
+            c.S, c.Sd = top + shape.draft_tokens, top + _pending(shape)
+            return c
         key = (B, self.S, shape)
         if key not in self._cycles:
             self._record(B)
@@ -554,9 +565,12 @@ class BatchEngine:
         with the policy on every shorter length's cycle too, all at once (a length recorded on the policy's first
         try would put a recording inside a running step). The first time B is seen, the policy's costs at B are
         timed here, at warm-up (_time_at_warmup)."""
-        Sd = self.dk.max_len if self.dk is not None else 0
         shapes = list(self.shapes.values()) if self.policy is not None else [self.shape]
         for shape in shapes:
+            # the draft attends over the slots a cycle can reach (rows hold at most S entries), not over the whole
+            # allocation, whose catch-up room (CATCH_UP slots) only the eager catch-up's padding writes use: an SDPA
+            # draft reads every slot of its span
+            Sd = self.S + _pending(shape) if self.dk is not None else 0
             c = _Rows(self, B, self.S, Sd, shape)
             c.record(plain=shape == self.shape)
             self._cycles[B, self.S, shape] = c

@@ -129,7 +129,7 @@ def _drive(eng, arrivals, cancels, max_steps=500):
     return events
 
 
-def _scenario(model_dirs, seed):
+def _scenario(model_dirs, seed, graphs: bool = False):
     rng = random.Random(seed)
     target = _target(model_dirs, ["llama", "llama", "qwen3", "mistral"][seed % 4])
     kind = ["oracle", "noisy", "random", "oracle", "noisy", "none"][seed % 6]
@@ -138,6 +138,8 @@ def _scenario(model_dirs, seed):
     spec_max = rng.choice([None, None, 1, 2])  # small values exercise the switch-off and draft-less rows
     eng = _engine(target, kind, shape, max_batch, seed, spec_max_batch=spec_max)
     eng.pad = rng.random() < 0.5  # padded rows (as with CUDA graphs) must not change anything
+    if graphs:  # the recorded layout: padded sizes, spans fixed per cache size, the phases kept per size
+        eng.graphs = eng.pad = True
     n_req = rng.randint(2, 7)
     arrivals, cancels, want, eos_of = {}, {}, {}, {}
     for i in range(n_req):
@@ -179,11 +181,44 @@ def test_batched_greedy_equals_alone_more_seeds(model_dirs, seed):
     _scenario(model_dirs, seed)
 
 
-def test_oracle_chain_accepts_every_drafted_token(model_dirs):
+def _eager_graphs(warmup, record, state):
+    """kernels.graphs.record_graphs on a CPU: the same warm-up runs with the state put back after each group, and
+    "graphs" that replay by calling their function."""
+    from types import SimpleNamespace
+
+    snap = [x.clone() for x in state]
+    for group in warmup:
+        for fn in group:
+            fn()
+        for x, v in zip(state, snap):
+            x.copy_(v)
+    return {name: SimpleNamespace(replay=fn) for name, fn in record.items()}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batched_greedy_equals_alone_in_the_recorded_layout(model_dirs, seed, monkeypatch):
+    """The engine as it runs with CUDA graphs (padded sizes, the target's span the cache's, the draft's the slots a
+    cycle reaches, the phases recorded once per size and replayed, the policy's costs timed at warm-up), here with
+    graphs that call their functions: every request's output equals it decoded alone."""
+    from eaglekit.decoding import batch
+
+    monkeypatch.setattr(batch, "record_graphs", _eager_graphs)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    _scenario(model_dirs, seed, graphs=True)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-layout"])
+def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatch):
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the
-    batched tree, verify masks and per-row paths, beyond output equality)."""
+    batched tree, verify masks, per-row paths and the draft's spans, beyond output equality, which any draft keeps),
+    eagerly and in the layout the engine records CUDA graphs in (test above)."""
+    from eaglekit.decoding import batch
+
     target = _target(model_dirs)
     eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0)
+    if graphs:
+        monkeypatch.setattr(batch, "record_graphs", _eager_graphs)
+        eng.graphs = eng.pad = True
     rng = random.Random(0)
     arrivals = {0: [], 2: []}
     for i in range(6):
