@@ -783,7 +783,7 @@ def cmd_serve(args) -> int:
     shape = tree_shape(args) if args.draft else None
     capture = capture_override(args)
     check_options(args.host, args.port, args.max_batch, args.max_queue, args.spec_max_batch, args.chat_template,
-                  args.drain_timeout, args.threads, args.max_body_mb, args.read_timeout)
+                  args.drain_timeout, args.threads, args.max_body_mb, args.read_timeout, args.warm_up_span)
     if args.synthetic_accept_length is not None:  # checked before anything loads, like every serve option
         from .decoding.accept import synthetic_rate
 
@@ -797,7 +797,7 @@ def cmd_serve(args) -> int:
                  args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
                  False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
                  args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
-                 not args.no_adaptive, args.synthetic_accept_length)
+                 not args.no_adaptive, args.synthetic_accept_length, args.warm_up_span)
 
 
 def _serve_args(p):
@@ -825,6 +825,11 @@ def _serve_args(p):
                    help="seconds a request's headers, then its body, may take to arrive (default 30): a stalled "
                         "upload is dropped (408) instead of holding its socket")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
+    p.add_argument("--warm-up-span", type=int, default=1024, metavar="SLOTS",
+                   help="before listening, record every batch size's CUDA graphs and time the adaptive policy with "
+                        "caches of this many slots a row (prompt + max_tokens; default 1024), so that no request "
+                        "waits on a recording; a longer request grows the caches and records once more. 0: no "
+                        "warm-up (each batch size then records at its first step)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="run the whole tree on every step up to --spec-max-batch rows (default: each step runs the "
                         "tree, a shallower one or a plain step by expected tokens/s, from the engine's timings and "

@@ -575,25 +575,27 @@ class BatchEngine:
             c.record(plain=shape == self.shape)
             self._cycles[B, self.S, shape] = c
         if self.policy is not None and B not in self.policy.plain:
-            self._time_at_warmup(B)
+            self._time_at_warmup(B, {shape: self._cycles[B, self.S, shape] for shape in shapes})
 
-    def _time_at_warmup(self, B: int) -> None:
-        """Seed the policy's costs at padded size B with the device time of each recorded length's cycle and of the
-        plain step (the fastest of WARMUP_REPS replays each, from the same state, restored after), so that serving
-        spends no step on timing a length. The running wall times refine them as the engine runs (SpecPolicy)."""
-        c0 = self._cycles[B, self.S, self.shape]
+    def _time_at_warmup(self, B: int, cycles: dict) -> None:
+        """Seed the policy's costs at padded size B with the time of each length's cycle and of the plain step (the
+        fastest of WARMUP_REPS runs each, from the same state, restored after; `cycles`: each shape's _Rows, recorded
+        or eager), so that serving spends no step on timing a length. The running wall times refine them as the engine
+        runs (SpecPolicy)."""
+        c0 = cycles[self.shape]
         state = c0.state()
         snap = [x.clone() for x in state]
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
 
         def timed(fn) -> float:
             best = float("inf")
             for _ in range(WARMUP_REPS):
                 for x, v in zip(state, snap):
                     x.copy_(v)
-                torch.cuda.synchronize()
+                sync()
                 t0 = time.perf_counter()
                 fn()
-                torch.cuda.synchronize()
+                sync()
                 best = min(best, time.perf_counter() - t0)
             for x, v in zip(state, snap):
                 x.copy_(v)
@@ -602,9 +604,54 @@ class BatchEngine:
         plain = timed(lambda: (c0.run("plain"), c0.run("plain_commit")))
         spec = {}
         for j, shape in self.shapes.items():
-            c = self._cycles[B, self.S, shape]
+            c = cycles[shape]
             spec[j] = timed(lambda c=c: [c.run(p) for p in c.SPEC])
         self.policy.seed_costs(B, plain, spec)
+
+    @torch.inference_mode()  # the caches are inference tensors
+    def warm_up(self, span: int, sizes: list[int] | None = None, progress: bool = False) -> dict:
+        """Before serving (an idle engine): for each padded size (default every one up to max_batch) record its CUDA
+        graphs where the engine records them, and time the policy's costs, so that no serving step records, compiles
+        or times (each would hold every running request for its length: seconds where the layers compile). `span`:
+        the cache slots per row to prepare (a request longer than that grows the caches and records again). The sizes
+        are timed with their rows standing at half the span, drafting (what the timings depend on: shapes and
+        lengths, not values). -> {"span", "sizes", "seconds"}."""
+        from tqdm import tqdm
+
+        with self._lock:
+            if self.rows or self.waiting:
+                raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
+            t0 = time.perf_counter()
+            self._ensure_span(max(int(span), 1))
+            p, all_sizes = 1, []
+            while p < self.max_batch:
+                all_sizes.append(p)
+                p *= 2
+            all_sizes.append(self.max_batch)
+            sizes = all_sizes if sizes is None else sorted({padded_size(b, self.max_batch) for b in sizes})
+            shapes = list(self.shapes.values()) if self.policy is not None else [self.shape]
+            at = max(0, min(self.S // 2, self.S - self.shape.draft_tokens - 1))
+            for B in tqdm(sizes, desc="warming up: batch sizes", unit="size", disable=not progress, leave=False):
+                self.tk.length[:B] = at
+                self.active[:B] = True
+                if self.dk is not None:
+                    self.dk.length[:B] = at
+                    self.use_draft[:B] = True
+                try:
+                    if self._use_graphs():
+                        if (B, self.S, self.shape) not in self._cycles:
+                            self._record(B)
+                    elif self.policy is not None and B not in self.policy.plain:
+                        self._time_at_warmup(B, {s: _Rows(self, B, at + s.draft_tokens, at + _pending(s), s)
+                                                 for s in shapes})
+                finally:  # back to an idle engine
+                    self.tk.length.zero_()
+                    self.active.zero_()
+                    self.use_draft.zero_()
+                    if self.dk is not None:
+                        self.dk.length.zero_()
+                        self.lag_n.zero_()
+            return {"span": self.S, "sizes": sizes, "seconds": round(time.perf_counter() - t0, 2)}
 
     def _spec_cycle(self, shape: TreeShape) -> None:
         c = self._rows(shape)

@@ -17,6 +17,9 @@ from pathlib import Path
 from ..errors import InputError
 from .limits import MAX_BODY_MB, READ_TIMEOUT_S
 
+# cache slots per row that serve prepares before listening (`--warm-up-span`): a prompt plus its max_tokens up to this
+# never records a CUDA graph or times the policy inside a step; longer ones grow the caches (and record again) once
+WARM_UP_SPAN = 1024
 FLUSH_S = 10  # after the drain: time for the last responses (the 503s) to be written before uvicorn cancels
 
 
@@ -74,7 +77,7 @@ def check_port(host: str, port: int) -> None:
 def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8, max_queue: int = 64,
                   spec_max_batch: int | None = None, chat_template: str | None = None, drain_timeout: float = 120.0,
                   threads: int | None = None, max_body_mb: float = MAX_BODY_MB,
-                  read_timeout: float = READ_TIMEOUT_S) -> str | None:
+                  read_timeout: float = READ_TIMEOUT_S, warm_up_span: int = WARM_UP_SPAN) -> str | None:
     """Every serve option, before anything loads (E108 / E113-E116). Returns the chat template's text."""
     def need(ok, flag, value, rule, example):
         if not ok:
@@ -94,6 +97,8 @@ def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
     need(number(max_body_mb) and max_body_mb > 0, "--max-body-mb", max_body_mb, "a size in MiB > 0", MAX_BODY_MB)
     need(number(read_timeout) and read_timeout > 0, "--read-timeout", read_timeout, "a number of seconds > 0",
          READ_TIMEOUT_S)
+    need(isinstance(warm_up_span, int) and not isinstance(warm_up_span, bool) and warm_up_span >= 0,
+         "--warm-up-span", warm_up_span, "a number of cache slots per row >= 0 (0: no warm-up)", WARM_UP_SPAN)
     template = chat_template_text(chat_template) if chat_template else None
     check_port(host, port)
     return template
@@ -127,9 +132,9 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
           threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
           max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S, adaptive: bool = True,
-          synthetic_accept_length: float | None = None) -> int:
+          synthetic_accept_length: float | None = None, warm_up_span: int = WARM_UP_SPAN) -> int:
     template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
-                             threads, max_body_mb, read_timeout)
+                             threads, max_body_mb, read_timeout, warm_up_span)
     import uvicorn
 
     from .. import __version__
@@ -163,6 +168,12 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
               f"output is NOT the target's", file=sys.stderr, flush=True)
+    if warm_up_span and (tp is None or tp.world == 1):
+        # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
+        # parallelism every rank would have to warm up in step: there the first requests still pay)
+        w = engine.warm_up(min(warm_up_span, target.info.max_position_embeddings), progress=True)
+        print(f"eaglekit serve: warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a "
+              f"row in {w['seconds']:.1f} s", file=sys.stderr, flush=True)
     lockstep = None
     if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
         from .lockstep import Lockstep, follow

@@ -207,6 +207,59 @@ def test_batched_greedy_equals_alone_in_the_recorded_layout(model_dirs, seed, mo
     _scenario(model_dirs, seed, graphs=True)
 
 
+def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeypatch):
+    """warm_up on an idle engine, in the recorded layout (graphs stood in by their functions): every padded size's
+    graphs recorded and the policy's costs timed at every size and length; then requests that fit the span decode
+    with no recording inside a step, each output equal to it decoded alone, and the engine refuses a warm-up while
+    busy."""
+    from eaglekit.decoding import batch
+
+    recorded = []
+
+    def counting(warmup, record, state):
+        recorded.append(sorted(record))
+        return _eager_graphs(warmup, record, state)
+
+    monkeypatch.setattr(batch, "record_graphs", counting)
+    target = _target(model_dirs)
+    shape = TreeShape(3, 1, 4)
+    eng = _engine(target, "random", shape, 6, 3, graphs=True)
+    assert eng.policy is not None
+    info = eng.warm_up(200)
+    assert info["sizes"] == [1, 2, 4, 6] and info["span"] >= 200
+    lengths = sorted(eng.shapes)
+    assert sorted(eng.policy.plain) == [1, 2, 4, 6]
+    assert sorted(eng.policy.spec) == [(b, j) for b in (1, 2, 4, 6) for j in lengths]
+    assert len(recorded) == 4 * len(lengths)  # a recording per size and length (the whole tree's holds the plain step)
+    assert not eng.has_work and int(eng.tk.length.sum()) == 0 and not bool(eng.active.any())
+    rng = random.Random(3)
+    reqs = [Request(f"r{i}", [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))], 20, eos_ids=())
+            for i in range(5)]
+    n = len(recorded)
+    events = _drive(eng, {0: reqs[:3], 2: reqs[3:]}, {})
+    assert len(recorded) == n  # nothing recorded while serving
+    for r in reqs:
+        assert [t for e in events[r.rid] for t in e.token_ids] == _alone(target, r.prompt_ids, 20, ())
+    eng.add(reqs[0])
+    with pytest.raises(RuntimeError, match="idle"):
+        eng.warm_up(200)
+
+
+def test_warm_up_times_the_policy_on_a_cpu(model_dirs):
+    """Without graphs (a CPU) warm_up records nothing but times the policy's costs at each padded size, eagerly, so
+    that serving steps are not spent timing lengths; an engine without the policy has nothing to warm."""
+    target = _target(model_dirs)
+    eng = _engine(target, "random", TreeShape(4, 1, 5), 3, 4)
+    eng.warm_up(64)
+    assert sorted(eng.policy.plain) == [1, 2, 3]
+    assert sorted(eng.policy.spec) == [(b, j) for b in (1, 2, 3) for j in sorted(eng.shapes)]
+    assert all(v > 0 for v in eng.policy.spec.values())
+    assert not eng._cycles  # (the eager rows of the timings are not kept)
+    plain = _engine(target, "random", TreeShape(4, 1, 5), 3, 4, adaptive=False)
+    plain.warm_up(64)
+    assert plain.policy is None and not plain._cycles
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-layout"])
 def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatch):
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the

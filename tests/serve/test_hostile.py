@@ -101,6 +101,7 @@ def test_serve_options_are_checked_before_the_model_loads(capsys, monkeypatch):
                  (["--threads", "0"], "E108", "--threads"), (["--drain-timeout", "-5"], "E108", "--drain-timeout"),
                  (["--spec-max-batch", "-1"], "E108", "--spec-max-batch"),
                  (["--max-body-mb", "0"], "E108", "--max-body-mb"),
+                 (["--warm-up-span", "-1"], "E108", "--warm-up-span"),
                  (["--chat-template", "/nonexistent/template.jinja"], "E114", "--chat-template"),
                  (["--chat-template", "{% if %}"], "E115", "Jinja"),
                  (["--port", str(port)], "E113", str(port))]
