@@ -797,7 +797,7 @@ def cmd_serve(args) -> int:
                  args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
                  False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
                  args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
-                 not args.no_adaptive, args.synthetic_accept_length, args.warm_up_span)
+                 not args.no_adaptive, args.synthetic_accept_length, args.warm_up_span, args.profile)
 
 
 def _serve_args(p):
@@ -830,6 +830,10 @@ def _serve_args(p):
                         "caches of this many slots a row (prompt + max_tokens; default 1024), so that no request "
                         "waits on a recording; a longer request grows the caches and records once more. 0: no "
                         "warm-up (each batch size then records at its first step)")
+    p.add_argument("--profile", action="store_true",
+                   help="time each phase of the engine's steps (draft tree, verify, accept, cache update, host read, "
+                        "draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): /server_info's "
+                        "phase_profile gives the totals since the start, per step and as shares")
     p.add_argument("--no-adaptive", action="store_true",
                    help="run the whole tree on every step up to --spec-max-batch rows (default: each step runs the "
                         "tree, a shallower one or a plain step by expected tokens/s, from the engine's timings and "

@@ -46,6 +46,7 @@ from ..kernels.compiling import prompt_calls, twin
 from ..kernels.graphs import record_graphs
 from ..models.base import Target
 from ..observe import trace
+from ..observe.profile import Profiler
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
 from .adaptive import MAX_PROBE, SpecPolicy
 from .sampling import SamplingParams, make_generator, probs, sample
@@ -247,7 +248,7 @@ class BatchEngine:
     def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
                  tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
                  allow_other_target: bool = False, graphs: bool | str = "auto", adaptive: bool = True,
-                 synthetic_accept_length: float | None = None):
+                 synthetic_accept_length: float | None = None, profile: bool = False):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
                                   code="E307")
@@ -293,6 +294,9 @@ class BatchEngine:
             self.synthetic = synthetic_rate(float(synthetic_accept_length), P - 1)
             self.policy = None  # a synthetic run measures the whole tree's cycle: no choice from its timings
         self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
+        # `profile`: time each phase of the steps (observe.profile.Profiler: CUDA events on a GPU); profile() reads it
+        self.profiler = Profiler(profile, self.device)
+        self.prefills = 0  # requests admitted (each one prefill)
 
     # --- public interface ----------------------------------------------------------------------
     @property
@@ -455,7 +459,8 @@ class BatchEngine:
             r = len(self.rows)
             self.rows.append(s)
             take = with_draft and (pays or not sentinel or _seeded(s.req.sampling))
-            self._prefill(s, r, take)
+            with self.profiler.phase("prefill"):
+                self._prefill(s, r, take)
             sentinel = sentinel or take
             out.append(s)
         # a request that stopped at its first token leaves before the cycle
@@ -496,6 +501,7 @@ class BatchEngine:
             self.lag_n[r] = 0
         s.use_draft = with_draft
         self.use_draft[r] = with_draft
+        self.prefills += 1
 
     # --- cycles --------------------------------------------------------------------------------
     def _speculate(self) -> TreeShape | None:
@@ -653,29 +659,58 @@ class BatchEngine:
                         self.lag_n.zero_()
             return {"span": self.S, "sizes": sizes, "seconds": round(time.perf_counter() - t0, 2)}
 
+    def profile(self) -> dict | None:
+        """With profile=True: the time each phase has taken since the engine started (ms in all; per speculative
+        cycle, per plain step for `decode`, per request for `prefill`, per step of either kind for `host_sync`; and
+        its share of the phases' total), for /server_info; None without it. Safe from another
+        thread (it takes the engine's lock: on a GPU it waits for the work in flight)."""
+        if not self.profiler.enabled:
+            return None
+        with self._lock:
+            totals = self.profiler.totals()
+            st = self.spec_stats
+            steps = {"cycles": st["spec_cycles"], "plain_steps": st["plain_steps"], "prefills": self.prefills}
+        everything = sum(totals.values()) or 1.0
+        # what each phase is counted per: a prefill per admitted request, the host read per step of either kind
+        count = {"decode": steps["plain_steps"], "prefill": steps["prefills"],
+                 "host_sync": steps["cycles"] + steps["plain_steps"]}
+        per = {p: count.get(p, steps["cycles"]) for p in totals}
+        return {**steps,
+                "ms": {p: round(1e3 * v, 3) for p, v in totals.items()},
+                "ms_per_step": {p: round(1e3 * v / per[p], 4) if per[p] else None for p, v in totals.items()},
+                "share": {p: round(v / everything, 4) for p, v in totals.items()}}
+
     def _spec_cycle(self, shape: TreeShape) -> None:
         c = self._rows(shape)
         P, D = shape.path_len, shape.draft_tokens
+        ph = self.profiler.phase
         if any(s.lag for s in self.rows if s.use_draft):
-            self._catch_up(c)
+            with ph("catch_up"):
+                self._catch_up(c)
         t0 = time.perf_counter()
-        for p in ("draft_tree", "verify", "accept"):
-            c.run(p)
-        for b, s in enumerate(self.rows):
-            sp = s.req.sampling
-            if sp.greedy:
-                continue
-            if s.use_draft:  # the lossless sampling rule, on this row's tree and target logits
-                path, n, bonus = accept_sampling(tree_row(c.tree, b), c.logits[b], P, sp, s.gen)
-            else:
-                path, n = torch.zeros(P, dtype=torch.long, device=self.device), 1
-                bonus = sample(probs(c.logits[b, 0], sp), s.gen)
-            c.path[b] = path
-            c.n[b] = n
-            c.bonus[b] = bonus
-        c.run("cache_update")
-        host = c.out[:len(self.rows)].tolist()  # the one read per cycle
-        c.run("draft_extend")
+        for p in ("draft_tree", "verify"):
+            with ph(p):
+                c.run(p)
+        with ph("accept"):
+            c.run("accept")
+            for b, s in enumerate(self.rows):
+                sp = s.req.sampling
+                if sp.greedy:
+                    continue
+                if s.use_draft:  # the lossless sampling rule, on this row's tree and target logits
+                    path, n, bonus = accept_sampling(tree_row(c.tree, b), c.logits[b], P, sp, s.gen)
+                else:
+                    path, n = torch.zeros(P, dtype=torch.long, device=self.device), 1
+                    bonus = sample(probs(c.logits[b, 0], sp), s.gen)
+                c.path[b] = path
+                c.n[b] = n
+                c.bonus[b] = bonus
+        with ph("cache_update"):
+            c.run("cache_update")
+        with ph("host_sync"):
+            host = c.out[:len(self.rows)].tolist()  # the one read per cycle
+        with ph("draft_extend"):
+            c.run("draft_extend")
         st = self.spec_stats
         st["spec_cycles"] += 1
         st["cycles_by_length"][P - 1] += 1
@@ -697,13 +732,16 @@ class BatchEngine:
 
     def _plain_step(self) -> None:
         c = self._rows()
+        ph = self.profiler.phase
         t0 = time.perf_counter()
-        c.run("plain")
-        for b, s in enumerate(self.rows):
-            if not s.req.sampling.greedy:
-                c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
-        c.run("plain_commit")
-        host = c.next[:len(self.rows)].tolist()
+        with ph("decode"):
+            c.run("plain")
+            for b, s in enumerate(self.rows):
+                if not s.req.sampling.greedy:
+                    c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
+            c.run("plain_commit")
+        with ph("host_sync"):
+            host = c.next[:len(self.rows)].tolist()
         self.spec_stats["plain_steps"] += 1
         if self.policy is not None:
             self.policy.observe_plain(padded_size(len(self.rows), self.max_batch), time.perf_counter() - t0)

@@ -152,6 +152,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
     async def server_info():
         s = dict(getattr(engine, "spec_stats", None) or {})
         policy = getattr(engine, "policy", None)
+        profile = getattr(engine, "profile", None)  # (eaglekit serve --profile: each phase's time since the start)
         avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
         return {**(info or {}), "served_model_name": served[0], "max_batch": max_batch, "max_queue": max_queue,
                 "context_length": context,
@@ -159,7 +160,8 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
                                      "num_waiting": engine.num_waiting, "in_flight": len(sched.handles),
                                      "cancelled": sched.cancelled, "engine_steps": sched.steps,
                                      "engine_step_errors": sched.step_errors, "spec_stats": s,
-                                     "spec_policy": policy.summary() if policy is not None else None}]}
+                                     "spec_policy": policy.summary() if policy is not None else None,
+                                     "phase_profile": profile() if profile is not None else None}]}
 
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)

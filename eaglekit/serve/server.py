@@ -132,7 +132,8 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
           threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
           max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S, adaptive: bool = True,
-          synthetic_accept_length: float | None = None, warm_up_span: int = WARM_UP_SPAN) -> int:
+          synthetic_accept_length: float | None = None, warm_up_span: int = WARM_UP_SPAN,
+          profile: bool = False) -> int:
     template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
                              threads, max_body_mb, read_timeout, warm_up_span)
     import uvicorn
@@ -163,12 +164,12 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     adaptive = adaptive and (tp is None or tp.world == 1)
     engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
                          capture=capture, allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
-                         synthetic_accept_length=synthetic_accept_length)
+                         synthetic_accept_length=synthetic_accept_length, profile=profile)
     if engine.synthetic is not None:
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
               f"output is NOT the target's", file=sys.stderr, flush=True)
-    if warm_up_span and (tp is None or tp.world == 1):
+    if warm_up_span and (tp is None or tp.world == 1):  # (the profile counts serving only: warm-up runs no phase)
         # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
         # parallelism every rank would have to warm up in step: there the first requests still pay)
         w = engine.warm_up(min(warm_up_span, target.info.max_position_embeddings), progress=True)

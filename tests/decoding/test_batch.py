@@ -260,6 +260,35 @@ def test_warm_up_times_the_policy_on_a_cpu(model_dirs):
     assert plain.policy is None and not plain._cycles
 
 
+def test_profile_times_each_phase_of_the_steps(model_dirs):
+    """BatchEngine(profile=True): every phase a step ran has a time, the speculative ones per cycle and the plain
+    decode per plain step, their shares add up to one; the output is the unprofiled engine's; profile() is None
+    without profile=True."""
+    target = _target(model_dirs)
+    rng = random.Random(11)
+    reqs = [Request(f"r{i}", [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(1, 20))], 24, eos_ids=())
+            for i in range(4)]
+    outs = []
+    for profile in (False, True):
+        eng = _engine(target, "random", TreeShape(3, 1, 4), 4, 2, profile=profile)
+        events = _drive(eng, {0: reqs[:2], 1: reqs[2:]}, {})
+        outs.append({r: [t for e in evs for t in e.token_ids] for r, evs in events.items()})
+        if not profile:
+            assert eng.profile() is None
+    assert outs[0] == outs[1]
+    prof = eng.profile()
+    st = eng.spec_stats
+    assert prof["cycles"] == st["spec_cycles"] > 0 and prof["plain_steps"] == st["plain_steps"]
+    want = {"prefill", "draft_tree", "verify", "accept", "cache_update", "host_sync", "draft_extend"}
+    want |= {"decode"} if st["plain_steps"] else set()
+    assert want <= set(prof["ms"]) and all(v > 0 for v in prof["ms"].values())
+    assert abs(sum(prof["share"].values()) - 1) < 1e-3
+    c = st["spec_cycles"]
+    assert prof["ms_per_step"]["verify"] == pytest.approx(prof["ms"]["verify"] / c, rel=1e-3, abs=1e-4)
+    assert prof["prefills"] == len(reqs)
+    assert prof["ms_per_step"]["prefill"] == pytest.approx(prof["ms"]["prefill"] / len(reqs), rel=1e-3, abs=1e-4)
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-layout"])
 def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatch):
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the

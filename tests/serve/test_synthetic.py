@@ -96,3 +96,25 @@ def test_the_rate_is_checked_in_the_engine_too():
 
     with pytest.raises(EaglekitError, match="E317"):
         synthetic_rate(0.5, 3)
+
+
+def test_a_profiled_server_reports_each_phase():
+    """eaglekit serve --profile: /server_info's phase_profile holds each phase's time since the start, with the cycles
+    and plain steps it covers (None when the engine does not profile: the test above)."""
+    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.tree import TreeShape
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import load_tokenizer
+
+    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
+    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2, profile=True)
+    tok = load_tokenizer(str(DEMO / "target"))
+
+    def run(c):
+        c.post("/v1/completions", json={"model": "m", "prompt": "def f(x):", "max_tokens": 16})
+        return c.get("/server_info").json()["internal_states"][0]
+
+    state = _serve(eng, tok, run)
+    prof = state["phase_profile"]
+    assert prof["cycles"] == state["spec_stats"]["spec_cycles"] and prof["cycles"] + prof["plain_steps"] > 0
+    assert prof["ms"]["prefill"] > 0 and set(prof["share"]) == set(prof["ms"])
