@@ -153,7 +153,7 @@ def batch_cycles(p, ctx):
 
 @case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
       defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None,
-                "variants": ["draft", "draft_always", "random_draft"], "reps": 3},
+                "variants": ["draft", "draft_always", "random_draft"], "reps": 3, "warm_up": True},
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1, "reps": 1})
 def batch_demo(p, ctx):
     # the pair loads outside inference mode (oneDNN's packs keep the weights' version counters)
@@ -191,6 +191,10 @@ def _batch_demo(p):
         engines = {v: BatchEngine(t, kinds[v][0], max_batch=B, spec_max_batch=B, adaptive=kinds[v][1])
                    for v in variants}
         engines["no_draft"] = BatchEngine(t, None, max_batch=B, spec_max_batch=B)
+        if p["warm_up"]:  # as `eaglekit serve` does before it listens: graphs and the policy's timings per size
+            span = max(len(x) for x in prompts) + p["new_tokens"] + 8
+            for eng in engines.values():
+                eng.warm_up(span)
         runs: dict[str, list[dict]] = {v: [] for v in names}
         # ratios side by side: a warm pass each, then `reps` passes with the order rotating, medians of each
         for r in range(1 + p["reps"]):
