@@ -47,3 +47,26 @@ def graph_ms(body, reps: int = 30) -> float:
     from eaglekit.kernels.invariant_gemm import graph_ms as per_call
 
     return per_call(lambda i: body(), 1, reps)
+
+
+def phase_ms(run, names, reps: int, cuda: bool, before) -> dict:
+    """Median ms of each phase of a cycle run phase by phase (`run(name)`), `reps` cycles from the same state: on a
+    GPU CUDA events between the phases' replays (one synchronisation a cycle), on a CPU the wall clock."""
+    out = {n: [] for n in names}
+    for _ in range(reps):
+        before()
+        if cuda:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+            ev[0].record()
+            for n, e in zip(names, ev[1:]):
+                run(n)
+                e.record()
+            torch.cuda.synchronize()
+            for n, a, b in zip(names, ev, ev[1:]):
+                out[n].append(a.elapsed_time(b))
+        else:
+            for n in names:
+                t0 = time.perf_counter()
+                run(n)
+                out[n].append((time.perf_counter() - t0) * 1e3)
+    return {n: round(statistics.median(v), 4) for n, v in out.items()}

@@ -18,14 +18,13 @@
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 
 import torch
 
 from ..registry import as_list, case, suite
 from ..schema import stats, value
-from ..timing import samples_ms
+from ..timing import phase_ms, samples_ms
 
 # SGLang's published EAGLE-3 speedups over no draft (chain of 3, H100), by batch size
 SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
@@ -354,28 +353,6 @@ def engine_b1(p, ctx):
                         "draft_precision": getattr(d, "precision", None), "context": context,
                         "phase_ms_median": phases}}
 
-
-def phase_ms(run, names, reps: int, cuda: bool, before) -> dict:
-    """Median time of each phase of a cycle run phase by phase (`run(name)`), `reps` cycles from the same state: on a
-    GPU CUDA events between the phases' replays (one synchronisation a cycle), on a CPU the wall clock."""
-    out = {n: [] for n in names}
-    for _ in range(reps):
-        before()
-        if cuda:
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
-            ev[0].record()
-            for n, e in zip(names, ev[1:]):
-                run(n)
-                e.record()
-            torch.cuda.synchronize()
-            for n, a, b in zip(names, ev, ev[1:]):
-                out[n].append(a.elapsed_time(b))
-        else:
-            for n in names:
-                t0 = time.perf_counter()
-                run(n)
-                out[n].append((time.perf_counter() - t0) * 1e3)
-    return {n: round(statistics.median(v), 4) for n, v in out.items()}
 
 
 suite("h200-batch", "batched decoding: the 8B shape's batched step and cycle per batch size, the demo pair batched",

@@ -63,7 +63,16 @@ def main() -> None:
     runs = {"target_alone": lambda p: dec.generate(p, a.new, baseline=True, eos_ids=()).token_ids,
             "decoder": lambda p: dec.generate(p, a.new, eos_ids=()).token_ids,
             **{k: (lambda p, e=e: run_engine(e, p)) for k, e in engines.items()}}
-    torch.inference_mode().__enter__()  # (after loading: the products pack their weights outside it)
+    with torch.inference_mode():  # (after loading: the products pack their weights outside it)
+        res = _measure(a, cuda, dtype, shape, t, d, prompts, runs, engines, t0)
+    print(json.dumps(res, indent=1))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_b1_demo.json").write_text(json.dumps(res, indent=1))
+
+
+def _measure(a, cuda, dtype, shape, t, d, prompts, runs, engines, t0) -> dict:
+    """Warm-up, then `a.passes` passes of every run over the prompts -> the result object."""
     for k, f in runs.items():  # warm-up: compiles, graphs, the policy's timings
         for p in prompts[:2]:
             f(p)
@@ -96,10 +105,7 @@ def main() -> None:
            "speedup_over_target_alone": {k: round(v / med["target_alone"], 3) for k, v in med.items()},
            "engine_over_decoder": round(med["engine"] / med["decoder"], 3),
            "identical_to_target_alone": same, "policy": engines["engine_policy"].spec_stats}
-    print(json.dumps(res, indent=1))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_b1_demo.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 if __name__ == "__main__":

@@ -629,13 +629,8 @@ class BatchEngine:
                 raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
             t0 = time.perf_counter()
             self._ensure_span(max(int(span), 1))
-            p, all_sizes = 1, []
-            while p < self.max_batch:
-                all_sizes.append(p)
-                p *= 2
-            all_sizes.append(self.max_batch)
-            sizes = all_sizes if sizes is None else sorted({padded_size(b, self.max_batch) for b in sizes})
-            shapes = list(self.shapes.values()) if self.policy is not None else [self.shape]
+            wanted = range(1, self.max_batch + 1) if sizes is None else sizes
+            sizes = sorted({padded_size(b, self.max_batch) for b in wanted})
             at = max(0, min(self.S // 2, self.S - self.shape.draft_tokens - 1))
             for B in tqdm(sizes, desc="warming up: batch sizes", unit="size", disable=not progress, leave=False):
                 self.tk.length[:B] = at
@@ -649,7 +644,7 @@ class BatchEngine:
                             self._record(B)
                     elif self.policy is not None and B not in self.policy.plain:
                         self._time_at_warmup(B, {s: _Rows(self, B, at + s.draft_tokens, at + _pending(s), s)
-                                                 for s in shapes})
+                                                 for s in self.shapes.values()})
                 finally:  # back to an idle engine
                     self.tk.length.zero_()
                     self.active.zero_()

@@ -403,12 +403,17 @@ class Eagle3Draft(nn.Module, Draft):
                             from_target=False, pending=pending)
         return h[0], logits[0].float() if widen else logits[0]
 
+    def _runs_compiled(self, walk) -> bool:
+        """Whether a compiled walk (compiled_chain, compiled_tree) serves this call: compiled, tracing off (it records
+        the steps' tensors) and no sliding window (its masks need slot positions)."""
+        return walk is not None and not trace.ENABLED and self.config.sliding_window is None
+
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
         """Draft.chain; compiled, the whole chain is one graph (its steps, picks, masks and id maps: inductor fuses
         what ran as ~10 small kernels a step between the compiled layers), unless tracing is on (it records
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
-        if self.compiled_chain is None or trace.ENABLED or self.config.sliding_window is not None:
+        if not self._runs_compiled(self.compiled_chain):
             return super().chain(h_last, logits_last, steps, root)
         return self._compiled_chain(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps, root)
 
@@ -437,7 +442,7 @@ class Eagle3Draft(nn.Module, Draft):
         bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
         graphs of their own: benchmarks/results/2026-12-03i_h200_whole_tree.json); None (the engine's walk)
         where the chain would not be compiled either."""
-        if self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
+        if not self._runs_compiled(self.compiled_tree):
             return None
         return self._compiled_tree(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root, frame,
                                    steps, n_sel)
@@ -507,8 +512,7 @@ class Eagle3Draft(nn.Module, Draft):
         [1, H], logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]; None where `chain` would not run
         compiled, or for more than one row (then eaglekit.decoding.tree walks the rows over step_rows). A batch of
         one then runs the one-sequence decoder's graph (the same shapes: a row's cache is laid out as KVCache's)."""
-        if (kv.batch != 1 or self.compiled_chain is None or trace.ENABLED
-                or self.config.sliding_window is not None):
+        if kv.batch != 1 or not self._runs_compiled(self.compiled_chain):
             return None
         return self._compiled_chain(kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
 
@@ -517,7 +521,7 @@ class Eagle3Draft(nn.Module, Draft):
                   span: int) -> tuple | None:
         """`grow_tree` for one row on the row's cache (as chain_rows) -> (tokens, parents, depths, mask) each with a
         batch dimension of 1; None where grow_tree would return None, or for more than one row."""
-        if kv.batch != 1 or self.compiled_tree is None or trace.ENABLED or self.config.sliding_window is not None:
+        if kv.batch != 1 or not self._runs_compiled(self.compiled_tree):
             return None
         grown = self._compiled_tree(kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,
                                     n_sel)

@@ -214,7 +214,8 @@ class DeepSeekTarget(StaticCacheTarget):
 
     def set_experts(self, mode: str | None) -> None:
         """How the routed experts run (eaglekit.models.moe.Experts.mode): None chooses per call; "triton" sends
-        decode calls to eaglekit.kernels.moe_gemv (opt-in until measured on a GPU). Set before compile()."""
+        decode calls to eaglekit.kernels.moe_gemv (opt-in: slower than inductor's gathers on an H200,
+        benchmarks/results/2026-12-04f_h200_deepseek_experts.json). Set before compile()."""
         from .moe import Experts
 
         if mode not in (None, "gather", "fused", "loop", "dense", "triton"):
