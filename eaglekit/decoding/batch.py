@@ -624,7 +624,8 @@ class BatchEngine:
         lengths, not values). -> {"span", "sizes", "seconds"}."""
         from tqdm import tqdm
 
-        with self._lock:
+        graphs = self._use_graphs()  # (read before tracing pauses: traced steps run eagerly)
+        with self._lock, trace.paused():  # a trace shows requests' steps, not the warm-up's standing rows
             if self.rows or self.waiting:
                 raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
             t0 = time.perf_counter()
@@ -639,7 +640,7 @@ class BatchEngine:
                     self.dk.length[:B] = at
                     self.use_draft[:B] = True
                 try:
-                    if self._use_graphs():
+                    if graphs:
                         if (B, self.S, self.shape) not in self._cycles:
                             self._record(B)
                     elif self.policy is not None and B not in self.policy.plain:

@@ -156,7 +156,14 @@ class Target(ABC):
         """Per row b of `kv`: write ids[b] ([B, T]) at slots [length[b], length[b] + T), each token seeing the
         row's committed prefix and the new tokens block[b] ([B|1, T, T]) allows, at positions length[b] +
         depths[b]; attention over the first `span` slots. Lengths are not advanced.
-        -> (logits [B, T, V] float32, features [B, T, C*H] or None)"""
+        -> (logits [B, T, V] float32, features [B, T, C*H] or None). The captured features are traced here, as
+        verify's and prefill's are (EAGLE3_DEBUG's target capture point)."""
+        logits, feats = self._forward_rows(kv, ids, depths, block, span, capture)
+        self._trace(feats, ids.shape[1], capture)
+        return logits, feats
+
+    def _forward_rows(self, kv, ids, depths, block, span, capture):
+        """forward_rows' work, by the backends that decode batches (`batched`)."""
         self.row_cache(0, 0)
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------

@@ -196,7 +196,7 @@ class DeepSeekTarget(StaticCacheTarget):
         return RowLatent(c.num_layers, c.latent_width, span, batch, self.device, self.dtype)
 
     @torch.inference_mode()
-    def forward_rows(self, kv, ids, depths, block, span, capture=None):
+    def _forward_rows(self, kv, ids, depths, block, span, capture=None):
         T = ids.shape[1]
         L = kv.length
         slots = L[:, None] + torch.arange(T, device=self.device)

@@ -181,7 +181,7 @@ class LlamaTarget(StaticCacheTarget):
         return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span, batch, self.device, self.dtype)
 
     @torch.inference_mode()
-    def forward_rows(self, kv, ids, depths, block, span, capture=None):
+    def _forward_rows(self, kv, ids, depths, block, span, capture=None):
         B, T = ids.shape
         L = kv.length
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()

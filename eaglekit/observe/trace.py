@@ -15,6 +15,7 @@ statistics are computed, no device is synchronised and no string is formatted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -46,6 +47,17 @@ def configure(enabled: bool | None = None, steps: int | None = None, file: str |
     _sink = sink
     _stream = stream if stream is not None else sys.stderr
     _cycle = 0
+
+
+@contextlib.contextmanager
+def paused():
+    """No record inside (work that is not decoding, such as an engine's warm-up, whose rows hold no request)."""
+    global ENABLED
+    was, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = was
 
 
 def set_cycle(i: int) -> None:

@@ -289,6 +289,30 @@ def test_profile_times_each_phase_of_the_steps(model_dirs):
     assert prof["ms_per_step"]["prefill"] == pytest.approx(prof["ms"]["prefill"] / len(reqs), rel=1e-3, abs=1e-4)
 
 
+def test_traced_engine_records_its_steps_not_its_warm_up(model_dirs):
+    """EAGLE3_DEBUG on the batched engine: warm_up's standing rows leave no record, and every step records the
+    target's capture (cycles and plain steps alike: forward_rows traces it, as verify and prefill do)."""
+    from eaglekit.observe import trace
+
+    target = _target(model_dirs)
+    sink: list = []
+    trace.configure(enabled=True, sink=sink, stream=open("/dev/null", "w"))
+    try:
+        eng = _engine(target, "random", TreeShape(3, 1, 4), 2, 5)
+        eng.warm_up(64)
+        assert sink == []
+        eng.add(Request("r", [FIRST, 5, 6, 7], 6, eos_ids=()))
+        step = 0
+        while eng.has_work:
+            trace.set_cycle(step)
+            eng.step()
+            step += 1
+    finally:
+        trace.configure(enabled=False)
+    captured = {r["cycle"] for r in sink if r["point"] == "target.capture"}
+    assert captured == set(range(step)), (captured, step)
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "recorded-layout"])
 def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatch):
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the
