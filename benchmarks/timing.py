@@ -70,3 +70,44 @@ def phase_ms(run, names, reps: int, cuda: bool, before) -> dict:
                 run(n)
                 out[n].append((time.perf_counter() - t0) * 1e3)
     return {n: round(statistics.median(v), 4) for n, v in out.items()}
+
+
+class OneRow:
+    """The one engine at one row (what generate, demo and `serve --max-batch 1` run), stood at a prompt for timing:
+    `step()` is a plain decode step (its plain step's `plain_rows` rows), `cycle()` one speculative cycle of `shape`
+    phase by phase (`run(phase)`, phases `PHASES`), `restore()` puts the committed state back (call it before each
+    timed call: lengths, root, the draft's hidden and logits). With a draft the engine has prefilled and run one cycle,
+    so every graph is recorded (on a GPU) and every compiled walk compiled. `capture`: the capture to run with, for
+    a pair built by hand (random weights, no checkpoint): the pair's checks are skipped (what is timed does not
+    depend on them)."""
+
+    def __init__(self, target, draft, shape, prompt: torch.Tensor, graphs: bool, plain_rows: int = 1,
+                 max_new: int = 256, capture=None):
+        from eaglekit.decoding.batch import BatchEngine, Request
+
+        self.engine = BatchEngine(target, draft, shape, max_batch=1, graphs=graphs, adaptive=False,
+                                  plain_rows=plain_rows, capture=capture, pair_checked=capture is not None)
+        self.engine.add(Request("r", prompt.tolist(), max_new, eos_ids=()))
+        with torch.inference_mode():
+            self.engine.step()  # the prefill, this size's graphs, one cycle (or plain step)
+            self.c = self.engine._rows(shape)
+        self.PHASES = self.c.SPEC
+        self._state = self.c.state()
+        self._snap = [x.clone() for x in self._state]
+
+    @torch.inference_mode()  # (the engine's state tensors are inference tensors)
+    def restore(self) -> None:
+        for x, v in zip(self._state, self._snap):
+            x.copy_(v)
+
+    def run(self, phase: str) -> None:
+        with torch.inference_mode():
+            self.c.run(phase)
+
+    def step(self) -> None:
+        self.run("plain")
+        self.run("plain_commit")
+
+    def cycle(self) -> None:
+        for ph in self.PHASES:
+            self.run(ph)

@@ -10,9 +10,6 @@
                    them). SGLang's published ratios beside them.
     batch-demo     the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, greedy
                    outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
-    engine-b1      the one-request Decoder and BatchEngine at one row on one target and draft (the 8B shape, the
-                   GPU's default products and an int8 draft; `tiny=true`: a CPU), the step and each tree's cycle
-                   side by side, and the engine's figures over the Decoder's.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import torch
 
 from ..registry import as_list, case, suite
 from ..schema import stats, value
-from ..timing import phase_ms, samples_ms
+from ..timing import samples_ms
 
 # SGLang's published EAGLE-3 speedups over no draft (chain of 3, H100), by batch size
 SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
@@ -239,124 +236,6 @@ def _batch_demo(p):
                         "products": str(getattr(t, "products_choice", None))}}
 
 
-@case("engine-b1", "the one-request Decoder and the batched engine at one row side by side: the step and each tree's "
-      "cycle, and their ratios",
-      defaults={"tiny": False, "shapes": "3,1,4;5,1,6", "context": 512, "reps": 50, "products": "auto",
-                "draft_quant": "int8", "compile": True},
-      quick={"reps": 10})
-@torch.inference_mode()  # the engines' state tensors are inference tensors
-def engine_b1(p, ctx):
-    """What issue "one engine" asks before the Decoder's users move to the batched engine: at one row it must run
-    within 3% of the Decoder (the 8B shape, the GPU's default products and draft precision). Both in one process on
-    one target and draft, each with its CUDA graphs (on a CPU, `tiny`: eager); medians of `reps` replays from the same
-    state."""
-    from eaglekit.decoding.batch import BatchEngine, Request
-    from eaglekit.decoding.engine import PHASES, Cycle, Decoder
-    from eaglekit.decoding.tree import TreeShape
-    from eaglekit.pair import set_pair_products
-
-    cuda = torch.cuda.is_available() and not p["tiny"]
-    if not cuda and not p["tiny"]:
-        raise RuntimeError("the 8B shape needs a CUDA GPU; on a CPU pass --param tiny=true")
-    device = "cuda" if cuda else "cpu"
-    context = min(p["context"], 32) if p["tiny"] else p["context"]
-    with torch.inference_mode(False):  # (weights that products may pack keep their version counters)
-        t, d, raw = build_pair(p["tiny"], device)
-        set_pair_products(t, d, p["products"], device)
-        if p["draft_quant"] not in (None, "none") and cuda:
-            d.quantize(p["draft_quant"])
-        if p["compile"] and cuda:
-            t.compile()
-            d.compile()
-    spec = d.config.capture
-    g = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g).to(device)
-    reps = p["reps"]
-    metrics, phases = {}, {}
-
-    # the Decoder: its recorded step and each tree's cycle (a graph a phase, as it replays them)
-    dec = Decoder(t)
-    t.reset(1024 if cuda else context + 64)
-    logits, _ = t.prefill(prompt)
-    L = t.committed.clone()
-    if cuda:
-        graph, _ = dec._graphed_step(logits[-1].argmax(), 1)
-        step_fn = graph.replay
-    else:
-        tok = logits[-1].argmax()
-
-        def step_fn():
-            t.step(tok.view(1))
-
-    metrics["decoder_step_ms"] = stats(samples_ms(step_fn, reps, cuda=cuda, before=lambda: t.committed.copy_(L)), "ms")
-    for s in as_list(p["shapes"].split(";")):
-        shape, key = TreeShape(*(int(x) for x in s.split(","))), s.replace(",", "_")
-        t.reset(1024 if cuda else context + 64)
-        d.reset((1024 if cuda else context + 64) + 64)
-        _, feats = t.prefill(prompt, spec)
-        h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
-        Lt, Ld = t.committed.clone(), d.committed.clone()
-        c = Cycle(t, d, shape, spec)
-        c.start(prompt[0], h, dl)
-        if cuda:
-            c.record(greedy=True)
-
-        def cycle(c=c):
-            for ph in PHASES:
-                c.run(ph)
-
-        def reset(Lt=Lt, Ld=Ld):
-            t.committed.copy_(Lt)
-            d.committed.copy_(Ld)
-
-        metrics[f"decoder_cycle_ms_{key}"] = stats(samples_ms(cycle, reps, cuda=cuda, before=reset), "ms")
-        phases[f"decoder_{key}"] = phase_ms(c.run, PHASES, reps, cuda, reset)
-
-    # the batched engine at one row: its plain step and each tree's cycle, as `serve` replays them
-    for s in as_list(p["shapes"].split(";")):
-        shape, key = TreeShape(*(int(x) for x in s.split(","))), s.replace(",", "_")
-        eng = BatchEngine(t, d, shape, max_batch=1, spec_max_batch=1, graphs=cuda, adaptive=False)
-        eng.add(Request("r", prompt.tolist(), 256, eos_ids=()))
-        eng.step()  # the prefill, this size's graphs, one cycle
-        c = eng._rows()
-        state = c.state()
-        snap = [x.clone() for x in state]
-
-        def restore(state=state, snap=snap):
-            for x, v in zip(state, snap):
-                x.copy_(v)
-
-        def plain(c=c):
-            c.run("plain")
-            c.run("plain_commit")
-
-        def cycle(c=c):
-            for ph in c.SPEC:
-                c.run(ph)
-
-        if "engine_step_ms" not in metrics:
-            metrics["engine_step_ms"] = stats(samples_ms(plain, reps, cuda=cuda, before=restore), "ms")
-        metrics[f"engine_cycle_ms_{key}"] = stats(samples_ms(cycle, reps, cuda=cuda, before=restore), "ms")
-        phases[f"engine_{key}"] = phase_ms(c.run, c.SPEC, reps, cuda, restore)
-        del eng, c
-        gc.collect()
-    ds, es = metrics["decoder_step_ms"]["median"], metrics["engine_step_ms"]["median"]
-    metrics["engine_over_decoder_step"] = value(es / ds, "x")
-    for s in as_list(p["shapes"].split(";")):
-        key = s.replace(",", "_")
-        dc, ec = metrics[f"decoder_cycle_ms_{key}"]["median"], metrics[f"engine_cycle_ms_{key}"]["median"]
-        metrics[f"decoder_cycle_over_step_{key}"] = value(dc / ds, "steps")
-        metrics[f"engine_cycle_over_step_{key}"] = value(ec / es, "steps")
-        metrics[f"engine_over_decoder_cycle_{key}"] = value(ec / dc, "x")
-    return {"metrics": metrics,
-            "details": {"device": device, "products": str(getattr(t, "products_choice", None)),
-                        "draft_precision": getattr(d, "precision", None), "context": context,
-                        "phase_ms_median": phases}}
-
-
-
 suite("h200-batch", "batched decoding: the 8B shape's batched step and cycle per batch size, the demo pair batched",
       ["batch-cycles", "batch-demo"])
 suite("cpu-batch", "the demo pair through the batched engine on this machine", ["batch-demo"])
-suite("h200-engine-b1", "the Decoder and the batched engine at one row at the 8B shape, side by side (on a CPU: "
-      "--param tiny=true)", ["engine-b1"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..registry import case, shapes, suite
 from ..schema import stats, value
-from ..timing import samples_ms
+from ..timing import OneRow, samples_ms
 
 
 def _tree(p):
@@ -66,45 +66,29 @@ def _demo_pair(p):
 def demo_cycle(p, ctx):
     import torch
 
-    from eaglekit.decoding.engine import PHASES, Cycle, Decoder
     from eaglekit.decoding.tree import TreeShape
+
 
     if p["threads"]:
         torch.set_num_threads(p["threads"])
     t, d = _demo_pair(p)
-    spec = Decoder(t, d).capture
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, t.info.vocab_size, (p["context"],), generator=g).to(t.device)
     span = p["context"] + 128
-    t.reset(span)
-    d.reset(span + 64)
-    _, feats = t.prefill(prompt, spec)
-    h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
-    L = int(t.length)
-
-    def reset():  # every timed call starts from the same committed lengths (outside the timed span)
-        t.committed.fill_(L)
-        d.committed.fill_(L)
-
-    step = samples_ms(lambda: t.step(prompt[:1]), p["reps"], warm=3, before=reset)
+    plain = OneRow(t, None, TreeShape.make(), prompt, graphs=False)
+    step = samples_ms(plain.step, p["reps"], warm=3, before=plain.restore)
     metrics = {"step_ms": stats(step, "ms")}
     base = metrics["step_ms"]["median"]
     for s in shapes(p["shapes"]):
         shape = TreeShape(*(int(x) for x in s.split(",")))
-        c = Cycle(t, d, shape, spec)
-        c.start(prompt[0], h, dl)
+        one = OneRow(t, d, shape, prompt, graphs=False)
+        cyc = samples_ms(one.cycle, p["reps"], warm=3, before=one.restore)
 
-        def cycle():
-            for phase in PHASES:
-                c.run(phase)  # noqa: B023 (called within this iteration)
+        def verify(one=one):
+            one.restore()
+            one.run("draft_tree")
 
-        def restart():
-            reset()
-            c.start(prompt[0], h, dl)  # noqa: B023 (called within this iteration)
-
-        cyc = samples_ms(cycle, p["reps"], warm=3, before=restart)
-        ver = samples_ms(lambda: t.verify(c.tree.tokens, c.tree.depths, c.tree.mask, spec), p["reps"], warm=2,  # noqa: B023 (called within this iteration)
-                         before=reset)
+        ver = samples_ms(lambda one=one: one.run("verify"), p["reps"], warm=2, before=verify)
         key = s.replace(",", "_")
         metrics[f"cycle_ms_{key}"] = stats(cyc, "ms")
         metrics[f"verify_ms_{key}"] = stats(ver, "ms")

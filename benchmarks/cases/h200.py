@@ -20,7 +20,7 @@ import torch
 
 from ..registry import as_list, case, shapes, suite
 from ..schema import stats, value
-from ..timing import samples_ms
+from ..timing import OneRow, samples_ms
 
 SGLANG_ACCEPT_516 = 3.52  # SGLang's published accept length for (5,1,6) on Llama-3.1-8B (its 446.6 tok/s on an H200)
 
@@ -128,21 +128,18 @@ def copy_bandwidth(p, ctx):
 @case("step-8b", "the 8B shape's recorded greedy decode step at 1 row (and at `rows`: a verify's shapes)",
       defaults={**COMMON, "reps": 200, "context": 512, "rows": [1]}, quick={"reps": 50}, needs="cuda")
 def step_8b(p, ctx):
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.tree import TreeShape
 
     t = target8b(ctx, p)
     emb = t.net.model.embed_tokens.weight
     nbytes = sum(w.numel() * w.element_size() for w in t.net.parameters()) - emb.numel() * emb.element_size()
-    dec = Decoder(t)
-    t.reset(1024)
     prompt = torch.randint(0, 128000, (p["context"],), device="cuda")
-    logits, _ = t.prefill(prompt)
-    L = t.committed.clone()
     metrics, rows = {}, as_list(p["rows"])
-    for k in rows:
-        g, _ = dec._graphed_step(logits[-1].argmax(), k)
-        ms = events(g.replay, reps=p["reps"], warm=5, before=lambda: t.committed.copy_(L))
+    for k in rows:  # the one engine's plain step at one row, recorded (k rows: a verify's shapes)
+        one = OneRow(t, None, TreeShape.make(max(k - 1, 1), 1), prompt, graphs=True, plain_rows=k)
+        ms = events(one.step, reps=p["reps"], warm=5, before=one.restore)
         metrics["step_ms" if k == 1 else f"step_ms_{k}_rows"] = stats(ms, "ms")
+        del one
     state = gpu_state()
     step = metrics["step_ms"]["median"]
     bw = ctx.get("copy_tb_s", 4.25) * 1e12
@@ -155,7 +152,6 @@ def step_8b(p, ctx):
 
 
 def _cycles(p, ctx):
-    from eaglekit.decoding.engine import PHASES, Cycle
     from eaglekit.decoding.tree import TreeShape
 
     t = target8b(ctx, p)
@@ -166,28 +162,13 @@ def _cycles(p, ctx):
     for s in shapes(p["shapes"]):
         shape = TreeShape(*(int(x) for x in s.split(",")))
         key = s.replace(",", "_")
-        t.reset(1024)
-        d.reset(1024 + 64)
-        _, feats = t.prefill(prompt, spec)
-        h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
-        L = t.length
-        c = Cycle(t, d, shape, spec)
-        c.start(prompt[0], h, dl)
-        c.record(greedy=True)  # a graph a phase, as the Decoder replays them
-
-        def reset():  # outside the timed span, as the step's
-            t.committed.fill_(L)  # noqa: B023 (called within this iteration)
-            d.committed.fill_(L)  # noqa: B023 (called within this iteration)
-
-        def by_phase():
-            for ph in PHASES:
-                c.recorded[ph].replay()  # noqa: B023 (called within this iteration)
-
+        one = OneRow(t, d, shape, prompt, graphs=True, capture=spec)  # the one engine at one row: a graph a phase
+        reset, by_phase, PHASES = one.restore, one.cycle, one.PHASES
         ms = events(by_phase, reps=p["reps"], before=reset)
         states[key] = gpu_state()
         phases[key] = {}
         for ph in PHASES:
-            phases[key][ph] = round(sorted(events(c.recorded[ph].replay, reps=20, before=reset))[10], 4)
+            phases[key][ph] = round(sorted(events(lambda ph=ph, one=one: one.run(ph), reps=20, before=reset))[10], 4)
         metrics[f"cycle_ms_{key}"] = stats(ms, "ms")
         med = metrics[f"cycle_ms_{key}"]["median"]
         if step:

@@ -66,18 +66,16 @@ def demo_identity(n_prompts: int, max_new: int, compile: str = "off",
 
 def step_cost(ctx: int, reps: int) -> list[dict]:
     from benchmarks.cases.batch import build_pair
-    from eaglekit.decoding.engine import Decoder
+    from benchmarks.timing import OneRow
+    from eaglekit.decoding.tree import TreeShape
 
     t, _, raw = build_pair(False, "cuda")
-    dec = Decoder(t)
     prompt = torch.randint(0, raw["vocab_size"] - 1, (ctx,), device="cuda")
     out = []
     base = None
-    for rows in (1, 4, 6, 8):
-        t.reset(ctx + reps + 64)
-        logits, _ = t.prefill(prompt)
-        g, _ = dec._graphed_step(logits[-1].argmax(), rows)
-        ms = median_ms(g.replay, reps, warm=5, cuda=True)
+    for rows in (1, 4, 6, 8):  # the one engine's plain step at one row, `rows` rows a step
+        one = OneRow(t, None, TreeShape.make(), prompt, graphs=True, plain_rows=rows)
+        ms = median_ms(one.step, reps, warm=5, cuda=True, before=one.restore)
         base = base or ms
         out.append({"rows": rows, "step_ms": round(ms, 4), "over_one_row": round(ms / base, 4)})
         print(f"   8B shape, {rows}-row step: {ms:.3f} ms ({ms / base:.3f} x the 1-row step)", flush=True)

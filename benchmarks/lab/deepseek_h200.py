@@ -207,28 +207,20 @@ class Bench:
         return prompt, logits
 
     def _step(self, compiled: bool):
-        from eaglekit.decoding.engine import Decoder
+        from benchmarks.timing import OneRow
+        from eaglekit.decoding.tree import TreeShape
 
         t = self.ctx["target"]
         if compiled:
             t.compile(None if self.args.tuned else {})
         else:
             t.net.compiled_layer = None
-        _, logits = self._prefill(t)
-        L = t.committed.clone()
-        tok = logits[-1].argmax()
-        if self.cuda:
-            dec = Decoder(t)
-            tc = time.time()
-            g, _ = dec._graphed_step(tok, 1)
-            record_s = time.time() - tc
-            run = g.replay
-        else:
-            record_s = 0.0
-
-            def run():
-                t.step(tok.view(1))
-        ms = self.ms(run, reps=self.args.reps, warm=5, before=lambda: t.committed.copy_(L))
+        prompt, _ = self._prefill(t)
+        tc = time.time()
+        one = OneRow(t, None, TreeShape.make(), prompt, graphs=self.cuda)  # the one engine's plain step, one row
+        record_s = time.time() - tc if self.cuda else 0.0
+        run, before = one.step, one.restore
+        ms = self.ms(run, reps=self.args.reps, warm=5, before=before)
         med = statistics.median(ms)
         res = {"step_ms_median": round(med, 4), "step_ms_p10_p90": [round(sorted(ms)[len(ms) // 10], 4),
                                                                     round(sorted(ms)[len(ms) * 9 // 10], 4)],
@@ -239,7 +231,7 @@ class Bench:
             if self.ctx.get("experts", "auto") == "auto" or "step_ms" not in self.ctx:
                 self.ctx["step_ms"] = med  # (what the cycles are over: the per-call experts where it ran)
             if self.cuda and self.args.profile_step:
-                res["kernels"] = self._kernels(run, lambda: t.committed.copy_(L))
+                res["kernels"] = self._kernels(run, before)
         return res
 
     def _kernels(self, run, before, reps: int = 20) -> str:
@@ -260,8 +252,8 @@ class Bench:
         return name
 
     def cycles(self):
+        from benchmarks.timing import OneRow
         from eaglekit.capture import CaptureSpec
-        from eaglekit.decoding.engine import PHASES, Cycle
         from eaglekit.decoding.tree import TreeShape
         from eaglekit.draft.model import DraftConfig, Eagle3Draft
 
@@ -296,25 +288,9 @@ class Bench:
             shape = TreeShape(*(int(x) for x in s.split(",")))
             key = s.replace(",", "_")
             prompt, _ = self._prefill(t)
-            t.reset(self.args.context + 256)
-            d.reset(self.args.context + 256 + 64)
-            _, feats = t.prefill(prompt, spec)
-            h, dl = d.extend(feats, torch.cat([prompt[1:], prompt[:1]]))
-            L = t.length
-            cyc = Cycle(t, d, shape, spec)
-            cyc.start(prompt[0], h, dl)
             tc = time.time()
-            if self.cuda:
-                cyc.record(greedy=True)
-
-            def reset():
-                t.committed.fill_(L)  # noqa: B023 (called within this iteration)
-                d.committed.fill_(L)  # noqa: B023
-
-            def by_phase():
-                for ph in PHASES:
-                    cyc.run(ph)  # noqa: B023
-
+            cyc = OneRow(t, d, shape, prompt, graphs=self.cuda, capture=spec)  # the one engine at one row
+            reset, by_phase, PHASES = cyc.restore, cyc.cycle, cyc.PHASES
             ms = self.ms(by_phase, reps=self.args.reps // 2, warm=3, before=reset)
             med = statistics.median(ms)
             res[f"cycle_ms_{key}"] = round(med, 4)

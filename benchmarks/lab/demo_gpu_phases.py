@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.timing import samples_ms  # noqa: E402
+from benchmarks.timing import OneRow, samples_ms  # noqa: E402
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
     # a prompt of a length not seen before: its prefill's first call against a second one, and what compiled
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding import engine as engine_mod
+    from eaglekit.decoding import batch as engine_mod
 
     records = []
     record = engine_mod.record_graphs
@@ -95,7 +95,6 @@ def main() -> None:
                speedup=round(base_s / spec_s, 3))
     # per generate: the prefill alone (one new token) with and without the draft, and the profiler's phases (CUDA
     # events: a phase's figure holds the device's idle time while the host works inside it)
-    from eaglekit.observe.profile import Profiler
 
     pre_spec = pre_base = 0.0
     for p in prompts:
@@ -103,16 +102,18 @@ def main() -> None:
         pre_base += dec.generate(p, 1, eos_ids=(), baseline=True).metrics.elapsed_s
     res["prefill_ms_per_generate"] = {"draft": round(1000 * pre_spec / len(prompts), 3),
                                       "no_draft": round(1000 * pre_base / len(prompts), 3)}
-    dec.profiler = Profiler(True, a.device)
+    profiled = Decoder(t, d, shape, profile=True)
+    profiled.generate(prompts[0], 32)  # (its engine's graphs)
+    profiled.generate(prompts[0], 32, baseline=True)
     ph_spec, ph_base = {}, {}
     t1 = time.perf_counter()
     for p in prompts:
-        for k, v in dec.generate(p, 128, eos_ids=()).metrics.phases.items():
+        for k, v in profiled.generate(p, 128, eos_ids=()).metrics.phases.items():
             ph_spec[k] = ph_spec.get(k, 0.0) + v
-        for k, v in dec.generate(p, 128, eos_ids=(), baseline=True).metrics.phases.items():
+        for k, v in profiled.generate(p, 128, eos_ids=(), baseline=True).metrics.phases.items():
             ph_base[k] = ph_base.get(k, 0.0) + v
     res["profiled_pass_wall_s"] = round(time.perf_counter() - t1, 3)
-    dec.profiler = Profiler(False, a.device)
+    del profiled
     t1 = time.perf_counter()
     s2 = b2 = 0.0
     for p in prompts:  # the timed pass again, every length seen
@@ -122,28 +123,16 @@ def main() -> None:
                           "wall_ms_per_step": round(1000 * b2 / toks, 4), "speedup": round(b2 / s2, 3)}
     res["profiled_ms_per_cycle"] = {k: round(1000 * v / cycles, 4) for k, v in ph_spec.items()}
     res["profiled_ms_per_step"] = {k: round(1000 * v / toks, 4) for k, v in ph_base.items()}
-    # the recorded phases replayed on their own (device time; no host work between)
-    c = dec._cycle(True)
-    r = dec.generate(prompts[0], 64, eos_ids=())  # leaves the cycle's state mid-generation
-    state = [t.committed, d.committed, c.root, c.h, c.dl]
-    snap = [x.clone() for x in state]
-
-    def restore():
-        for x, v in zip(state, snap):
-            x.copy_(v)
-
+    # the recorded phases replayed on their own (device time; no host work between): the one engine at one row
+    one = OneRow(t, d, shape, torch.as_tensor(prompts[0], device=a.device), graphs=a.device == "cuda")
+    restore, whole = one.restore, one.cycle
     phases = {}
-    for ph in ("draft_tree", "verify", "accept", "cache_update", "draft_extend"):
-        phases[ph] = round(sorted(samples_ms(lambda ph=ph: c.run(ph), 50, before=restore))[25], 4)
-
-    def whole():
-        for ph in ("draft_tree", "verify", "accept", "cache_update", "draft_extend"):
-            c.run(ph)
-
+    for ph in one.PHASES:
+        phases[ph] = round(sorted(samples_ms(lambda ph=ph: one.run(ph), 50, before=restore))[25], 4)
     phases["five_back_to_back"] = round(sorted(samples_ms(whole, 50, before=restore))[25], 4)
-    step = dec._steps.get((t.storage_key(), dec.baseline_rows))
-    if step is not None:
-        phases["plain_step"] = round(sorted(samples_ms(lambda: step[0].replay(), 50))[25], 4)
+    plain = OneRow(t, None, shape, torch.as_tensor(prompts[0], device=a.device), graphs=a.device == "cuda",
+                   plain_rows=dec.baseline_rows)
+    phases["plain_step"] = round(sorted(samples_ms(plain.step, 50, before=plain.restore))[25], 4)
     res["device_ms"] = phases
     if a.device == "cpu":
         print(json.dumps(res, indent=1))

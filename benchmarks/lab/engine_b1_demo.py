@@ -4,8 +4,10 @@ beside them, and whether every output equals the target's.
 
     python benchmarks/lab/engine_b1_demo.py --device cuda --out DIR [--prompts 12 --new 128 --passes 3]
 
-What issue "one engine" needs before generate and demo move onto the batched engine: on the tiny pair a GPU is
-host-bound, so this measures the engines' host work per cycle as much as their kernels. Writes DIR/engine_b1_demo.json.
+Up to ea5b311 the Decoder had a cycle of its own: this measured whether generate and demo could move onto the engine
+(`benchmarks/results/2026-12-04g_h200_engine_b1_demo.json`). Since then the Decoder drives a one-row engine itself, so
+the two columns differ only by the Decoder's interface around the engine and by the policy. On the tiny pair a GPU is
+host-bound, so this measures host work per cycle as much as kernels. Writes DIR/engine_b1_demo.json.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Batched EAGLE-3 decoding with continuous batching (the engine behind `eaglekit serve`).
+"""The one EAGLE-3 decode engine, with continuous batching: `eaglekit serve` runs it with many rows, and generate,
+demo, eval, sweep and the doctor with a batch of one (eaglekit.decoding.engine.Decoder).
 
 Every running sequence owns one row of the target's and the draft's KV caches (eaglekit.models.layers.RowKV:
 per-row committed lengths on the device, per-row slots). A step admits waiting requests into free rows
@@ -41,14 +42,15 @@ from dataclasses import dataclass
 import torch
 
 from ..capture import CaptureSpec
-from ..errors import GenerationError
+from ..errors import FeatureError, GenerationError
 from ..kernels.compiling import prompt_calls, twin
 from ..kernels.graphs import record_graphs
-from ..models.base import Target
+from ..models.base import Target, check_finite
 from ..observe import trace
 from ..observe.profile import Profiler
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
 from .adaptive import MAX_PROBE, SpecPolicy
+from .one_row import one_row
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
@@ -89,7 +91,7 @@ def _seeded(sp: SamplingParams) -> bool:
 
 
 def emitted_rows(tokens, depths, path, n, bonus):
-    """engine.emitted per row -> (the tokens each row's cycle emits: after each path node the next one, after the last
+    """-> (the tokens each row's cycle emits: after each path node the next one, after the last
     the bonus, padded as `path` [B, P]; what the host reads per row: n, the tree's depth, those tokens)."""
     em = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
     em = em.scatter(1, (n - 1).clamp(min=0)[:, None], bonus[:, None])
@@ -111,7 +113,7 @@ def padded_size(b: int, max_batch: int) -> int:
 
 
 class _Seq:
-    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag")
+    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag", "trail")
 
     def __init__(self, req: Request, em: Emitter, gen):
         self.req, self.em, self.gen = req, em, gen
@@ -120,6 +122,7 @@ class _Seq:
         self.new: list[int] = []  # tokens emitted this step
         self.accepted = self.drafted = None
         self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
+        self.trail: list[tuple[int, int]] | None = None  # a list: (accepted, tree depth) of each cycle, kept
 
 
 class _Rows:
@@ -145,8 +148,7 @@ class _Rows:
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
         # a chain's accepted path is each row's first n nodes: its KV entries and features are already in path order
         self.chain = shape.topk == 1
-        # the accept's and the emit's small operations: compiled (a few kernels) where the draft is, as the
-        # one-sequence cycle's (engine.Cycle)
+        # the accept's and the emit's ~25 small operations: compiled (a few kernels) where the draft is
         compiled = getattr(eng.draft, "compiled_layer", None) is not None
         self._accept, self._emit = twin(accept_greedy_rows, compiled), twin(emitted_rows, compiled)
 
@@ -192,12 +194,16 @@ class _Rows:
 
     # --- the plain batched decode step (no draft) ------------------------------------------------
     def plain(self):
-        B, dev = self.B, self.root.device
-        one = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
-        logits, self.pfeats = self.e.target.forward_rows(self.tk, self.root[:, None],
-                                                         torch.zeros(B, 1, dtype=torch.long, device=dev), one,
-                                                         self.S, self.e.capture)
+        """One token per row; with the engine's plain_rows k > 1 the token is row 0 of a k-token chain of copies of it
+        (written past it, never committed): a verify's shapes, so a kernel that rounds 1 row and k rows apart gives the
+        token the arithmetic a speculative verify gives it (decoding.engine.resolve_baseline_rows)."""
+        B, k, dev = self.B, self.e.plain_rows, self.root.device
+        causal = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril_()
+        logits, feats = self.e.target.forward_rows(self.tk, self.root[:, None].expand(B, k).contiguous(),
+                                                   torch.arange(k, device=dev).expand(B, k), causal, self.S,
+                                                   self.e.capture)
         self.plogits = logits[:, 0]
+        self.pfeats = feats[:, :1] if feats is not None else None
         self.next.copy_(self.plogits.argmax(-1))
 
     def plain_commit(self):
@@ -248,25 +254,36 @@ class BatchEngine:
     def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
                  tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
                  allow_other_target: bool = False, graphs: bool | str = "auto", adaptive: bool = True,
-                 synthetic_accept_length: float | None = None, profile: bool = False):
+                 synthetic_accept_length: float | None = None, profile: bool = False, profile_ranges: bool = False,
+                 plain_rows: int = 1, pair_checked: bool = False, strict_features: bool = False):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
                                   code="E307")
-        if not getattr(target, "batched", False):
-            target.row_cache(0, 0)  # raises the backend's clear refusal
+        if draft is not None:
+            from ..draft import check_pair
+
+            # `pair_checked`: the caller checked the pair and passes the capture to run with (decoding.engine.Decoder)
+            self.capture = capture if pair_checked else check_pair(draft, target, capture, allow_other_target)
+        else:
+            self.capture = None
+        # a backend that holds one sequence runs as a batch of one (decoding.one_row; more rows: E308)
+        target, draft, self.adapted = one_row(target, draft, max_batch)
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.shape = shape or TreeShape.make()
         self.max_batch = max_batch
         self.device = target.device
         self.spec_max_batch = max_batch if spec_max_batch is None else spec_max_batch
+        # (an adapted backend reads its row's length on the host each call: never in CUDA graphs)
         self.graphs = (self.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
+        self.graphs = self.graphs and not self.adapted
         self.pad = self.graphs  # fixed padded shapes pay off only with graphs; eager runs the real rows
-        if draft is not None:
-            from ..draft import check_pair
-
-            self.capture = check_pair(draft, target, capture, allow_other_target)
-        else:
-            self.capture = None
+        if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 1:
+            raise GenerationError(f"plain rows must be an integer >= 1, got {plain_rows!r}",
+                                  fix="pass baseline_rows=\"auto\" (the default) or an integer >= 1", code="E300")
+        self.plain_rows = plain_rows
+        # `strict_features`: a prompt whose captured features are not finite raises E401 (the one-request Decoder);
+        # otherwise (serve) that request decodes without its draft, its output the target's either way
+        self.strict_features = strict_features
         dev, B = self.device, max_batch
         self.tk = self.dk = None
         self.S = 0  # cache span (slots per row)
@@ -277,6 +294,7 @@ class BatchEngine:
         self.rows: list[_Seq] = []  # running; index == cache row
         self.waiting: deque[_Seq] = deque()
         self._cancelled: list[Event] = []
+        self._pending_admitted: list[_Seq] = []  # admitted by `admit`, their events due with the next step
         self._cycles: dict = {}
         self._lock = threading.RLock()
         P = self.shape.path_len
@@ -295,13 +313,13 @@ class BatchEngine:
             self.policy = None  # a synthetic run measures the whole tree's cycle: no choice from its timings
         self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
         # `profile`: time each phase of the steps (observe.profile.Profiler: CUDA events on a GPU); profile() reads it
-        self.profiler = Profiler(profile, self.device)
+        self.profiler = Profiler(profile, self.device, ranges=profile_ranges)
         self.prefills = 0  # requests admitted (each one prefill)
 
     # --- public interface ----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.rows or self.waiting or self._cancelled)
+        return bool(self.rows or self.waiting or self._cancelled or self._pending_admitted)
 
     @property
     def num_running(self) -> int:
@@ -338,7 +356,8 @@ class BatchEngine:
             raise GenerationError("stop strings need a tokenizer to decode the output",
                                   fix="give the engine the target folder's tokenizer, or use token ids", code="E304")
 
-    def add(self, req: Request) -> None:
+    def add(self, req: Request) -> "_Seq":
+        """Queue a request (admitted by the next step, or by `admit`) -> its running state (the engine's own)."""
         self.validate(req)
         with self._lock:
             if any(s.req.rid == req.rid for s in (*self.rows, *self.waiting)):
@@ -346,7 +365,17 @@ class BatchEngine:
                                       fix="give every request its own id", code="E307")
             eos = self.target.info.eos_token_ids if req.eos_ids is None else req.eos_ids
             em = Emitter(req.max_new_tokens, eos, req.stop_strings, self.tokenizer)
-            self.waiting.append(_Seq(req, em, make_generator(req.sampling, self.device)))
+            s = _Seq(req, em, make_generator(req.sampling, self.device))
+            self.waiting.append(s)
+            return s
+
+    @torch.inference_mode()
+    def admit(self) -> None:
+        """Prefill waiting requests into free rows now (what `step` does first); the one-request Decoder calls it so
+        that a trace shows the prefill as cycle 0, apart from the first cycle. Their first tokens come with the next
+        `step`'s events."""
+        with self._lock:
+            self._pending_admitted = self._pending_admitted + self._admit()
 
     @torch.inference_mode()  # the caches are inference tensors (made inside step)
     def cancel(self, rid: str) -> None:
@@ -366,7 +395,7 @@ class BatchEngine:
     def step(self) -> list[Event]:
         with self._lock:
             events, self._cancelled = self._cancelled, []
-            admitted = self._admit()
+            admitted, self._pending_admitted = self._pending_admitted + self._admit(), []
             if self.rows:
                 shape = self._speculate()
                 if shape is not None:
@@ -397,13 +426,13 @@ class BatchEngine:
         extra = max(self.shape.steps * self.shape.topk, _pending(self.shape))  # (the cycles' draft spans: _record)
         if self.draft is not None:  # a catch-up extend's padding writes up to CATCH_UP slots past a row's length
             extra = max(extra, CATCH_UP)
-        if self.tk is None:
+        if self.tk is None or not self.rows:  # (nothing to keep: fresh caches, a one-row cache the backend's own)
             self.tk = self.target.row_cache(self.max_batch, S)
             self.dk = self.draft.row_cache(self.max_batch, S + extra) if self.draft is not None else None
             if self.draft is not None:
                 d, B = self.draft, self.max_batch
-                self.h = torch.zeros(B, d.config.hidden_size, dtype=d.dtype, device=self.device)
-                self.dl = torch.zeros(B, d.config.draft_vocab_size, dtype=torch.float32, device=self.device)
+                self.h = torch.zeros(B, d.hidden_size, dtype=d.dtype, device=self.device)
+                self.dl = torch.zeros(B, d.draft_vocab_size, dtype=torch.float32, device=self.device)
                 F = self.target.info.hidden_size * len(self.capture.after_layers)
                 self.lag_feats = torch.zeros(B, CATCH_UP, F, dtype=self.target.dtype, device=self.device)
                 self.lag_ids = torch.zeros(B, CATCH_UP, dtype=torch.long, device=self.device)
@@ -455,7 +484,8 @@ class BatchEngine:
         for _ in range(k):
             s = self.waiting.popleft()
             n = len(s.req.prompt_ids)
-            self._ensure_span(n + s.req.max_new_tokens + self.shape.draft_tokens + 1)
+            # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows)
+            self._ensure_span(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1)
             r = len(self.rows)
             self.rows.append(s)
             take = with_draft and (pays or not sentinel or _seeded(s.req.sampling))
@@ -483,6 +513,14 @@ class BatchEngine:
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
         capture = self.capture if with_draft else None
         logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture)
+        if feats is not None:  # (one host read a prompt)
+            try:
+                check_finite(feats[0], capture, self.target.info.hidden_size)
+            except FeatureError:
+                if self.strict_features:
+                    raise
+                trace.event("speculation", on=False, rid=s.req.rid, why="non-finite captured features")
+                with_draft = False
         kv.length += T
         tok = self._pick(logits[0, -1], s)
         s.length = T
@@ -630,6 +668,8 @@ class BatchEngine:
                 raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
             t0 = time.perf_counter()
             self._ensure_span(max(int(span), 1))
+            if self.adapted:  # a one-sequence backend: nothing to record, and its rows cannot stand at a length
+                return {"span": self.S, "sizes": [], "seconds": round(time.perf_counter() - t0, 2)}
             wanted = range(1, self.max_batch + 1) if sizes is None else sizes
             sizes = sorted({padded_size(b, self.max_batch) for b in wanted})
             at = max(0, min(self.S // 2, self.S - self.shape.draft_tokens - 1))
@@ -719,6 +759,8 @@ class BatchEngine:
             n = row[0]
             if s.use_draft:
                 s.accepted, s.drafted = n - 1, D - 1
+                if s.trail is not None:
+                    s.trail.append((n - 1, row[1]))
                 st["num_drafts"] += 1
                 st["num_draft_tokens"] += D - 1
                 st["num_accepted_tokens"] += n - 1

@@ -77,7 +77,9 @@ class Tree:
 
 def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
            shape: TreeShape) -> Tree:
-    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`.
+    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`, on a draft that
+    holds one sequence (its own cache): what the engine's one-row adapter runs (decoding.one_row); our draft's rows go
+    through `expand_rows` (its chain_rows / tree_rows run these same walks on a one-row cache).
 
     Fixed shapes, no host synchronisation: the draft's committed length is a device tensor and every
     draft step attends over the draft's whole span (committed slots + this tree's pending slots)."""

@@ -112,6 +112,11 @@ class DraftLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
+def _narrowed(layer, span: int) -> tuple:
+    """A cache layer (k, v) [B, Hkv, S_max, hd] narrowed to its first `span` slots (what a walk attends over)."""
+    return tuple(t[:, :, :span] for t in layer)
+
+
 class Eagle3Draft(nn.Module, Draft):
     def __init__(self, c: DraftConfig):
         super().__init__()
@@ -447,13 +452,17 @@ class Eagle3Draft(nn.Module, Draft):
         return self._compiled_tree(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root, frame,
                                    steps, n_sel)
 
-    def _compiled_tree(self, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
-        """The compiled tree over one sequence's cache layer with m committed entries (as _compiled_chain)."""
+    @staticmethod
+    def _pick_op(logits_last, K: int):
+        """A tree's pick: the top-k kernels as a registered op on a GPU (fetched before any trace), None (torch's)
+        elsewhere."""
         from ..kernels import topk
 
-        K = frame[1].numel()
-        # the pick: the top-k kernels as a registered op on a GPU (fetched here, before any trace), torch elsewhere
-        self._top = (topk.probs_op() if logits_last.is_cuda and topk.HAVE_TRITON and K <= topk.MAX_K else None)
+        return topk.probs_op() if logits_last.is_cuda and topk.HAVE_TRITON and K <= topk.MAX_K else None
+
+    def _compiled_tree(self, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
+        """The compiled tree over one sequence's cache layer with m committed entries (as _compiled_chain)."""
+        self._top = self._pick_op(logits_last, frame[1].numel())
         cols = torch.arange(span, device=logits_last.device)
         kv = span_dynamic(cols, layer)  # the span symbolic, as in the chain
         return self.compiled_tree(self, h_last, logits_last, root, m, cols, kv, frame, steps, n_sel)
@@ -484,6 +493,10 @@ class Eagle3Draft(nn.Module, Draft):
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
+        if batch == 1:  # a batch of one is the draft's own sequence (what the one-sequence calls then read)
+            with torch.inference_mode(False):  # (its own cache stays an ordinary tensor: reset works anywhere)
+                self.reset(span)
+            return RowKV.over(self.cache)
         c, p = self.config, self.norm.weight
         return RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
 
@@ -506,25 +519,47 @@ class Eagle3Draft(nn.Module, Draft):
         kv.length += n
         return h[:, 0], logits[:, 0].float()
 
+    @property
+    def batched(self) -> bool:
+        """Draft.batched: the row interface, except with a sliding window (its slot positions are one sequence's)."""
+        return self.config.sliding_window is None
+
+    def _walks_row(self, kv: RowKV) -> bool:
+        """Whether a row cache's chain or tree runs the one-sequence walk (compiled where the draft is, else the same
+        walk eagerly): one row, tracing off (the engine's walk over step_rows records the steps' tensors) and no
+        sliding window (its masks need slot positions)."""
+        return kv.batch == 1 and not trace.ENABLED and self.config.sliding_window is None
+
     @torch.inference_mode()
     def chain_rows(self, kv: RowKV, h_last, logits_last, steps: int, root, span: int) -> torch.Tensor | None:
-        """A chain for one row the compiled way `chain` walks it, on the row's cache (kv: a one-row RowKV view; h_last
-        [1, H], logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]; None where `chain` would not run
-        compiled, or for more than one row (then eaglekit.decoding.tree walks the rows over step_rows). A batch of
-        one then runs the one-sequence decoder's graph (the same shapes: a row's cache is laid out as KVCache's)."""
-        if kv.batch != 1 or not self._runs_compiled(self.compiled_chain):
+        """A chain for one row the way `chain` walks one sequence, on the row's cache (kv: a one-row RowKV view; h_last
+        [1, H], logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]: the compiled graph where the draft
+        is compiled, the same walk eagerly elsewhere (a row's cache is laid out as KVCache's); None for more than one
+        row, under tracing or with a sliding window (_walks_row: then eaglekit.decoding.tree walks the rows over
+        step_rows)."""
+        if not self._walks_row(kv):
             return None
-        return self._compiled_chain(kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
+        if self.compiled_chain is not None:
+            return self._compiled_chain(kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
+        cols = torch.arange(span, device=logits_last.device)
+        return self._chain_steps(h_last, logits_last[0], kv.length[0], cols, _narrowed(kv.layer(0), span), steps,
+                                 root[0])[None]
 
     @torch.inference_mode()
     def tree_rows(self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int,
                   span: int) -> tuple | None:
-        """`grow_tree` for one row on the row's cache (as chain_rows) -> (tokens, parents, depths, mask) each with a
-        batch dimension of 1; None where grow_tree would return None, or for more than one row."""
-        if kv.batch != 1 or not self._runs_compiled(self.compiled_tree):
+        """A tree for one row the way `grow_tree` walks one sequence (compiled or eager as chain_rows) -> (tokens,
+        parents, depths, mask) each with a batch dimension of 1; None where chain_rows gives None."""
+        if not self._walks_row(kv):
             return None
-        grown = self._compiled_tree(kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,
-                                    n_sel)
+        if self.compiled_tree is not None:
+            grown = self._compiled_tree(kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame,
+                                        steps, n_sel)
+        else:
+            self._top = self._pick_op(logits_last, frame[1].numel())
+            cols = torch.arange(span, device=logits_last.device)
+            grown = self._tree_steps(h_last[0], logits_last[0], root[0], kv.length[0], cols,
+                                     _narrowed(kv.layer(0), span), frame, steps, n_sel)
         return tuple(x[None] for x in grown)
 
     @torch.inference_mode()

@@ -192,6 +192,10 @@ class DeepSeekTarget(StaticCacheTarget):
     batched = True
 
     def row_cache(self, batch: int, span: int) -> RowLatent:
+        if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's state)
+            with torch.inference_mode(False):  # (its own cache stays an ordinary tensor: reset works anywhere)
+                self.reset(span)
+            return RowLatent.over(self.cache)
         c = self.config
         return RowLatent(c.num_layers, c.latent_width, span, batch, self.device, self.dtype)
 

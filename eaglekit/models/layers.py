@@ -398,6 +398,12 @@ class RowKV:
             self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = self.k.shape[3] - 1
 
+    @classmethod
+    def over(cls, cache: KVCache) -> "RowKV":
+        """One sequence's cache seen as a batch of one row (the same memory; its length a view of the cache's):
+        a one-row engine's state is then the target's or the draft's own sequence state."""
+        return cls(0, 0, 0, 0, 0, _views=(cache.k, cache.v, cache.length.view(1)))
+
     @property
     def batch(self) -> int:
         return self.k.shape[1]

@@ -187,6 +187,11 @@ class RowLatent:
             self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = self.kv.shape[2] - 1
 
+    @classmethod
+    def over(cls, cache: LatentCache) -> "RowLatent":
+        """One sequence's cache seen as a batch of one row (as layers.RowKV.over)."""
+        return cls(0, 0, 0, 0, _views=(cache.kv, cache.length.view(1)))
+
     @property
     def batch(self) -> int:
         return self.kv.shape[1]

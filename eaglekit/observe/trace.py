@@ -96,6 +96,8 @@ def stats(t) -> dict:
 def record(point: str, tensor, **meta) -> dict | None:
     if not active():
         return None
+    if tensor.dim() > 2:  # tokens x width whatever batches them (rows of the engine, vLLM's flattened batch)
+        tensor = tensor.reshape(-1, tensor.shape[-1])
     rec = {"cycle": _cycle, "point": point, **meta, **stats(tensor)}
     if RANK is not None:
         rec["rank"] = RANK

@@ -44,6 +44,7 @@ class RowOracle:
 
         self.t, self.net, c = target, target.net, target.cfg
         self.config = SimpleNamespace(hidden_size=1, draft_vocab_size=c.vocab_size)
+        self.hidden_size, self.draft_vocab_size = 1, c.vocab_size  # (Draft's sizes: what the engine allocates)
         self.dtype = target.dtype  # (Draft.dtype: what the engine allocates hidden states in)
         self.noise = noise
         self.gen = torch.Generator().manual_seed(seed)

@@ -160,9 +160,9 @@ def test_batched_chain_fast_path_builds_the_general_trees(model_dirs, steps):
 
 @pytest.mark.parametrize("shape", [(1, 1, 2), (4, 1, 5), (3, 2, 6), (4, 4, 12)])
 def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs, shape):
-    """A batch of one runs the one-sequence decoder's compiled chain or tree on the row's cache (Eagle3Draft.chain_rows,
-    tree_rows); here the compiled functions are stood in by the plain ones they compile (the same code), and the tree
-    must be the batched walk's, field by field, at committed lengths 0 and above."""
+    """A batch of one runs the one-sequence walk, compiled or eager, on the row's cache (Eagle3Draft.chain_rows,
+    tree_rows); here the compiled functions are also stood in by the plain ones they compile (the same code), and
+    each tree must be the batched walk's, field by field, at committed lengths 0 and above."""
     from eaglekit.decoding import tree as T
     from eaglekit.draft.model import Eagle3Draft
 
@@ -181,8 +181,10 @@ def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs
         root = torch.tensor([7])
         with torch.inference_mode():
             draft.compiled_chain = draft.compiled_tree = None
-            assert draft.chain_rows(kv, h, dl, shape.steps, root, span) is None  # not compiled: the batched walk
+            draft._walks_row = lambda kv: False  # the batched walk (what more rows, or tracing, take)
             want = T.expand_rows(draft, kv, h, dl, root, shape, span)
+            del draft._walks_row
+            eager = T.expand_rows(draft, kv, h, dl, root, shape, span)  # the one-sequence walk, uncompiled
             draft.compiled_chain, draft.compiled_tree = Eagle3Draft._chain_steps, Eagle3Draft._tree_steps
             try:
                 got = T.expand_rows(draft, kv, h, dl, root, shape, span)
@@ -194,6 +196,7 @@ def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs
                 draft.compiled_chain = draft.compiled_tree = None
         assert int(kv.length) == length  # a tree writes pending slots only
         _assert_same_tree(got, want)
+        _assert_same_tree(eager, want)
 
 
 # cases 0-11 take every tree shape, every family and both drafts (12 s); 12-23 again, in the slow tier

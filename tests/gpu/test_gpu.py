@@ -77,7 +77,8 @@ def test_recorded_graphs_follow_a_reallocated_cache(pair32):
         assert fast.generate(prompts[0], n).token_ids == slow.generate(prompts[0], n).token_ids
         assert fast.generate(prompts[1], n, baseline=True).token_ids == slow.generate(prompts[1], n,
                                                                                       baseline=True).token_ids
-    assert len(fast._cycles) >= 2 and len(fast._steps) >= 2
+    for e in (fast.engine(), fast.engine(plain=True)):  # each engine's graphs at the grown span, none at the old one
+        assert e.S >= 512 and e._cycles and all(S == e.S for _, S, _ in e._cycles)
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (4, 2, 8)])
@@ -276,8 +277,9 @@ def test_invariant_bf16_speculative_equals_the_one_row_baseline(pair_bf16, shape
 @pytest.mark.parametrize("shape", [(5, 1, 6), (3, 2, 6)], ids=lambda s: "-".join(map(str, s)))
 def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(pair_bf16, shape):
     """BatchEngine(max_batch=1) on the bf16 demo pair, graphed (compiled or not): each prompt's output equals the plain
-    one-row baseline, and where the draft is compiled its chain or tree ran as the one-sequence graph on the row's
-    cache (Eagle3Draft.chain_rows / tree_rows), with draft tokens accepted (chains keep their KV in place)."""
+    one-row baseline, and its chain or tree ran as the one-sequence walk on the row's cache (Eagle3Draft.chain_rows /
+    tree_rows: the compiled graph where the draft is compiled), with draft tokens accepted (chains keep their KV in
+    place)."""
     from eaglekit.decoding.batch import BatchEngine, Request
 
     t, d, prompts = pair_bf16
@@ -304,7 +306,7 @@ def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(p
     finally:
         delattr(d, "chain_rows" if shape.topk == 1 else "tree_rows")
     assert eng.spec_stats["num_accepted_tokens"] > 0
-    assert taken and all(taken) == (d.compiled_layer is not None), taken[:3]
+    assert taken and all(taken), taken[:3]
 
 
 @pytest.mark.parametrize("N,K,gated", [(6144, 8192, False), (4096, 14336, False), (28672, 4096, True),
