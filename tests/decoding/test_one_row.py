@@ -1,0 +1,118 @@
+"""The one engine at one row (eaglekit.decoding.one_row, Decoder on BatchEngine): one-sequence backends run as a batch
+of one and are refused more rows; a one-row cache is the backend's own sequence; a prompt's non-finite features
+are an error for generate and a draft-less request for serve."""
+
+import pytest
+import torch
+from helpers import NoisyOracleDraft
+
+from eaglekit.decoding import batch as batch_mod
+from eaglekit.decoding.batch import BatchEngine, Request
+from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.tree import TreeShape
+from eaglekit.draft import new_draft
+from eaglekit.errors import FeatureError, GenerationError
+from eaglekit.models import load_target
+
+
+def test_one_sequence_target_serves_one_row_and_refuses_more(model_dirs):
+    """The transformers adapter runs in a one-row engine (its output the target's own greedy continuation, requests
+    one after another) and is refused at two rows with E308, naming the fix."""
+    hf = load_target(model_dirs["llama"], backend="hf", dtype="float32")
+    ours = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    d = new_draft(ours, seed=2)
+    eng = BatchEngine(hf, d, TreeShape(3, 2, 6), max_batch=1, allow_other_target=True)
+    assert eng.adapted and not eng.graphs
+    for i, p in enumerate(([1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6, 30])):
+        eng.add(Request(f"r{i}", p, 14, eos_ids=()))
+        got = []
+        while eng.has_work:
+            for ev in eng.step():
+                got += ev.token_ids
+        assert got == Decoder(ours).generate(p, 14, eos_ids=()).token_ids, i
+    assert eng.spec_stats["num_drafts"] > 0
+    with pytest.raises(GenerationError, match="does not decode batches") as e:
+        BatchEngine(hf, None, max_batch=2)
+    assert e.value.code == "E308"
+
+
+def test_one_sequence_draft_runs_one_row_and_is_refused_more(model_dirs):
+    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    prompt = [1, 5, 9, 4, 22]
+    dec = Decoder(target)
+    dec.capture = new_draft(target).config.capture
+    dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.5, seed=0)
+    r = dec.generate(prompt, 20, eos_ids=())
+    assert r.token_ids == Decoder(target).generate(prompt, 20, eos_ids=()).token_ids
+    assert r.metrics.verify_count > 0 and 0 < sum(r.metrics.accepted) < 3 * r.metrics.verify_count
+    assert dec.engine().adapted
+    with pytest.raises(GenerationError, match="one sequence at a time"):
+        BatchEngine(target, dec.draft, max_batch=2, capture=dec.capture, pair_checked=True)
+
+
+def test_a_one_row_cache_is_the_backends_own_sequence(model_dirs):
+    """A one-row engine holds no second cache: its rows are the target's and the draft's own caches."""
+    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    draft = new_draft(target, seed=1)
+    dec = Decoder(target, draft, TreeShape(3, 1, 4))
+    r = dec.generate([1, 5, 9, 4, 22, 7], 11, eos_ids=())
+    e = dec.engine()
+    assert r.metrics.verify_count > 0
+    assert e.tk.k.data_ptr() == target.cache.k.data_ptr() and e.dk.k.data_ptr() == draft.cache.k.data_ptr()
+    assert e.tk.length.data_ptr() == target.cache.length.data_ptr()
+
+
+def test_non_finite_features_fail_generate_and_drop_the_draft_in_serve(model_dirs, monkeypatch):
+    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    draft = new_draft(target, seed=3)
+    prompt = [1, 5, 9, 4]
+    want = Decoder(target).generate(prompt, 12, eos_ids=()).token_ids
+
+    def overflow(feats, capture, hidden):
+        raise FeatureError("NaN or inf in the captured target features", fix="-", code="E401")
+
+    monkeypatch.setattr(batch_mod, "check_finite", overflow)
+    with pytest.raises(FeatureError) as e:
+        Decoder(target, draft, TreeShape(3, 1, 4)).generate(prompt, 12, eos_ids=())
+    assert e.value.code == "E401"
+    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2)
+    eng.add(Request("r", prompt, 12, eos_ids=()))
+    got, drafted = [], []
+    while eng.has_work:
+        for ev in eng.step():
+            got += ev.token_ids
+            drafted.append(ev.drafted)
+    assert got == want and drafted == [None] * len(drafted)  # the target's output, no draft used
+
+
+def test_plain_rows_give_the_baseline_a_verifys_shapes(model_dirs):
+    """A k-row plain step (the bf16 GPU baseline's form) decodes the same tokens in float32 (its extra rows written
+    past the committed entries, never committed)."""
+    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    prompt = [1, 5, 9, 4]
+    one = Decoder(target, baseline_rows=1).generate(prompt, 10, eos_ids=()).token_ids
+    six = Decoder(target, baseline_rows=6).generate(prompt, 10, eos_ids=()).token_ids
+    assert six == one
+    with pytest.raises(GenerationError):
+        BatchEngine(target, None, max_batch=1, plain_rows=0)
+
+
+def test_tree_expansion_of_a_one_sequence_draft_is_the_batched_walks(model_dirs, monkeypatch):
+    """The adapter's tree (the one-sequence walk) and the engine's batched walk over step_rows pick the same trees:
+    decoding through either accepts the same counts."""
+    from eaglekit.decoding.one_row import OneRowDraft
+
+    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
+    prompt = [1, 5, 9, 4, 22]
+    runs = []
+    for walk in ("one-sequence", "batched"):
+        dec = Decoder(target, shape=TreeShape(3, 2, 6))
+        dec.capture = new_draft(target).config.capture
+        dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.5, seed=4)
+        if walk == "batched":
+            monkeypatch.setattr(OneRowDraft, "tree_rows", lambda self, *a, **k: None)
+        r = dec.generate(prompt, 24, eos_ids=())
+        runs.append((r.token_ids, r.metrics.accepted))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
+    assert torch.tensor(runs[0][1]).sum() > 0
