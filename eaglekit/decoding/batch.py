@@ -274,8 +274,8 @@ class BatchEngine:
         self.device = target.device
         self.spec_max_batch = max_batch if spec_max_batch is None else spec_max_batch
         # (an adapted backend reads its row's length on the host each call: never in CUDA graphs)
-        self.graphs = (self.device.type == "cuda" and target.static) if graphs == "auto" else bool(graphs)
-        self.graphs = self.graphs and not self.adapted
+        self.graphs = not self.adapted and ((self.device.type == "cuda" and target.static) if graphs == "auto"
+                                            else bool(graphs))
         self.pad = self.graphs  # fixed padded shapes pay off only with graphs; eager runs the real rows
         if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 1:
             raise GenerationError(f"plain rows must be an integer >= 1, got {plain_rows!r}",

@@ -33,6 +33,7 @@ from ..models.layers import (
     RMSNorm,
     Rotary,
     RowKV,
+    own_row,
     product_module,
     span_mask,
     span_mask_rows,
@@ -408,10 +409,14 @@ class Eagle3Draft(nn.Module, Draft):
                             from_target=False, pending=pending)
         return h[0], logits[0].float() if widen else logits[0]
 
+    def _walks_whole(self) -> bool:
+        """Whether a chain or a tree may run as one walk over the layer (compiled or not): tracing off (it records the
+        steps' tensors) and no sliding window (its masks need slot positions)."""
+        return not trace.ENABLED and self.config.sliding_window is None
+
     def _runs_compiled(self, walk) -> bool:
-        """Whether a compiled walk (compiled_chain, compiled_tree) serves this call: compiled, tracing off (it records
-        the steps' tensors) and no sliding window (its masks need slot positions)."""
-        return walk is not None and not trace.ENABLED and self.config.sliding_window is None
+        """Whether a compiled walk (compiled_chain, compiled_tree) serves this call."""
+        return walk is not None and self._walks_whole()
 
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
@@ -493,10 +498,8 @@ class Eagle3Draft(nn.Module, Draft):
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
-        if batch == 1:  # a batch of one is the draft's own sequence (what the one-sequence calls then read)
-            with torch.inference_mode(False):  # (its own cache stays an ordinary tensor: reset works anywhere)
-                self.reset(span)
-            return RowKV.over(self.cache)
+        if batch == 1:  # a batch of one is the draft's own sequence
+            return own_row(self, span, RowKV.over)
         c, p = self.config, self.norm.weight
         return RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
 
@@ -526,9 +529,8 @@ class Eagle3Draft(nn.Module, Draft):
 
     def _walks_row(self, kv: RowKV) -> bool:
         """Whether a row cache's chain or tree runs the one-sequence walk (compiled where the draft is, else the same
-        walk eagerly): one row, tracing off (the engine's walk over step_rows records the steps' tensors) and no
-        sliding window (its masks need slot positions)."""
-        return kv.batch == 1 and not trace.ENABLED and self.config.sliding_window is None
+        walk eagerly): one row, and the walk allowed (_walks_whole); else the engine walks over step_rows."""
+        return kv.batch == 1 and self._walks_whole()
 
     @torch.inference_mode()
     def chain_rows(self, kv: RowKV, h_last, logits_last, steps: int, root, span: int) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..kernels.compiling import in_prompt
 from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from .deepseek_config import DeepSeekConfig, load_deepseek_config
-from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, span_mask, span_mask_rows
+from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, own_row, span_mask, span_mask_rows
 from .mla import MLA, LatentCache, MLARotary, RowLatent
 from .moe import MoE
 from .weights import load_state_dict_into, read_folder_tensors
@@ -192,10 +192,8 @@ class DeepSeekTarget(StaticCacheTarget):
     batched = True
 
     def row_cache(self, batch: int, span: int) -> RowLatent:
-        if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's state)
-            with torch.inference_mode(False):  # (its own cache stays an ordinary tensor: reset works anywhere)
-                self.reset(span)
-            return RowLatent.over(self.cache)
+        if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's)
+            return own_row(self, span, RowLatent.over)
         c = self.config
         return RowLatent(c.num_layers, c.latent_width, span, batch, self.device, self.dtype)
 

@@ -381,6 +381,16 @@ def span_mask_rows(length: torch.Tensor, block: torch.Tensor, S: int, sliding_wi
     return mask
 
 
+def own_row(owner, span: int, over):
+    """A batch of one over `owner`'s own one-sequence cache (a target or a draft, reset to `span`), seen through
+    `over` (RowKV.over, mla.RowLatent.over): a one-row engine then keeps no second cache, and its state is the owner's
+    sequence. The reset runs outside inference mode, so the cache stays an ordinary tensor that reset works on
+    anywhere."""
+    with torch.inference_mode(False):
+        owner.reset(span)
+    return over(owner.cache)
+
+
 class RowKV:
     """KV cache with one row per sequence, for batched decoding: k, v [L, B, Hkv, S_max, hd] and a committed
     length per row (`length`, a [B] device tensor). New entries go to per-row slots (a scatter); `keep`

@@ -24,6 +24,7 @@ from .layers import (
     Rotary,
     RowKV,
     install_products,
+    own_row,
     product_module,
     product_weights,
     span_mask,
@@ -177,10 +178,8 @@ class LlamaTarget(StaticCacheTarget):
     batched = True
 
     def row_cache(self, batch: int, span: int) -> RowKV:
-        if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's state)
-            with torch.inference_mode(False):  # (its own cache stays an ordinary tensor: reset works anywhere)
-                self.reset(span)
-            return RowKV.over(self.cache)
+        if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's)
+            return own_row(self, span, RowKV.over)
         c = self.net.config  # the KV heads this process holds (a tensor-parallel rank: its share)
         return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span, batch, self.device, self.dtype)
 

@@ -75,10 +75,8 @@ class Profiler:
         """Seconds per phase. On CUDA this synchronises once (and folds the events into the totals: a long-running
         engine's list of events stays short)."""
         if self._events:
-            torch.cuda.synchronize()
-            for name, a, b in self._events:
-                self._cpu[name] = self._cpu.get(name, 0.0) + a.elapsed_time(b) / 1e3
-            self._events = []
+            torch.cuda.synchronize()  # (every event has completed: the fold takes them all)
+            self._fold()
         return dict(self._cpu)
 
     def reset(self) -> None:
