@@ -1,12 +1,21 @@
-"""`eaglekit serve` end to end under `eaglekit bench` (a client in its own process), at the Llama-3.1-8B shape with
-random bf16 weights on a GPU (`tiny=true`: a tiny float32 shape on a CPU).
+"""`eaglekit serve` end to end under `eaglekit bench`.
 
-    serve-e2e   output tok/s, TTFT, TPOT per concurrency level, with the draft (acceptance SYNTHETIC: each position
-                of the tree's top-1 branch accepted at the rate that gives `accept_length`, SGLang's published 3.52
-                for (5,1,6) on Llama-3.1-8B) and without it, the same server code, one process each variant.
+    serve-e2e   at the Llama-3.1-8B shape with random bf16 weights on a GPU (`tiny=true`: a tiny float32 shape on a
+                CPU; the client in its own process): output tok/s, TTFT, TPOT per concurrency level, with the draft
+                (acceptance SYNTHETIC: each position of the tree's top-1 branch accepted at the rate that gives
+                `accept_length`, SGLang's published 3.52 for (5,1,6) on Llama-3.1-8B) and without it, the same server
+                code, one process each variant.
+    serve-demo  the shipped pair as a user serves it (`eaglekit serve --target ... [--draft ...]`, each variant its
+                own server process, all up at once and loaded in turn, the order rotating each round): no draft,
+                the trained draft and an untrained (random-weight) draft, both drafts under the adaptive policy.
+                Per concurrency level the output tok/s of each and each draft's ratio to no draft in the same
+                round (medians over `reps` rounds): whether speculation never loses, on a real draft and on one
+                that must be switched off, with the steps each server decoded plainly and speculatively. Greedy;
+                the requests stop at the target's EOS as a user's do (`ignore_eos=true`: at max_tokens), so every
+                variant emits the same tokens.
 
-Random weights accept nothing, so the draft's figures here measure the serving machinery at a given accept length:
-every result of this case says so (`details.synthetic_acceptance`). Prompts are `prompt_len` random words of a
+In serve-e2e random weights accept nothing, so the draft's figures measure the serving machinery at a given accept
+length: every result of that case says so (`details.synthetic_acceptance`). Prompts are `prompt_len` random words of a
 word-level tokenizer over the whole vocabulary (the server detokenizes what it sends, as with a real tokenizer).
 Every padded batch size's graphs are recorded before the clock starts (a warm-up wave per size).
 """
@@ -25,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..registry import as_list, case, suite
-from ..schema import value
+from ..schema import stats, value
 from .batch import build_pair
 
 
@@ -141,5 +150,102 @@ def serve_e2e(p, ctx):
 
 suite("h200-serve", "eaglekit serve + eaglekit bench at the 8B shape, synthetic acceptance 3.52 for (5,1,6)",
       ["serve-e2e"], needs="cuda")
+suite("h200-serve-demo", "the shipped pair served on the GPU: no draft, its draft, an untrained draft per concurrency",
+      [("serve-demo", {"concurrency": [1, 4, 16, 64], "max_batch": 64, "num_prompts": 64})], needs="cuda")
+suite("cpu-serve-demo", "the shipped pair served on this machine: no draft, its draft, an untrained draft",
+      ["serve-demo"])
 suite("cpu-serve", "the serve-e2e machinery on a tiny float32 shape on this machine (the CPU check of h200-serve)",
       [("serve-e2e", {"tiny": True, "prompt_len": 16, "max_tokens": 32, "concurrency": [1, 4]})])
+
+
+# --- the shipped pair served: never slower than no draft ---------------------------------------------------------
+DEMO_VARIANTS = ("no_draft", "draft", "random_draft")
+
+
+def _spec_counts(srv) -> dict:
+    """The server's plain steps and speculative cycles so far (its /metrics counters; zero without a draft)."""
+    from eaglekit.serve.bench import parse_prometheus
+
+    m = parse_prometheus(srv.get("/metrics"))
+    return {"plain_steps": sum(v for (n, _), v in m.items() if n == "eaglekit:spec_plain_steps"),
+            "cycles": sum(v for (n, _), v in m.items() if n == "eaglekit:spec_cycles")}
+
+
+@case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
+      "(adaptive policy), each draft's ratio to no draft",
+      defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
+                "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None},
+      quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
+def serve_demo(p, ctx):
+    from eaglekit.demo import ASSETS
+    from eaglekit.draft import load_draft, new_draft, save_draft
+    from eaglekit.models import load_target
+    from eaglekit.serve.bench import BenchOptions, run_bench
+    from eaglekit.serve.local import LocalServer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    conc = as_list(p["concurrency"])
+    metrics: dict = {}
+    per_round: dict = {v: [] for v in DEMO_VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        # an untrained draft for the demo target, wired as the trained one (same captures, same draft vocabulary
+        # size): what a user gets from a draft trained for another model or not trained at all
+        target = load_target(ASSETS / "target")
+        capture = load_draft(ASSETS / "draft", embed_weight=target.embed_weight()).config.capture
+        save_draft(new_draft(target, seed=7, capture=capture), Path(tmp) / "random_draft", dtype=torch.float32)
+        del target
+        drafts = {"no_draft": None, "draft": ASSETS / "draft", "random_draft": Path(tmp) / "random_draft"}
+        common = ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device,
+                  "--max-batch", str(p["max_batch"]), "--max-queue", str(4 * max(conc)), "--log-level", "warning"]
+        common += ["--dtype", p["dtype"]] if p["dtype"] else []
+        common += ["--threads", str(p["threads"])] if p["threads"] else []
+        servers = {}
+        try:
+            for v in DEMO_VARIANTS:  # every server warms up before it answers /health
+                extra = ["--draft", str(drafts[v])] if drafts[v] is not None else []
+                servers[v] = LocalServer(common + extra, log=Path(tmp) / f"{v}.log", startup_s=600)
+            for srv in servers.values():  # a short warm pass each (first requests' one-off costs)
+                run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(conc), concurrency=(max(conc),),
+                                       max_tokens=8, ignore_eos=True))
+            for r in range(p["reps"]):
+                for v in DEMO_VARIANTS[r % 3:] + DEMO_VARIANTS[:r % 3]:
+                    srv = servers[v]
+                    levels = []
+                    for c in conc:  # one level at a time, so each level's steps are its own
+                        before = _spec_counts(srv)
+                        lv = run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(p["num_prompts"], 2 * c),
+                                                    concurrency=(c,), max_tokens=p["max_tokens"],
+                                                    ignore_eos=p["ignore_eos"],
+                                                    max_seconds=p["max_seconds"]))[0]
+                        after = _spec_counts(srv)
+                        levels.append({**lv, **{k: after[k] - before[k] for k in after}})
+                    per_round[v].append(levels)
+        finally:
+            for srv in servers.values():
+                srv.stop()
+    for i, c in enumerate(conc):
+        base = [lv[i]["output_throughput"] for lv in per_round["no_draft"]]
+        for v in DEMO_VARIANTS:
+            got = [lv[i] for lv in per_round[v]]
+            metrics[f"output_tok_s_c{c}_{v}"] = stats([x["output_throughput"] for x in got], "tok/s")
+            metrics[f"tpot_ms_median_c{c}_{v}"] = stats([x["tpot_ms"]["median"] for x in got], "ms")
+            metrics[f"failed_c{c}_{v}"] = value(sum(x["failed"] for x in got), "requests")
+            if v == "no_draft":
+                continue
+            metrics[f"speedup_c{c}_{v}"] = stats([x["output_throughput"] / b for x, b in zip(got, base)], "x")
+            steps = sum(x["plain_steps"] + x["cycles"] for x in got)
+            metrics[f"plain_share_c{c}_{v}"] = value(sum(x["plain_steps"] for x in got) / steps if steps else 0,
+                                                     "of steps")
+            acc = [x["spec_decode"]["mean_acceptance_length"] for x in got
+                   if (x.get("spec_decode") or {}).get("mean_acceptance_length")]
+            if acc:
+                metrics[f"accept_length_c{c}_{v}"] = stats(acc, "tokens/verify")
+    return {"metrics": metrics,
+            "details": {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                        "variants": {"no_draft": "eaglekit serve --target TARGET",
+                                     "draft": "... --draft DRAFT (the shipped draft; adaptive policy, the default)",
+                                     "random_draft": "... --draft an untrained draft (new_draft seed 7, the same "
+                                                     "captures)"},
+                        "rounds": {v: [[{k: lv[k] for k in ("concurrency", "output_throughput", "completed", "failed",
+                                                             "plain_steps", "cycles")} for lv in rnd]
+                                        for rnd in per_round[v]] for v in DEMO_VARIANTS}}}

@@ -22,7 +22,7 @@ def _result(speedup: float) -> dict:
 
 def test_the_registry_lists_the_suites():
     registry.load()
-    for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch"):
+    for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch", "cpu-serve-demo", "h200-serve-demo"):
         assert name in registry.SUITES
         for case, _ in registry.SUITES[name].cases:
             assert case in registry.CASES
@@ -74,3 +74,21 @@ def test_a_tiny_case_runs_through_the_command_line(tmp_path):
     assert c["case"] == "demo-cycle" and "error" not in c
     assert c["metrics"]["step_ms"]["n"] == 2 and c["metrics"]["cycle_ms_3_1_4"]["unit"] == "ms"
     assert res["notes"] == "test" and res["command"].endswith("--notes test")
+
+
+@pytest.mark.slow
+def test_the_served_pair_case_runs_three_servers(tmp_path):
+    """serve-demo end to end on the smallest load: three real servers (no draft, the demo draft, an untrained
+    draft), every request answered, each draft's ratio to no draft and its plain-step share reported."""
+    out = tmp_path / "serve.json"
+    rc = main(["run", "cpu-serve-demo", "--quick", "--out", str(out), "--param", "concurrency=1", "--param",
+               "num_prompts=2", "--param", "max_tokens=8"])
+    assert rc == 0
+    (c,) = schema.read(out)["cases"]
+    assert "error" not in c, c.get("error")
+    m = c["metrics"]
+    for v in ("no_draft", "draft", "random_draft"):
+        assert m[f"failed_c1_{v}"]["median"] == 0 and m[f"output_tok_s_c1_{v}"]["median"] > 0
+    for v in ("draft", "random_draft"):
+        assert m[f"speedup_c1_{v}"]["unit"] == "x" and 0 <= m[f"plain_share_c1_{v}"]["median"] <= 1
+    assert m["accept_length_c1_draft"]["median"] > 1  # the trained draft's tokens were accepted

@@ -299,6 +299,25 @@ def test_full_queue_gets_429(server):
     assert server.client.completions.create(model="demo", prompt="x", max_tokens=2).choices
 
 
+def test_a_one_sequence_backend_serves_one_row_and_refuses_more(tmp_path, alone):
+    """--backend hf (the transformers adapter holds one sequence) runs through the engine's one-row adapters at
+    --max-batch 1, its greedy output the target's; at --max-batch 2 the server does not start: E308 and its fix."""
+    srv = Server("--draft", DRAFT, "--backend", "hf", "--max-batch", "1", log=tmp_path / "one.log")
+    try:
+        prompt = "def fibonacci(n):"
+        r = srv.client.completions.create(model="demo", prompt=prompt, max_tokens=16, temperature=0)
+        want = alone(alone.tok(prompt)["input_ids"], 16)
+        assert r.choices[0].text == alone.tok.decode(want, skip_special_tokens=True)
+        assert r.model_extra["spec_decode"]["num_drafts"] >= 1  # the draft ran: not a plain fallback
+    finally:
+        srv.stop()
+    assert "one-sequence backend" in (tmp_path / "one.log").read_text()
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        Server("--draft", DRAFT, "--backend", "hf", "--max-batch", "2", log=tmp_path / "two.log")
+    log = (tmp_path / "two.log").read_text()
+    assert "[E308]" in log and "batch size of 1" in log
+
+
 def test_sigterm_drains_in_flight_requests(tmp_path):
     """SIGTERM while requests decode: they finish whole, then the server exits 0; EAGLE3_DEBUG traced them."""
     trace = tmp_path / "trace.jsonl"
