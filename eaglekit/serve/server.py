@@ -152,10 +152,12 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
         torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
     tok = load_tokenizer(target_dir)
     # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
-    # each, some of them while requests wait); --compile asks for it on purpose
+    # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
+    # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
+    # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
                               compile="off" if compile in ("auto", None) else compile, products=products,
-                              draft_quant=draft_quant, batched=True,
+                              draft_quant=draft_quant, batched=max_batch > 1,
                               rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
     from ..distributed import current
 

@@ -318,6 +318,29 @@ def test_a_one_sequence_backend_serves_one_row_and_refuses_more(tmp_path, alone)
     assert "[E308]" in log and "batch size of 1" in log
 
 
+@pytest.mark.parametrize("max_batch, batched", [(1, False), (4, True)])
+def test_a_one_row_server_takes_the_products_generate_takes(monkeypatch, max_batch, batched):
+    """--max-batch 1 never puts two requests in one forward: serve loads the pair as generate does (on sm_90 in bf16
+    the chooser then takes `hopper`, tests/kernels/test_products.py; its one-row batch has the Decoder's bits,
+    tests/serve/test_gpu_batch.py); more rows load for batches (batch-invariant products)."""
+    import eaglekit.pair
+    from eaglekit.serve.server import serve
+
+    class Loaded(Exception):
+        pass
+
+    seen = {}
+
+    def load_pair(*args, **kw):
+        seen.update(kw)
+        raise Loaded
+
+    monkeypatch.setattr(eaglekit.pair, "load_pair", load_pair)
+    with pytest.raises(Loaded):
+        serve(TARGET, DRAFT, max_batch=max_batch, device="cpu")
+    assert seen["batched"] is batched
+
+
 def test_sigterm_drains_in_flight_requests(tmp_path):
     """SIGTERM while requests decode: they finish whole, then the server exits 0; EAGLE3_DEBUG traced them."""
     trace = tmp_path / "trace.jsonl"
