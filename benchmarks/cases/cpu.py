@@ -68,7 +68,6 @@ def demo_cycle(p, ctx):
 
     from eaglekit.decoding.tree import TreeShape
 
-
     if p["threads"]:
         torch.set_num_threads(p["threads"])
     t, d = _demo_pair(p)

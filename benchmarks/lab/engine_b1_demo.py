@@ -1,13 +1,13 @@
-"""The shipped demo pair, one request at a time, through the one-sequence Decoder and through BatchEngine(max_batch=1)
+"""The shipped demo pair, one request at a time, through the Decoder and through a bare BatchEngine(max_batch=1)
 side by side in one process: tokens/s of each (the median of `--passes` passes over the prompts), the target alone
 beside them, and whether every output equals the target's.
 
     python benchmarks/lab/engine_b1_demo.py --device cuda --out DIR [--prompts 12 --new 128 --passes 3]
 
-Up to ea5b311 the Decoder had a cycle of its own: this measured whether generate and demo could move onto the engine
-(`benchmarks/results/2026-12-04g_h200_engine_b1_demo.json`). Since then the Decoder drives a one-row engine itself, so
-the two columns differ only by the Decoder's interface around the engine and by the policy. On the tiny pair a GPU is
-host-bound, so this measures host work per cycle as much as kernels. Writes DIR/engine_b1_demo.json.
+The Decoder drives a one-row engine itself, so the two columns differ only by the Decoder's interface around the
+engine (prompt checks, metrics, the trace's cycle numbers) and by the policy (the Decoder runs the whole tree every
+cycle). On the tiny pair a GPU is host-bound, so this measures host work per cycle as much as kernels.
+Writes DIR/engine_b1_demo.json.
 """
 
 from __future__ import annotations

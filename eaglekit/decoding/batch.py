@@ -122,7 +122,7 @@ class _Seq:
         self.new: list[int] = []  # tokens emitted this step
         self.accepted = self.drafted = None
         self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
-        self.trail: list[tuple[int, int]] | None = None  # a list: (accepted, tree depth) of each cycle, kept
+        self.trail: list[tuple[int, int]] | None = None  # set to a list: each cycle's (accepted, tree depth) kept
 
 
 class _Rows:

@@ -175,9 +175,10 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
         # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
         # parallelism every rank would have to warm up in step: there the first requests still pay)
         w = engine.warm_up(min(warm_up_span, target.info.max_position_embeddings), progress=True)
-        print(f"eaglekit serve: warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a "
-              f"row in {w['seconds']:.1f} s" if w["sizes"] else "eaglekit serve: a one-sequence backend (one row, "
-              "eager): nothing to warm up", file=sys.stderr, flush=True)
+        said = (f"warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a row in "
+                f"{w['seconds']:.1f} s" if w["sizes"] else
+                "a one-sequence backend (one row, eager): nothing to warm up")
+        print(f"eaglekit serve: {said}", file=sys.stderr, flush=True)
     lockstep = None
     if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
         from .lockstep import Lockstep, follow
