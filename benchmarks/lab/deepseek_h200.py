@@ -16,9 +16,11 @@ Stages (each prints its progress; a stage that fails records its error and the n
   step_eager_graph   the recorded greedy decode step (CUDA graph) without torch.compile
   step_compiled      the same with the layers compiled (the path `generate` takes on a GPU): tokens/s, its fraction
                      of the roofline; with --experts auto,triton also step_compiled_triton (the routed experts
-                     through eaglekit.kernels.moe_gemv), and with --profile-step each one's kernels by device time
+                     through eaglekit.kernels.moe_gemv; grouped: torch._grouped_mm, models.moe.Experts.grouped),
+                     and with --profile-step each one's kernels by device time
   cycles             the EAGLE-3 cycle with a random draft (hidden 2048, 16 heads, draft vocab 32000) for chains
-                     (3,1,4) and (5,1,6), a CUDA graph a phase as the Decoder replays them, over the compiled step.
+                     (3,1,4) and (5,1,6), a CUDA graph a phase as the Decoder replays them, over the compiled step
+                     (both with the first --experts mode).
                      The random draft's proposals are rejected, so each cycle accepts its root only; a chain's
                      cycle costs the same whatever it accepts (its cache update moves nothing), so the figure is
                      the cycle's cost at any accept length (the method of benchmarks/cases/h200.py)
@@ -228,8 +230,7 @@ class Bench:
         if "roofline_tok_s" in self.ctx:
             res["roofline_fraction"] = round(1e3 / med / self.ctx["roofline_tok_s"], 4)
         if compiled:
-            if self.ctx.get("experts", "auto") == "auto" or "step_ms" not in self.ctx:
-                self.ctx["step_ms"] = med  # (what the cycles are over: the per-call experts where it ran)
+            self.ctx.setdefault("step_ms", med)  # what the cycles are over: the first experts mode's step
             if self.cuda and self.args.profile_step:
                 res["kernels"] = self._kernels(run, before)
         return res
@@ -372,18 +373,25 @@ class Bench:
         self.stage("roofline", self.roofline)
         self.stage("step_eager_graph", lambda: self._step(False))
         if self.cuda or self.args.compile_on_cpu:
-            for mode in self.args.experts.split(","):
+            modes = self.args.experts.split(",")
+            for mode in modes:
                 # "auto": the experts' per-call choice (moe.Experts); another mode names its stage
                 self.ctx["target"].set_experts(None if mode == "auto" else mode)
                 self.ctx["experts"] = mode
                 self.stage("step_compiled" + ("" if mode == "auto" else f"_{mode}"), lambda: self._step(True))
-            self.ctx["target"].set_experts(None)
+            self.ctx["experts"] = modes[0]  # the cycles run with the first mode, over its step
+            self.ctx["target"].set_experts(None if modes[0] == "auto" else modes[0])
+            if len(modes) > 1:  # a fresh compile for the cycles' mode (the last stage compiled another)
+                self.ctx["target"].compile(None if self.args.tuned else {})
+            self.out["cycles_experts"] = modes[0]
         if not self.args.skip_cycles:
             self.stage("cycles", self.cycles)
         if not self.args.skip_hf:
             self.stage("transformers", self.transformers_generate)
         s = self.out["stages"]
-        best = s.get("step_compiled") or s.get("step_eager_graph") or {}
+        first = self.args.experts.split(",")[0]
+        best = (s.get("step_compiled" + ("" if first == "auto" else f"_{first}")) or s.get("step_eager_graph")
+                or {})
         self.out["summary"] = {
             "tokens_per_s": best.get("tokens_per_s"), "roofline_tok_s": s.get("roofline", {}).get("roofline_tok_s"),
             "roofline_fraction": best.get("roofline_fraction"),
@@ -422,7 +430,8 @@ def main(argv=None):
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate")
     p.add_argument("--skip-cycles", action="store_true", help="leave out the EAGLE-3 cycles")
     p.add_argument("--experts", default="auto", help="the compiled step once per experts mode, comma-separated "
-                   "(auto: per call; triton: eaglekit.kernels.moe_gemv); the cycles run with auto")
+                   "(auto: per call; triton: eaglekit.kernels.moe_gemv; grouped: torch._grouped_mm); the cycles "
+                   "and the summary take the first")
     p.add_argument("--profile-step", action="store_true", help="the compiled step's kernels by device time, to "
                    "deepseek_step_kernels.txt beside the JSON")
     p.add_argument("--tuned", action="store_true", help="compile with eaglekit's tuned inductor options (slower "

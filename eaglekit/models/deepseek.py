@@ -217,10 +217,11 @@ class DeepSeekTarget(StaticCacheTarget):
     def set_experts(self, mode: str | None) -> None:
         """How the routed experts run (eaglekit.models.moe.Experts.mode): None chooses per call; "triton" sends
         decode calls to eaglekit.kernels.moe_gemv (opt-in: slower than inductor's gathers on an H200,
-        benchmarks/results/2026-12-04f_h200_deepseek_experts.json). Set before compile()."""
+        benchmarks/results/2026-12-04f_h200_deepseek_experts.json); "grouped" runs a call's pairs as two grouped GEMMs
+        (opt-in until measured on a GPU). Set before compile()."""
         from .moe import Experts
 
-        if mode not in (None, "gather", "fused", "loop", "dense", "triton"):
+        if mode not in (None, "gather", "fused", "loop", "dense", "triton", "grouped"):
             raise ValueError(f"unknown experts mode {mode!r}")
         for m in self.net.modules():
             if isinstance(m, Experts):

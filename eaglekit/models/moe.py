@@ -17,6 +17,13 @@ The routed experts' weights are stacked as transformers 5 holds them (gate_up_pr
 - triton (opt-in: `mode = "triton"`, DeepSeekTarget.set_experts): a decode call's pairs through
   eaglekit.kernels.moe_gemv's two kernels (gate/up with the activation, then down with the weighted sum), eager or
   compiled, where that module runs (bf16/fp16 on CUDA); other calls choose per call as above.
+- grouped (opt-in: `mode = "grouped"`): the (token, expert) pairs sorted by expert and run as two grouped GEMMs
+  (torch._grouped_mm: one CUTLASS kernel over the experts any pair chose, an expert's weights streamed once per call
+  whatever number of the call's tokens chose it; no host sync, so CUDA graphs record it). Where gather reads an expert
+  once per pair, a verified tree whose tokens share experts reads each shared expert once. A pair's row is computed
+  alone in its tile (no split over K; the tile shape is fixed for decode-sized calls, see grouped_usable), so a
+  token's bits do not depend on the other rows. Runs where torch's kernel runs without a host sync (bf16 on sm_90 /
+  sm_100) and, through torch's reference loop, on a CPU (tests); elsewhere the per-call choice above.
 """
 
 from __future__ import annotations
@@ -30,6 +37,22 @@ from .layers import MLP
 
 # eager calls with at most this many (token, expert) pairs gather; more copy too many weights
 GATHER_MAX_PAIRS = 16
+
+
+def grouped_usable(h: torch.Tensor, widths: tuple[int, ...]) -> bool:
+    """Whether torch._grouped_mm runs h's call without a host sync: bf16 on a GPU of compute capability 9 or 10 with
+    every width (`widths`: hidden and expert intermediate) a multiple of 8 (CUTLASS reads rows in 16-byte pieces;
+    elsewhere on CUDA torch loops over the groups after reading the offsets to the host, which a CUDA graph cannot
+    record), or a CPU in float32 / bf16 / fp16 (that loop: tests; bf16 alone under torch.compile, whose shape rule
+    for the op takes bf16 only). The CUDA kernel picks its tile from the call's rows per expert (64 x 128 x 128 at
+    <= 128, so for every decode call)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if h.device.type == "cpu":
+        return h.dtype == torch.bfloat16 or (h.dtype in (torch.float32, torch.float16)
+                                             and not torch.compiler.is_compiling())
+    return (h.is_cuda and h.dtype == torch.bfloat16 and all(n % 8 == 0 for n in widths)
+            and torch.cuda.get_device_capability(h.device)[0] in (9, 10))
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -91,7 +114,7 @@ class Experts(nn.Module):
         self.I = I
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
         self.down_proj = nn.Parameter(torch.empty(E, D, I))
-        # None: chosen per call (module docstring); or one of gather, fused, loop, dense, triton
+        # None: chosen per call (module docstring); or one of gather, fused, loop, dense, triton, grouped
         self.mode: str | None = None
 
     def _act(self, gu):
@@ -106,6 +129,22 @@ class Experts(nn.Module):
         else:
             a = self._act(torch.matmul(self.gate_up_proj[idx], h[:, None, :, None]).squeeze(-1))
             y = torch.matmul(self.down_proj[idx], a[..., None]).squeeze(-1)
+        return (y.to(_acc(h)) * w[..., None]).sum(1).to(h.dtype)
+
+    def grouped(self, h, idx, w):
+        """The pairs sorted by expert (a stable sort: within an expert, pairs keep their tokens' order), two grouped
+        GEMMs over the stacked weights (offsets: where each expert's rows end, counted on the device), the results put
+        back in pair order and weighted in gather's fixed order."""
+        N, k = idx.shape
+        flat = idx.reshape(-1)
+        order = torch.sort(flat, stable=True)[1]
+        counts = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.int32, device=h.device)
+        counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offs = counts.cumsum(0, dtype=torch.int32)
+        rows = h.index_select(0, order // k)  # [N k, D]: the token of each sorted pair
+        a = self._act(torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=offs))  # [N k, I]
+        y = torch._grouped_mm(a, self.down_proj.transpose(1, 2), offs=offs)  # [N k, D], sorted
+        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)  # back in pair order
         return (y.to(_acc(h)) * w[..., None]).sum(1).to(h.dtype)
 
     def loop(self, h, idx, w):
@@ -130,6 +169,10 @@ class Experts(nn.Module):
             if moe_gemv.usable(h, idx.numel()):
                 return moe_gemv.experts(h, self.gate_up_proj, self.down_proj, idx, w)
             mode = None  # (a prompt, float32, a CPU: the per-call choice)
+        elif mode == "grouped":
+            if grouped_usable(h, (h.shape[-1], self.I)):
+                return self.grouped(h, idx, w)
+            mode = None  # (float64, fp16 or float32 on a GPU, a GPU before sm_90: the per-call choice)
         if mode is None:
             if torch.compiler.is_compiling():
                 mode = "fused"
