@@ -72,42 +72,67 @@ def phase_ms(run, names, reps: int, cuda: bool, before) -> dict:
     return {n: round(statistics.median(v), 4) for n, v in out.items()}
 
 
-class OneRow:
-    """The one engine at one row (what generate, demo and `serve --max-batch 1` run), stood at a prompt for timing:
-    `step()` is a plain decode step (its plain step's `plain_rows` rows), `cycle()` one speculative cycle of `shape`
-    phase by phase (`run(phase)`, phases `PHASES`), `restore()` puts the committed state back (call it before each
-    timed call: lengths, root, the draft's hidden and logits). With a draft the engine has prefilled and run one cycle,
-    so every graph is recorded (on a GPU) and every compiled walk compiled. `capture`: the capture to run with, for
-    a pair built by hand (random weights, no checkpoint): the pair's checks are skipped (what is timed does not
-    depend on them)."""
+class StoodRows:
+    """The one engine stood at B prompts for timing (B = len(prompts), max batch B): `step()` is a plain decode step of
+    the B rows (each its plain step's `plain_rows` rows), `cycle(shape)` one speculative cycle of `shape` (default the
+    engine's; a shorter length the engine can run is recorded on first use) phase by phase (`run(phase, shape)`,
+    phases `PHASES`), `restore()` puts the committed state back (call it before each timed call: lengths, roots, the
+    draft's hidden and logits). With a draft the engine has prefilled every row and run one cycle, so the shape's
+    graphs are recorded (on a GPU) and every compiled walk compiled. `capture`: the capture to run with, for a pair
+    built by hand (random weights, no checkpoint): the pair's checks are skipped (what is timed does not depend on
+    them). `engine` takes BatchEngine's other arguments (spec_max_batch, adaptive)."""
 
-    def __init__(self, target, draft, shape, prompt: torch.Tensor, graphs: bool, plain_rows: int = 1,
-                 max_new: int = 256, capture=None):
+    def __init__(self, target, draft, shape, prompts: list, graphs: bool, plain_rows: int = 1,
+                 max_new: int = 256, capture=None, **engine):
         from eaglekit.decoding.batch import BatchEngine, Request
 
-        self.engine = BatchEngine(target, draft, shape, max_batch=1, graphs=graphs, adaptive=False,
-                                  plain_rows=plain_rows, capture=capture, pair_checked=capture is not None)
-        self.engine.add(Request("r", prompt.tolist(), max_new, eos_ids=()))
+        engine.setdefault("adaptive", False)
+        self.engine = BatchEngine(target, draft, shape, max_batch=len(prompts), graphs=graphs, plain_rows=plain_rows,
+                                  capture=capture, pair_checked=capture is not None, **engine)
+        for i, prompt in enumerate(prompts):
+            ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+            self.engine.add(Request(f"r{i}", ids, max_new, eos_ids=()))
+        self.shape = shape
         with torch.inference_mode():
-            self.engine.step()  # the prefill, this size's graphs, one cycle (or plain step)
+            self.engine.step()  # the prefills, this size's graphs, one cycle (or plain step)
             self.c = self.engine._rows(shape)
         self.PHASES = self.c.SPEC
         self._state = self.c.state()
         self._snap = [x.clone() for x in self._state]
+        self._rows = {shape: self.c}
 
     @torch.inference_mode()  # (the engine's state tensors are inference tensors)
     def restore(self) -> None:
         for x, v in zip(self._state, self._snap):
             x.copy_(v)
 
-    def run(self, phase: str) -> None:
+    def rows(self, shape=None):
+        """The engine's rows for `shape` (default the stood shape), recorded on first use (GPU) and stood back."""
+        shape = shape or self.shape
+        if shape not in self._rows:
+            with torch.inference_mode():
+                self._rows[shape] = self.engine._rows(shape)
+            self.restore()
+        return self._rows[shape]
+
+    def run(self, phase: str, shape=None) -> None:
         with torch.inference_mode():
-            self.c.run(phase)
+            self.rows(shape).run(phase)
 
     def step(self) -> None:
         self.run("plain")
         self.run("plain_commit")
 
-    def cycle(self) -> None:
-        for ph in self.PHASES:
-            self.run(ph)
+    def cycle(self, shape=None) -> None:
+        c = self.rows(shape)
+        with torch.inference_mode():
+            for ph in c.SPEC:
+                c.run(ph)
+
+
+class OneRow(StoodRows):
+    """StoodRows at one prompt: the one engine at one row (what generate, demo and `serve --max-batch 1` run)."""
+
+    def __init__(self, target, draft, shape, prompt: torch.Tensor, graphs: bool, plain_rows: int = 1,
+                 max_new: int = 256, capture=None):
+        super().__init__(target, draft, shape, [prompt], graphs, plain_rows, max_new, capture)

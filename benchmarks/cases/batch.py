@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -21,7 +22,7 @@ import torch
 
 from ..registry import as_list, case, suite
 from ..schema import stats, value
-from ..timing import samples_ms
+from ..timing import StoodRows, samples_ms
 
 # SGLang's published EAGLE-3 speedups over no draft (chain of 3, H100), by batch size
 SGLANG = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 64: 1.38}
@@ -73,7 +74,6 @@ def build_pair(tiny: bool, device: str):
 @torch.inference_mode()  # the engine's state tensors are inference tensors
 def batch_cycles(p, ctx):
     from eaglekit.decoding.accept import synthetic_rate
-    from eaglekit.decoding.batch import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
 
     cuda = torch.cuda.is_available() and not p["tiny"]
@@ -89,37 +89,17 @@ def batch_cycles(p, ctx):
     kinds = [k for k in as_list(p["products"]) if cuda or k in ("aten", "onednn")]
     for kind, B in [(k, b) for k in kinds for b in sizes]:
         t.set_products(kind)  # aten: F.linear (cuBLAS); invariant: what serve runs in bf16 (batch-invariant)
-        eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda, adaptive=False)
-        for i in range(B):
-            prompt = torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g).tolist()
-            eng.add(Request(f"r{i}", prompt, p["max_new"], eos_ids=()))
-        eng.step()  # prefill every row, record this size's graphs (GPU), one cycle
-        c = eng._rows()
-        state = c.state()
-        snap = [x.clone() for x in state]
-
-        def restore():  # outside the timed span
-            for x, v in zip(state, snap):  # noqa: B023 (called within this iteration)
-                x.copy_(v)
-
-        def step():
-            c.run("plain")  # noqa: B023 (called within this iteration)
-            c.run("plain_commit")  # noqa: B023 (called within this iteration)
-
-        base = stats(samples_ms(step, p["reps"], cuda=cuda, before=restore), "ms")
+        prompts = [torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g) for _ in range(B)]
+        stood = StoodRows(t, d, TreeShape(3, 1, 4), prompts, graphs=cuda, max_new=p["max_new"], spec_max_batch=B)
+        base = stats(samples_ms(stood.step, p["reps"], cuda=cuda, before=stood.restore), "ms")
         sfx = "" if kind == "aten" else f"_{kind}"
         metrics[f"step_ms_b{B}{sfx}"] = base
         row = {"products": kind, "batch": B, "step_ms": base["median"], "sglang_speedup": SGLANG.get(B)}
         best = (0.0, None)
-        for j, shape in sorted(eng.shapes.items(), reverse=True):
-            cj = eng._rows(shape)  # records this length's graphs (GPU)
-            restore()
-
-            def cycle():
-                for ph in cj.SPEC:  # noqa: B023 (called within this iteration)
-                    cj.run(ph)  # noqa: B023 (called within this iteration)
-
-            cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=restore), "ms")
+        for j, shape in sorted(stood.engine.shapes.items(), reverse=True):
+            stood.rows(shape)  # records this length's graphs (GPU), outside the timed span
+            cycle = functools.partial(stood.cycle, shape)
+            cyc = stats(samples_ms(cycle, p["reps"], cuda=cuda, before=stood.restore), "ms")
             accept = sum(rate ** i for i in range(j + 1))  # this prefix's accept length at the same per-position rate
             speedup = accept * base["median"] / cyc["median"]
             name = f"b{B}{sfx}" if j == 3 else f"b{B}_len{j}{sfx}"
@@ -128,12 +108,11 @@ def batch_cycles(p, ctx):
             row[f"cycle_ms_len{j}"] = cyc["median"]
             row[f"speedup_len{j}"] = round(speedup, 3)
             best = max(best, (speedup, j))
-        metrics[f"speedup_policy_b{B}{sfx}"] = value(best[0], "x")
         metrics[f"policy_length_b{B}{sfx}"] = value(best[1], "draft tokens")
         row.update(cycle_ms=row["cycle_ms_len3"], speedup_replayed=row["speedup_len3"],
                    speedup_policy=round(best[0], 3), policy_length=best[1])
         rows.append(row)
-        del eng
+        del stood
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
