@@ -228,9 +228,10 @@ class DeepSeekTarget(StaticCacheTarget):
                 m.mode = mode
 
     def fuse(self) -> None:
-        """Fused gate/up projections of the dense and shared-expert MLPs (same memory, fewer kernels)."""
+        """Fused gate/up projections of the dense and shared-expert MLPs, and MLA's q (or q_a) with kv_a (same
+        memory, fewer kernels)."""
         for m in self.net.modules():
-            if isinstance(m, MLP):
+            if isinstance(m, (MLP, MLA)):
                 m.fuse()
 
     @torch.inference_mode()

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .deepseek_config import DeepSeekConfig, mla_inv_freq
-from .layers import RMSNorm
+from .layers import RMSNorm, _fuse_rows
 
 # calls of at most this many tokens attend in the absorbed form (decode steps, verifies, batched rows)
 ABSORB_MAX_TOKENS = 64
@@ -81,11 +81,28 @@ class MLA(nn.Module):
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
         self.o_proj = nn.Linear(H * c.v_head_dim, D, bias=c.attention_bias)
         self.scale = c.softmax_scale
+        self.qa_weight = None  # set by fuse(): the two products of the layer's input as one
 
-    def _q(self, x):
-        if self.c.q_lora_rank is None:
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    def fuse(self) -> None:
+        """Inference only: q_proj (or q_a_proj, with q_lora) and kv_a_proj_with_mqa both read the layer's input;
+        their weights become row views of one matrix and a call runs one product instead of two (a decode step's
+        products are GEMVs, each a kernel with its own ramp). Without biases only (attention_bias)."""
+        first = self.q_proj if self.c.q_lora_rank is None else self.q_a_proj
+        if first.bias is None and self.kv_a_proj_with_mqa.bias is None:
+            self.qa_weight = _fuse_rows([first, self.kv_a_proj_with_mqa])
+
+    def _inputs(self, x):
+        """-> (q [B, T, H (nope + rope)], the compressed kv [B, T, kv_lora_rank], k_pe [B, T, rope])."""
+        kvr, dr = self.kvr, self.dr
+        if self.qa_weight is not None:
+            q, kv = F.linear(x, self.qa_weight).split([self.qa_weight.shape[0] - kvr - dr, kvr + dr], dim=-1)
+            if self.c.q_lora_rank is not None:
+                q = self.q_b_proj(self.q_a_layernorm(q))
+        else:
+            q = self.q_proj(x) if self.c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            kv = self.kv_a_proj_with_mqa(x)
+        c, k_pe = kv.split([kvr, dr], dim=-1)
+        return q, c, k_pe
 
     def forward(self, x, cos, sin, kv=None, slots=None, mask=None):
         """x [B, T, D] -> o_proj(attention) [B, T, D]. kv: this layer's cache rows [B, S_max + 1, kvr + dr] (or
@@ -94,9 +111,8 @@ class MLA(nn.Module):
         `mask` [B|1, T, S] (True: may attend)."""
         B, T, _ = x.shape
         H, dn, dr, kvr = self.H, self.dn, self.dr, self.kvr
-        q = self._q(x).view(B, T, H, dn + dr)
-        q_nope, q_pe = q.split([dn, dr], dim=-1)
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([kvr, dr], dim=-1)
+        q, c, k_pe = self._inputs(x)
+        q_nope, q_pe = q.view(B, T, H, dn + dr).split([dn, dr], dim=-1)
         il = self.c.rope_interleave
         q_pe = rope(q_pe, cos.unsqueeze(-2), sin.unsqueeze(-2), il)
         new = torch.cat([self.kv_a_layernorm(c), rope(k_pe, cos, sin, il)], dim=-1)  # [B, T, kvr + dr]
