@@ -49,6 +49,8 @@ PARTS = {
         f"{GPU}::test_int8_draft_compiled_in_graphs_keeps_the_output",
         f"{GPU}::test_small_m_compiled_graphs_equal_eager_bf16",
         f"{GPU}::test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded",
+        f"{GPU}::test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded",
+        f"{GPU}::test_small_m_shared_tiles_keep_each_rows_bits_bf16",
         f"{GPU}::test_one_row_extend_takes_the_pending_form_with_extends_bits",
     ]),
     3: ("the float32 pair: CUDA graphs, torch.compile, batches, sampling", [

@@ -7,7 +7,9 @@
                    (3,1,4); each position accepted at the rate that gives it, so a prefix of j accepts
                    1 + r + ... + r^j): B x accept / cycle; without: B / step. `speedup_replayed`: the whole chain;
                    `speedup_policy`: the best length at that batch size (what the policy runs once it has timed
-                   them). SGLang's published ratios beside them.
+                   them). SGLang's published ratios beside them. The invariant products run once per `gemm_tiles`
+                   (16-row tiles a program, invariant_gemm.SHARED_TILES); `*_step_cost_b*`, `*_cycle_cost_b*`: their
+                   step and cycle over cuBLAS's (what batch invariance costs).
     batch-demo     the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, greedy
                    outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
 """
@@ -69,12 +71,13 @@ def build_pair(tiny: bool, device: str):
 @case("batch-cycles", "batched step and cycle per batch size and draft length (chain (3,1,4) and its prefixes), "
       "replayed tok/s and speedup",
       defaults={"tiny": False, "sizes": [1, 2, 4, 8, 16, 32, 64], "context": 512, "max_new": 256, "reps": 30,
-                "accept_length": 2.79, "products": ["aten", "invariant"]},
+                "accept_length": 2.79, "products": ["aten", "invariant"], "gemm_tiles": [1]},
       quick={"sizes": [1, 8, 64], "reps": 10})
 @torch.inference_mode()  # the engine's state tensors are inference tensors
 def batch_cycles(p, ctx):
     from eaglekit.decoding.accept import synthetic_rate
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.kernels import invariant_gemm
 
     cuda = torch.cuda.is_available() and not p["tiny"]
     if not cuda and not p["tiny"]:
@@ -87,14 +90,20 @@ def batch_cycles(p, ctx):
     g = torch.Generator().manual_seed(1)
     sizes = as_list(p["sizes"])
     kinds = [k for k in as_list(p["products"]) if cuda or k in ("aten", "onednn")]
-    for kind, B in [(k, b) for k in kinds for b in sizes]:
+    # the invariant products once per gemm_tiles (invariant_gemm.SHARED_TILES: 16-row tiles a program)
+    runs = [(k, tl) for k in kinds for tl in (as_list(p["gemm_tiles"]) if k == "invariant" else [None])]
+    shared = invariant_gemm.SHARED_TILES
+    for (kind, tiles), B in [(r, b) for r in runs for b in sizes]:
+        if tiles is not None:
+            invariant_gemm.SHARED_TILES = tiles  # (kernels() names a new op for it)
         t.set_products(kind)  # aten: F.linear (cuBLAS); invariant: what serve runs in bf16 (batch-invariant)
         prompts = [torch.randint(0, raw["vocab_size"] - 1, (context,), generator=g) for _ in range(B)]
         stood = StoodRows(t, d, TreeShape(3, 1, 4), prompts, graphs=cuda, max_new=p["max_new"], spec_max_batch=B)
         base = stats(samples_ms(stood.step, p["reps"], cuda=cuda, before=stood.restore), "ms")
-        sfx = "" if kind == "aten" else f"_{kind}"
+        sfx = ("" if kind == "aten" else f"_{kind}") + (f"_t{tiles}" if tiles not in (None, 1) else "")
         metrics[f"step_ms_b{B}{sfx}"] = base
-        row = {"products": kind, "batch": B, "step_ms": base["median"], "sglang_speedup": SGLANG.get(B)}
+        row = {"products": kind, "gemm_tiles": tiles, "batch": B, "step_ms": base["median"],
+               "sglang_speedup": SGLANG.get(B)}
         best = (0.0, None)
         for j, shape in sorted(stood.engine.shapes.items(), reverse=True):
             stood.rows(shape)  # records this length's graphs (GPU), outside the timed span
@@ -116,10 +125,14 @@ def batch_cycles(p, ctx):
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    for B in sizes:  # what batch invariance costs: the invariant kernels' step over cuBLAS's, per batch size
-        if f"step_ms_b{B}_invariant" in metrics:
-            metrics[f"invariant_step_cost_b{B}"] = value(metrics[f"step_ms_b{B}_invariant"]["median"] /
-                                                         metrics[f"step_ms_b{B}"]["median"], "x")
+    invariant_gemm.SHARED_TILES = shared  # (as it was: a later case of the run sees the process's setting)
+    for B in sizes:  # what batch invariance costs: the invariant kernels' step and cycle over cuBLAS's, per batch size
+        for sfx in ["_invariant"] + [f"_invariant_t{x}" for x in as_list(p["gemm_tiles"]) if x != 1]:
+            if f"step_ms_b{B}{sfx}" in metrics and f"step_ms_b{B}" in metrics:
+                metrics[f"{sfx[1:]}_step_cost_b{B}"] = value(metrics[f"step_ms_b{B}{sfx}"]["median"] /
+                                                             metrics[f"step_ms_b{B}"]["median"], "x")
+                metrics[f"{sfx[1:]}_cycle_cost_b{B}"] = value(metrics[f"cycle_ms_b{B}{sfx}"]["median"] /
+                                                              metrics[f"cycle_ms_b{B}"]["median"], "x")
     return {"metrics": metrics,
             "details": {"shape": "tiny" if p["tiny"] else "llama-3.1-8b", "dtype": str(t.dtype), "tree": [3, 1, 4],
                         "rate_per_position": round(rate, 4),

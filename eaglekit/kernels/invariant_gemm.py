@@ -10,7 +10,8 @@ attention. So it is the product half of products "invariant" (eaglekit.kernels.p
 eaglekit.kernels.invariant_attention and .invariant_norm): bf16 output identical to the baseline.
 
 How: y[M, N] = x[M, K] @ W[N, K]^T for M <= 64 with a Triton kernel whose tile is always 16 rows (rows past M are
-masked zeros; more rows, more tiles, each its own program). The grid covers N in blocks and K in `split` slices;
+masked zeros; more rows, more tiles, each its own program, or with SHARED_TILES up to four to a program that reads
+the weight tile once for all of them, each tile its own dot). The grid covers N in blocks and K in `split` slices;
 each program accumulates its slice in fp32 with the tensor cores, partial sums land in [split, M, N] fp32 and a
 second kernel adds them in a fixed order. The tile config depends on (N, K) only, never on M, so each row's result
 is bit-identical for every M: the batch invariance that bf16 losslessness needs (tests/kernels/test_invariant_gemm.py
@@ -36,7 +37,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 64  # more rows than this go to F.linear (rows come in 16-row tiles, each reads the weight once)
+MAX_ROWS = 64  # more rows than this go to F.linear (rows come in 16-row tiles)
+# 16-row tiles one program takes (1, 2 or 4; $EAGLEKIT_GEMM_TILES): 1 reads the weight once per tile, so a call of 64
+# rows reads it four times; 4 gives a program up to four tiles, each its own dot against the weight tile read once
+# (a row's arithmetic is the same either way: tiles_for), and narrower column blocks keep the programs' count
+_env = os.environ.get("EAGLEKIT_GEMM_TILES", "1").strip()
+SHARED_TILES = int(_env) if _env.isdigit() else _env  # (anything else: tiles_for names the variable and the choices)
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -211,6 +217,20 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
+    """(16-row tiles a program takes, its column block) for M rows under a config of column block `block_n`, with at
+    most `most` (default SHARED_TILES) tiles a program: the fewest of 1, 2, 4 covering M's tiles, and the column block
+    narrowed as many times (not below 16, tl.dot's least width) so the grid keeps its programs. Neither changes a
+    row's bits: a row's sum runs over K in the same slices and steps whatever the column block and the tiles beside
+    its own (tests/kernels/test_invariant_gemm.py checks it)."""
+    most = SHARED_TILES if most is None else most
+    if most not in (1, 2, 4):
+        raise ValueError(f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "
+                         "of them (1, the default: a program a tile)")
+    tiles = min(most, 1 << max(0, (triton_cdiv(M, 16) - 1).bit_length()))
+    return tiles, max(16, block_n // tiles) if block_n >= 16 else block_n
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
            exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
            rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -268,7 +288,7 @@ def epilogue(y: torch.Tensor, residual: torch.Tensor | None = None, gated: bool 
 
 
 _KERNELS = None
-_NAMED_FOR = None  # the tuned table _KERNELS's op is named after
+_NAMED_FOR = None  # (the tuned table, SHARED_TILES) _KERNELS's op is named after
 _BUILT: dict = {}  # op name -> kernels: a name registers once, so a table seen before reuses its op
 
 
@@ -279,15 +299,15 @@ def kernels():
     from there) and the code's digest (compiling.op_name says why): a new table (tune) names a new op."""
     global _KERNELS, _NAMED_FOR
     table = tuned_table()  # before any trace (tuned_table says why); a global check once read
-    if _KERNELS is None or table is not _NAMED_FOR:
+    if _KERNELS is None or _NAMED_FOR is None or table is not _NAMED_FOR[0] or SHARED_TILES != _NAMED_FOR[1]:
         from . import invariant_gemm_triton
         from .compiling import op_name
 
         name = op_name("small_m_linear", __file__, invariant_gemm_triton.__file__,
-                       extra=json.dumps(table, sort_keys=True))
+                       extra=json.dumps(table, sort_keys=True) + f"tiles{SHARED_TILES}")
         if name not in _BUILT:
             _BUILT[name] = _build(name)
-        _KERNELS, _NAMED_FOR = _BUILT[name], table
+        _KERNELS, _NAMED_FOR = _BUILT[name], (table, SHARED_TILES)
     return _KERNELS
 
 
@@ -297,14 +317,17 @@ def _build(name: str):
     from .invariant_gemm_triton import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
-            gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+            gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None,
+            tiles: int | None = None) -> torch.Tensor:
         """`rope` = (cos, sin [M, head_dim], rope_cols): rotary on the output's heads below column rope_cols (cfg's
-        block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`)."""
+        block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`).
+        `tiles`: at most this many 16-row tiles a program (default SHARED_TILES; tiles_for)."""
         M, K = x.shape
         N = w.shape[0] // 2 if gated else w.shape[0]
         x = x.contiguous()
         r = residual.contiguous() if residual is not None else x  # (x: a placeholder the kernels never read)
         block_n, block_k, split, warps, stages = cfg
+        per_program, block_n = tiles_for(M, block_n, tiles)
         k_slice = triton_cdiv(triton_cdiv(K, split), block_k) * block_k
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         width = 2 * N if gated else N
@@ -317,10 +340,11 @@ def _build(name: str):
                              f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}")
         cos, sin = cos.contiguous(), sin.contiguous()
         grid_n = triton_cdiv(N, 2 * block_n) if rope is not None else triton_cdiv(N, block_n)
-        wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16))](
+        wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16 * per_program))](
             x, w, part, r, cos, sin, scale if scale is not None else x, cos.stride(0), rope_cols, M, N, K,
             x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=split == 1, GATED=gated,
-            RESIDUAL=residual is not None, HALF=half, SCALED=scale is not None, num_warps=warps, num_stages=stages)
+            RESIDUAL=residual is not None, HALF=half, SCALED=scale is not None, UP=gated or half > 0,
+            TILES=per_program, num_warps=warps, num_stages=stages)
         if split > 1:
             wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
                                                           RESIDUAL=residual is not None)

@@ -185,6 +185,47 @@ def test_rotary_in_the_qkv_product_bf16():
         assert torch.equal(run(x[:M], w, cfg, rope=(rope[0][:M], rope[1][:M], rope[2])), full[:M])
 
 
+@pytest.mark.parametrize("N,K,gated", [(6144, 4096, False), (28672, 4096, True), (4096, 14336, False),
+                                       (128256, 4096, False)])
+def test_small_m_shared_tiles_keep_each_rows_bits_bf16(N, K, gated):
+    """Programs of up to four 16-row tiles against one read of the weight tile (invariant_gemm.tiles_for) at the 8B
+    shapes in bf16: 64 rows (a batch-16 verify of 4 tokens) and 37 give every row the bits it has with one tile a
+    program and alone, epilogues and the q/k/v rotary included (the tensor cores' dot of a 16-row tile is the same
+    instruction sequence whatever else the program holds)."""
+    from eaglekit.kernels import invariant_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(N + K)
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.02
+    x = torch.randn(64, K, device="cuda", generator=g).bfloat16()
+    cfg = invariant_gemm.config(N, K, exact=True)
+    kw = {}
+    if gated:  # N: the [gate; up] weight's rows
+        cfg = invariant_gemm.gated_config(cfg)
+        kw = {"gated": True, "residual": torch.randn(64, N // 2, device="cuda", generator=g).bfloat16()}
+    elif N == 6144:  # the q/k/v product with its rotary
+        hd = 128
+        ang = torch.rand(64, hd // 2, device="cuda", generator=g, dtype=torch.float64) * 100
+        c, s = torch.cat([ang, ang], -1).cos().bfloat16(), torch.cat([ang, ang], -1).sin().bfloat16()
+        cfg = invariant_gemm.rope_config(cfg, hd)
+        kw = {"rope": (c, s, 40 * hd)}
+    run = invariant_gemm.kernels().run
+
+    def rows(lo, hi):
+        out = dict(kw)
+        if "residual" in kw:
+            out["residual"] = kw["residual"][lo:hi]
+        if "rope" in kw:
+            out["rope"] = (kw["rope"][0][lo:hi], kw["rope"][1][lo:hi], kw["rope"][2])
+        return out
+
+    one = run(x, w, cfg, tiles=1, **kw)
+    for tiles in (2, 4):
+        assert torch.equal(run(x, w, cfg, tiles=tiles, **kw), one), tiles
+        assert torch.equal(run(x[:37], w, cfg, tiles=tiles, **rows(0, 37)), one[:37]), tiles
+    for m in (0, 17, 63):
+        assert torch.equal(run(x[m:m + 1], w, cfg, tiles=4, **rows(m, m + 1))[0], one[m]), m
+
+
 @pytest.mark.parametrize("rows,V,k", [(1, 32000, 4), (4, 32000, 4), (8, 32000, 8), (3, 128256, 2)])
 def test_tree_top_k_kernels_equal_torch(rows, V, k):
     """A draft tree's pick through eaglekit.kernels.topk's kernels on the GPU: torch's ids, in torch's order, and its

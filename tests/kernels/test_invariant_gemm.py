@@ -244,3 +244,45 @@ def test_int8_rule_takes_a_k_no_tile_divides():
     y = invariant_gemm.linear(x, q, scale=s)
     ref = _ref(x, q.double() * s.double()[:, None])
     assert (y.double() - ref).abs().max() <= 4e-3 * ref.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["plain", "split", "gated_residual", "rope", "int8"])
+def test_shared_tiles_give_each_row_its_own_bits(kind):
+    """Programs of 2 or 4 16-row tiles against one read of the weight tile (tiles_for, $EAGLEKIT_GEMM_TILES), their
+    column blocks narrowed: every row the bits it has with one tile a program, and alone, for 64 and 37 rows (masked
+    tiles), through every epilogue: the gate and residual, the rotary, the int8 scale, partial sums over K slices."""
+    from eaglekit.kernels import int8
+
+    g = torch.Generator().manual_seed(7)
+    N, K = 96, 512
+    kw, cfg = {}, (64, 128, 1, 4, 4)
+    w = (torch.randn(N, K, generator=g) * 0.05).half()
+    x = torch.randn(64, K, generator=g).half()
+    if kind == "split":
+        cfg = (32, 128, 2, 4, 4)
+    elif kind == "gated_residual":
+        w = (torch.randn(2 * N, K, generator=g) * 0.05).half()
+        kw = {"gated": True, "residual": torch.randn(64, N, generator=g).half()}
+    elif kind == "rope":
+        hd = 64  # q, k, v heads of 64 columns: the rotary below column 128
+        w = (torch.randn(3 * hd, K, generator=g) * 0.05).half()
+        ang = torch.rand(64, hd // 2, generator=g, dtype=torch.float64) * 6
+        kw = {"rope": (torch.cat([ang, ang], -1).cos().half(), torch.cat([ang, ang], -1).sin().half(), 2 * hd)}
+        cfg = (32, 128, 1, 4, 4)  # rope_config's: block_n of half a head
+    elif kind == "int8":
+        w, s = int8.quantize(torch.randn(N, K, generator=g) * 0.05)
+        kw = {"scale": s}
+    run = invariant_gemm.kernels().run
+
+    def rows(lo, hi):
+        return {k: (v[lo:hi] if isinstance(v, torch.Tensor) and k != "scale" else
+                    (v[0][lo:hi], v[1][lo:hi], v[2]) if k == "rope" else v) for k, v in kw.items()}
+
+    one = run(x, w, cfg, tiles=1, **kw)
+    assert invariant_gemm.tiles_for(64, cfg[0], 4) == (4, max(16, cfg[0] // 4))
+    for tiles in (2, 4):
+        assert torch.equal(run(x, w, cfg, tiles=tiles, **kw), one), tiles
+        assert torch.equal(run(x[:37], w, cfg, tiles=tiles, **rows(0, 37)), one[:37]), tiles
+    assert torch.equal(run(x[5:6], w, cfg, tiles=4, **rows(5, 6))[0], one[5])
+    with pytest.raises(ValueError, match="tiles"):
+        invariant_gemm.tiles_for(64, 64, 3)

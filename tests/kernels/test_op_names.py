@@ -39,17 +39,23 @@ def test_each_registered_op_carries_the_digest_of_its_files(module, base, files)
     assert module.kernels().op._qualname == op_name(base, *files)
 
 
-def test_a_new_tuned_table_names_a_new_small_m_op_and_an_old_one_is_reused(monkeypatch):
+def test_a_new_tuned_table_or_tile_sharing_names_a_new_small_m_op_and_an_old_one_is_reused(monkeypatch):
     monkeypatch.setattr(invariant_gemm, "_KERNELS", None)
     monkeypatch.setattr(invariant_gemm, "_TABLE", {})
+    monkeypatch.setattr(invariant_gemm, "SHARED_TILES", 1)
     plain = invariant_gemm.kernels()
     assert plain.op._qualname == op_name("small_m_linear", invariant_gemm.__file__, invariant_gemm_triton.__file__,
-                                         extra="{}")
+                                         extra="{}tiles1")
     monkeypatch.setattr(invariant_gemm, "_TABLE", {"4096x4096": [64, 128, 1, 4, 3]})  # as tune() leaves it, read again
     tuned = invariant_gemm.kernels()
     assert tuned.op._qualname != plain.op._qualname
     monkeypatch.setattr(invariant_gemm, "_TABLE", {})
     assert invariant_gemm.kernels() is plain  # the same name registers once: the op built before is reused
+    monkeypatch.setattr(invariant_gemm, "SHARED_TILES", 4)  # programs of four tiles: other launch code, another name
+    shared = invariant_gemm.kernels()
+    assert shared.op._qualname not in (plain.op._qualname, tuned.op._qualname)
+    monkeypatch.setattr(invariant_gemm, "SHARED_TILES", 1)
+    assert invariant_gemm.kernels() is plain
 
 
 def test_twin_is_the_function_itself_or_one_compiled_twin():
