@@ -279,7 +279,8 @@ class BatchEngine:
         self.pad = self.graphs  # fixed padded shapes pay off only with graphs; eager runs the real rows
         if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 1:
             raise GenerationError(f"plain rows must be an integer >= 1, got {plain_rows!r}",
-                                  fix="pass baseline_rows=\"auto\" (the default) or an integer >= 1", code="E300")
+                                  fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
+                                      "plain step should share (decoding.engine.resolve_baseline_rows)", code="E300")
         self.plain_rows = plain_rows
         # `strict_features`: a prompt whose captured features are not finite raises E401 (the one-request Decoder);
         # otherwise (serve) that request decodes without its draft, its output the target's either way

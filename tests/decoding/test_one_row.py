@@ -93,8 +93,9 @@ def test_plain_rows_give_the_baseline_a_verifys_shapes(model_dirs):
     one = Decoder(target, baseline_rows=1).generate(prompt, 10, eos_ids=()).token_ids
     six = Decoder(target, baseline_rows=6).generate(prompt, 10, eos_ids=()).token_ids
     assert six == one
-    with pytest.raises(GenerationError):
+    with pytest.raises(GenerationError, match="plain rows must be an integer >= 1") as bad:
         BatchEngine(target, None, max_batch=1, plain_rows=0)
+    assert "plain_rows=1" in bad.value.fix  # the fix names the argument the caller passed
 
 
 def test_tree_expansion_of_a_one_sequence_draft_is_the_batched_walks(model_dirs, monkeypatch):
