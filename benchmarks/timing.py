@@ -99,7 +99,7 @@ class StoodRows:
         self.PHASES = self.c.SPEC
         self._state = self.c.state()
         self._snap = [x.clone() for x in self._state]
-        self._rows = {shape: self.c}
+        self._by_shape = {shape: self.c}  # each shape's engine rows, recorded once
 
     @torch.inference_mode()  # (the engine's state tensors are inference tensors)
     def restore(self) -> None:
@@ -109,11 +109,11 @@ class StoodRows:
     def rows(self, shape=None):
         """The engine's rows for `shape` (default the stood shape), recorded on first use (GPU) and stood back."""
         shape = shape or self.shape
-        if shape not in self._rows:
+        if shape not in self._by_shape:
             with torch.inference_mode():
-                self._rows[shape] = self.engine._rows(shape)
+                self._by_shape[shape] = self.engine._rows(shape)
             self.restore()
-        return self._rows[shape]
+        return self._by_shape[shape]
 
     def run(self, phase: str, shape=None) -> None:
         with torch.inference_mode():

@@ -228,7 +228,7 @@ def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
         raise ValueError(f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "
                          "of them (1, the default: a program a tile)")
     tiles = min(most, 1 << max(0, (triton_cdiv(M, 16) - 1).bit_length()))
-    return tiles, max(16, block_n // tiles) if block_n >= 16 else block_n
+    return tiles, min(block_n, max(16, block_n // tiles))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,

@@ -51,8 +51,10 @@ def grouped_usable(h: torch.Tensor, widths: tuple[int, ...]) -> bool:
     if h.device.type == "cpu":
         return h.dtype == torch.bfloat16 or (h.dtype in (torch.float32, torch.float16)
                                              and not torch.compiler.is_compiling())
+    # (get_device_properties, not get_device_capability: torch.compile folds the former to a constant at trace time,
+    # so the compiled layer keeps no call for it)
     return (h.is_cuda and h.dtype == torch.bfloat16 and all(n % 8 == 0 for n in widths)
-            and torch.cuda.get_device_capability(h.device)[0] in (9, 10))
+            and torch.cuda.get_device_properties(h.device).major in (9, 10))
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
