@@ -12,6 +12,10 @@
                    step and cycle over cuBLAS's (what batch invariance costs).
     batch-demo     the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, greedy
                    outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
+    policy-burst   the policy after a burst of load: one request at a time through BatchEngine (as `serve` at
+                   concurrency 1), the first `burst` requests of each pass under `hogs` busy processes, then `timed`
+                   requests on the quiet machine; tok/s of those over no draft's, and the share of their steps that
+                   were cycles. A losing draft must be off once the load is gone (adaptive.SpecPolicy's plain probes).
 """
 
 from __future__ import annotations
@@ -228,6 +232,83 @@ def _batch_demo(p):
                         "products": str(getattr(t, "products_choice", None))}}
 
 
+@case("policy-burst", "one request at a time through the engine after a burst of load: each draft's tok/s over no "
+      "draft's on the quiet machine, and the share of its steps that were cycles",
+      defaults={"burst": 6, "timed": 10, "hogs": 2, "new_tokens": 128, "reps": 3, "max_batch": 1,
+                "variants": ["draft", "random_draft"]},
+      quick={"burst": 3, "timed": 3, "new_tokens": 48, "reps": 1})
+def policy_burst(p, ctx):
+    with torch.inference_mode(False):
+        return _policy_burst(p)
+
+
+@torch.inference_mode()
+def _policy_burst(p):
+    import subprocess
+    import sys
+
+    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.demo import ASSETS
+    from eaglekit.draft import new_draft
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.inference_mode(False):
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
+                         batched=True)
+        rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
+    tok = load_tokenizer(ASSETS / "target")
+    prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
+    drafts = {"no_draft": None, "draft": d, "random_draft": rand}
+    names = ["no_draft"] + [v for v in as_list(p["variants"]) if v in drafts and v != "no_draft"]
+    # one engine per variant for the whole run: the policy's figures carry from pass to pass, as a server's do
+    engines = {v: BatchEngine(t, drafts[v], max_batch=p["max_batch"]) for v in names}
+    for eng in engines.values():
+        eng.warm_up(max(len(x) for x in prompts) + p["new_tokens"] + 8)
+
+    def requests(eng, start, n):
+        ntok = 0
+        for i in range(start, start + n):
+            eng.add(Request(f"r{i}", prompts[i % len(prompts)], p["new_tokens"]))
+            while eng.has_work:
+                ntok += sum(len(ev.token_ids) for ev in eng.step())
+        return ntok
+
+    runs: dict[str, list[dict]] = {v: [] for v in names}
+    for r in range(p["reps"]):
+        for v in names[r % len(names):] + names[:r % len(names)]:
+            eng = engines[v]
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(p["hogs"])]
+            try:
+                requests(eng, 0, p["burst"])
+            finally:
+                for h in hogs:
+                    h.kill()
+                    h.wait()
+            st0 = dict(eng.spec_stats)
+            t0 = time.perf_counter()
+            ntok = requests(eng, p["burst"], p["timed"])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            steps = {k: eng.spec_stats[k] - st0[k] for k in ("spec_cycles", "plain_steps")}
+            runs[v].append({"tok_s": ntok / (time.perf_counter() - t0), **steps})
+    metrics = {"tokens_per_s_no_draft": stats([x["tok_s"] for x in runs["no_draft"]], "tok/s")}
+    for v in names[1:]:
+        rs = runs[v]
+        metrics[f"tokens_per_s_{v}"] = stats([x["tok_s"] for x in rs], "tok/s")
+        metrics[f"speedup_{v}"] = stats([x["tok_s"] / b["tok_s"] for x, b in zip(rs, runs["no_draft"])], "x")
+        metrics[f"cycle_share_{v}"] = stats([x["spec_cycles"] / max(1, x["spec_cycles"] + x["plain_steps"])
+                                             for x in rs], "of steps")
+    return {"metrics": metrics,
+            "details": {"device": device, "dtype": "float32", "threads": torch.get_num_threads(),
+                        "passes": {v: [{k: round(x[k], 2) if isinstance(x[k], float) else x[k] for k in x}
+                                       for x in runs[v]] for v in names},
+                        "policy": {v: e.policy.summary() for v, e in engines.items() if e.policy is not None}}}
+
+
 suite("h200-batch", "batched decoding: the 8B shape's batched step and cycle per batch size, the demo pair batched",
       ["batch-cycles", "batch-demo"])
 suite("cpu-batch", "the demo pair through the batched engine on this machine", ["batch-demo"])
+suite("cpu-policy-burst", "the adaptive policy on this machine after a burst of load (one request at a time)",
+      ["policy-burst"])

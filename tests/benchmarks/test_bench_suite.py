@@ -22,7 +22,8 @@ def _result(speedup: float) -> dict:
 
 def test_the_registry_lists_the_suites():
     registry.load()
-    for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch", "cpu-serve-demo", "h200-serve-demo"):
+    for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch", "cpu-serve-demo", "h200-serve-demo",
+                 "cpu-policy-burst"):
         assert name in registry.SUITES
         for case, _ in registry.SUITES[name].cases:
             assert case in registry.CASES
@@ -92,3 +93,28 @@ def test_the_served_pair_case_runs_three_servers(tmp_path):
     for v in ("draft", "random_draft"):
         assert m[f"speedup_c1_{v}"]["unit"] == "x" and 0 <= m[f"plain_share_c1_{v}"]["median"] <= 1
     assert m["accept_length_c1_draft"]["median"] > 1  # the trained draft's tokens were accepted
+
+
+@pytest.mark.slow
+def test_the_policy_burst_case_loads_the_machine_then_times_the_quiet_requests(tmp_path):
+    """policy-burst on its smallest load: the busy processes come and go (none is left running), each draft's ratio
+    to no draft and its share of cycles are reported, and the policy's figures are kept beside them."""
+    out = tmp_path / "burst.json"
+    rc = main(["run", "cpu-policy-burst", "--quick", "--out", str(out), "--param", "burst=1", "--param", "timed=1",
+               "--param", "hogs=1", "--param", "new_tokens=8"])
+    assert rc == 0
+    (c,) = schema.read(out)["cases"]
+    assert "error" not in c, c.get("error")
+    m = c["metrics"]
+    for v in ("draft", "random_draft"):
+        assert m[f"speedup_{v}"]["unit"] == "x" and 0 <= m[f"cycle_share_{v}"]["median"] <= 1
+    assert set(c["details"]["policy"]) == {"draft", "random_draft"}
+    from pathlib import Path
+
+    cmdlines = []
+    for f in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmdlines.append(f.read_bytes())
+        except OSError:  # (a process that ended while listed)
+            pass
+    assert not any(b"while True: pass" in x for x in cmdlines)
