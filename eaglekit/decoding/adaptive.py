@@ -25,9 +25,14 @@ probes.
 
 Only the longest length sees every position, so while anything else runs its figures go stale: every `probe` steps
 one cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to MAX_PROBE), one
-that wins resets it. The rows keep their draft state through plain steps (the engine buffers each plain token's
-captured features and the draft catches up before the next cycle), so switching back costs one draft extend, not a
-new prefill.
+that wins resets it. The plain step's cost goes stale the same way while the engine speculates, and a stale plain cost
+is the one that can hold a losing draft on: a burst of load raises the plain figure (the steps that ran during it), the
+load ends during a cycle, whose figure takes the quiet time at once, and from then on every cycle beats the inflated
+plain figure while no plain step runs to correct it (a draft that is never right ran at ~0.5x of plain decoding for as
+long as that lasted: benchmarks/results/2026-12-05a_cpu-policy-burst_before.json). So while speculating, every
+`plain_probe` steps one plain step runs, with the same back-off: a plain step that still loses doubles the interval, one
+that wins resets it. The rows keep their draft state through plain steps (the engine buffers each plain token's captured
+features and the draft catches up before the next cycle), so switching back costs one draft extend, not a new prefill.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class SpecPolicy:
     plain: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per plain step
     probe: int = MIN_PROBE
     since_full: int = 0  # steps since the last cycle at the longest length
+    plain_probe: int = MIN_PROBE
+    since_plain: int = 0  # steps since the last plain step
     length: int = -1  # the last choice (0: plain); -1 before the first
 
     def __post_init__(self):
@@ -128,6 +135,8 @@ class SpecPolicy:
         if (j != full or g < 1.0) and self.since_full >= self.probe:
             return full, f"probe at draft length {full} after {self.since_full} steps (best: length {j}, x{g:.2f})"
         if g >= 1.0:
+            if self.since_plain >= self.plain_probe:
+                return 0, f"probe: a plain step after {self.since_plain} steps (best: length {j}, x{g:.2f})"
             return j, f"draft length {j}: expected gain x{g:.2f}"
         return 0, f"expected gain x{g:.2f} < 1 (best draft length {j})"
 
@@ -155,6 +164,7 @@ class SpecPolicy:
         `seconds`; `accepted` holds each drafting row's count of accepted draft tokens (0 .. length)."""
         length = self.positions if length is None else length
         self.spec[rows, length] = _mean(self.spec.get((rows, length)), seconds)
+        self.since_plain += 1
         self._fade()
         for n in accepted:
             for i in range(min(n + 1, length)):  # positions 0..n reached (those the cycle drafted); 0..n-1 accepted
@@ -181,6 +191,10 @@ class SpecPolicy:
         self.plain[rows] = _mean(self.plain.get(rows), seconds)
         self.since_full += 1
         self._fade()
+        if self.since_plain > 0:  # the first plain step after cycles (a probe, or a switch): did speculation still win?
+            g = self.gain(rows)
+            self.plain_probe = min(2 * self.plain_probe, MAX_PROBE) if g is not None and g >= 1.0 else MIN_PROBE
+        self.since_plain = 0
 
     def summary(self) -> dict:
         """The policy's figures, for /server_info and benchmarks: rates, costs (ms) and gains per padded size. Safe

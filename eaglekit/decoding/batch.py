@@ -316,6 +316,7 @@ class BatchEngine:
         # `profile`: time each phase of the steps (observe.profile.Profiler: CUDA events on a GPU); profile() reads it
         self.profiler = Profiler(profile, self.device, ranges=profile_ranges)
         self.prefills = 0  # requests admitted (each one prefill)
+        self._last_step: str | None = None  # "cycle" or "plain": the step before this one (None: a prefill) (_settled)
 
     # --- public interface ----------------------------------------------------------------------
     @property
@@ -494,6 +495,7 @@ class BatchEngine:
                 self._prefill(s, r, take)
             sentinel = sentinel or take
             out.append(s)
+        self._last_step = None  # (the prefills' queued work is not the next step's cost: _settled)
         # a request that stopped at its first token leaves before the cycle
         for r in range(len(self.rows) - 1, -1, -1):
             if self.rows[r].em.done:
@@ -724,6 +726,9 @@ class BatchEngine:
         if any(s.lag for s in self.rows if s.use_draft):
             with ph("catch_up"):
                 self._catch_up(c)
+        first = self._last_step != "cycle"
+        if first:
+            self._settled()  # the catch-up (a change of kind's cost) is not the cycle's
         t0 = time.perf_counter()
         for p in ("draft_tree", "verify"):
             with ph(p):
@@ -748,6 +753,9 @@ class BatchEngine:
             host = c.out[:len(self.rows)].tolist()  # the one read per cycle
         with ph("draft_extend"):
             c.run("draft_extend")
+        if first:
+            self._settled()  # a first cycle's figure holds its own draft extend, as a cycle's in a run of cycles does
+        self._last_step = "cycle"
         st = self.spec_stats
         st["spec_cycles"] += 1
         st["cycles_by_length"][P - 1] += 1
@@ -772,6 +780,9 @@ class BatchEngine:
     def _plain_step(self) -> None:
         c = self._rows()
         ph = self.profiler.phase
+        if self._last_step != "plain":
+            self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
+        self._last_step = "plain"
         t0 = time.perf_counter()
         with ph("decode"):
             c.run("plain")
@@ -791,6 +802,17 @@ class BatchEngine:
                     s.use_draft = False
                     self.use_draft[r] = False
             self._emit(s, [tok])
+
+    def _settled(self) -> None:
+        """Wait for the device's queued work where the policy times a step that changes kind (or follows a prefill). A
+        step's wall time ends at its one host read, so on a GPU a cycle's figure holds the previous cycle's draft extend
+        (queued behind the read) instead of its own: equal in a run of cycles, but the first plain step after a cycle
+        would carry an extend it does not pay, and the first cycle after plain steps would miss its own and carry the
+        catch-up; after a prefill either would carry the draft's extend over the prompt (the policy compares the two
+        kinds: each figure must be its kind's steady cost). Only at a change, so runs keep the host ahead of the device;
+        a CPU runs each phase to its end anyway."""
+        if self.policy is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _emit(self, s: _Seq, toks: list[int]) -> None:
         s.length += len(toks)
