@@ -147,6 +147,11 @@ class SpecPolicy:
         g = self.gain(rows, drafting=1.0)
         return self.speculating if g is None else g >= 1.0
 
+    def probe_within(self, steps: int) -> bool:
+        """Whether a probe of the longest length can fall due in the next `steps` steps (a row that lives no longer is
+        not needed as the probes' sentinel)."""
+        return self.since_full + steps >= self.probe
+
     def switched(self, length: int) -> bool:
         """Record the choice made; True when speculation turns on or off (a switch: the engine counts them; a change
         of draft length while speculating is not one)."""

@@ -145,6 +145,9 @@ class _Rows:
         self.out = torch.zeros(B, P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.next = torch.zeros(B, dtype=torch.long, device=dev)
         self.tree = self.logits = self.feats = self.plogits = self.pfeats = None
+        # whether the plain step captures the target's features (for rows that keep their draft); always where it is
+        # recorded (a graph holds one kind), per step where it runs eagerly (BatchEngine._plain_step)
+        self.capturing = True
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
         # a chain's accepted path is each row's first n nodes: its KV entries and features are already in path order
         self.chain = shape.topk == 1
@@ -201,7 +204,7 @@ class _Rows:
         causal = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril_()
         logits, feats = self.e.target.forward_rows(self.tk, self.root[:, None].expand(B, k).contiguous(),
                                                    torch.arange(k, device=dev).expand(B, k), causal, self.S,
-                                                   self.e.capture)
+                                                   self.e.capture if self.capturing else None)
         self.plogits = logits[:, 0]
         self.pfeats = feats[:, :1] if feats is not None else None
         self.next.copy_(self.plogits.argmax(-1))
@@ -209,7 +212,7 @@ class _Rows:
     def plain_commit(self):
         self.tk.length += self.active.long()  # the one pending token is in place: commit it
         e = self.e
-        if e.lag_feats is not None:  # the draft's input for this token, kept for its catch-up
+        if self.pfeats is not None and e.lag_feats is not None:  # the draft's input for this token, for its catch-up
             B, F = self.B, self.pfeats.shape[-1]
             at = e.lag_n[:B].clamp(max=CATCH_UP - 1)[:, None]
             e.lag_feats[:B].scatter_(1, at[:, :, None].expand(B, 1, F), self.pfeats.to(e.lag_feats.dtype))
@@ -477,9 +480,10 @@ class BatchEngine:
         with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
         # Where the draft does not pay by the policy's figures, a new row skips the draft's prefill (what an unpaying
         # draft would cost it), except one row when none running has its draft: the sentinel whose cycles the policy's
-        # probes measure. Judged as if every row drafted (SpecPolicy.draft_pays): plain steps chosen because few rows
-        # have a draft must not keep the draft from the rows admitted next. A seeded sampled request always takes its
-        # draft: its random draws must not depend on what ran before it.
+        # probes measure, needed only if a probe can fall due while it lives (at most max_new_tokens steps; a row
+        # admitted later takes the role when one can). Judged as if every row drafted (SpecPolicy.draft_pays): plain
+        # steps chosen because few rows have a draft must not keep the draft from the rows admitted next. A seeded
+        # sampled request always takes its draft: its random draws must not depend on what ran before it.
         pays = self.policy is None or self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch))
         sentinel = any(s.use_draft for s in self.rows)
         out = []
@@ -490,7 +494,8 @@ class BatchEngine:
             self._ensure_span(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1)
             r = len(self.rows)
             self.rows.append(s)
-            take = with_draft and (pays or not sentinel or _seeded(s.req.sampling))
+            take = with_draft and (pays or _seeded(s.req.sampling) or
+                                   (not sentinel and self.policy.probe_within(s.req.max_new_tokens)))
             with self.profiler.phase("prefill"):
                 self._prefill(s, r, take)
             sentinel = sentinel or take
@@ -782,6 +787,8 @@ class BatchEngine:
         ph = self.profiler.phase
         if self._last_step != "plain":
             self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
+        if c.recorded is None:  # eager: no row keeping its draft, no features to keep
+            c.capturing = any(s.use_draft for s in self.rows)
         self._last_step = "plain"
         t0 = time.perf_counter()
         with ph("decode"):

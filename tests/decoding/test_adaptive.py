@@ -296,6 +296,41 @@ def test_rows_admitted_together_while_the_draft_loses_keep_one_sentinel(llama):
         assert out[f"r{i}"] == Decoder(llama).generate(pr, 20, eos_ids=()).token_ids
 
 
+def test_a_row_that_no_probe_can_reach_skips_the_draft_and_the_probes_still_run(llama):
+    """One short request at a time while the draft loses: a row that ends before the next probe can fall due is admitted
+    without the draft (no prefill of it, no features kept on its plain steps); the first row that a probe can reach
+    takes it, so every probe still runs within one request's length of falling due. Outputs stay the target's."""
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1)
+    eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
+    p.seed_costs(1, 1.0, {3: 1.5})
+    p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3  # rates held by their weight: the draft loses
+    p.probe = 40
+    probes, choose = [], p.choose
+
+    def watched(rows, drafting=1.0):
+        j, why = choose(rows, drafting)
+        if why.startswith("probe at"):
+            probes.append((p.since_full, p.probe))
+        return j, why
+
+    p.choose = watched
+    prompts = [[1, 5, 9, 14, 3, 7], [1, 33, 2, 8, 70, 4, 11], [2, 6, 6, 1]]
+    took, out = [], {}
+    for i in range(24):
+        pr = prompts[i % 3]
+        eng.add(Request(f"r{i}", pr, 12, eos_ids=()))
+        eng.admit()
+        took.append(eng.rows[0].use_draft)
+        while eng.has_work:
+            for ev in eng.step():
+                out.setdefault(ev.rid, []).extend(ev.token_ids)
+    assert took.count(False) >= len(took) // 2 and took.count(True) >= 2
+    assert len(probes) >= 2 and all(due <= interval + 12 for due, interval in probes)
+    for i in range(3):
+        assert out[f"r{i}"] == Decoder(llama).generate(prompts[i], 12, eos_ids=()).token_ids
+
+
 class Alternate(SpecPolicy):
     """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
 
