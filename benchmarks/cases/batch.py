@@ -143,36 +143,36 @@ def batch_cycles(p, ctx):
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows, "context": context}}
 
 
+def _demo_pair(device: str, products="auto"):
+    """-> (the shipped target, its draft, an untrained draft wired as it is, the demo prompts' ids), for the engine:
+    float32 (identical greedy outputs with and without a draft are then a real check), uncompiled, as `serve`. The
+    untrained draft (new_draft seed 7) is what the adaptive policy must switch off."""
+    from eaglekit.demo import ASSETS
+    from eaglekit.draft import new_draft
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
+
+    # (outside inference mode: oneDNN's packs keep the weights' version counters)
+    with torch.inference_mode(False):
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
+                         products=products, batched=True)
+        rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
+    tok = load_tokenizer(ASSETS / "target")
+    return t, d, rand, [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
+
+
 @case("batch-demo", "the shipped pair through BatchEngine at batch 1, 4, 8: tok/s with and without the draft, identity",
       defaults={"sizes": [1, 4, 8], "new_tokens": 48, "waves": 2, "products": "auto", "threads": None,
                 "variants": ["draft", "draft_always", "random_draft"], "reps": 3, "warm_up": True},
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1, "reps": 1})
+@torch.inference_mode()  # (the pair loads outside it: _demo_pair)
 def batch_demo(p, ctx):
-    # the pair loads outside inference mode (oneDNN's packs keep the weights' version counters)
-    with torch.inference_mode(False):
-        return _batch_demo(p)
-
-
-@torch.inference_mode()
-def _batch_demo(p):
     from eaglekit.decoding.batch import BatchEngine, Request
-    from eaglekit.demo import ASSETS
-    from eaglekit.pair import load_pair
-    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     if p["threads"]:
         torch.set_num_threads(p["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # float32: identical greedy outputs with and without the draft are then a real check; uncompiled, as `serve`
-    with torch.inference_mode(False):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
-                         products=p["products"], batched=True)
-    tok = load_tokenizer(ASSETS / "target")
-    prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
-    from eaglekit.draft import new_draft
-
-    with torch.inference_mode(False):  # an untrained draft: the adaptive policy must switch it off
-        rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
+    t, d, rand, prompts = _demo_pair(device, p["products"])
     # draft: the trained draft, speculation when it pays (the default); draft_always: speculation on every step
     kinds = {"draft": (d, True), "draft_always": (d, False), "random_draft": (rand, True)}
     variants = [v for v in as_list(p["variants"]) if v in kinds]
@@ -237,29 +237,15 @@ def _batch_demo(p):
       defaults={"burst": 6, "timed": 10, "hogs": 2, "new_tokens": 128, "reps": 3, "max_batch": 1,
                 "variants": ["draft", "random_draft"]},
       quick={"burst": 3, "timed": 3, "new_tokens": 48, "reps": 1})
+@torch.inference_mode()  # (the pair loads outside it: _demo_pair)
 def policy_burst(p, ctx):
-    with torch.inference_mode(False):
-        return _policy_burst(p)
-
-
-@torch.inference_mode()
-def _policy_burst(p):
     import subprocess
     import sys
 
     from eaglekit.decoding.batch import BatchEngine, Request
-    from eaglekit.demo import ASSETS
-    from eaglekit.draft import new_draft
-    from eaglekit.pair import load_pair
-    from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.inference_mode(False):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
-                         batched=True)
-        rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
-    tok = load_tokenizer(ASSETS / "target")
-    prompts = [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]
+    t, d, rand, prompts = _demo_pair(device)
     drafts = {"no_draft": None, "draft": d, "random_draft": rand}
     names = ["no_draft"] + [v for v in as_list(p["variants"]) if v in drafts and v != "no_draft"]
     # one engine per variant for the whole run: the policy's figures carry from pass to pass, as a server's do
