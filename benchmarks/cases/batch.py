@@ -14,8 +14,9 @@
                    outputs identical, tokens per CPU-second too (on a loaded CPU, wall time measures the neighbours).
     policy-burst   the policy after a burst of load: one request at a time through BatchEngine (as `serve` at
                    concurrency 1), the first `burst` requests of each pass under `hogs` busy processes, then `timed`
-                   requests on the quiet machine; tok/s of those over no draft's, and the share of their steps that
-                   were cycles. A losing draft must be off once the load is gone (adaptive.SpecPolicy's plain probes).
+                   requests on the quiet machine; tok/s of those over no draft's (per wall and per CPU second), and
+                   the share of their steps that were cycles. A losing draft must be off once the load is gone
+                   (adaptive.SpecPolicy's plain probes).
 """
 
 from __future__ import annotations
@@ -273,17 +274,21 @@ def policy_burst(p, ctx):
                     h.kill()
                     h.wait()
             st0 = dict(eng.spec_stats)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             ntok = requests(eng, p["burst"], p["timed"])
             if device == "cuda":
                 torch.cuda.synchronize()
             steps = {k: eng.spec_stats[k] - st0[k] for k in ("spec_cycles", "plain_steps")}
-            runs[v].append({"tok_s": ntok / (time.perf_counter() - t0), **steps})
+            runs[v].append({"tok_s": ntok / (time.perf_counter() - t0), "tok_cpu_s": ntok / (time.process_time() - c0),
+                            **steps})
     metrics = {"tokens_per_s_no_draft": stats([x["tok_s"] for x in runs["no_draft"]], "tok/s")}
     for v in names[1:]:
         rs = runs[v]
         metrics[f"tokens_per_s_{v}"] = stats([x["tok_s"] for x in rs], "tok/s")
         metrics[f"speedup_{v}"] = stats([x["tok_s"] / b["tok_s"] for x, b in zip(rs, runs["no_draft"])], "x")
+        # tokens per CPU-second of the process: less of what a neighbour does to the wall clock (batch-demo's too)
+        metrics[f"speedup_cpu_time_{v}"] = stats([x["tok_cpu_s"] / b["tok_cpu_s"]
+                                                  for x, b in zip(rs, runs["no_draft"])], "x")
         metrics[f"cycle_share_{v}"] = stats([x["spec_cycles"] / max(1, x["spec_cycles"] + x["plain_steps"])
                                              for x in rs], "of steps")
     return {"metrics": metrics,
