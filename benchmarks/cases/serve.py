@@ -90,15 +90,20 @@ def serve_e2e(p, ctx):
         raise RuntimeError("the 8B shape needs a CUDA GPU; on a CPU pass --param tiny=true")
     device = "cuda" if cuda else "cpu"
     t, d, raw = build_pair(p["tiny"], device)
-    if cuda:
-        from eaglekit.pair import set_pair_products
-
-        set_pair_products(t, d, "auto", device, batched=True)  # what serve does: batch-invariant products
     V = raw["vocab_size"]
     tok = word_tokenizer(V)
     shape = TreeShape(*as_list(p["shape"]))
     conc = as_list(p["concurrency"])
     max_batch = max(conc)
+    if cuda:
+        from eaglekit.pair import auto_draft_quant, set_pair_products
+
+        # what `serve --max-batch max_batch` loads: the default draft precision, batch-invariant products for many
+        # rows and generate's for one
+        quant = auto_draft_quant(t, d, device)
+        if quant != "none":
+            d.quantize(quant)
+        set_pair_products(t, d, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
     sizes = sorted({min(1 << (c - 1).bit_length(), max_batch) for c in conc} | {1})
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,6 +150,7 @@ def serve_e2e(p, ctx):
                         "synthetic_acceptance": {"accept_length": p["accept_length"],
                                                  "note": "draft figures at a SYNTHETIC accept length (random weights)"},
                         "products": str(getattr(t, "products_choice", None)),
+                        "draft_precision": quant if cuda else "float32",
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "levels": levels_out}}
 
 
