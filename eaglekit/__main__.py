@@ -1,7 +1,5 @@
 """`python -m eaglekit` (what torchrun -m eaglekit and --tp N start)."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()
