@@ -12,7 +12,9 @@ Stages (each prints its progress; a stage that fails records its error and the n
   build              the model on the GPU, random bf16 weights (norms 1, the router float32)
   roofline           the bytes one decode token touches: attention, the dense layer, per MoE layer the router,
                      6 routed + 2 shared experts, the final norm and lm_head, the latent cache at the context;
-                     tokens/s at the measured copy bandwidth
+                     tokens/s at the measured copy bandwidth; per cycle shape, the bytes its verify touches
+                     (each expert any of its rows chose, once) over a step's: what a verify costs in steps where both
+                     run at copy bandwidth
   step_eager_graph   the recorded greedy decode step (CUDA graph) without torch.compile
   step_compiled      the same with the layers compiled (the path `generate` takes on a GPU): tokens/s, its fraction
                      of the roofline; with --experts auto,triton also step_compiled_triton (the routed experts
@@ -183,13 +185,15 @@ class Bench:
         def nbytes(m):
             return sum(p.numel() * p.element_size() for p in m.parameters())
 
-        total = 0
+        total, moe_layers = 0, 0
+        expert = 3 * c.moe_intermediate_size * c.hidden_size * esz
         for i, layer in enumerate(net.model.layers):
             total += nbytes(layer.self_attn) + nbytes(layer.input_layernorm) + nbytes(layer.post_attention_layernorm)
             if c.is_moe(i):
                 moe = layer.mlp
                 total += nbytes(moe.gate) + (nbytes(moe.shared_experts) if moe.shared_experts is not None else 0)
-                total += c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size * esz
+                total += c.num_experts_per_tok * expert
+                moe_layers += 1
             else:
                 total += nbytes(layer.mlp)
         total += nbytes(net.model.norm) + nbytes(net.lm_head)
@@ -197,9 +201,25 @@ class Bench:
         self.ctx["token_bytes"] = total + cache
         bw = self.ctx.get("copy_tb_s", 4.25) * 1e12
         self.ctx["roofline_tok_s"] = bw / self.ctx["token_bytes"]
+        # A verify of n rows reads each expert any of them chose once (grouped experts). Random weights route each
+        # row's top-k near uniformly over E experts, so n rows choose E (1 - (1 - k/E)^n) distinct ones on average
+        # (a real model's neighbouring tokens share experts more often: fewer). The verify cannot cost less than its
+        # bytes over the step's, and a cycle costs at least its verify: for an MoE target at one row this bound, not
+        # a dense target's cycle over step, is what a cycle is judged against.
+        E, k = c.n_routed_experts, c.num_experts_per_tok
+        verify = {}
+        for shape in self.args.shapes.split(";"):
+            n = int(shape.split(",")[2])
+            distinct = E * (1 - (1 - k / E) ** n) if E else 0.0
+            vb = self.ctx["token_bytes"] + moe_layers * (distinct - k) * expert
+            verify[shape.replace(",", "_")] = {"rows": n, "distinct_experts": round(distinct, 1), "bytes": int(vb),
+                                               "over_step": round(vb / self.ctx["token_bytes"], 3),
+                                               "ms_at_copy_bandwidth": round(vb / bw * 1e3, 4)}
+        self.ctx["verify_roofline"] = verify
         return {"weight_bytes_per_token": total, "latent_cache_bytes_at_context": cache,
                 "parameters_per_token": round(total / esz / 1e9, 3),
-                "roofline_tok_s": round(self.ctx["roofline_tok_s"], 1), "at_copy_tb_s": round(bw / 1e12, 3)}
+                "roofline_tok_s": round(self.ctx["roofline_tok_s"], 1), "at_copy_tb_s": round(bw / 1e12, 3),
+                "verify_roofline": verify}
 
     def _prefill(self, t):
         g = torch.Generator(device="cpu").manual_seed(1)
@@ -300,6 +320,9 @@ class Bench:
                                                                 before=reset)), 4) for ph in PHASES}
             if step:
                 res[f"cycle_over_step_{key}"] = round(med / step, 3)
+            bound = self.ctx.get("verify_roofline", {}).get(key)
+            if bound:  # the verify's bytes alone at copy bandwidth, over the cycle's time
+                res[f"verify_roofline_over_cycle_{key}"] = round(bound["ms_at_copy_bandwidth"] / med, 3)
             log(f"  cycle {s}: {med:.3f} ms" + (f" = {med / step:.3f} steps" if step else ""))
         res["phases_ms"] = phases
         return res
@@ -396,6 +419,10 @@ class Bench:
             "tokens_per_s": best.get("tokens_per_s"), "roofline_tok_s": s.get("roofline", {}).get("roofline_tok_s"),
             "roofline_fraction": best.get("roofline_fraction"),
             "cycle_over_step": {k: v for k, v in s.get("cycles", {}).items() if k.startswith("cycle_over_step")},
+            "verify_bytes_over_step": {k: v["over_step"] for k, v in
+                                       s.get("roofline", {}).get("verify_roofline", {}).items()},
+            "verify_roofline_over_cycle": {k: v for k, v in s.get("cycles", {}).items()
+                                           if k.startswith("verify_roofline_over_cycle")},
             "transformers_tokens_per_s": s.get("transformers", {}).get("tokens_per_s"),
             "total_s": round(time.time() - T0, 1)}
         self.write()
