@@ -263,9 +263,16 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
     if not invariant_gemm.HAVE_TRITON:
         return Choice(None, "Triton is not installed: F.linear (bf16 output may part from the plain decode's)")
     if batched and rows is not None and rows > invariant_gemm.MAX_ROWS:
-        return Choice(None, f"batched forwards of up to {rows} rows (serve): F.linear, not batch-invariant (the "
-                            f"invariant kernels take at most {invariant_gemm.MAX_ROWS} rows; lower --max-batch to "
-                            f"{invariant_gemm.MAX_ROWS} rows or ask --products invariant)")
+        # The batch-invariant kernels still run every forward they take (each plain step of up to MAX_ROWS rows, every
+        # verify that fits), so a server with a draft takes the products a server without one takes: F.linear
+        # throughout made each plain step of the demo pair 2.2x slower on an H200 (0.94 ms against 0.43,
+        # benchmarks/results/2026-12-05a_h200_serve_phases.json; a draft that never pays served at 0.53x of no draft,
+        # 2026-12-05a_h200-serve-demo.json)
+        return Choice("invariant", f"batched forwards of up to {rows} rows (serve): batch-invariant Triton kernels "
+                                   f"for every forward of up to {invariant_gemm.MAX_ROWS} rows, F.linear for larger "
+                                   f"verifies, whose tokens are not batch-invariant (keep --max-batch times the "
+                                   f"tree's tokens within {invariant_gemm.MAX_ROWS} for every token to be; "
+                                   f"--products aten for F.linear throughout)")
     if batched:  # hopper's kernels run one row: a request would change bits as the batch grows past one
         return Choice("invariant", "batched rows (serve): batch-invariant Triton kernels at every batch size, so a "
                                    "request's greedy output is the same bits whatever shares the batch")

@@ -92,10 +92,13 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     assert "sm_90" in choose(t, "cuda").reason
     # serve: batch-invariant at every batch size (a request's bits do not depend on what shares the batch)
     assert choose(t, "cuda", batched=True).kind == "invariant" and "batch" in choose(t, "cuda", batched=True).reason
-    # ... within the invariant kernels' 64 rows a forward; past them F.linear, and the reason says so
+    # ... within the invariant kernels' 64 rows a forward; past them the same kernels for every forward they take
+    # (a server's plain steps are those of a server without a draft) and F.linear for the larger verifies, whose
+    # tokens are not batch-invariant: the reason says so
     assert choose(t, "cuda", batched=True, rows=64).kind == "invariant"
     wide = choose(t, "cuda", batched=True, rows=65)
-    assert wide.kind is None and "not batch-invariant" in wide.reason and "64" in wide.reason
+    assert wide.kind == "invariant" and "not batch-invariant" in wide.reason and "64" in wide.reason
+    assert "--products aten" in wide.reason
     assert choose(t, "cpu").kind == "pick"
     t32, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
     assert choose(t32, "cuda").kind is None and "float32" in choose(t32, "cuda").reason
