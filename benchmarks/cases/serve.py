@@ -177,6 +177,20 @@ def _spec_counts(srv) -> dict:
             "cycles": sum(v for (n, _), v in m.items() if n == "eaglekit:spec_cycles")}
 
 
+def demo_drafts(tmp: Path) -> dict:
+    """Each variant's --draft (None: no draft): the shipped draft, and an untrained one saved under `tmp`, wired as
+    the trained one (same captures, same draft vocabulary size): what a user gets from a draft trained for another
+    model or not trained at all."""
+    from eaglekit.demo import ASSETS
+    from eaglekit.draft import load_draft, new_draft, save_draft
+    from eaglekit.models import load_target
+
+    target = load_target(ASSETS / "target")
+    capture = load_draft(ASSETS / "draft", embed_weight=target.embed_weight()).config.capture
+    save_draft(new_draft(target, seed=7, capture=capture), tmp / "random_draft", dtype=torch.float32)
+    return {"no_draft": None, "draft": ASSETS / "draft", "random_draft": tmp / "random_draft"}
+
+
 @case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
       "(adaptive policy), each draft's ratio to no draft",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
@@ -184,8 +198,6 @@ def _spec_counts(srv) -> dict:
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
     from eaglekit.demo import ASSETS
-    from eaglekit.draft import load_draft, new_draft, save_draft
-    from eaglekit.models import load_target
     from eaglekit.serve.bench import BenchOptions, run_bench
     from eaglekit.serve.local import LocalServer
 
@@ -194,13 +206,7 @@ def serve_demo(p, ctx):
     metrics: dict = {}
     per_round: dict = {v: [] for v in DEMO_VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
-        # an untrained draft for the demo target, wired as the trained one (same captures, same draft vocabulary
-        # size): what a user gets from a draft trained for another model or not trained at all
-        target = load_target(ASSETS / "target")
-        capture = load_draft(ASSETS / "draft", embed_weight=target.embed_weight()).config.capture
-        save_draft(new_draft(target, seed=7, capture=capture), Path(tmp) / "random_draft", dtype=torch.float32)
-        del target
-        drafts = {"no_draft": None, "draft": ASSETS / "draft", "random_draft": Path(tmp) / "random_draft"}
+        drafts = demo_drafts(Path(tmp))
         common = ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device,
                   "--max-batch", str(p["max_batch"]), "--max-queue", str(4 * max(conc)), "--log-level", "warning"]
         common += ["--dtype", p["dtype"]] if p["dtype"] else []

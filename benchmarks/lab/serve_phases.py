@@ -25,9 +25,8 @@ VARIANTS = ("no_draft", "draft", "random_draft")
 def main(argv=None) -> int:
     import torch
 
+    from benchmarks.cases.serve import demo_drafts
     from eaglekit.demo import ASSETS
-    from eaglekit.draft import load_draft, new_draft, save_draft
-    from eaglekit.models import load_target
     from eaglekit.serve.bench import BenchOptions, run_bench
     from eaglekit.serve.local import LocalServer
 
@@ -48,11 +47,7 @@ def main(argv=None) -> int:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     dest = Path(a.out) / "serve_phases.json"
     with tempfile.TemporaryDirectory() as tmp:
-        target = load_target(ASSETS / "target")
-        capture = load_draft(ASSETS / "draft", embed_weight=target.embed_weight()).config.capture
-        save_draft(new_draft(target, seed=7, capture=capture), Path(tmp) / "random_draft", dtype=torch.float32)
-        del target
-        drafts = {"no_draft": None, "draft": ASSETS / "draft", "random_draft": Path(tmp) / "random_draft"}
+        drafts = demo_drafts(Path(tmp))
         for v in a.variants.split(","):
             args = ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device,
                     "--max-batch", str(a.max_batch), "--log-level", "warning", "--profile", *a.extra.split()]
