@@ -191,13 +191,20 @@ def demo_drafts(tmp: Path) -> dict:
     return {"no_draft": None, "draft": ASSETS / "draft", "random_draft": tmp / "random_draft"}
 
 
+def demo_serve_args(device: str, max_batch: int, draft: Path | None) -> list[str]:
+    """`eaglekit serve` arguments (after --host/--port) for the shipped target with `draft` (None: no draft)."""
+    from eaglekit.demo import ASSETS
+
+    return ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device, "--max-batch",
+            str(max_batch), "--log-level", "warning", *(["--draft", str(draft)] if draft is not None else [])]
+
+
 @case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
       "(adaptive policy), each draft's ratio to no draft",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
                 "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None},
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
-    from eaglekit.demo import ASSETS
     from eaglekit.serve.bench import BenchOptions, run_bench
     from eaglekit.serve.local import LocalServer
 
@@ -207,15 +214,14 @@ def serve_demo(p, ctx):
     per_round: dict = {v: [] for v in DEMO_VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         drafts = demo_drafts(Path(tmp))
-        common = ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device,
-                  "--max-batch", str(p["max_batch"]), "--max-queue", str(4 * max(conc)), "--log-level", "warning"]
+        common = ["--max-queue", str(4 * max(conc))]
         common += ["--dtype", p["dtype"]] if p["dtype"] else []
         common += ["--threads", str(p["threads"])] if p["threads"] else []
         servers = {}
         try:
             for v in DEMO_VARIANTS:  # every server warms up before it answers /health
-                extra = ["--draft", str(drafts[v])] if drafts[v] is not None else []
-                servers[v] = LocalServer(common + extra, log=Path(tmp) / f"{v}.log", startup_s=600)
+                servers[v] = LocalServer(demo_serve_args(device, p["max_batch"], drafts[v]) + common,
+                                         log=Path(tmp) / f"{v}.log", startup_s=600)
             for srv in servers.values():  # a short warm pass each (first requests' one-off costs)
                 run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(conc), concurrency=(max(conc),),
                                        max_tokens=8, ignore_eos=True))

@@ -19,14 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("no_draft", "draft", "random_draft")
-
 
 def main(argv=None) -> int:
     import torch
 
-    from benchmarks.cases.serve import demo_drafts
-    from eaglekit.demo import ASSETS
+    from benchmarks.cases.serve import DEMO_VARIANTS, demo_drafts, demo_serve_args
     from eaglekit.serve.bench import BenchOptions, run_bench
     from eaglekit.serve.local import LocalServer
 
@@ -35,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEMO_VARIANTS))
     ap.add_argument("--extra", default="", help="more `eaglekit serve` arguments, space-separated")
     ap.add_argument("--out", default=os.environ.get("OUT", "./out"))
     a = ap.parse_args(argv)
@@ -49,9 +46,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         drafts = demo_drafts(Path(tmp))
         for v in a.variants.split(","):
-            args = ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device,
-                    "--max-batch", str(a.max_batch), "--log-level", "warning", "--profile", *a.extra.split()]
-            args += ["--draft", str(drafts[v])] if drafts[v] is not None else []
+            args = demo_serve_args(device, a.max_batch, drafts[v]) + ["--profile", *a.extra.split()]
             t0 = time.time()
             srv = LocalServer(args, log=Path(tmp) / f"{v}.log", startup_s=600)
             started = time.time() - t0
@@ -66,12 +61,11 @@ def main(argv=None) -> int:
             prof_a, prof_b = after["phase_profile"] or {}, before["phase_profile"] or {}
             ms = {p: round(v - (prof_b.get("ms") or {}).get(p, 0.0), 3) for p, v in (prof_a.get("ms") or {}).items()}
             steps = {k: prof_a.get(k, 0) - prof_b.get(k, 0) for k in ("cycles", "plain_steps", "prefills")}
-            wall_ms = lv["duration_s"] * 1e3 if "duration_s" in lv else None
             out["variants"][v] = {
                 "startup_s": round(started, 1), "output_tok_s": lv["output_throughput"],
                 "ttft_ms_median": lv["ttft_ms"]["median"], "tpot_ms_median": lv["tpot_ms"]["median"],
                 "completed": lv["completed"], "failed": lv["failed"], "steps": steps, "phase_ms": ms,
-                "phase_ms_sum": round(sum(ms.values()), 3), "level_wall_ms": wall_ms,
+                "phase_ms_sum": round(sum(ms.values()), 3), "level_wall_ms": lv["duration_s"] * 1e3,
                 "phase_ms_per_step": {p: round(t / max(1, steps["cycles"] + steps["plain_steps"]), 4)
                                       for p, t in ms.items()},
                 "spec_policy": after.get("spec_policy")}
