@@ -520,7 +520,8 @@ class BatchEngine:
         kv.length.zero_()
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
         capture = self.capture if with_draft else None
-        logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture)
+        logits, feats = self.target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture,
+                                                 last=True)
         if feats is not None:  # (one host read a prompt)
             try:
                 check_finite(feats[0], capture, self.target.info.hidden_size)

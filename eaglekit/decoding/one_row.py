@@ -96,10 +96,10 @@ class OneRowTarget(_OneSequence):
     def _count(self) -> int:
         return self.inner.length
 
-    def forward_rows(self, kv: _OneRow, ids, depths, block, span: int, capture=None):
+    def forward_rows(self, kv: _OneRow, ids, depths, block, span: int, capture=None, last=False):
         kv.sync()
         logits, feats = self.inner.verify(ids[0], depths[0], block[0], capture)  # (verify traces the capture)
-        return logits[None], (feats[None] if feats is not None else None)
+        return (logits[-1:] if last else logits)[None], (feats[None] if feats is not None else None)
 
 
 class OneRowDraft(_OneSequence):

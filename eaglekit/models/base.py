@@ -152,17 +152,19 @@ class Target(ABC):
                               "or serve with a batch size of 1", code="E308")
 
     def forward_rows(self, kv, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
-                     capture: CaptureSpec | None = None):
+                     capture: CaptureSpec | None = None, last: bool = False):
         """Per row b of `kv`: write ids[b] ([B, T]) at slots [length[b], length[b] + T), each token seeing the
         row's committed prefix and the new tokens block[b] ([B|1, T, T]) allows, at positions length[b] +
         depths[b]; attention over the first `span` slots. Lengths are not advanced.
-        -> (logits [B, T, V] float32, features [B, T, C*H] or None). The captured features are traced here, as
-        verify's and prefill's are (EAGLE3_DEBUG's target capture point)."""
-        logits, feats = self._forward_rows(kv, ids, depths, block, span, capture)
+        -> (logits [B, T, V] float32, features [B, T, C*H] or None); with `last` the logits of each row's last
+        token only, [B, 1, V] (a prefill reads no other: the head's product over a prompt's other tokens is work
+        for nothing). The captured features are traced here, as verify's and prefill's are (EAGLE3_DEBUG's target
+        capture point)."""
+        logits, feats = self._forward_rows(kv, ids, depths, block, span, capture, last)
         self._trace(feats, ids.shape[1], capture)
         return logits, feats
 
-    def _forward_rows(self, kv, ids, depths, block, span, capture):
+    def _forward_rows(self, kv, ids, depths, block, span, capture, last=False):
         """forward_rows' work, by the backends that decode batches (`batched`)."""
         self.row_cache(0, 0)
 

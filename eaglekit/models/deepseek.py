@@ -198,13 +198,13 @@ class DeepSeekTarget(StaticCacheTarget):
         return RowLatent(c.num_layers, c.latent_width, span, batch, self.device, self.dtype)
 
     @torch.inference_mode()
-    def _forward_rows(self, kv, ids, depths, block, span, capture=None):
+    def _forward_rows(self, kv, ids, depths, block, span, capture=None, last=False):
         T = ids.shape[1]
         L = kv.length
         slots = L[:, None] + torch.arange(T, device=self.device)
         mask = span_mask_rows(L, block, span, None, depths)
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, self._layers(capture))
-        return self.net.lm_head(h).float(), feats
+        return self.net.lm_head(h[:, -1:] if last else h).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count and layer kind,

@@ -184,7 +184,7 @@ class LlamaTarget(StaticCacheTarget):
         return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span, batch, self.device, self.dtype)
 
     @torch.inference_mode()
-    def _forward_rows(self, kv, ids, depths, block, span, capture=None):
+    def _forward_rows(self, kv, ids, depths, block, span, capture=None, last=False):
         B, T = ids.shape
         L = kv.length
         layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
@@ -192,11 +192,11 @@ class LlamaTarget(StaticCacheTarget):
         if kern is not None and B == 1 and T <= COMPILE_MAX_TOKENS:
             # products "hopper" on one row (a RowKV row has KVCache's layout): its kernels take the block itself
             h, feats = self.net(ids, L[:, None] + depths, kv, capture=layers, block=block[0], span=span)
-            return product_module(self.net.products, self.net.lm_head, h).float(), feats
-        slots = L[:, None] + torch.arange(T, device=self.device)
-        mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
-        h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
-        return product_module(self.net.products, self.net.lm_head, h).float(), feats
+        else:
+            slots = L[:, None] + torch.arange(T, device=self.device)
+            mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
+            h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
+        return product_module(self.net.products, self.net.lm_head, h[:, -1:] if last else h).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared

@@ -1,0 +1,131 @@
+"""Where a served request's first token goes: the engine's admitting step (the prefill of the target and the draft,
+then the step that follows) timed per request on a warmed engine, for prompts of one length and of varied lengths,
+and the kernels and host operations of a few admissions under torch.profiler.
+
+    python benchmarks/lab/prefill_probe.py --out DIR [--pairs demo,8b] [--max-batch 1,64] [--requests 12]
+
+`demo` is the shipped pair (the serve-demo suite's), `8b` the random 8B shape with its int8 draft and the products
+`eaglekit serve --max-batch N` picks (benchmarks.cases.batch.build_pair). Per pair and max batch: the admitting
+step's median wall time (the engine's part of a TTFT), the prefill phase per request (the engine's profiler), and
+DIR/prefill_<pair>_b<N>_kernels.txt (device time by kernel, host time by operation). Writes DIR/prefill_probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def _pair(name: str, device: str, max_batch: int, shape):
+    from eaglekit.pair import auto_draft_quant, load_pair, set_pair_products
+
+    if name == "demo":
+        from eaglekit.demo import demo_paths
+
+        tdir, ddir, _ = demo_paths()
+        t, d = load_pair(tdir, ddir, device=device, batched=max_batch > 1)
+        return t, d, 40, t.info.vocab_size
+    from benchmarks.cases.batch import build_pair
+
+    t, d, raw = build_pair(device != "cuda", device)
+    if device == "cuda":
+        quant = auto_draft_quant(t, d, device)
+        if quant != "none":
+            d.quantize(quant)
+        set_pair_products(t, d, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
+    return t, d, 128, raw["vocab_size"]
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> list[float]:
+    """Each prompt alone through the engine: the wall time of the step that admits it (up to its first token), then
+    the rest of the request run out."""
+    from eaglekit.decoding.batch import Request
+
+    out = []
+    for i, p in enumerate(prompts):
+        eng.add(Request(f"p{i}", p, max_new, eos_ids=()))
+        _sync(cuda)
+        t0 = time.perf_counter()
+        eng.step()
+        _sync(cuda)
+        out.append(1e3 * (time.perf_counter() - t0))
+        while eng.has_work:
+            eng.step()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="./out")
+    ap.add_argument("--pairs", default="demo,8b")
+    ap.add_argument("--max-batch", default="1,64")
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--max-new", type=int, default=32)
+    a = ap.parse_args()
+    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.tree import TreeShape
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = TreeShape(5, 1, 6) if cuda else TreeShape(4, 1, 5)
+    res = {"what": "the admitting step and prefill of one request on a warmed engine", "device": device,
+           "machine": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "runs": {}}
+    for name in a.pairs.split(","):
+        for mb in (int(x) for x in a.max_batch.split(",")):
+            t0 = time.perf_counter()
+            t, d, plen, V = _pair(name, device, mb, shape)
+            rng = random.Random(0)
+            fixed = [[rng.randrange(V) for _ in range(plen)] for _ in range(a.requests)]
+            varied = [[rng.randrange(V) for _ in range(plen - 8 + 3 * i)] for i in range(a.requests)]
+            run = {"products": str(getattr(t, "products_choice", None)), "prompt_len": plen}
+            for variant, draft in (("draft", d), ("no_draft", None)):
+                eng = BatchEngine(t, draft, shape, max_batch=mb, graphs=cuda, profile=True, adaptive=False)
+                w = eng.warm_up(plen + 3 * a.requests + a.max_new + 64, sizes=[1])
+                _admit_ms(eng, fixed[:2], a.max_new, cuda)  # a first request of each kind past warm-up
+                r = {"warm_up_s": w["seconds"], "span": w["span"]}
+                for kind, ps in (("fixed", fixed), ("varied", varied)):
+                    ms = _admit_ms(eng, ps, a.max_new, cuda)
+                    r[f"admit_ms_{kind}"] = {"median": round(statistics.median(ms), 3),
+                                             "all": [round(x, 2) for x in ms]}
+                prof = eng.profile()
+                r["prefill_ms_per_request"] = prof["ms_per_step"].get("prefill")
+                r["phases_ms_per_step"] = prof["ms_per_step"]
+                acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                with torch.profiler.profile(activities=acts) as pr:
+                    _admit_ms(eng, fixed[:3], 1, cuda)
+                ka = pr.key_averages()
+                txt = out / f"prefill_{name}_b{mb}_{variant}_kernels.txt"
+                txt.write_text("3 requests, max_new 1, by device time\n"
+                               + ka.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                          row_limit=40, max_name_column_width=110)
+                               + "\nby host time\n"
+                               + ka.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=110))
+                run[variant] = r
+                print(name, mb, variant, json.dumps(r)[:400], flush=True)
+                del eng
+            run["seconds"] = round(time.perf_counter() - t0, 1)
+            res["runs"][f"{name}_b{mb}"] = run
+            (out / "prefill_probe.json").write_text(json.dumps(res, indent=1))
+            del t, d
+            if cuda:
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
