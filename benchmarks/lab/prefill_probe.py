@@ -1,13 +1,15 @@
 """Where a served request's first token goes: the engine's admitting step (the prefill of the target and the draft,
-then the step that follows) timed per request on a warmed engine, for prompts of one length and of varied lengths,
-and the kernels and host operations of a few admissions under torch.profiler.
+which returns the first token) and the decode step after it, timed per request on a warmed engine for prompts of one
+length and of varied lengths, and the kernels and host operations of a few prefills under torch.profiler.
 
     python benchmarks/lab/prefill_probe.py --out DIR [--pairs demo,8b] [--max-batch 1,64] [--requests 12]
 
 `demo` is the shipped pair (the serve-demo suite's), `8b` the random 8B shape with its int8 draft and the products
 `eaglekit serve --max-batch N` picks (benchmarks.cases.batch.build_pair). Per pair and max batch: the admitting
-step's median wall time (the engine's part of a TTFT), the prefill phase per request (the engine's profiler), and
-DIR/prefill_<pair>_b<N>_kernels.txt (device time by kernel, host time by operation). Writes DIR/prefill_probe.json.
+step's median wall time (the engine's part of a TTFT) and the next step's, the prefill phase per request (the engine's
+profiler), the host operations' and the device's time per profiled prefill, and
+DIR/prefill_<pair>_b<N>_<variant>_kernels.txt (device time by kernel, host time by operation).
+Writes DIR/prefill_probe.json.
 """
 
 from __future__ import annotations
@@ -50,22 +52,24 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> list[float]:
-    """Each prompt alone through the engine: the wall time of the step that admits it (up to its first token), then
-    the rest of the request run out."""
+def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> tuple[list[float], list[float]]:
+    """Each prompt alone through the engine: the wall time of the step that admits it (its prefill, up to its first
+    token) and of the step after it (its first decode step), then the rest of the request run out."""
     from eaglekit.decoding.batch import Request
 
-    out = []
+    admit, after = [], []
     for i, p in enumerate(prompts):
         eng.add(Request(f"p{i}", p, max_new, eos_ids=()))
-        _sync(cuda)
-        t0 = time.perf_counter()
-        eng.step()
-        _sync(cuda)
-        out.append(1e3 * (time.perf_counter() - t0))
+        for times in (admit, after):
+            _sync(cuda)
+            t0 = time.perf_counter()
+            if eng.has_work:
+                eng.step()
+            _sync(cuda)
+            times.append(1e3 * (time.perf_counter() - t0))
         while eng.has_work:
             eng.step()
-    return out
+    return admit, after
 
 
 def main() -> None:
@@ -100,9 +104,10 @@ def main() -> None:
                 _admit_ms(eng, fixed[:2], a.max_new, cuda)  # a first request of each kind past warm-up
                 r = {"warm_up_s": w["seconds"], "span": w["span"]}
                 for kind, ps in (("fixed", fixed), ("varied", varied)):
-                    ms = _admit_ms(eng, ps, a.max_new, cuda)
+                    ms, nxt = _admit_ms(eng, ps, a.max_new, cuda)
                     r[f"admit_ms_{kind}"] = {"median": round(statistics.median(ms), 3),
                                              "all": [round(x, 2) for x in ms]}
+                    r[f"next_step_ms_{kind}"] = round(statistics.median(nxt), 3)
                 prof = eng.profile()
                 r["prefill_ms_per_request"] = prof["ms_per_step"].get("prefill")
                 r["phases_ms_per_step"] = prof["ms_per_step"]
@@ -110,6 +115,10 @@ def main() -> None:
                 with torch.profiler.profile(activities=acts) as pr:
                     _admit_ms(eng, fixed[:3], 1, cuda)
                 ka = pr.key_averages()
+                # host time against device time of a prefill: whether it waits on the GPU or the GPU on Python
+                dev_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka)
+                r["profiled_prefill_ms"] = {"host_ops": round(sum(e.self_cpu_time_total for e in ka) / 3e3, 3),
+                                            "device": round(dev_us / 3e3, 3) if cuda else None}
                 txt = out / f"prefill_{name}_b{mb}_{variant}_kernels.txt"
                 txt.write_text("3 requests, max_new 1, by device time\n"
                                + ka.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
