@@ -2,8 +2,8 @@
 demo, eval, sweep and the doctor with a batch of one (eaglekit.decoding.engine.Decoder).
 
 Every running sequence owns one row of the target's and the draft's KV caches (eaglekit.models.layers.RowKV:
-per-row committed lengths on the device, per-row slots). A step admits waiting requests into free rows
-(one prefill each), then runs ONE cycle for all running rows together:
+per-row committed lengths on the device, per-row slots). A step that finds requests waiting admits them into free
+rows (one prefill each) and returns their first tokens; any other step runs ONE cycle for all running rows together:
 
     draft tree (one draft forward per level for the whole batch) -> verify (one target forward for the
     whole batch, per-row tree masks) -> accept (per row: greedy on the device, or the lossless sampling
@@ -400,8 +400,13 @@ class BatchEngine:
     def step(self) -> list[Event]:
         with self._lock:
             events, self._cancelled = self._cancelled, []
-            admitted, self._pending_admitted = self._pending_admitted + self._admit(), []
-            if self.rows:
+            fresh = self._admit()
+            admitted, self._pending_admitted = self._pending_admitted + fresh, []
+            # A step that prefills returns with the new rows' first tokens (each picked from its prefill) and decodes
+            # nothing: a new request's first token does not wait for a decode step of every row too (its TTFT), and
+            # the next step decodes every row, the new ones with them.
+            decoded = bool(self.rows) and not fresh
+            if decoded:
                 shape = self._speculate()
                 if shape is not None:
                     self._spec_cycle(shape)
@@ -409,7 +414,7 @@ class BatchEngine:
                     self._plain_step()
             # events for every row touched this step (admitted rows that finished at prefill included)
             done = []
-            for s in admitted + self.rows:
+            for s in admitted + (self.rows if decoded else []):
                 if s in done:
                     continue
                 done.append(s)

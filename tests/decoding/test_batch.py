@@ -389,6 +389,33 @@ def test_cancel_frees_the_row_at_once(model_dirs):
     assert [t for e in out["b"] for t in e.token_ids][-1:] and out["c"][-1].stop_reason == "cancelled"
 
 
+def test_a_step_that_prefills_returns_the_first_tokens_at_once(model_dirs):
+    """A step that admits requests returns each new one's first token (picked from its prefill) and decodes no row, so a
+    new request's first token waits for no decode step; the next step decodes every row, the new one with them."""
+    target = _target(model_dirs)
+    eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0)
+    a, b = Request("a", [FIRST, 9, 4], 24, eos_ids=()), Request("b", [FIRST, 5, 7, 2], 24, eos_ids=())
+    got = {"a": [], "b": []}
+
+    def step(want):
+        evs = eng.step()
+        assert sorted((e.rid, len(e.token_ids) > 1) for e in evs) == want
+        for e in evs:
+            got[e.rid] += e.token_ids
+
+    eng.add(a)
+    step([("a", False)])  # the prefill's token alone
+    step([("a", True)])  # a cycle: the oracle's chain gives several
+    eng.add(b)
+    step([("b", False)])  # b's prefill; a's row does not step
+    step([("a", True), ("b", True)])
+    while eng.has_work:
+        for e in eng.step():
+            got[e.rid] += e.token_ids
+    for r in (a, b):
+        assert got[r.rid] == _alone(target, r.prompt_ids, 24, ())
+
+
 def test_mixed_greedy_and_sampled_rows(model_dirs):
     """Sampled rows in the batch do not disturb the greedy rows; a seeded sampled request is reproducible when
     the batch is the same."""
