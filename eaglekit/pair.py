@@ -40,11 +40,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
-        if draft_quant in (None, "auto"):
-            draft_quant = auto_draft_quant(target, draft, device)
-        if draft_quant != "none":
-            draft.quantize(draft_quant)
-        draft.precision = draft_quant if draft_quant != "none" else str(draft.dtype).replace("torch.", "")
+        set_draft_precision(target, draft, device, draft_quant)
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         compile = str(device).startswith("cuda") and hasattr(target, "compile") and getattr(target, "tp", None) is None
@@ -70,6 +66,16 @@ def auto_draft_quant(target, draft, device) -> str:
     gpu = str(device).startswith("cuda")
     half = getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)
     return "int8" if gpu and half and hasattr(draft, "quantize") else "none"
+
+
+def set_draft_precision(target, draft, device, draft_quant: str | None = None) -> None:
+    """load_pair's `draft_quant` for a draft loaded some other way (see load_pair): quantized as asked ('auto' or
+    None: auto_draft_quant), what ran kept as `draft.precision`."""
+    if draft_quant in (None, "auto"):
+        draft_quant = auto_draft_quant(target, draft, device)
+    if draft_quant != "none":
+        draft.quantize(draft_quant)
+    draft.precision = draft_quant if draft_quant != "none" else str(draft.dtype).replace("torch.", "")
 
 
 def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,

@@ -48,6 +48,16 @@ def word_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0")
 
 
+def as_served(target, draft, device: str, max_batch: int, shape) -> None:
+    """What `eaglekit serve --max-batch max_batch` makes of a pair it loads (eaglekit.pair.load_pair): the default
+    draft precision, and the products for forwards of up to max_batch times the tree's tokens (batch-invariant for
+    many rows, generate's for one)."""
+    from eaglekit.pair import set_draft_precision, set_pair_products
+
+    set_draft_precision(target, draft, device)
+    set_pair_products(target, draft, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
+
+
 def _serve(engine, tok, context, max_batch):
     import uvicorn
 
@@ -96,14 +106,7 @@ def serve_e2e(p, ctx):
     conc = as_list(p["concurrency"])
     max_batch = max(conc)
     if cuda:
-        from eaglekit.pair import auto_draft_quant, set_pair_products
-
-        # what `serve --max-batch max_batch` loads: the default draft precision, batch-invariant products for many
-        # rows and generate's for one
-        quant = auto_draft_quant(t, d, device)
-        if quant != "none":
-            d.quantize(quant)
-        set_pair_products(t, d, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
+        as_served(t, d, device, max_batch, shape)
     sizes = sorted({min(1 << (c - 1).bit_length(), max_batch) for c in conc} | {1})
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +153,7 @@ def serve_e2e(p, ctx):
                         "synthetic_acceptance": {"accept_length": p["accept_length"],
                                                  "note": "draft figures at a SYNTHETIC accept length (random weights)"},
                         "products": str(getattr(t, "products_choice", None)),
-                        "draft_precision": quant if cuda else "float32",
+                        "draft_precision": getattr(d, "precision", "float32"),
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "levels": levels_out}}
 
 

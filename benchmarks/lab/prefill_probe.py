@@ -28,22 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _pair(name: str, device: str, max_batch: int, shape):
-    from eaglekit.pair import auto_draft_quant, load_pair, set_pair_products
+    """The pair as `eaglekit serve --max-batch max_batch` loads it, its prompt length and vocabulary size."""
+    from benchmarks.cases.serve import as_served
 
     if name == "demo":
         from eaglekit.demo import demo_paths
+        from eaglekit.pair import load_pair
 
         tdir, ddir, _ = demo_paths()
-        t, d = load_pair(tdir, ddir, device=device, batched=max_batch > 1)
+        t, d = load_pair(tdir, ddir, device=device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
         return t, d, 40, t.info.vocab_size
     from benchmarks.cases.batch import build_pair
 
     t, d, raw = build_pair(device != "cuda", device)
     if device == "cuda":
-        quant = auto_draft_quant(t, d, device)
-        if quant != "none":
-            d.quantize(quant)
-        set_pair_products(t, d, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
+        as_served(t, d, device, max_batch, shape)
     return t, d, 128, raw["vocab_size"]
 
 
