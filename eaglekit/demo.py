@@ -135,7 +135,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     pick_threads_here = cpu and not opts.threads and torch.get_num_threads() > 1
     defer = pick_threads_here and model.products == "auto" and model.compile_mode != "on"
     tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode,
-                         products="aten" if defer else model.products, draft_quant=model.draft_quant)
+                         products="aten" if defer else model.products, draft_quant=model.draft_quant,
+                         prompt_graphs=model.prompt_graphs)
     tok = load_tokenizer(tdir)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
     threads_pick = None
@@ -167,7 +168,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
                     "picked": picked},
            "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
            "threads_pick": threads_pick,
-           "compiled": compiled(tgt), "products": getattr(tgt, "products", "aten"),
+           "compiled": compiled(tgt), "prompt_graphs": getattr(tgt, "compiled_prompts", False),
+           "products": getattr(tgt, "products", "aten"),
            "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
            "backend": getattr(tgt, "backend", None),
            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
@@ -244,6 +246,8 @@ def print_demo(res: dict) -> None:
             t.add_row("speedup achieved against predicted", "", verdict)
     if "warm_up_s" in res:
         how = "compiled layers" if res.get("compiled") else "uncompiled layers"
+        if res.get("prompt_graphs"):
+            how += ", prompts through one compiled graph"
         t.caption = f"{how}; warm-up before the timings {res['warm_up_s']:.1f} s"
         la = res.get("load_average") or {}
         if la.get("start") is not None:

@@ -27,6 +27,7 @@ from .errors import InputError
 
 PRODUCTS = ("auto", "aten", "onednn", "invariant", "hopper")  # --products (eaglekit.kernels.products.KINDS)
 DRAFT_QUANT = ("auto", "none", "int8")  # --draft-quant (eaglekit.kernels.int8)
+COMPILE_FLAGS = ("compile", "no_compile", "prompt_graphs", "products", "draft_quant")  # how a loaded pair runs
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -151,6 +152,10 @@ class ModelOptions(Options):
                                "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
                                "kernels from ~/.cache/eaglekit/inductor)")
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
+    prompt_graphs: bool = opt(False, "run prompts (the target's prefill, the draft's extend over a prompt) through "
+                                     "one graph compiled for every length instead of the plain layers, compiled "
+                                     "before the first prefill (eaglekit.kernels.compiling.compile_prompt; products "
+                                     "aten on a CPU)")
     products: str = opt("auto", "how the decode products run: auto (eaglekit.kernels.products.choose: on a CPU "
                                 "the faster of aten and onednn, timed at load; on a GPU in bf16/fp16 hopper where "
                                 "its kernels take the model, else invariant; aten in serve and elsewhere), aten "
@@ -206,7 +211,7 @@ class ModelOptions(Options):
         """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
         --compile. --target and --draft are declared by each command (required or not, its own help)."""
         skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else {"compile", "no_compile", "products", "draft_quant"})
+            set() if compile else set(COMPILE_FLAGS))
         cls.add_args(parser, skip=skip, **defaults)
 
 

@@ -18,7 +18,7 @@ def pick_device(name: str | None = "auto") -> str:
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: str | bool = "auto", products: str = "auto",
               batched: bool = False, draft_quant: str | None = None,
-              rows: int | None = None) -> tuple[Target, Eagle3Draft | None]:
+              rows: int | None = None, prompt_graphs: bool = False) -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/results/2026-12-02c_cpu_compile_cost_main.json); 'on' / True everywhere, 'off' / False never.
@@ -33,7 +33,11 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
 
     `draft_quant`: 'int8' runs the draft's products from int8 weights (eaglekit.kernels.int8: half its bytes a step;
     the output is the target's either way, the accept length may move); 'none' as stored; 'auto' (or None) is
-    `auto_draft_quant`. What ran is kept as `draft.precision` ('int8' or the stored dtype)."""
+    `auto_draft_quant`. What ran is kept as `draft.precision` ('int8' or the stored dtype).
+
+    `prompt_graphs`: prompts (the target's prefill, the draft's extend over a prompt) through one graph compiled for
+    every length (target.compile_prompts(); eaglekit.kernels.compiling.compile_prompt), with or without `compile`;
+    the engine compiles it before its first prefill."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -53,6 +57,13 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile()
         if draft is not None:
             draft.compile()
+    if prompt_graphs:
+        if not hasattr(target, "compile_prompts"):
+            raise InputError("--prompt-graphs needs eaglekit's own Llama-family decoder (--backend ours)", code="E108",
+                             fix="leave out --prompt-graphs for this target")
+        target.compile_prompts()
+        if draft is not None:
+            draft.compile_prompts()
     set_pair_products(target, draft, products, device, batched, rows)
     return target, draft
 

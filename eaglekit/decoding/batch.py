@@ -46,6 +46,7 @@ from ..errors import FeatureError, GenerationError
 from ..kernels.compiling import prompt_calls, twin
 from ..kernels.graphs import record_graphs
 from ..models.base import Target, check_finite
+from ..models.layers import COMPILE_MAX_TOKENS
 from ..observe import trace
 from ..observe.profile import Profiler
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
@@ -319,6 +320,10 @@ class BatchEngine:
         # `profile`: time each phase of the steps (observe.profile.Profiler: CUDA events on a GPU); profile() reads it
         self.profiler = Profiler(profile, self.device, ranges=profile_ranges)
         self.prefills = 0  # requests admitted (each one prefill)
+        # a prompt graph compiled for every length (compile_prompts()) still compiles at its first call: _warm_prompts
+        # makes that call at warm-up or before the first prefill
+        self._cold_prompts = (getattr(target, "compiled_prompts", False)
+                              or getattr(draft, "compiled_prompt", None) is not None)
         self._last_step: str | None = None  # "cycle" or "plain": the step before this one (None: a prefill) (_settled)
 
     # --- public interface ----------------------------------------------------------------------
@@ -518,6 +523,8 @@ class BatchEngine:
 
     @prompt_calls()  # a prompt's length changes from call to call: no per-shape preparation (compiling.prompt_calls)
     def _prefill(self, s: _Seq, r: int, with_draft: bool) -> None:
+        if self._cold_prompts:
+            self._warm_prompts(r)
         dev = self.device
         ids = torch.as_tensor(s.req.prompt_ids, dtype=torch.long, device=dev)
         T = ids.numel()
@@ -554,6 +561,32 @@ class BatchEngine:
         s.use_draft = with_draft
         self.use_draft[r] = with_draft
         self.prefills += 1
+
+    @prompt_calls()
+    def _warm_prompts(self, r: int) -> None:
+        """Compile the prompt graphs (eaglekit.kernels.compiling.compile_prompt) before a prefill counts: row r's
+        target prefill and the draft's extend over it with junk tokens at 2 and COMPILE_MAX_TOKENS + 1 tokens (where
+        the row span allows), the two sides of the row limit the products' code branches on. The row's lengths go
+        back to 0: the prefill that follows writes over the entries it reads, and nothing reads past a length."""
+        self._cold_prompts = False
+        dev = self.device
+        kv, dk = self.tk.rows(r, r + 1), (self.dk.rows(r, r + 1) if self.dk is not None else None)
+        extend = dk is not None and getattr(self.draft, "compiled_prompt", None) is not None
+        with trace.paused():
+            for T in (2, COMPILE_MAX_TOKENS + 1):
+                if T > self.S:
+                    continue
+                ids = torch.arange(T, device=dev)[None]
+                causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
+                kv.length.zero_()
+                _, feats = self.target.forward_rows(kv, ids, ids, causal, T, self.capture if extend else None,
+                                                    last=True)
+                if extend:
+                    dk.length.zero_()
+                    self.draft.extend_rows(dk, feats, ids, torch.full((1,), T, dtype=torch.long, device=dev), T)
+        kv.length.zero_()
+        if dk is not None:
+            dk.length.zero_()
 
     # --- cycles --------------------------------------------------------------------------------
     def _speculate(self) -> TreeShape | None:
@@ -673,7 +706,7 @@ class BatchEngine:
         or times (each would hold every running request for its length: seconds where the layers compile). `span`:
         the cache slots per row to prepare (a request longer than that grows the caches and records again). The sizes
         are timed with their rows standing at half the span, drafting (what the timings depend on: shapes and
-        lengths, not values). -> {"span", "sizes", "seconds"}."""
+        lengths, not values). Prompt graphs (compile_prompts()) compile here too. -> {"span", "sizes", "seconds"}."""
         from tqdm import tqdm
 
         graphs = self._use_graphs()  # (read before tracing pauses: traced steps run eagerly)
@@ -707,6 +740,10 @@ class BatchEngine:
                     if self.dk is not None:
                         self.dk.length.zero_()
                         self.lag_n.zero_()
+            if self._cold_prompts:
+                if progress:
+                    tqdm.write("warming up: compiling the prompt graphs (one for every prompt length)")
+                self._warm_prompts(0)
             return {"span": self.S, "sizes": sizes, "seconds": round(time.perf_counter() - t0, 2)}
 
     def profile(self) -> dict | None:

@@ -24,6 +24,7 @@ import torch.nn as nn
 from ..capture import CaptureSpec
 from ..errors import ContractError, InputError
 from ..kernels.compiling import in_prompt, span_dynamic
+from ..kernels.products import compiles_any_length
 from ..models.config import RopeConfig
 from ..models.layers import (
     COMPILE_MAX_TOKENS,
@@ -140,6 +141,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # the FolderFormat it was read from (set by load_draft)
         self.compiled_layer = self.compiled_whole = self.compiled_chain = self.compiled_tree = None  # by compile()
+        self.compiled_prompt = None  # by compile_prompts()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
         self._one = None  # a chain step's pending block [[True]] (made by set_attention)
@@ -175,7 +177,13 @@ class Eagle3Draft(nn.Module, Draft):
         head_at[b] of each sequence goes through the norm and the lm_head, and h and logits are [B, 1, ..] (an
         extend needs its last entry's: the head's product then runs on 1 row instead of T). `pending`: the mask as
         (base, block), for the decode attention set_attention picks (eaglekit.models.layers.Attention)."""
-        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None and not in_prompt()
+        prompt = in_prompt()
+        if (self.compiled_prompt is not None and prompt and ids.shape[0] == 1 and ids.shape[1] > 1 and not trace.ENABLED
+                and extra_kv is None and self.config.sliding_window is None and compiles_any_length(self.products)):
+            # one row's extend over a prompt or a catch-up window: the whole forward as one graph for every length
+            # (several rows' catch-up stays eager: a graph of its own would compile while requests wait)
+            return self.compiled_prompt(self, hidden, ids, positions, kv, slots, mask, from_target, head_at, pending)
+        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None and not prompt
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
             # the layer's own kernels, where eager code ran ~6 small kernels a draft step; tracing (which
@@ -195,7 +203,7 @@ class Eagle3Draft(nn.Module, Draft):
         if self.config.sliding_window is not None:
             mask = self._window(positions, slots, mask, extra_kv)
         if (self.compiled_layer is not None and extra_kv is None and ids.shape[1] <= COMPILE_MAX_TOKENS
-                and not in_prompt()):
+                and not prompt):
             kv = span_dynamic(mask, kv)
             return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at, pending=pending)
         return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at, pending)
@@ -364,13 +372,20 @@ class Eagle3Draft(nn.Module, Draft):
     def compile(self, options: dict | None = None) -> None:
         """torch.compile for the small fixed decode shapes (GPU; see LlamaTarget.compile): the whole forward (fc,
         embedding, rotary, layer, head), a chain's steps as one graph, and the layer and head alone (what traced or
-        sliding-window calls run)."""
+        sliding-window calls run). Extends over a prompt: compile_prompts."""
         from ..kernels.compiling import compile_decode
 
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
         self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
         self.compiled_chain = compile_decode(Eagle3Draft._chain_steps, options)
         self.compiled_tree = compile_decode(Eagle3Draft._tree_steps, options)
+
+    def compile_prompts(self, on: bool = True) -> None:
+        """Extends over a prompt through one graph of the whole forward compiled for every length
+        (compiling.compile_prompt), or (off) eagerly again; the decode graphs stay as they are."""
+        from ..kernels.compiling import compile_prompt
+
+        self.compiled_prompt = compile_prompt(Eagle3Draft._whole) if on else None
 
     @torch.inference_mode()
     def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):

@@ -58,6 +58,24 @@ def compile_decode(fn, options: dict | None = None):
     return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
 
 
+def compile_prompt(fn):
+    """`fn` compiled once for the one-row calls prompt_calls marks (a prompt's prefill, the draft's extend over it),
+    whose token count changes from call to call: its sizes are symbolic (dynamic=True), so every length of two
+    tokens or more runs one graph (one more where the code branches on the length, as the products do at their row
+    limit); inductor's default options (tuning a kernel for one length buys nothing at the next). Why: eagerly a
+    prompt runs each layer as ~150 operations (views included) launched one by one from Python, bound by the host
+    where the device is fast (the demo pair's 9M-parameter prefill took 11-14 ms on an H200,
+    benchmarks/results/2026-12-04c_h200_demo_phases.json); compiled, a layer is a few fused kernels and the products.
+    Opt-in (--prompt-graphs: the target's and the draft's compile_prompts()) until measured on a GPU; BatchEngine
+    compiles both sides of the row limit at warm-up or before its first prefill. A product policy whose lowering
+    needs fixed shapes (oneDNN's packed weights) keeps its prompts eager (products.compiles_any_length)."""
+    cache_dir()
+    from torch import _dynamo
+
+    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+    return torch.compile(fn, dynamic=True)
+
+
 _LOCAL = threading.local()
 
 
@@ -72,7 +90,8 @@ def prompt_calls():
     draft's extend over a prompt or a catch-up window); they run no code that prepares itself per shape, which would
     pay again for every new prompt length inside the timed generation: the plain (uncompiled) layers, since a
     compiled function holds one graph per token count (prompts of up to COMPILE_MAX_TOKENS reach it), and SDPA
-    without cuDNN's backend, which builds a plan per shape (what that cost the GPU demo: docs/performance.md).
+    without cuDNN's backend, which builds a plan per shape (what that cost the GPU demo: docs/performance.md). A
+    model compiled for prompts (compile_prompt: one graph for every length) runs that graph here instead.
     The compiled-graph switch is per thread (another thread's decode calls keep their graphs and bits); SDPA's
     backend choice is torch's own process-wide setting, changed for the duration (decode calls inside recorded CUDA
     graphs do not consult it). Usable as a decorator too."""

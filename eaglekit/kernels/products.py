@@ -42,6 +42,7 @@ class Aten:
     batch_invariant = False  # a row's bits independent of the rows computed with it
     fuses = False  # whether linear() takes residual= and gated= (eaglekit.models.layers.product)
     layer_kernels = None  # Hopper: the kernels that run a decode call's layers (eaglekit.models.llama asks)
+    compiles_any_length = True  # whether compiling.compile_prompt's symbolic-size graphs can take its products
 
     def linear(self, x, w, b=None):
         return F.linear(x, w, b)
@@ -125,6 +126,7 @@ class OneDNN(Aten):
 
     name = "onednn"
     batch_invariant = True
+    compiles_any_length = False  # inductor lowers a packed weight's product for fixed sizes only
 
     def __init__(self, weights):
         self.packed: dict[int, tuple] = {}
@@ -255,6 +257,9 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
     if device == "cpu":
         if compiled(target):
             return Choice(None, "compiled layers on a CPU: inductor's products (oneDNN's packs cannot be traced)")
+        if getattr(target, "compiled_prompts", False):
+            return Choice(None, "prompt graphs on a CPU: F.linear's products (oneDNN's packs have no compiled form "
+                                "for a length that changes)")
         return Choice("pick", "CPU: aten and onednn timed on this machine (a step and a 6-row verify)")
     if not device.startswith("cuda"):
         return Choice(None, f"F.linear on {device}")
@@ -291,8 +296,17 @@ def check_kind(kind: str, target, device) -> tuple[str, str] | None:
         return "onednn runs on a CPU whose torch has oneDNN", "use --products aten (or auto) here"
     if kind == "onednn" and compiled(target):
         return "onednn cannot run inside torch.compile'd layers", "leave out --compile, or use --products aten"
+    if kind == "onednn" and getattr(target, "compiled_prompts", False):
+        return ("onednn's packed products have no compiled form for a length that changes (--prompt-graphs)",
+                "leave out --prompt-graphs, or use --products aten")
     if kind in ("invariant", "hopper") and not (str(device).startswith("cuda") and invariant_gemm.HAVE_TRITON):
         return f"{kind} is a GPU kernel (Triton)", "use it with --device cuda and triton installed"
     if kind == "hopper" and hopper_reason(target) is not None:
         return hopper_reason(target), "use --products invariant (the same guarantee, Triton kernels)"
     return None
+
+
+def compiles_any_length(policy) -> bool:
+    """Whether a model with this policy (None: F.linear) may run its prompts through compiling.compile_prompt's
+    graph."""
+    return policy is None or policy.compiles_any_length

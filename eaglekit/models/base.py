@@ -180,6 +180,10 @@ class Target(ABC):
     # attention): then one row agrees with a verify's row and greedy output is the same bits at any batch.
     batch_invariant = False
 
+    # Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles it
+    # before its first prefill counts (decoding.batch.BatchEngine._warm_prompts)
+    compiled_prompts = False
+
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...
 

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from ..kernels import invariant_attention
 from ..kernels.compiling import in_prompt, span_dynamic
+from ..kernels.products import compiles_any_length
 from .base import StaticCacheTarget, TargetInfo, generate_left_padded
 from .config import TargetConfig, load_target_config
 from .layers import (
@@ -68,6 +69,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(c.head_dim, c.rope)
         self.compiled_layer = None  # set by LlamaTarget.compile()
+        self.prompt_layer = None  # set by LlamaTarget.compile_prompts()
         self.products = None  # the lm_head's policy; set by LlamaTarget.set_products()
 
     def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
@@ -83,9 +85,13 @@ class LlamaModel(nn.Module):
         if block is not None:
             return self._hopper_layers(x, positions, cache, block, span, capture, caught)
         cos, sin = self.rotary(positions, x.dtype)
-        # the compiled layer serves the fixed small shapes of decoding; prompts of any length run plain
+        # the compiled layer serves the fixed small shapes of decoding; prompts run plain, or through the one graph
+        # compiled for every length (prompt_layer)
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
-        fast = self.compiled_layer if (self.compiled_layer is not None and small and not in_prompt()) else None
+        prompt = in_prompt()
+        fast = self.compiled_layer if (self.compiled_layer is not None and small and not prompt) else None
+        any_length = (self.prompt_layer if prompt and ids.shape[0] == 1 and ids.shape[1] > 1 and cache is not None
+                      and compiles_any_length(self.products) else None)
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
         if (small and cache is not None and mask is not None and self.products is not None and self.products.attention
@@ -97,8 +103,8 @@ class LlamaModel(nn.Module):
             kv = cache.layer(i) if cache is not None else None
             if fast:
                 kv = span_dynamic(mask, kv, vis)
-            x = (fast(layer, x, cos, sin, kv, slots, mask, vis) if fast
-                 else layer(x, cos, sin, kv, slots, mask, vis))
+            call = fast or any_length
+            x = call(layer, x, cos, sin, kv, slots, mask, vis) if call else layer(x, cos, sin, kv, slots, mask, vis)
             if i in capture:
                 caught[i] = x
         return self._finish(x, caught, capture)
@@ -201,10 +207,17 @@ class LlamaTarget(StaticCacheTarget):
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
         by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only.
-        `options`: inductor options (None: eaglekit.kernels.compiling.DECODE_OPTIONS)."""
+        `options`: inductor options (None: eaglekit.kernels.compiling.DECODE_OPTIONS). Prompts: compile_prompts."""
         from ..kernels.compiling import compile_decode
 
         self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
+
+    def compile_prompts(self, on: bool = True) -> None:
+        """Prompts through one graph of the layer compiled for every length (compiling.compile_prompt), or (off)
+        through the plain layers again; the decode graphs stay as they are."""
+        from ..kernels.compiling import compile_prompt
+
+        self.net.prompt_layer = compile_prompt(DecoderLayer.forward) if on else None
 
     def set_products(self, kind) -> None:
         """How the decode products run: a kind of eaglekit.kernels.products (None/"aten" F.linear, "onednn" prepacked
@@ -219,6 +232,10 @@ class LlamaTarget(StaticCacheTarget):
     @property
     def products(self) -> str:
         return "aten" if self.net.products is None else self.net.products.name
+
+    @property
+    def compiled_prompts(self) -> bool:
+        return self.net.prompt_layer is not None
 
     @property
     def batch_invariant(self) -> bool:

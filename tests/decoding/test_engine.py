@@ -139,6 +139,72 @@ def test_compiled_layers_give_the_same_tokens(model_dirs):
     assert counters["stats"]["unique_graphs"] == before
 
 
+def _prompt_runs(model_dirs, compile_them: bool):
+    """The llama target and a draft, tokens of three prompts (15, 90, 40 tokens) with the draft (and the last two
+    without), eager and then with the prompt graphs of compile_prompts() (compile_them: inductor's; else the
+    plain functions they compile stand in, the same code) and no decode graphs. -> (eager tokens, prompt-graph
+    tokens, the token counts each prompt graph was called with, the graphs the later two prompts compiled, layers)."""
+    from torch._dynamo.utils import counters
+
+    from eaglekit.draft.model import Eagle3Draft
+    from eaglekit.models.llama import DecoderLayer
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    shape = TreeShape(3, 2, 6)
+    prompts = [list(range(5, 20)), [5 + i % 80 for i in range(90)], list(range(30, 70))]
+
+    def tokens():
+        return [(Decoder(t, d, shape).generate(p, 12, eos_ids=()).token_ids,
+                 Decoder(t).generate(p, 12, eos_ids=()).token_ids) for p in prompts[1:]]
+
+    def first():  # (50 new tokens: a span past COMPILE_MAX_TOKENS + 1 slots, so both warm-up lengths fit)
+        return Decoder(t, d, shape).generate(prompts[0], 50, eos_ids=()).token_ids
+
+    ref = [first()] + tokens()
+    t.compile_prompts()
+    d.compile_prompts()
+    assert t.compiled_prompts and d.compiled_prompt is not None
+    if not compile_them:
+        t.net.prompt_layer, d.compiled_prompt = DecoderLayer.forward, Eagle3Draft._whole
+    seen = {"target": [], "draft": []}
+
+    def counted(fn, who):
+        return lambda *a: (seen[who].append(a[2].shape[1]), fn(*a))[1]
+
+    t.net.prompt_layer = counted(t.net.prompt_layer, "target")
+    d.compiled_prompt = counted(d.compiled_prompt, "draft")
+    got = [first()]
+    graphs = counters["stats"]["unique_graphs"]
+    got += tokens()
+    return ref, got, seen, counters["stats"]["unique_graphs"] - graphs, t.info.num_layers
+
+
+def test_prompt_graphs_run_every_prompt_after_a_warm_up(model_dirs):
+    """compile_prompts() (--prompt-graphs): the target's prefill and the draft's extend over a prompt run the prompt
+    graphs (here the plain functions they compile stand in), for every prompt length, with the same tokens; the
+    engine calls them at 2 and COMPILE_MAX_TOKENS + 1 tokens before its first prefill (where they compile)."""
+    from eaglekit.models.layers import COMPILE_MAX_TOKENS
+
+    ref, got, seen, _, L = _prompt_runs(model_dirs, compile_them=False)
+    assert got == ref
+    warm = [2] * L + [COMPILE_MAX_TOKENS + 1] * L
+    # each engine warms once (the draft's, the plain one); a plain engine's prompts capture nothing and skip the draft
+    assert seen["target"][:2 * L] == warm and seen["draft"][:2] == [2, COMPILE_MAX_TOKENS + 1]
+    assert seen["target"].count(90) == 2 * L and seen["target"].count(40) == 2 * L
+    assert seen["draft"].count(90) == 1 and seen["draft"].count(40) == 1
+
+
+@pytest.mark.slow
+def test_compiled_prompts_give_the_same_tokens(model_dirs):
+    """The prompt graphs compiled (inductor on the CPU here; ~35 s from a cold cache): the same tokens, and
+    prompts of new lengths compile nothing (one graph for every length, compiled at the engine's warm-up)."""
+    ref, got, seen, new_graphs, L = _prompt_runs(model_dirs, compile_them=True)
+    assert got == ref
+    assert new_graphs == 0
+    assert seen["target"].count(90) == 2 * L
+
+
 @pytest.mark.slow
 def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
     """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too,

@@ -76,6 +76,22 @@ def test_onednn_and_compiled_layers_do_not_mix():
             load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on", products="onednn")
 
 
+def test_onednn_and_prompt_graphs_do_not_mix():
+    """The prompt graphs (--prompt-graphs) have symbolic sizes, which oneDNN's packs cannot take: auto keeps F.linear
+    on a CPU, with the reason; asking for both is refused with the fix; a target other than our decoder refuses
+    the flag."""
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", prompt_graphs=True)
+    assert t.compiled_prompts and d.compiled_prompt is not None
+    assert t.products == "aten" and "prompt graphs" in t.products_choice.reason
+    if onednn_available():
+        with pytest.raises(InputError, match="--prompt-graphs") as e:
+            load_pair(ASSETS / "target", None, device="cpu", dtype="float32", prompt_graphs=True, products="onednn")
+        assert e.value.code == "E108" and "--products aten" in e.value.fix
+    with pytest.raises(InputError, match="--prompt-graphs") as e:
+        load_pair(ASSETS / "target", None, backend="hf", device="cpu", dtype="float32", prompt_graphs=True)
+    assert e.value.code == "E108"
+
+
 def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     """products='auto' on a GPU (eaglekit.kernels.products.choose, the one chooser): the batch-invariant kernels for
     bf16/fp16 (hopper's where they take the model, invariant's elsewhere), draft or not (so speculative output is
