@@ -89,7 +89,8 @@ def _warm(engine, sizes, prompt_len, max_tokens, vocab):
 
 @case("serve-e2e", "serve + bench end to end per concurrency, draft (synthetic acceptance) and no draft",
       defaults={"tiny": False, "shape": [5, 1, 6], "accept_length": 3.52, "concurrency": [1, 4, 16, 64],
-                "requests_per_level": 2, "min_requests": 8, "max_tokens": 128, "prompt_len": 128, "max_seconds": 60},
+                "requests_per_level": 2, "min_requests": 8, "max_tokens": 128, "prompt_len": 128, "max_seconds": 60,
+                "prompt_graphs": False},
       quick={"concurrency": [1, 16], "max_tokens": 64, "min_requests": 4})
 def serve_e2e(p, ctx):
     from eaglekit.decoding.batch import BatchEngine
@@ -107,6 +108,9 @@ def serve_e2e(p, ctx):
     max_batch = max(conc)
     if cuda:
         as_served(t, d, device, max_batch, shape)
+    if p["prompt_graphs"]:  # (serve --prompt-graphs: compiled in _warm's first prefill)
+        t.compile_prompts()
+        d.compile_prompts()
     sizes = sorted({min(1 << (c - 1).bit_length(), max_batch) for c in conc} | {1})
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,7 +156,7 @@ def serve_e2e(p, ctx):
             "details": {"shape": "tiny" if p["tiny"] else "llama-3.1-8b", "tree": list(as_list(p["shape"])),
                         "synthetic_acceptance": {"accept_length": p["accept_length"],
                                                  "note": "draft figures at a SYNTHETIC accept length (random weights)"},
-                        "products": str(getattr(t, "products_choice", None)),
+                        "products": str(getattr(t, "products_choice", None)), "prompt_graphs": p["prompt_graphs"],
                         "draft_precision": getattr(d, "precision", "float32"),
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "levels": levels_out}}
 

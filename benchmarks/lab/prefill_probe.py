@@ -3,12 +3,14 @@ which returns the first token) and the decode step after it, timed per request o
 length and of varied lengths, and the kernels and host operations of a few prefills under torch.profiler.
 
     python benchmarks/lab/prefill_probe.py --out DIR [--pairs demo,8b] [--max-batch 1,64] [--requests 12]
+                                           [--prompt-graphs]
 
 `demo` is the shipped pair (the serve-demo suite's), `8b` the random 8B shape with its int8 draft and the products
 `eaglekit serve --max-batch N` picks (benchmarks.cases.batch.build_pair). Per pair and max batch: the admitting
 step's median wall time (the engine's part of a TTFT) and the next step's, the prefill phase per request (the engine's
 profiler), the host operations' and the device's time per profiled prefill, and
-DIR/prefill_<pair>_b<N>_<variant>_kernels.txt (device time by kernel, host time by operation).
+DIR/prefill_<pair>_b<N>_<variant>_kernels.txt (device time by kernel, host time by operation). `--prompt-graphs`:
+each variant again with the prompts through one compiled graph for every length (compile_prompts()).
 Writes DIR/prefill_probe.json.
 """
 
@@ -71,6 +73,17 @@ def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> tuple[list[float], list
     return admit, after
 
 
+def _phases_since(base: dict, now: dict) -> dict:
+    """BatchEngine.profile's ms_per_step over what ran between two of its readings."""
+    n = {k: now[k] - base[k] for k in ("cycles", "plain_steps", "prefills")}
+    per = {"decode": n["plain_steps"], "prefill": n["prefills"], "host_sync": n["cycles"] + n["plain_steps"]}
+    out = {}
+    for p, ms in now["ms"].items():
+        k = per.get(p, n["cycles"])
+        out[p] = round((ms - base["ms"].get(p, 0.0)) / k, 4) if k else None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="./out")
@@ -78,9 +91,12 @@ def main() -> None:
     ap.add_argument("--max-batch", default="1,64")
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--prompt-graphs", action="store_true",
+                    help="each variant again with the prompts through the graphs of compile_prompts()")
     a = ap.parse_args()
     from eaglekit.decoding.batch import BatchEngine
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.kernels.products import compiles_any_length
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -97,19 +113,27 @@ def main() -> None:
             fixed = [[rng.randrange(V) for _ in range(plen)] for _ in range(a.requests)]
             varied = [[rng.randrange(V) for _ in range(plen - 8 + 3 * i)] for i in range(a.requests)]
             run = {"products": str(getattr(t, "products_choice", None)), "prompt_len": plen}
-            for variant, draft in (("draft", d), ("no_draft", None)):
+            variants = [("draft", d, False), ("no_draft", None, False)]
+            if a.prompt_graphs:
+                run["prompt_graphs_run"] = compiles_any_length(t.net.products)  # (else their prompts stay eager)
+                variants += [("draft_prompt_graphs", d, True), ("no_draft_prompt_graphs", None, True)]
+            for variant, draft, graphs in variants:
+                t.compile_prompts(graphs)
+                d.compile_prompts(graphs)
                 eng = BatchEngine(t, draft, shape, max_batch=mb, graphs=cuda, profile=True, adaptive=False)
                 w = eng.warm_up(plen + 3 * a.requests + a.max_new + 64, sizes=[1])
+                t1 = time.perf_counter()
                 _admit_ms(eng, fixed[:2], a.max_new, cuda)  # a first request of each kind past warm-up
-                r = {"warm_up_s": w["seconds"], "span": w["span"]}
+                r = {"warm_up_s": w["seconds"], "span": w["span"],
+                     "first_two_requests_s": round(time.perf_counter() - t1, 2)}  # (the prompt graphs compile here)
+                base = eng.profile()  # (the phases below count from here: the prompt graphs' compile is not a prefill)
                 for kind, ps in (("fixed", fixed), ("varied", varied)):
                     ms, nxt = _admit_ms(eng, ps, a.max_new, cuda)
                     r[f"admit_ms_{kind}"] = {"median": round(statistics.median(ms), 3),
                                              "all": [round(x, 2) for x in ms]}
                     r[f"next_step_ms_{kind}"] = round(statistics.median(nxt), 3)
-                prof = eng.profile()
-                r["prefill_ms_per_request"] = prof["ms_per_step"].get("prefill")
-                r["phases_ms_per_step"] = prof["ms_per_step"]
+                r["phases_ms_per_step"] = _phases_since(base, eng.profile())
+                r["prefill_ms_per_request"] = r["phases_ms_per_step"].get("prefill")
                 acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
                 with torch.profiler.profile(activities=acts) as pr:
                     _admit_ms(eng, fixed[:3], 1, cuda)
