@@ -15,7 +15,10 @@ accepts at least as often per position as the longest tree's rates say (the esti
 
 The costs are the engine's own wall times of the last cycles at each (padded size, length) (a running mean that takes a
 faster time at once, since interference only adds time; the step ends with the one host read, so its wall time is the
-device time), refined as the engine runs. Where the engine records CUDA graphs it times every length and the plain
+device time), refined as the engine runs. A cycle costs at least a plain step (its verify holds the step's row and
+more), so a cycle timed below the plain figure counts at the plain figure: noise in either (a plain figure inflated by
+one slow step) cannot make a draft that gets nothing accepted look faster than plain decoding, and speculation runs
+only where the expected gain is above 1. Where the engine records CUDA graphs it times every length and the plain
 step when it records a padded size (seed_costs: warm-up, not a serving step, pays for it); elsewhere a pair not yet
 timed is tried once (the longest first, then a plain step, then each shorter length that could still win: a cycle
 costs at least a plain step, so a length whose expected tokens do not beat the best gain so far is never timed).
@@ -96,7 +99,7 @@ class SpecPolicy:
         """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per
         second of one row); None while no length is timed here."""
         tokens = self.per_row(drafting)
-        timed = [(tokens[j] / self.spec[rows, j], j) for j in self.lengths if (rows, j) in self.spec]
+        timed = [(tokens[j] / self._cycle(rows, j), j) for j in self.lengths if (rows, j) in self.spec]
         if not timed:
             return None
         rate, j = max(timed)
@@ -112,7 +115,12 @@ class SpecPolicy:
             return None if b is None else b[1] * self.plain[rows]
         if (rows, length) not in self.spec:
             return None
-        return self.per_row(drafting)[length] * self.plain[rows] / self.spec[rows, length]
+        return self.per_row(drafting)[length] * self.plain[rows] / self._cycle(rows, length)
+
+    def _cycle(self, rows: int, length: int) -> float:
+        """The cost a decision reads for a cycle: its running figure, and never below a plain step's (module
+        docstring)."""
+        return max(self.spec[rows, length], self.plain.get(rows, 0.0))
 
     # --- the choice --------------------------------------------------------------------------------
     def choose(self, rows: int, drafting: float = 1.0) -> tuple[int, str]:
@@ -132,20 +140,20 @@ class SpecPolicy:
             if (rows, j) not in self.spec and tokens[j] > max(1.0, g):
                 return j, f"first cycle of draft length {j} at this batch size: timing it"
         j, _ = self.best(rows, drafting)
-        if (j != full or g < 1.0) and self.since_full >= self.probe:
+        if (j != full or g <= 1.0) and self.since_full >= self.probe:
             return full, f"probe at draft length {full} after {self.since_full} steps (best: length {j}, x{g:.2f})"
-        if g >= 1.0:
+        if g > 1.0:
             if self.since_plain >= self.plain_probe:
                 return 0, f"probe: a plain step after {self.since_plain} steps (best: length {j}, x{g:.2f})"
             return j, f"draft length {j}: expected gain x{g:.2f}"
-        return 0, f"expected gain x{g:.2f} < 1 (best draft length {j})"
+        return 0, f"expected gain x{g:.2f} <= 1 (best draft length {j})"
 
     def draft_pays(self, rows: int) -> bool:
         """Whether speculation would pay at this padded size if every row had its draft (the engine admits a row with
         its draft then): the best timed length's gain at full drafting, or, before both are timed here, whether the
         last choice speculated."""
         g = self.gain(rows, drafting=1.0)
-        return self.speculating if g is None else g >= 1.0
+        return self.speculating if g is None else g > 1.0
 
     def probe_within(self, steps: int) -> bool:
         """Whether a probe of the longest length can fall due in the next `steps` steps (a row that lives no longer is
@@ -182,7 +190,7 @@ class SpecPolicy:
         probing, self.since_full = self.since_full > 0, 0
         if probing:  # a probe: did the longest length (or speculation at all) win again?
             g, j = self.gain(rows, length), self.best(rows)
-            won = g is not None and g >= 1.0 and j is not None and j[0] == length
+            won = g is not None and g > 1.0 and j is not None and j[0] == length
             self.probe = MIN_PROBE if won else min(2 * self.probe, MAX_PROBE)
 
     def seed_costs(self, rows: int, plain: float, spec: dict[int, float]) -> None:
@@ -198,7 +206,7 @@ class SpecPolicy:
         self._fade()
         if self.since_plain > 0:  # the first plain step after cycles (a probe, or a switch): did speculation still win?
             g = self.gain(rows)
-            self.plain_probe = min(2 * self.plain_probe, MAX_PROBE) if g is not None and g >= 1.0 else MIN_PROBE
+            self.plain_probe = min(2 * self.plain_probe, MAX_PROBE) if g is not None and g > 1.0 else MIN_PROBE
         self.since_plain = 0
 
     def summary(self) -> dict:

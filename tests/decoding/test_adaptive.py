@@ -156,6 +156,24 @@ def test_a_burst_of_load_does_not_hold_a_losing_draft_on(seed):
     assert sum(1 for j in after if j) <= len(after) // MAX_PROBE + 1  # the full-length probes alone
 
 
+def test_an_inflated_plain_figure_does_not_turn_on_a_draft_that_gets_nothing_accepted():
+    """A cycle costs at least a plain step: one slow plain step (the running figure 1.0 -> ~1.6) makes every timed
+    cycle (1.1-1.3) look cheaper than plain decoding, but a draft with no acceptance gains nothing by that, so no
+    cycle runs before the full-length probe falls due (before the cap, the length-1 cycle ran at once)."""
+    cost = {1: 1.1, 2: 1.2, 3: 1.3}
+    p = SpecPolicy(3, (1, 2, 3))
+    p.seed_costs(1, 1.0, cost)
+    p.reached, p.accepted = [1e3] * 3, [0.0] * 3  # nothing accepted, held by its weight
+    assert p.choose(1)[0] == 0
+    p.observe_plain(1, 3.0)
+    assert p.plain[1] > max(cost.values()) and p.gain(1, 1) == pytest.approx(1.0)  # capped: one token, one step
+    seen = [p.choose(1)[0]]
+    while p.since_full < p.probe:
+        p.observe_plain(1, 1.0)
+        seen.append(p.choose(1)[0])
+    assert seen[:-1] == [0] * (len(seen) - 1) and seen[-1] == 3  # plain steps, then the probe
+
+
 def test_probe_interval_backs_off_and_resets():
     p = FixedCosts(3, spec=2.0, plain=1.0)
     p.observe_cycle(1, 0, [0] * 64)
