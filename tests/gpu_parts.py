@@ -66,6 +66,9 @@ PARTS = {
         f"{GPU}::test_invariant_bf16_speculative_equals_the_one_row_baseline",
         f"{GPU}::test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk",
     ]),
+    5: ("prompts through the prompt graphs (--prompt-graphs)", [
+        f"{GPU}::test_prompt_graphs_decode_what_eager_prompts_do",
+    ]),
 }
 
 

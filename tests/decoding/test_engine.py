@@ -206,6 +206,38 @@ def test_compiled_prompts_give_the_same_tokens(model_dirs):
 
 
 @pytest.mark.slow
+def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
+    """A 4-row engine with the prompt graphs compiled (inductor on the CPU here): six requests of 20-85 tokens,
+    prefilled into every row, decode the eager engine's tokens, and none compiles a graph after warm_up."""
+    from torch._dynamo.utils import counters
+
+    from eaglekit.decoding.batch import BatchEngine, Request
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    shape = TreeShape(3, 2, 6)
+    prompts = [[5 + (i * 7 + j) % 80 for j in range(20 + 13 * i)] for i in range(6)]
+
+    def run(eng):
+        for i, p in enumerate(prompts):
+            eng.add(Request(f"r{i}", p, 20, eos_ids=()))
+        out = {}
+        while eng.has_work:
+            for ev in eng.step():
+                out.setdefault(ev.rid, []).extend(ev.token_ids)
+        return out
+
+    ref = run(BatchEngine(t, d, shape, max_batch=4, adaptive=False))
+    t.compile_prompts()
+    d.compile_prompts()
+    eng = BatchEngine(t, d, shape, max_batch=4, adaptive=False)
+    eng.warm_up(256)
+    graphs = counters["stats"]["unique_graphs"]
+    assert run(eng) == ref
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
 def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
     """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too,
     inside one graph with its levels (grow_tree) or between them: the same trees as the plain functions, for several

@@ -569,3 +569,28 @@ def test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded():
         buf.copy_(x.flip(0))
         graph.replay()
         assert torch.equal(out, fn(x.flip(0), idx, w))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prompt_graphs_decode_what_eager_prompts_do(dtype):
+    """--prompt-graphs on the GPU (the demo pair, compiled, its products as 'auto' picks them): prompts of 2 to ~120
+    tokens (both sides of the products' 64-row branch) decode with the draft what the target alone decodes, both with
+    the prompt graphs; in float32 also what eager prompts decode; and after the first generation (the engine compiles
+    the graphs before it) no prompt length compiles a graph."""
+    from torch._dynamo.utils import counters
+
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, prompt_graphs=True)
+    assert t.compiled_prompts and d.compiled_prompt is not None
+    full = _prompts(6)
+    prompts = [full[0][:2], full[1][:30], full[2][:64], full[3][:65]] + full[4:]
+    dec = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
+    dec.generate(prompts[0], 8)  # (the engines compile the prompt graphs before this first prefill)
+    dec.generate(prompts[0], 8, baseline=True)
+    graphs = counters["stats"]["unique_graphs"]
+    got = [dec.generate(p, 48).token_ids for p in prompts]
+    assert got == [dec.generate(p, 48, baseline=True).token_ids for p in prompts]
+    assert counters["stats"]["unique_graphs"] == graphs
+    if dtype == "float32":
+        t.compile_prompts(False)
+        d.compile_prompts(False)
+        assert got == [Decoder(t, d, TreeShape(5, 1, 6), graphs=True).generate(p, 48).token_ids for p in prompts]
