@@ -58,9 +58,10 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         if draft is not None:
             draft.compile()
     if prompt_graphs:
-        if not hasattr(target, "compile_prompts"):
-            raise InputError("--prompt-graphs needs eaglekit's own Llama-family decoder (--backend ours)", code="E108",
-                             fix="leave out --prompt-graphs for this target")
+        # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
+        if not hasattr(target, "compile_prompts") or getattr(target, "tp", None) is not None:
+            raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
+                             code="E108", fix="leave out --prompt-graphs for this target")
         target.compile_prompts()
         if draft is not None:
             draft.compile_prompts()

@@ -26,6 +26,9 @@ Stages (each prints its progress; a stage that fails records its error and the n
                      The random draft's proposals are rejected, so each cycle accepts its root only; a chain's
                      cycle costs the same whatever it accepts (its cache update moves nothing), so the figure is
                      the cycle's cost at any accept length (the method of benchmarks/cases/h200.py)
+  prefill            a --context-token prompt's prefill (the target's, no draft), eager and through the prompt
+                     graphs (--prompt-graphs: compile_prompts(), the routed experts grouped or dense), their compile
+                     outside the timing (median of 10 after 2 warm-up calls at other lengths)
   transformers       transformers' DeepseekV2ForCausalLM.generate on the same weights: 64 new tokens after a
                      128-token prompt, greedy, prefill included (tok/s)
 
@@ -228,6 +231,33 @@ class Bench:
         logits, _ = t.prefill(prompt)
         return prompt, logits
 
+    def prefill(self):
+        t = self.ctx["target"]
+        sync = torch.cuda.synchronize if self.cuda else (lambda: None)
+
+        def timed() -> float:
+            out = []
+            for _ in range(10):
+                sync()
+                t0 = time.perf_counter()
+                self._prefill(t)
+                sync()
+                out.append(1e3 * (time.perf_counter() - t0))
+            return round(statistics.median(out), 3)
+
+        res = {"prompt_tokens": self.args.context}
+        self._prefill(t)
+        res["eager_ms"] = timed()
+        t.compile_prompts()
+        tc = time.time()
+        for n in (2, 65):  # both sides of any branch on the length (the engine's own warm-up lengths)
+            t.reset(self.args.context + 256)
+            t.prefill(torch.arange(n, device=self.dev))
+        res["prompt_graphs_compile_s"] = round(time.time() - tc, 1)
+        res["prompt_graphs_ms"] = timed()
+        t.compile_prompts(False)
+        return res
+
     def _step(self, compiled: bool):
         from benchmarks.timing import OneRow
         from eaglekit.decoding.tree import TreeShape
@@ -394,6 +424,7 @@ class Bench:
         if "target" not in self.ctx:
             return self.out
         self.stage("roofline", self.roofline)
+        self.stage("prefill", self.prefill)
         self.stage("step_eager_graph", lambda: self._step(False))
         if self.cuda or self.args.compile_on_cpu:
             modes = self.args.experts.split(",")

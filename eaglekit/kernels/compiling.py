@@ -110,7 +110,10 @@ def prompt_calls():
 
 
 def in_prompt() -> bool:
-    """True inside prompt_calls (on this thread): compiled decode functions stand aside."""
+    """True inside prompt_calls (on this thread): compiled decode functions stand aside. Read it outside compiled
+    functions only: dynamo bakes a thread-local's value into the graph without a guard (torch 2.13), so a compiled
+    function that read it would keep its first answer; code inside one takes an argument instead (the DeepSeek
+    layer's `prompt`)."""
     return getattr(_LOCAL, "prompt", False)
 
 

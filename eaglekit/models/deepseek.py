@@ -34,9 +34,11 @@ class DeepSeekLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None):
+    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, prompt: bool = False):
+        """`prompt`: a call of the prompt graph (the experts' way for a token count that changes: moe.Experts)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, prompt) if isinstance(self.mlp, MoE) else self.mlp(h))
 
 
 class _Body(nn.Module):
@@ -71,6 +73,7 @@ class DeepSeekModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = MLARotary(c)
         self.compiled_layer = None  # set by DeepSeekTarget.compile()
+        self.prompt_layer = None  # set by DeepSeekTarget.compile_prompts()
 
     def forward(self, ids, positions, cache=None, slots=None, mask=None, capture: tuple[int, ...] = ()):
         """ids [B, T]; positions [T] or [B, T]; cache a LatentCache / RowLatent (or None: attention over the T
@@ -80,13 +83,19 @@ class DeepSeekModel(nn.Module):
         if -1 in capture:
             caught[-1] = x
         cos, sin = self.rotary(positions, x.dtype)
-        # the compiled layer serves the small fixed shapes of decoding; prompts of any length run plain
-        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None and not in_prompt()
+        # the compiled layer serves the small fixed shapes of decoding; prompts run plain, or through the one graph
+        # compiled for every length (prompt_layer)
+        prompt = in_prompt()
+        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None and not prompt
                                        and ids.shape[1] <= COMPILE_MAX_TOKENS) else None
+        any_length = (self.prompt_layer if prompt and cache is not None and ids.shape[0] == 1 and ids.shape[1] > 1
+                      else None)
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast is not None:
                 x = fast(layer, x, cos, sin, _span_dynamic(mask, kv), slots, mask)
+            elif any_length is not None:
+                x = any_length(layer, x, cos, sin, kv, slots, mask, True)
             else:
                 x = layer(x, cos, sin, kv, slots, mask)
             if i in capture:
@@ -213,6 +222,17 @@ class DeepSeekTarget(StaticCacheTarget):
         from ..kernels.compiling import compile_decode
 
         self.net.compiled_layer = compile_decode(DeepSeekLayer.forward, options)
+
+    def compile_prompts(self, on: bool = True) -> None:
+        """Prompts through one graph of the layer compiled for every length (compiling.compile_prompt; the routed
+        experts grouped where torch's grouped GEMM runs, else dense), or (off) through the plain layers again."""
+        from ..kernels.compiling import compile_prompt
+
+        self.net.prompt_layer = compile_prompt(DeepSeekLayer.forward) if on else None
+
+    @property
+    def compiled_prompts(self) -> bool:
+        return self.net.prompt_layer is not None
 
     def set_experts(self, mode: str | None) -> None:
         """How the routed experts run (eaglekit.models.moe.Experts.mode): None chooses per call; "triton" sends

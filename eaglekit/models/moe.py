@@ -11,7 +11,8 @@ The routed experts' weights are stacked as transformers 5 holds them (gate_up_pr
   makes one reduction kernel that loads the indexed weights in place; eager, the indexed weights are copied and
   multiplied (memory k x expert size a token).
 - loop (prompts, feature extraction): the experts any token chose, one after the other (a host read of which
-  experts were hit; not recordable).
+  experts were hit; not recordable). Prompts through the prompt graph (compiling.compile_prompt: one graph for every
+  length, no host read) run grouped where it runs, else dense.
 - dense (larger calls while a CUDA graph records, eager): every expert on every token, weights zero where not
   chosen: fixed shapes, reads every expert once.
 - triton (opt-in: `mode = "triton"`, DeepSeekTarget.set_experts): a decode call's pairs through
@@ -163,7 +164,9 @@ class Experts(nn.Module):
         dense_w = torch.zeros(h.shape[0], y.shape[0], dtype=_acc(h), device=h.device).scatter_(1, idx, w.to(_acc(h)))
         return torch.einsum("end,ne->nd", y.to(_acc(h)), dense_w).to(h.dtype)
 
-    def forward(self, h, idx, w):
+    def forward(self, h, idx, w, prompt: bool = False):
+        """`prompt`: a call of the prompt graph (compiling.compile_prompt), whose token count is any: compiled, it runs
+        grouped where that runs, else dense (each expert read once; gather would read an expert once per pair)."""
         mode = self.mode
         if mode == "triton":
             from ..kernels import moe_gemv
@@ -176,7 +179,11 @@ class Experts(nn.Module):
                 return self.grouped(h, idx, w)
             mode = None  # (float64, fp16 or float32 on a GPU, a GPU before sm_90: the per-call choice)
         if mode is None:
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling() and prompt:
+                if grouped_usable(h, (h.shape[-1], self.I)):
+                    return self.grouped(h, idx, w)
+                mode = "dense"
+            elif torch.compiler.is_compiling():
                 mode = "fused"
             elif idx.numel() <= GATHER_MAX_PAIRS:
                 mode = "gather"
@@ -199,11 +206,11 @@ class MoE(nn.Module):
         self.shared_experts = (MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, bias=c.mlp_bias)
                                if c.n_shared_experts else None)
 
-    def forward(self, x):
+    def forward(self, x, prompt: bool = False):
         B, T, D = x.shape
         h = x.reshape(B * T, D)
         idx, w = self.gate(h)
-        y = self.experts(h, idx, w).view(B, T, D)
+        y = self.experts(h, idx, w, prompt).view(B, T, D)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y

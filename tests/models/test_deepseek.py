@@ -188,6 +188,55 @@ def test_batched_rows_equal_single_sequence(tmp_path_factory):
         assert got[rid] == Decoder(target).generate(p, 10, eos_ids=()).token_ids, rid
 
 
+def _prompt_graph_tokens(target, draft, compile_them: bool):
+    """Tokens of three prompts (60, 90, 40 tokens: the first one's span past both warm-up lengths) eager, then with the
+    prompt graphs (compile_them: inductor's; else the plain layer standing in), the token counts and `prompt` flags
+    the graph was called with, and the graphs the later two prompts compiled."""
+    from torch._dynamo.utils import counters
+
+    from eaglekit.models.deepseek import DeepSeekLayer
+
+    shape = TreeShape(3, 2, 6)
+    prompts = [list(range(5, 65)), [5 + i % 80 for i in range(90)], list(range(30, 70))]
+
+    def run(ps, n=12):
+        return [Decoder(target, draft, shape).generate(p, n, eos_ids=()).token_ids for p in ps]
+
+    ref = run(prompts[:1]) + run(prompts[1:])
+    target.compile_prompts()
+    draft.compile_prompts()
+    fn = target.net.prompt_layer if compile_them else DeepSeekLayer.forward
+    seen = []
+    target.net.prompt_layer = lambda *a: (seen.append((a[1].shape[1], a[-1])), fn(*a))[1]
+    got = run(prompts[:1])
+    graphs = counters["stats"]["unique_graphs"]
+    got += run(prompts[1:])
+    target.compile_prompts(False)
+    draft.compile_prompts(False)
+    return ref, got, seen, counters["stats"]["unique_graphs"] - graphs
+
+
+def test_prompt_graphs_take_every_prompt_with_the_experts_prompt_flag(tmp_path_factory):
+    """--prompt-graphs on a DeepSeek-family target: every prompt of two tokens or more runs the prompt graph (here the
+    plain layer standing in), told it is one (the routed experts' grouped-or-dense choice when compiled), with the
+    eager tokens."""
+    _, target, _ = _pair(tmp_path_factory, "v3-qlora", 0)
+    ref, got, seen, _ = _prompt_graph_tokens(target, new_draft(target, seed=3), compile_them=False)
+    assert got == ref
+    L = target.info.num_layers
+    assert [n for n, _ in seen[:2 * L]] == [2] * L + [65] * L and all(flag is True for _, flag in seen)
+    assert [sum(n == k for n, _ in seen) for k in (60, 90, 40)] == [L, L, L]
+
+
+@pytest.mark.slow
+def test_compiled_prompt_graphs_give_the_eager_tokens(tmp_path_factory):
+    """The prompt graphs compiled (inductor on the CPU, float32: the experts dense; ~40 s cold): the eager tokens,
+    and prompts of new lengths compile nothing."""
+    _, target, _ = _pair(tmp_path_factory, "v3-qlora", 0)
+    ref, got, _, new_graphs = _prompt_graph_tokens(target, new_draft(target, seed=3), compile_them=True)
+    assert got == ref and new_graphs == 0
+
+
 def test_loading_conventions(tmp_path):
     """Per-expert checkpoint tensors are stacked; a multi-token-prediction layer past num_hidden_layers is not
     read; auto picks this decoder; an unimplemented rope type falls back to transformers (auto) or is refused
