@@ -68,6 +68,7 @@ PARTS = {
     ]),
     5: ("prompts through the prompt graphs (--prompt-graphs)", [
         f"{GPU}::test_prompt_graphs_decode_what_eager_prompts_do",
+        "tests/models/test_deepseek.py::test_prompt_graphs_on_the_gpu",
     ]),
 }
 

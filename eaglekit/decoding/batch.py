@@ -500,8 +500,10 @@ class BatchEngine:
         for _ in range(k):
             s = self.waiting.popleft()
             n = len(s.req.prompt_ids)
-            # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows)
-            self._ensure_span(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1)
+            # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows; the prompt
+            # graphs' warm-up, before the first prefill, writes COMPILE_MAX_TOKENS + 1)
+            self._ensure_span(max(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1,
+                                  self._warm_span()))
             r = len(self.rows)
             self.rows.append(s)
             take = with_draft and (pays or _seeded(s.req.sampling) or
@@ -562,20 +564,23 @@ class BatchEngine:
         self.use_draft[r] = with_draft
         self.prefills += 1
 
+    def _warm_span(self) -> int:
+        """The slots a row needs for _warm_prompts' longest call while it is still due (else 1)."""
+        return COMPILE_MAX_TOKENS + 1 if self._cold_prompts else 1
+
     @prompt_calls()
     def _warm_prompts(self, r: int) -> None:
         """Compile the prompt graphs (eaglekit.kernels.compiling.compile_prompt) before a prefill counts: row r's
-        target prefill and the draft's extend over it with junk tokens at 2 and COMPILE_MAX_TOKENS + 1 tokens (where
-        the row span allows), the two sides of the row limit the products' code branches on. The row's lengths go
-        back to 0: the prefill that follows writes over the entries it reads, and nothing reads past a length."""
+        target prefill and the draft's extend over it with junk tokens at 2 and COMPILE_MAX_TOKENS + 1 tokens (the
+        row span makes room: _warm_span), the two sides of the row limit where the products and the attention branch.
+        The row's lengths go back to 0: the prefill that follows writes over the entries it reads, and nothing reads
+        past a length."""
         self._cold_prompts = False
         dev = self.device
         kv, dk = self.tk.rows(r, r + 1), (self.dk.rows(r, r + 1) if self.dk is not None else None)
         extend = dk is not None and getattr(self.draft, "compiled_prompt", None) is not None
         with trace.paused():
             for T in (2, COMPILE_MAX_TOKENS + 1):
-                if T > self.S:
-                    continue
                 ids = torch.arange(T, device=dev)[None]
                 causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
                 kv.length.zero_()
@@ -714,7 +719,7 @@ class BatchEngine:
             if self.rows or self.waiting:
                 raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
             t0 = time.perf_counter()
-            self._ensure_span(max(int(span), 1))
+            self._ensure_span(max(int(span), self._warm_span()))
             if self.adapted:  # a one-sequence backend: nothing to record, and its rows cannot stand at a length
                 return {"span": self.S, "sizes": [], "seconds": round(time.perf_counter() - t0, 2)}
             wanted = range(1, self.max_batch + 1) if sizes is None else sizes

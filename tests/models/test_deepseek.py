@@ -189,15 +189,15 @@ def test_batched_rows_equal_single_sequence(tmp_path_factory):
 
 
 def _prompt_graph_tokens(target, draft, compile_them: bool):
-    """Tokens of three prompts (60, 90, 40 tokens: the first one's span past both warm-up lengths) eager, then with the
-    prompt graphs (compile_them: inductor's; else the plain layer standing in), the token counts and `prompt` flags
-    the graph was called with, and the graphs the later two prompts compiled."""
+    """Tokens of three prompts (15, 90, 40 tokens) eager, then with the prompt graphs (compile_them: inductor's; else
+    the plain layer standing in), the token counts and `prompt` flags the graph was called with, and the graphs the
+    later two prompts compiled."""
     from torch._dynamo.utils import counters
 
     from eaglekit.models.deepseek import DeepSeekLayer
 
     shape = TreeShape(3, 2, 6)
-    prompts = [list(range(5, 65)), [5 + i % 80 for i in range(90)], list(range(30, 70))]
+    prompts = [list(range(5, 20)), [5 + i % 80 for i in range(90)], list(range(30, 70))]
 
     def run(ps, n=12):
         return [Decoder(target, draft, shape).generate(p, n, eos_ids=()).token_ids for p in ps]
@@ -225,7 +225,7 @@ def test_prompt_graphs_take_every_prompt_with_the_experts_prompt_flag(tmp_path_f
     assert got == ref
     L = target.info.num_layers
     assert [n for n, _ in seen[:2 * L]] == [2] * L + [65] * L and all(flag is True for _, flag in seen)
-    assert [sum(n == k for n, _ in seen) for k in (60, 90, 40)] == [L, L, L]
+    assert [sum(n == k for n, _ in seen) for k in (15, 90, 40)] == [L, L, L]
 
 
 @pytest.mark.slow
@@ -344,3 +344,36 @@ def test_h200_benchmark_runs_end_to_end_tiny(tmp_path):
         assert v["rows"] == int(key.split("_")[2]) and v["over_step"] > 1
         assert raw["num_experts_per_tok"] < v["distinct_experts"] <= raw["n_routed_experts"]
     assert res["stages"]["transformers"]["first_16_tokens_agree"] == res["stages"]["transformers"]["new_tokens"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_prompt_graphs_on_the_gpu(tmp_path_factory, dtype):
+    """--prompt-graphs on a DeepSeek-family target on the GPU (the tiny v3 config; bf16 on sm_90 runs the routed
+    experts grouped, float32 dense), graphed decoding: prompts of 2, 30, 65 and 90 tokens decode with the draft what
+    the verify-shaped baseline decodes, no prompt length compiles a graph after the first generation, and in float32
+    the tokens equal eager prompts'."""
+    from torch._dynamo.utils import counters
+
+    _, _, folder = _pair(tmp_path_factory, "v3-qlora", 0)
+    target = load_target(folder, device="cuda", dtype=dtype)
+    draft = new_draft(target, seed=3, dtype=dtype)
+    prompts = [[5 + (7 * i + j) % 80 for j in range(n)] for i, n in enumerate((2, 30, 65, 90))]
+    shape = TreeShape(3, 2, 6)
+
+    def tokens(dec, baseline=False):
+        return [dec.generate(p, 24, eos_ids=(), baseline=baseline).token_ids for p in prompts]
+
+    eager = tokens(Decoder(target, draft, shape, graphs=True))
+    target.compile_prompts()
+    draft.compile_prompts()
+    dec = Decoder(target, draft, shape, graphs=True)
+    dec.generate(prompts[0], 4, eos_ids=())  # (the engines compile the prompt graphs before their first prefill)
+    dec.generate(prompts[0], 4, eos_ids=(), baseline=True)
+    graphs = counters["stats"]["unique_graphs"]
+    got = tokens(dec)
+    assert got == tokens(dec, baseline=True)
+    assert counters["stats"]["unique_graphs"] == graphs
+    if dtype == torch.float32:
+        assert got == eager
