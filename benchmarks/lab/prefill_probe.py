@@ -73,17 +73,6 @@ def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> tuple[list[float], list
     return admit, after
 
 
-def _phases_since(base: dict, now: dict) -> dict:
-    """BatchEngine.profile's ms_per_step over what ran between two of its readings."""
-    n = {k: now[k] - base[k] for k in ("cycles", "plain_steps", "prefills")}
-    per = {"decode": n["plain_steps"], "prefill": n["prefills"], "host_sync": n["cycles"] + n["plain_steps"]}
-    out = {}
-    for p, ms in now["ms"].items():
-        k = per.get(p, n["cycles"])
-        out[p] = round((ms - base["ms"].get(p, 0.0)) / k, 4) if k else None
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="./out")
@@ -132,7 +121,7 @@ def main() -> None:
                     r[f"admit_ms_{kind}"] = {"median": round(statistics.median(ms), 3),
                                              "all": [round(x, 2) for x in ms]}
                     r[f"next_step_ms_{kind}"] = round(statistics.median(nxt), 3)
-                r["phases_ms_per_step"] = _phases_since(base, eng.profile())
+                r["phases_ms_per_step"] = eng.profile(since=base)["ms_per_step"]
                 r["prefill_ms_per_request"] = r["phases_ms_per_step"].get("prefill")
                 acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
                 with torch.profiler.profile(activities=acts) as pr:

@@ -751,17 +751,21 @@ class BatchEngine:
                 self._warm_prompts(0)
             return {"span": self.S, "sizes": sizes, "seconds": round(time.perf_counter() - t0, 2)}
 
-    def profile(self) -> dict | None:
-        """With profile=True: the time each phase has taken since the engine started (ms in all; per speculative
-        cycle, per plain step for `decode`, per request for `prefill`, per step of either kind for `host_sync`; and
-        its share of the phases' total), for /server_info; None without it. Safe from another
-        thread (it takes the engine's lock: on a GPU it waits for the work in flight)."""
+    def profile(self, since: dict | None = None) -> dict | None:
+        """With profile=True: the time each phase has taken since the engine started, or since `since` (an earlier
+        reading of this method) (ms in all; per speculative cycle, per plain step for `decode`, per request for
+        `prefill`, per step of either kind for `host_sync`; and its share of the phases' total), for /server_info;
+        None without it. Safe from another thread (it takes the engine's lock: on a GPU it waits for the work in
+        flight)."""
         if not self.profiler.enabled:
             return None
         with self._lock:
             totals = self.profiler.totals()
             st = self.spec_stats
             steps = {"cycles": st["spec_cycles"], "plain_steps": st["plain_steps"], "prefills": self.prefills}
+        if since is not None:
+            steps = {k: v - since[k] for k, v in steps.items()}
+            totals = {p: v - since["ms"].get(p, 0.0) / 1e3 for p, v in totals.items()}
         everything = sum(totals.values()) or 1.0
         # what each phase is counted per: a prefill per admitted request, the host read per step of either kind
         count = {"decode": steps["plain_steps"], "prefill": steps["prefills"],
