@@ -11,9 +11,13 @@ event and `data: [DONE]`). A client that goes away is cancelled in the engine at
 Responses carry `usage` and, as an extension, `spec_decode` (this request's accept length on SGLang's
 scale: tokens per verify step, bonus included).
 
-The event loop does no CPU work of size set by a client: JSON parsing, tokenization, chat templates and
-detokenization run in worker threads (`prep` and `text`), so that one large prompt does not stall /health or
-other clients' streams.
+The event loop does no CPU work of size set by a client: JSON parsing, tokenization, chat templates and the
+detokenization of a long window run in worker threads (`prep` and `text`), so that one large prompt does not stall
+/health or other clients' streams. A step's few tokens are detokenized on the loop (at most INLINE_DETOK_TOKENS
+decoded): a hop to a thread and back per streamed step costs more than the decode (two decodes of at most 64
+tokens, ~25 us), and takes the GIL from the engine thread each time (a tiny-shape engine served one request at a
+time on 2 cores: output 636 -> 731 tok/s without a draft, 873 -> 889 with one, medians of 16 alternating rounds;
+`benchmarks/lab/serve_app_ab.py`, benchmarks/results/2026-12-05f_cpu_serve_app_ab.json).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ from .limits import MAX_BODY_MB, READ_TIMEOUT_S, PromptBound, read_body
 from .metrics import ServerMetrics
 from .protocol import ApiError, bad, chat_ids, from_eaglekit, parse_chat, parse_completion, parse_json
 from .scheduler import Handle, Scheduler
+
+# tokens a push may decode on the event loop (its window and its new tokens: tens of microseconds). A stream's window
+# is its last released piece plus what a step added; steps of up to 8 tokens over 3-byte characters stay under it
+INLINE_DETOK_TOKENS = 64
 
 
 def _trace(point: str, **meta) -> None:
@@ -198,7 +206,12 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         detok = Detokenizer(tokenizer, p.stop)
         loop = asyncio.get_running_loop()
 
-        async def push(ids, final):  # a decode of a short window, off the event loop
+        async def push(ids, final):
+            # a step's tokens over a short window decode in microseconds: on the loop, no thread hop (a hop hands
+            # the GIL from the loop to the text thread and back while the engine thread waits for it to launch its
+            # next step); a window grown long (an output that stays inside one character) decodes off the loop
+            if detok.window + len(ids) <= INLINE_DETOK_TOKENS:
+                return detok.push(ids, final)
             return await loop.run_in_executor(text_pool, detok.push, ids, final)
 
         created = int(time.time())

@@ -36,6 +36,12 @@ class Detokenizer:
             self.text += now[len(before):]
             self.prefix, self.read = self.read, len(self.ids)
 
+    @property
+    def window(self) -> int:
+        """Tokens the next push decodes besides its own: the context and the tokens still pending (a character not
+        yet complete). A few in a normal stream; it grows only while the output stays inside one character."""
+        return len(self.ids) - self.prefix
+
     def push(self, ids, final: bool = False) -> str:
         """Add tokens; return the text that may be sent now (all that is left when `final`)."""
         if self.stopped:

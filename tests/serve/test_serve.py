@@ -453,7 +453,26 @@ def test_detokenizer_never_splits_a_character(tok):
         assert not any("\ufffd" in p for p in parts)
 
 
-def test_detokenizer_cuts_stop_strings_and_holds_back_their_prefix(tok):
+def test_detokenizer_window_is_short_unless_a_character_stays_open(tok):
+    """The window a push decodes (what the app bounds before it decodes on the event loop) stays a few tokens over a
+    long output, and grows only while the tokens so far end inside one character."""
+    from eaglekit.serve.app import INLINE_DETOK_TOKENS
+    from eaglekit.serve.detok import Detokenizer
+
+    ids = tok("naïve café → 日本語のテキスト ✓ done " * 20, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 200
+    for step in range(1, 9):  # tokens a step, as a plain step or a cycle emits them
+        d = Detokenizer(tok)
+        widest = 0
+        for i in range(0, len(ids), step):
+            widest = max(widest, d.window + len(ids[i:i + step]))
+            d.push(ids[i:i + step])
+        assert widest <= INLINE_DETOK_TOKENS, step
+    lead = tok("日", add_special_tokens=False)["input_ids"][0]  # a character's first byte, never completed
+    d = Detokenizer(tok)
+    for n in range(1, 71):
+        assert d.push([lead]) == "" and d.window == n
+    assert d.window + 1 > INLINE_DETOK_TOKENS  # past the bound: the app decodes this off the loop
     from eaglekit.serve.detok import Detokenizer
 
     ids = tok("alpha beta END gamma", add_special_tokens=False)["input_ids"]
