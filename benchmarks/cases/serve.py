@@ -58,10 +58,13 @@ def as_served(target, draft, device: str, max_batch: int, shape) -> None:
     set_pair_products(target, draft, "auto", device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
 
 
-def _serve(engine, tok, context, max_batch):
+def _serve(engine, tok, context, max_batch, build_app=None):
+    """`eaglekit serve`'s app over `engine` in a uvicorn thread on a free local port -> (server, thread, port).
+    `build_app`: another version of eaglekit.serve.app.build_app (benchmarks/lab/serve_app_ab.py)."""
     import uvicorn
 
-    from eaglekit.serve.app import build_app
+    if build_app is None:
+        from eaglekit.serve.app import build_app
 
     info = {"synthetic_acceptance": None if engine.synthetic is None else {"rate": engine.synthetic}}
     app = build_app(engine, tok, ["bench"], context, max_batch, 1024, info=info, speculative=engine.draft is not None,

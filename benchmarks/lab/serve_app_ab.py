@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases.batch import build_pair  # noqa: E402
-from benchmarks.cases.serve import _warm, word_tokenizer  # noqa: E402
+from benchmarks.cases.serve import _serve, _warm, word_tokenizer  # noqa: E402
 
 
 def app_module(rev: str, tmp: Path):
@@ -45,19 +44,6 @@ def app_module(rev: str, tmp: Path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def serve(mod, engine, tok, context: int):
-    import uvicorn
-
-    app = mod.build_app(engine, tok, ["bench"], context, 1, 1024, info={}, speculative=engine.draft is not None,
-                        positions=engine.shape.path_len - 1)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    return srv, th, srv.servers[0].sockets[0].getsockname()[1]
 
 
 def main() -> None:
@@ -91,7 +77,8 @@ def main() -> None:
                               synthetic_accept_length=3.52 if draft is not None else None)
             _warm(eng, [1], a.prompt_len, a.tokens, V)
             # two apps over one engine, each with its scheduler thread: only the one under load steps it
-            servers = {v: serve(m, eng, tok, raw["max_position_embeddings"]) for v, m in apps.items()}
+            servers = {v: _serve(eng, tok, raw["max_position_embeddings"], 1, build_app=m.build_app)
+                       for v, m in apps.items()}
             try:
                 for r in range(a.rounds):
                     for v in (("base", "tree") if r % 2 else ("tree", "base")):
