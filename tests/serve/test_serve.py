@@ -473,6 +473,9 @@ def test_detokenizer_window_is_short_unless_a_character_stays_open(tok):
     for n in range(1, 71):
         assert d.push([lead]) == "" and d.window == n
     assert d.window + 1 > INLINE_DETOK_TOKENS  # past the bound: the app decodes this off the loop
+
+
+def test_detokenizer_cuts_stop_strings_and_holds_back_their_prefix(tok):
     from eaglekit.serve.detok import Detokenizer
 
     ids = tok("alpha beta END gamma", add_special_tokens=False)["input_ids"]
