@@ -17,8 +17,7 @@ Per variant and run: the demo's warm_up_s, speedup, identical, tokens/s both way
 warm-up and timings), and where its compile time went (`compile`: dynamo's compile_times summed over the process, in
 seconds: compile_s in all, of it trace_s tracing and inductor_s in inductor, of that kernels_wait_s waiting for Triton
 builds; the warm-up less compile_s is recording, the policy's timings and the kernels' first-launch tuning; and the
-graph and cache counters; `recompiles`: dynamo's recompiles by function and by the guard that
-failed). Writes DIR/warmup_probe.json.
+graph and cache counters; `recompiles`: dynamo's recompiles by function and by cause). Writes DIR/warmup_probe.json.
 """
 
 from __future__ import annotations
@@ -77,12 +76,12 @@ def run_demo(variant: str, cache: str, prompts: int, dtype: str, extra: list[str
     r = subprocess.run([sys.executable, "-c", _CHILD, "no_cd" if variant.startswith("no_cd") else "-", *args],
                        capture_output=True, text=True, env=env, timeout=900)
     wall = round(time.perf_counter() - t0, 1)
+    compile_stats = json.loads(stats.read_text()) if stats.exists() else None
+    stats.unlink(missing_ok=True)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not lines:
         return {"process_s": wall, "rc": r.returncode, "error": r.stderr[-3000:]}
     res = json.loads(lines[-1])
-    compile_stats = json.loads(stats.read_text()) if stats.exists() else None
-    stats.unlink(missing_ok=True)
     return {"process_s": wall, **{k: res.get(k) for k in KEEP}, "compile": compile_stats,
             "recompiles": recompiles(r.stderr)}
 
