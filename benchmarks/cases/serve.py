@@ -48,6 +48,22 @@ def word_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0")
 
 
+def word_prompts(path: Path, vocab: int, n: int, length: int, rng: random.Random) -> Path:
+    """A prompts file for `eaglekit bench` (one {"prompt": ...} a line): n prompts of `length` words of
+    word_tokenizer(vocab), drawn from rng."""
+    path.write_text("".join(json.dumps({"prompt": " ".join(f"t{rng.randrange(vocab)}" for _ in range(length))}) + "\n"
+                            for _ in range(n)))
+    return path
+
+
+def bench_command(port: int, prompts: Path, max_tokens: int, n: int, out: Path, conc) -> list[str]:
+    """`eaglekit bench` against a local server: n requests of max_tokens each (ignore_eos) at each concurrency of
+    `conc`, the levels written to `out`."""
+    return [sys.executable, "-m", "eaglekit.cli", "bench", "--endpoint", f"http://127.0.0.1:{port}", "--prompts",
+            str(prompts), "--max-tokens", str(max_tokens), "--num-prompts", str(n), "--ignore-eos", "--json",
+            str(out), "--concurrency", ",".join(str(c) for c in as_list(conc))]
+
+
 def as_served(target, draft, device: str, max_batch: int, shape) -> None:
     """What `eaglekit serve --max-batch max_batch` makes of a pair it loads (eaglekit.pair.load_pair): the default
     draft precision, and the products for forwards of up to max_batch times the tree's tokens (batch-invariant for
@@ -117,10 +133,7 @@ def serve_e2e(p, ctx):
     sizes = sorted({min(1 << (c - 1).bit_length(), max_batch) for c in conc} | {1})
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = Path(tmp) / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"prompt": " ".join(f"t{rng.randrange(V)}" for _ in
-                                                                   range(p["prompt_len"]))}) + "\n"
-                                   for _ in range(64)))
+        prompts = word_prompts(Path(tmp) / "prompts.jsonl", V, 64, p["prompt_len"], rng)
         metrics, levels_out = {}, {}
         for name, draft in (("draft", d), ("no_draft", None)):
             eng = BatchEngine(t, draft, shape, max_batch=max_batch, tokenizer=tok, graphs=cuda,
@@ -130,10 +143,8 @@ def serve_e2e(p, ctx):
             out = Path(tmp) / f"{name}.json"
             try:
                 n = max(p["min_requests"], p["requests_per_level"] * max(conc))
-                cmd = [sys.executable, "-m", "eaglekit.cli", "bench", "--endpoint", f"http://127.0.0.1:{port}",
-                       "--prompts", str(prompts), "--max-tokens", str(p["max_tokens"]), "--num-prompts", str(n),
-                       "--ignore-eos", "--max-seconds", str(p["max_seconds"]), "--json", str(out),
-                       "--concurrency", ",".join(str(c) for c in conc)]
+                cmd = bench_command(port, prompts, p["max_tokens"], n, out, conc) + ["--max-seconds",
+                                                                                    str(p["max_seconds"])]
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
                 if not out.exists():  # (exit 1 with a file: some requests failed; they are counted in the levels)
                     raise RuntimeError(f"eaglekit bench failed: {r.stderr[-2000:]}")

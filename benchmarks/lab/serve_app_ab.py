@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases.batch import build_pair  # noqa: E402
-from benchmarks.cases.serve import _serve, _warm, word_tokenizer  # noqa: E402
+from benchmarks.cases.serve import _serve, _warm, bench_command, word_prompts, word_tokenizer  # noqa: E402
 
 
 def app_module(rev: str, tmp: Path):
@@ -68,10 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         apps = {"base": app_module(a.base, tmp), "tree": tree_app}
-        prompts = tmp / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"prompt": " ".join(f"t{rng.randrange(V)}" for _ in
-                                                                   range(a.prompt_len))}) + "\n"
-                                   for _ in range(a.requests)))
+        prompts = word_prompts(tmp / "prompts.jsonl", V, a.requests, a.prompt_len, rng)
         for name, draft in (("draft", d), ("no_draft", None)):
             eng = BatchEngine(t, draft, TreeShape(5, 1, 6), max_batch=1, tokenizer=tok,
                               synthetic_accept_length=3.52 if draft is not None else None)
@@ -83,10 +80,7 @@ def main() -> None:
                 for r in range(a.rounds):
                     for v in (("base", "tree") if r % 2 else ("tree", "base")):
                         out = tmp / "bench.json"
-                        subprocess.run([sys.executable, "-m", "eaglekit.cli", "bench", "--endpoint",
-                                        f"http://127.0.0.1:{servers[v][2]}", "--prompts", str(prompts),
-                                        "--max-tokens", str(a.tokens), "--num-prompts", str(a.requests),
-                                        "--ignore-eos", "--json", str(out), "--concurrency", "1"],
+                        subprocess.run(bench_command(servers[v][2], prompts, a.tokens, a.requests, out, 1),
                                        capture_output=True, check=True)
                         lv = json.loads(out.read_text())["levels"][0]
                         runs.setdefault(name, {}).setdefault(v, []).append(

@@ -206,10 +206,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
         detok = Detokenizer(tokenizer, p.stop)
         loop = asyncio.get_running_loop()
 
-        async def push(ids, final):
-            # a step's tokens over a short window decode in microseconds: on the loop, no thread hop (a hop hands
-            # the GIL from the loop to the text thread and back while the engine thread waits for it to launch its
-            # next step); a window grown long (an output that stays inside one character) decodes off the loop
+        async def push(ids, final):  # on the loop up to INLINE_DETOK_TOKENS (module docstring), else off it
             if detok.window + len(ids) <= INLINE_DETOK_TOKENS:
                 return detok.push(ids, final)
             return await loop.run_in_executor(text_pool, detok.push, ids, final)
