@@ -10,7 +10,8 @@
                 the trained draft and an untrained (random-weight) draft, both drafts under the adaptive policy.
                 Per concurrency level the output tok/s of each and each draft's ratio to no draft in the same
                 round (medians over `reps` rounds): whether speculation never loses, on a real draft and on one
-                that must be switched off, with the steps each server decoded plainly and speculatively. Greedy;
+                that must be switched off, with the steps each server decoded plainly and speculatively, and (Linux)
+                the same ratio per CPU-second of the server process (its own work, apart from a noisy host). Greedy;
                 the requests stop at the target's EOS as a user's do (`ignore_eos=true`: at max_tokens), so every
                 variant emits the same tokens.
 
@@ -23,6 +24,7 @@ Every padded batch size's graphs are recorded before the clock starts (a warm-up
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -198,6 +200,16 @@ def _spec_counts(srv) -> dict:
             "cycles": sum(v for (n, _), v in m.items() if n == "eaglekit:spec_cycles")}
 
 
+def _process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far, from Linux's /proc; None where that cannot be read. On a
+    shared CPU a process's CPU time counts its own work, not the time a neighbour (or the host) took from it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def demo_drafts(tmp: Path) -> dict:
     """Each variant's --draft (None: no draft): the shipped draft, and an untrained one saved under `tmp`, wired as
     the trained one (same captures, same draft vocabulary size): what a user gets from a draft trained for another
@@ -251,13 +263,14 @@ def serve_demo(p, ctx):
                     srv = servers[v]
                     levels = []
                     for c in conc:  # one level at a time, so each level's steps are its own
-                        before = _spec_counts(srv)
+                        before, cpu0 = _spec_counts(srv), _process_cpu_s(srv.proc.pid)
                         lv = run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(p["num_prompts"], 2 * c),
                                                     concurrency=(c,), max_tokens=p["max_tokens"],
                                                     ignore_eos=p["ignore_eos"],
                                                     max_seconds=p["max_seconds"]))[0]
-                        after = _spec_counts(srv)
-                        levels.append({**lv, **{k: after[k] - before[k] for k in after}})
+                        after, cpu1 = _spec_counts(srv), _process_cpu_s(srv.proc.pid)
+                        levels.append({**lv, **{k: after[k] - before[k] for k in after},
+                                       "cpu_s": cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None})
                     per_round[v].append(levels)
         finally:
             for srv in servers.values():
@@ -272,6 +285,12 @@ def serve_demo(p, ctx):
             if v == "no_draft":
                 continue
             metrics[f"speedup_c{c}_{v}"] = stats([x["output_throughput"] / b for x, b in zip(got, base)], "x")
+            if all(x["cpu_s"] for x in got) and all(lv[i]["cpu_s"] for lv in per_round["no_draft"]):
+                # output tokens per CPU-second of the server process over no draft's, the same round: the server's
+                # own work per token, apart from what the machine took from it
+                metrics[f"speedup_cpu_time_c{c}_{v}"] = stats(
+                    [(x["output_tokens"] / x["cpu_s"]) / (lv[i]["output_tokens"] / lv[i]["cpu_s"])
+                     for x, lv in zip(got, per_round["no_draft"])], "x")
             steps = sum(x["plain_steps"] + x["cycles"] for x in got)
             metrics[f"plain_share_c{c}_{v}"] = value(sum(x["plain_steps"] for x in got) / steps if steps else 0,
                                                      "of steps")
@@ -286,5 +305,5 @@ def serve_demo(p, ctx):
                                      "random_draft": "... --draft an untrained draft (new_draft seed 7, the same "
                                                      "captures)"},
                         "rounds": {v: [[{k: lv[k] for k in ("concurrency", "output_throughput", "completed", "failed",
-                                                             "plain_steps", "cycles")} for lv in rnd]
+                                                             "plain_steps", "cycles", "cpu_s")} for lv in rnd]
                                         for rnd in per_round[v]] for v in DEMO_VARIANTS}}}
