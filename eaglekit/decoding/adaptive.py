@@ -129,17 +129,21 @@ class SpecPolicy:
         full = self.positions
         if (rows, full) not in self.spec:
             return full, "first cycle at this batch size: timing it"
-        if rows not in self.plain:
+        plain = self.plain.get(rows)
+        if plain is None:
             return 0, "first plain step at this batch size: timing it"
-        g = self.gain(rows, drafting=drafting)
+        # gain() and best() in one pass (this runs before every step: a serving host's time per step)
         tokens = self.per_row(drafting)
+        rate, j = max((tokens[k] / self._cycle(rows, k), k) for k in self.lengths if (rows, k) in self.spec)
+        g = rate * plain
+        best = j
         for j in self.lengths:
             # a cycle costs at least a plain step (its verify holds the step's row and more), so a length whose
             # expected tokens E(j) do not beat the best gain so far cannot win: it is not worth a timing cycle.
             # (Each length is timed at most once per size: an untrained draft's cost is bounded by that.)
             if (rows, j) not in self.spec and tokens[j] > max(1.0, g):
                 return j, f"first cycle of draft length {j} at this batch size: timing it"
-        j, _ = self.best(rows, drafting)
+        j = best
         if (j != full or g <= 1.0) and self.since_full >= self.probe:
             return full, f"probe at draft length {full} after {self.since_full} steps (best: length {j}, x{g:.2f})"
         if g > 1.0:

@@ -62,8 +62,9 @@ class ServerMetrics:
             self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                     "Accepted tokens per draft position.", ["position"])
             self.per_pos = [self._per_pos.labels(*lv, str(i)) for i in range(positions)]
-            self.switches = Counter("eaglekit:spec_switches", "Times the engine switched speculation on (to=spec) "
-                                    "or off (to=plain), by its expected tokens per second.", L + ["to"], registry=r)
+            switches = Counter("eaglekit:spec_switches", "Times the engine switched speculation on (to=spec) "
+                               "or off (to=plain), by its expected tokens per second.", L + ["to"], registry=r)
+            self.switches = {to: switches.labels(*lv, to) for to in ("spec", "plain")}
             self.cycles = Counter("eaglekit:spec_cycles", "Speculative cycles run, by draft length (the engine's "
                                   "policy picks the length per step).", L + ["length"], registry=r)
             self.plain_steps = counter("eaglekit:spec_plain_steps", "Engine steps decoded without the draft.").labels(
@@ -74,7 +75,7 @@ class ServerMetrics:
                                "which draft tokens are accepted regardless of the target (0: off, output is the "
                                "target's).", L, registry=r).labels(*lv)
         self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [],
-                      "switches_to_spec": 0, "switches_to_plain": 0, "plain_steps": 0}
+                      "switches_to_spec": 0, "switches_to_plain": 0, "plain_steps": 0, "spec_cycles": 0}
 
     def reject(self, reason: str) -> None:
         """A request refused before the engine saw it: bad_request (400) or queue_full (429)."""
@@ -85,10 +86,24 @@ class ServerMetrics:
         self._success.labels(*self._lv, reason).inc()
 
     def observe_spec(self, stats: dict) -> None:
-        """Add the growth of the engine's cumulative spec_stats since the last call (engine thread)."""
+        """Add the growth of the engine's cumulative spec_stats since the last call (engine thread, after every step:
+        a plain step moves one counter, so only what moved is touched; each inc takes a lock)."""
         if not self.speculative or not stats:
             return
         last = self._last
+        plain = stats.get("plain_steps", 0)
+        if plain != last["plain_steps"]:
+            self.plain_steps.inc(plain - last["plain_steps"])
+            last["plain_steps"] = plain
+        for to in ("spec", "plain"):
+            key = f"switches_to_{to}"
+            n = stats.get(key, 0)
+            if n != last[key]:
+                self.switches[to].inc(n - last[key])
+                last[key] = n
+        cycles = stats.get("spec_cycles", 0)
+        if cycles == last["spec_cycles"] and stats["num_drafts"] == last["num_drafts"]:
+            return  # no cycle since the last call: the draft counters stand
         self.num_drafts.inc(stats["num_drafts"] - last["num_drafts"])
         self.num_draft_tokens.inc(stats["num_draft_tokens"] - last["num_draft_tokens"])
         self.num_accepted.inc(stats["num_accepted_tokens"] - last["num_accepted_tokens"])
@@ -99,18 +114,12 @@ class ServerMetrics:
             self.per_pos[i].inc(v - (last["accepted_per_pos"][i] if i < len(last["accepted_per_pos"]) else 0))
         if stats["num_drafts"]:
             self.accept_length.set(1 + stats["num_accepted_tokens"] / stats["num_drafts"])
-        for to in ("spec", "plain"):
-            key = f"switches_to_{to}"
-            self.switches.labels(*self._lv, to).inc(stats.get(key, 0) - last.get(key, 0))
-        self.plain_steps.inc(stats.get("plain_steps", 0) - last.get("plain_steps", 0))
         by, last_by = stats.get("cycles_by_length") or {}, last.get("cycles_by_length") or {}
         for j, n in by.items():
             if n != last_by.get(j, 0):
                 self.cycles.labels(*self._lv, str(j)).inc(n - last_by.get(j, 0))
-        self._last = {"num_drafts": stats["num_drafts"], "num_draft_tokens": stats["num_draft_tokens"],
-                      "num_accepted_tokens": stats["num_accepted_tokens"], "accepted_per_pos": pos,
-                      **{k: stats.get(k, 0) for k in ("switches_to_spec", "switches_to_plain", "plain_steps")},
-                      "cycles_by_length": dict(by)}
+        last.update(spec_cycles=cycles, num_drafts=stats["num_drafts"], num_draft_tokens=stats["num_draft_tokens"],
+                    num_accepted_tokens=stats["num_accepted_tokens"], accepted_per_pos=pos, cycles_by_length=dict(by))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
