@@ -98,7 +98,10 @@ class SpecPolicy:
     def best(self, rows: int, drafting: float = 1.0) -> tuple[int, float] | None:
         """(the timed length with the most expected tokens per second at this padded size, that figure in tokens per
         second of one row); None while no length is timed here."""
-        tokens = self.per_row(drafting)
+        return self._best(rows, self.per_row(drafting))
+
+    def _best(self, rows: int, tokens: dict[int, float]) -> tuple[int, float] | None:
+        """best() from per_row()'s tokens, read once by the caller."""
         timed = [(tokens[j] / self._cycle(rows, j), j) for j in self.lengths if (rows, j) in self.spec]
         if not timed:
             return None
@@ -132,11 +135,10 @@ class SpecPolicy:
         plain = self.plain.get(rows)
         if plain is None:
             return 0, "first plain step at this batch size: timing it"
-        # gain() and best() in one pass (this runs before every step: a serving host's time per step)
+        # gain() and best() from one reading of the figures (this runs before every step: host time per step)
         tokens = self.per_row(drafting)
-        rate, j = max((tokens[k] / self._cycle(rows, k), k) for k in self.lengths if (rows, k) in self.spec)
+        best, rate = self._best(rows, tokens)  # (the longest length is timed here)
         g = rate * plain
-        best = j
         for j in self.lengths:
             # a cycle costs at least a plain step (its verify holds the step's row and more), so a length whose
             # expected tokens E(j) do not beat the best gain so far cannot win: it is not worth a timing cycle.
