@@ -14,11 +14,12 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
+import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
 
 def _per_step_us(fn, n: int = 20000, runs: int = 5) -> float:
@@ -79,14 +80,13 @@ def main():
            "metrics_without_draft_us": metrics_step_us(False)}
     print(json.dumps(res))
     if a.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
+        from benchmarks.schema import cpu_name, git_sha
+
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "host_step_probe.json").write_text(json.dumps(
             {"schema": "eaglekit-lab/1", "probe": "benchmarks/lab/host_step_probe.py",
-             "command": "python benchmarks/lab/host_step_probe.py --out DIR", "commit": commit,
-             "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}",
-             "result": res}, indent=1))
+             "command": "python benchmarks/lab/host_step_probe.py --out DIR", "commit": git_sha(),
+             "machine": f"{cpu_name()}, Python {platform.python_version()}", "result": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import random
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases.batch import build_pair  # noqa: E402
 from benchmarks.cases.serve import _serve, _warm, bench_command, word_prompts, word_tokenizer  # noqa: E402
+from benchmarks.schema import cpu_name, git_sha  # noqa: E402
 
 
 def app_module(rev: str, tmp: Path):
@@ -98,14 +98,9 @@ def main() -> None:
         for v, s in by.items():
             print(f"{name:9s} {v:5s} TPOT {s['tpot_ms_median']:.3f} ms  TTFT {s['ttft_ms_median']:.2f} ms  "
                   f"{s['output_tok_s_median']:.1f} tok/s")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
     res = {"schema": "eaglekit-lab/1", "date": time.strftime("%Y-%m-%d"),
-           "machine": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread), "
-                      f"torch {torch.__version__}",
-           "commit": commit + (" with uncommitted changes" if dirty else ""),
+           "machine": f"cpu ({cpu_name()}, {torch.get_num_threads()} torch thread), torch {torch.__version__}",
+           "commit": git_sha(),
            "command": "python benchmarks/lab/serve_app_ab.py " + " ".join(sys.argv[1:]),
            "what": f"serve app of {a.base} ('base') against the working tree's ('tree') over one tiny-shape engine, "
                    f"concurrency 1, {a.requests} requests x {a.tokens} tokens a round, {a.rounds} rounds alternating "
