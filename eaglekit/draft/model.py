@@ -181,8 +181,12 @@ class Eagle3Draft(nn.Module, Draft):
         if (self.compiled_prompt is not None and prompt and ids.shape[0] == 1 and ids.shape[1] > 1 and not trace.ENABLED
                 and extra_kv is None and self.config.sliding_window is None and compiles_any_length(self.products)):
             # one row's extend over a prompt or a catch-up window: the whole forward as one graph for every length
-            # (several rows' catch-up stays eager: a graph of its own would compile while requests wait)
-            return self.compiled_prompt(self, hidden, ids, positions, kv, slots, mask, from_target, head_at, pending)
+            # (several rows' catch-up stays eager: a graph of its own would compile while requests wait). The one
+            # row's features and ids re-viewed with the strides a prompt's have: a catch-up's are slices of the
+            # engine's window, whose row stride the graph would compile once more for (contiguous() keeps a size-1
+            # dimension's stride)
+            return self.compiled_prompt(self, hidden[0].unsqueeze(0), ids[0].unsqueeze(0), positions, kv, slots, mask,
+                                        from_target, head_at, pending)
         if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None and not prompt
                 and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into

@@ -70,10 +70,21 @@ def compile_prompt(fn):
     compiles both sides of the row limit at warm-up or before its first prefill. A product policy whose lowering
     needs fixed shapes (oneDNN's packed weights) keeps its prompts eager (products.compiles_any_length)."""
     cache_dir()
+    import functools
+
     from torch import _dynamo
+    from torch.fx.experimental import _config as fx_config
 
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, dynamic=True)
+    compiled = torch.compile(fn, dynamic=True)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        # without duck sizing: a length equal to another size of the first call (2 tokens and 2 key-value heads)
+        # would be traced as that size, and the graph would hold for that one length (the next compiled again)
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+    return call
 
 
 _LOCAL = threading.local()

@@ -227,7 +227,14 @@ def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
     if most not in (1, 2, 4):
         raise ValueError(f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "
                          "of them (1, the default: a program a tile)")
-    tiles = min(most, 1 << max(0, (triton_cdiv(M, 16) - 1).bit_length()))
+    if most == 1 or torch.compiler.is_compiling():
+        # `most` tiles without reading M: inside a compiled graph M may be symbolic (a prompt graph's, one for every
+        # length), and reading it would hold the graph to one tile count, each new count compiling a graph of its own
+        # (a draft's catch-up took 3-7 s on an H100 that way:
+        # benchmarks/results/2026-12-05h_h100_engine_gap_prompt_graphs_recompiling.json)
+        tiles = most
+    else:
+        tiles = min(most, 1 << max(0, (triton_cdiv(M, 16) - 1).bit_length()))
     return tiles, min(block_n, max(16, block_n // tiles))
 
 

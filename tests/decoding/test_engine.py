@@ -238,6 +238,39 @@ def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
 
 
 @pytest.mark.slow
+def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(model_dirs):
+    """The draft's catch-up over a window of plain tokens runs its prompt graph (one row): windows of 3 to 70 tokens,
+    on both sides of the row limit, compile nothing after warm_up and decode the target's tokens. (The window is a
+    slice of the engine's buffer, with its row stride: before the draft re-viewed it, and before compile_prompt turned
+    duck sizing off, a window compiled graphs of its own, 3-7 s each on an H100.)"""
+    from torch._dynamo.utils import counters
+
+    from eaglekit.decoding.batch import BatchEngine, Request
+
+    t = load_target(model_dirs["llama"])
+    d = new_draft(t, seed=3)
+    prompt = [5 + (7 * j) % 80 for j in range(30)]
+    want = Decoder(t).generate(prompt, 140, eos_ids=()).token_ids
+    t.compile_prompts()
+    d.compile_prompts()
+    eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=1)
+    eng.warm_up(256)
+    script = [0] * 3 + [3] + [0] * 17 + [3] + [0] * 40 + [3] + [0] * 70 + [3] * 10  # plain runs, each a catch-up
+    eng.policy.choose = lambda rows, drafting=1.0: (script.pop(0) if script else 3, "scripted")
+    catch = []
+    inner = eng._catch_up
+    eng._catch_up = lambda c: (catch.append(max(s.lag for s in eng.rows)), inner(c))
+    graphs = counters["stats"]["unique_graphs"]
+    eng.add(Request("r", prompt, 140, eos_ids=()))
+    out = []
+    while eng.has_work:
+        for ev in eng.step():
+            out.extend(ev.token_ids)
+    assert out == want and catch == [3, 17, 40, 70]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
 def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
     """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too,
     inside one graph with its levels (grow_tree) or between them: the same trees as the plain functions, for several

@@ -286,3 +286,21 @@ def test_shared_tiles_give_each_row_its_own_bits(kind):
     assert torch.equal(run(x[5:6], w, cfg, tiles=4, **rows(5, 6))[0], one[5])
     with pytest.raises(ValueError, match="tiles"):
         invariant_gemm.tiles_for(64, 64, 3)
+
+
+@pytest.mark.parametrize("most", [1, 4])
+def test_a_graph_compiled_for_every_length_reads_no_row_count_for_its_tiles(most):
+    """A prompt graph (compiling.compile_prompt: dynamic sizes) runs the products for every token count: tiles_for of a
+    symbolic M picks its tiles without reading M, so one graph serves 2 to 60 rows (reading it compiled a graph per
+    tile count; a draft's catch-up compiled seconds at a time on the GPU). The choice never changes a row's bits
+    (test_shared_tiles_give_each_row_its_own_bits)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    fn = torch.compile(lambda x: x * invariant_gemm.tiles_for(x.shape[0], 64, most)[0], dynamic=True, backend=counter)
+    torch._dynamo.reset()
+    for m in (2, 20, 40, 60):
+        assert torch.equal(fn(torch.ones(m)), torch.full((m,), float(most)))
+    assert counter.frame_count == 1
+    assert invariant_gemm.tiles_for(20, 64, most)[0] == min(most, 2)  # a real M still picks the fewest tiles
+    torch._dynamo.reset()
