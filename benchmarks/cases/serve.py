@@ -235,7 +235,7 @@ def demo_serve_args(device: str, max_batch: int, draft: Path | None) -> list[str
 @case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
       "(adaptive policy), each draft's ratio to no draft",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
-                "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None},
+                "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None, "prompt_graphs": False},
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
     from eaglekit.serve.bench import BenchOptions, run_bench
@@ -250,6 +250,7 @@ def serve_demo(p, ctx):
         common = ["--max-queue", str(4 * max(conc))]
         common += ["--dtype", p["dtype"]] if p["dtype"] else []
         common += ["--threads", str(p["threads"])] if p["threads"] else []
+        common += ["--prompt-graphs"] if p["prompt_graphs"] else []
         servers = {}
         try:
             for v in DEMO_VARIANTS:  # every server warms up before it answers /health

@@ -1,0 +1,178 @@
+"""Where an engine with a draft loses to one without, below the server (no HTTP, no scheduler thread): the shipped
+target with no draft, an untrained draft under the adaptive policy, the same draft held to plain steps (what carrying
+a draft costs a plain step), and the shipped draft; one request at a time (concurrency 1), the engine built as
+`eaglekit serve` builds it (load_pair, BatchEngine, warm_up).
+
+    python benchmarks/lab/engine_gap.py [--prompts 16] [--max-tokens 128] [--max-batch 4] [--prompt-graphs]
+                                        [--variants no_draft,random_draft,random_pinned,draft] [--out DIR]
+
+Per variant, in DIR/engine_gap.json: tokens/s; the steps by kind (a prefill, a plain step, a cycle in a run of cycles,
+the first cycle after plain steps, which carries the draft's catch-up) with count, total and median wall ms, each step
+ending at its one host read; the catch-ups' count and wall ms with the device synchronized around each (their true
+cost); the policy's summary; and the host's top functions by own time from cProfile over a second, shorter pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    from eaglekit.demo import ASSETS
+
+    lines = [json.loads(x) for x in (ASSETS / "prompts.jsonl").read_text().splitlines() if x.strip()]
+    texts = [x.get("prompt") or x.get("text") or next(iter(x.values())) for x in lines]
+    return [tok.encode(texts[i % len(texts)]) for i in range(n)]
+
+
+def _engine(variant: str, draft_dir, device: str, max_batch: int, prompt_graphs: bool):
+    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.demo import ASSETS
+    from eaglekit.pair import load_pair
+    from eaglekit.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ASSETS / "target")
+    target, draft = load_pair(ASSETS / "target", draft_dir, "auto", device, None, compile="off", batched=max_batch > 1,
+                              prompt_graphs=prompt_graphs, rows=max_batch * (6 if draft_dir else 1))
+    eng = BatchEngine(target, draft, None, max_batch=max_batch, tokenizer=tok)
+    if variant == "random_pinned":  # the draft carried (features kept per plain step), never run
+        eng.policy.choose = lambda rows, drafting=1.0: (0, "held to plain steps")
+    t0 = time.perf_counter()
+    eng.warm_up(512)
+    return eng, tok, time.perf_counter() - t0
+
+
+def _pass(eng, prompts, max_tokens: int, sync, times: dict | None):
+    """Every prompt one after another; `times` (if given) collects each step's wall seconds by kind."""
+    from eaglekit.decoding.batch import Request
+
+    st = eng.spec_stats
+    tokens, last = 0, "prefill"
+    for i, ids in enumerate(prompts):
+        eng.add(Request(f"r{i}", ids, max_tokens, eos_ids=()))
+        while eng.has_work:
+            before = (st["plain_steps"], st["spec_cycles"])
+            t0 = time.perf_counter()
+            events = eng.step()
+            dt = time.perf_counter() - t0
+            tokens += sum(len(e.token_ids) for e in events)
+            if (st["plain_steps"], st["spec_cycles"]) == before:
+                kind = "prefill"
+            elif st["plain_steps"] > before[0]:
+                kind = "plain"
+            else:
+                kind = "cycle_after_plain" if last == "plain" else "cycle"
+            last = kind if kind != "prefill" else last
+            if times is not None:
+                times.setdefault(kind, []).append(dt)
+    sync()
+    return tokens
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from benchmarks.cases.serve import demo_drafts
+    from benchmarks.schema import git_sha
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--prompt-graphs", action="store_true")
+    ap.add_argument("--trace-catch-up", action="store_true", help="torch.profiler tables of one warm catch-up")
+    ap.add_argument("--variants", default="no_draft,random_draft,random_pinned,draft")
+    ap.add_argument("--out", default=os.environ.get("OUT", "./out"))
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {"schema": "eaglekit-lab/1", "what": "engine-level steps by kind, catch-ups and host time per variant, "
+           "concurrency 1", "command": "python benchmarks/lab/engine_gap.py "
+           + " ".join(argv if argv is not None else sys.argv[1:]), "commit": git_sha(), "device": device,
+           "machine": torch.cuda.get_device_name() if device == "cuda" else "cpu", "variants": {}}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    dest = Path(a.out) / "engine_gap.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        drafts = demo_drafts(Path(tmp))
+        drafts["random_pinned"] = drafts["random_draft"]
+        for v in a.variants.split(","):
+            eng, tok, warm = _engine(v, drafts[v], device, a.max_batch, a.prompt_graphs)
+            prompts = _prompts(tok, a.prompts)
+            catch = {"n": 0, "s": 0.0}
+            if eng.draft is not None:
+                inner = eng._catch_up
+
+                def timed_catch_up(c, inner=inner):
+                    sync()
+                    if a.trace_catch_up and catch["n"] == 1 and "table" not in catch:  # a second catch-up: warm
+                        from torch.profiler import ProfilerActivity, profile
+
+                        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+                        with profile(activities=acts) as pr:
+                            inner(c)
+                            sync()
+                        key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+                        catch["table"] = pr.key_averages().table(sort_by=key, row_limit=30).splitlines()
+                        catch["table_cpu"] = pr.key_averages().table(sort_by="self_cpu_time_total",
+                                                                     row_limit=20).splitlines()
+                        return
+                    t0 = time.perf_counter()
+                    inner(c)
+                    sync()
+                    catch["n"] += 1
+                    catch["s"] += time.perf_counter() - t0
+                eng._catch_up = timed_catch_up
+            _pass(eng, prompts[:2], 16, sync, None)  # first calls out of the way
+            catch.update(n=0, s=0.0)
+            catch.pop("table", None)
+            st0 = {k: v for k, v in eng.spec_stats.items() if isinstance(v, int)}
+            times: dict = {}
+            t0 = time.perf_counter()
+            tokens = _pass(eng, prompts, a.max_tokens, sync, times)
+            wall = time.perf_counter() - t0
+            stats = {k: v - st0.get(k, 0) for k, v in eng.spec_stats.items() if isinstance(v, int)}
+            prof = cProfile.Profile()
+            prof.enable()
+            _pass(eng, prompts[:4], a.max_tokens, sync, None)
+            prof.disable()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+            steps = {k: {"n": len(x), "ms": round(1e3 * sum(x), 3), "median_ms": round(1e3 * statistics.median(x), 4)}
+                     for k, x in times.items()}
+            res = {"warm_up_s": round(warm, 2), "tokens": tokens, "wall_s": round(wall, 4),
+                   "tok_s": round(tokens / wall, 2), "steps": steps,
+                   "catch_up": {"n": catch["n"], "ms": round(1e3 * catch["s"], 3),
+                                "ms_each": round(1e3 * catch["s"] / catch["n"], 4) if catch["n"] else None,
+                                "profile": catch.get("table"), "profile_host": catch.get("table_cpu")},
+                   "stats": stats,
+                   "policy": eng.policy.summary() if eng.policy is not None else None,
+                   "host_top": s.getvalue().splitlines()[:60]}
+            out["variants"][v] = res
+            print(v, json.dumps({k: res[k] for k in ("tok_s", "steps", "catch_up", "stats")}), flush=True)
+            dest.write_text(json.dumps(out, indent=1))
+            del eng
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    base = out["variants"].get("no_draft")
+    if base:
+        out["ratio_to_no_draft"] = {v: round(r["tok_s"] / base["tok_s"], 4) for v, r in out["variants"].items()}
+        print("ratios", out["ratio_to_no_draft"])
+    dest.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
