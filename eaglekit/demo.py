@@ -20,7 +20,7 @@ from .decoding.tree import TreeShape
 from .errors import InputError
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
-from .pair import compiled, load_pair, pick_device, set_pair_products
+from .pair import compile_pair, compiled, load_pair, pick_device, set_pair_products
 from .tokenizer import encode, load_tokenizer, read_prompts
 from .tune import chainpick
 from .tune.chainpick import pick_chain
@@ -133,8 +133,12 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     # the thread count is timed before the products are: both picks time steps, and at the wrong count on a loaded
     # machine each step costs seconds (pick_threads)
     pick_threads_here = cpu and not opts.threads and torch.get_num_threads() > 1
-    defer = pick_threads_here and model.products == "auto" and model.compile_mode != "on"
-    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name, compile=model.compile_mode,
+    defer = pick_threads_here and model.products == "auto"
+    # --compile after the thread pick too: compiled CPU code holds one thread count, and the pick's steps at the
+    # other count would compile it a second time
+    defer_compile = pick_threads_here and model.compile_mode == "on"
+    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name,
+                         compile="off" if defer_compile else model.compile_mode,
                          products="aten" if defer else model.products, draft_quant=model.draft_quant,
                          prompt_graphs=model.prompt_graphs)
     tok = load_tokenizer(tdir)
@@ -142,6 +146,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     threads_pick = None
     if pick_threads_here and ids:
         threads_pick = chainpick.pick_threads(tgt, drf, ids[0], (torch.get_num_threads(), 1))
+    if defer_compile:  # (before the products: the chooser takes inductor's for compiled layers on a CPU)
+        compile_pair(tgt, drf)
     if defer:
         set_pair_products(tgt, drf, "auto", tgt.device)
     picked = None

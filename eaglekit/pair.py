@@ -15,6 +15,17 @@ def pick_device(name: str | None = "auto") -> str:
     return resolve_device(name)
 
 
+def compile_pair(target: Target, draft: Eagle3Draft | None) -> None:
+    """torch.compile the target's and the draft's decode calls (traced at their first call: a caller may set the
+    products or the thread count before it)."""
+    if not hasattr(target, "compile"):
+        raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
+                         fix="leave out --compile for transformers-backed targets")
+    target.compile()
+    if draft is not None:
+        draft.compile()
+
+
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: str | bool = "auto", products: str = "auto",
               batched: bool = False, draft_quant: str | None = None,
@@ -51,12 +62,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     elif compile not in (True, False, "on", "off"):
         raise InputError(f"compile={compile!r} is not one of auto, on, off", fix="pass auto, on or off", code="E108")
     if compile in (True, "on"):
-        if not hasattr(target, "compile"):
-            raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
-                             fix="leave out --compile for transformers-backed targets")
-        target.compile()
-        if draft is not None:
-            draft.compile()
+        compile_pair(target, draft)
     if prompt_graphs:
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         if not hasattr(target, "compile_prompts") or getattr(target, "tp", None) is not None:

@@ -169,3 +169,26 @@ def test_recipe_tiny_end_to_end(tmp_path, capsys):
     assert main(["demo", "--target", str(out / "target"), "--draft", str(out / "draft"), "--prompt-file",
                  str(out / "prompts.jsonl"), "--prompts", "1", "--max-new-tokens", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["identical"]
+
+
+def test_compile_comes_after_the_thread_pick(capsys, monkeypatch):
+    """`demo --compile` on a CPU picks the thread count with the layers uncompiled and compiles after it: compiled CPU
+    code holds one thread count, and the pick's steps at the other would compile it a second time."""
+    from eaglekit.draft.model import Eagle3Draft
+    from eaglekit.models.llama import LlamaTarget
+    from eaglekit.tune import chainpick
+
+    torch.set_num_threads(max(2, torch.get_num_threads()))  # (the pick runs where there is a count to choose)
+    order = []
+
+    def pick(target, draft, prompt, counts, **kw):
+        order.append(("pick", target.net.compiled_layer is None, draft.compiled_layer is None))
+        return {"threads": counts[0], "step_ms": {}, "seconds": 0.0}
+
+    monkeypatch.setattr(chainpick, "pick_threads", pick)
+    monkeypatch.setattr(LlamaTarget, "compile", lambda self, options=None: order.append(("target",)))
+    monkeypatch.setattr(Eagle3Draft, "compile", lambda self, options=None: order.append(("draft",)))
+    args = ["demo", "--prompts", "1", "--max-new-tokens", "4", "--steps", "2", "--topk", "1", "--compile", "--json"]
+    assert main(args) == 0
+    json.loads(capsys.readouterr().out)
+    assert order == [("pick", True, True), ("target",), ("draft",)]
