@@ -1,12 +1,17 @@
 """Where an engine with a draft loses to one without, below the server (no HTTP, no scheduler thread): the shipped
 target with no draft, an untrained draft under the adaptive policy, the same draft held to plain steps (what carrying
 a draft costs a plain step), and the shipped draft; one request at a time (concurrency 1), the engine built as
-`eaglekit serve` builds it (load_pair, BatchEngine, warm_up).
+`eaglekit serve` builds it (load_pair, BatchEngine, warm_up). Every engine is built first; then `--rounds` rounds each
+run every variant over the prompts in turn (the order rotated), so that each round's ratio to no draft compares runs
+minutes apart at most (separate processes of one variant differ by up to 8% on a GPU: the plain step's median
+0.407-0.440 ms in benchmarks/results/2026-12-05h_h100_engine_gap*.json).
 
-    python benchmarks/lab/engine_gap.py [--prompts 16] [--max-tokens 128] [--max-batch 4] [--prompt-graphs]
+    python benchmarks/lab/engine_gap.py [--prompts 16] [--max-tokens 128] [--max-batch 4] [--rounds 3]
+                                        [--prompt-graphs] [--trace-catch-up]
                                         [--variants no_draft,random_draft,random_pinned,draft] [--out DIR]
 
-Per variant, in DIR/engine_gap.json: tokens/s; the steps by kind (a prefill, a plain step, a cycle in a run of cycles,
+Per variant, in DIR/engine_gap.json: tokens/s per round and their median, each round's ratio to no draft and its
+median; the steps by kind over all rounds (a prefill, a plain step, a cycle in a run of cycles,
 the first cycle after plain steps, which carries the draft's catch-up) with count, total and median wall ms, each step
 ending at its one host read; the catch-ups' count and wall ms with the device synchronized around each (their true
 cost); the policy's summary; and the host's top functions by own time from cProfile over a second, shorter pass.
@@ -82,6 +87,30 @@ def _pass(eng, prompts, max_tokens: int, sync, times: dict | None):
     return tokens
 
 
+def _timed_catch_up(inner, catch: dict, sync, device: str, trace_one: bool):
+    """engine._catch_up with its wall time, the device synchronized around it, added to `catch`; with `trace_one`
+    the second one (warm) runs under torch.profiler instead, its tables kept in `catch`."""
+    def timed(c):
+        sync()
+        if trace_one and catch["n"] == 1 and "table" not in catch:
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+            with profile(activities=acts) as pr:
+                inner(c)
+                sync()
+            key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+            catch["table"] = pr.key_averages().table(sort_by=key, row_limit=30).splitlines()
+            catch["table_cpu"] = pr.key_averages().table(sort_by="self_cpu_time_total", row_limit=20).splitlines()
+            return
+        t0 = time.perf_counter()
+        inner(c)
+        sync()
+        catch["n"] += 1
+        catch["s"] += time.perf_counter() - t0
+    return timed
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -90,6 +119,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--prompt-graphs", action="store_true")
@@ -108,68 +138,50 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         drafts = demo_drafts(Path(tmp))
         drafts["random_pinned"] = drafts["random_draft"]
-        for v in a.variants.split(","):
+        variants = a.variants.split(",")
+        run: dict = {}
+        for v in variants:  # every engine built and warmed first: the rounds then take turns
             eng, tok, warm = _engine(v, drafts[v], device, a.max_batch, a.prompt_graphs)
-            prompts = _prompts(tok, a.prompts)
             catch = {"n": 0, "s": 0.0}
             if eng.draft is not None:
-                inner = eng._catch_up
-
-                def timed_catch_up(c, inner=inner):
-                    sync()
-                    if a.trace_catch_up and catch["n"] == 1 and "table" not in catch:  # a second catch-up: warm
-                        from torch.profiler import ProfilerActivity, profile
-
-                        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-                        with profile(activities=acts) as pr:
-                            inner(c)
-                            sync()
-                        key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-                        catch["table"] = pr.key_averages().table(sort_by=key, row_limit=30).splitlines()
-                        catch["table_cpu"] = pr.key_averages().table(sort_by="self_cpu_time_total",
-                                                                     row_limit=20).splitlines()
-                        return
-                    t0 = time.perf_counter()
-                    inner(c)
-                    sync()
-                    catch["n"] += 1
-                    catch["s"] += time.perf_counter() - t0
-                eng._catch_up = timed_catch_up
+                eng._catch_up = _timed_catch_up(eng._catch_up, catch, sync, device, a.trace_catch_up)
+            prompts = _prompts(tok, a.prompts)
             _pass(eng, prompts[:2], 16, sync, None)  # first calls out of the way
             catch.update(n=0, s=0.0)
             catch.pop("table", None)
-            st0 = {k: v for k, v in eng.spec_stats.items() if isinstance(v, int)}
-            times: dict = {}
-            t0 = time.perf_counter()
-            tokens = _pass(eng, prompts, a.max_tokens, sync, times)
-            wall = time.perf_counter() - t0
-            stats = {k: v - st0.get(k, 0) for k, v in eng.spec_stats.items() if isinstance(v, int)}
+            run[v] = {"eng": eng, "prompts": prompts, "warm": warm, "catch": catch, "times": {}, "tok_s": [],
+                      "st0": {k: x for k, x in eng.spec_stats.items() if isinstance(x, int)}}
+        for r in range(a.rounds):  # the variants in turn, the order rotated each round (the machine drifts)
+            for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+                x = run[v]
+                t0 = time.perf_counter()
+                tokens = _pass(x["eng"], x["prompts"], a.max_tokens, sync, x["times"])
+                x["tok_s"].append(tokens / (time.perf_counter() - t0))
+        for v in variants:
+            x = run[v]
+            eng, catch = x["eng"], x["catch"]
+            stats = {k: n - x["st0"].get(k, 0) for k, n in eng.spec_stats.items() if isinstance(n, int)}
             prof = cProfile.Profile()
             prof.enable()
-            _pass(eng, prompts[:4], a.max_tokens, sync, None)
+            _pass(eng, x["prompts"][:4], a.max_tokens, sync, None)
             prof.disable()
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-            steps = {k: {"n": len(x), "ms": round(1e3 * sum(x), 3), "median_ms": round(1e3 * statistics.median(x), 4)}
-                     for k, x in times.items()}
-            res = {"warm_up_s": round(warm, 2), "tokens": tokens, "wall_s": round(wall, 4),
-                   "tok_s": round(tokens / wall, 2), "steps": steps,
+            steps = {k: {"n": len(t), "ms": round(1e3 * sum(t), 3), "median_ms": round(1e3 * statistics.median(t), 4)}
+                     for k, t in x["times"].items()}
+            res = {"warm_up_s": round(x["warm"], 2), "tok_s_rounds": [round(t, 2) for t in x["tok_s"]],
+                   "tok_s": round(statistics.median(x["tok_s"]), 2), "steps": steps,
                    "catch_up": {"n": catch["n"], "ms": round(1e3 * catch["s"], 3),
                                 "ms_each": round(1e3 * catch["s"] / catch["n"], 4) if catch["n"] else None,
                                 "profile": catch.get("table"), "profile_host": catch.get("table_cpu")},
-                   "stats": stats,
-                   "policy": eng.policy.summary() if eng.policy is not None else None,
+                   "stats": stats, "policy": eng.policy.summary() if eng.policy is not None else None,
                    "host_top": s.getvalue().splitlines()[:60]}
+            if "no_draft" in run:  # each round's ratio to no draft's in the same round, and their median
+                res["ratio_rounds"] = [round(t / b, 4) for t, b in zip(x["tok_s"], run["no_draft"]["tok_s"])]
+                res["ratio"] = round(statistics.median(res["ratio_rounds"]), 4)
             out["variants"][v] = res
-            print(v, json.dumps({k: res[k] for k in ("tok_s", "steps", "catch_up", "stats")}), flush=True)
-            dest.write_text(json.dumps(out, indent=1))
-            del eng
-            if device == "cuda":
-                torch.cuda.empty_cache()
-    base = out["variants"].get("no_draft")
-    if base:
-        out["ratio_to_no_draft"] = {v: round(r["tok_s"] / base["tok_s"], 4) for v, r in out["variants"].items()}
-        print("ratios", out["ratio_to_no_draft"])
+            print(v, json.dumps({k: res.get(k) for k in ("tok_s", "ratio", "ratio_rounds", "steps", "catch_up",
+                                                          "stats")}), flush=True)
     dest.write_text(json.dumps(out, indent=1))
     return 0
 
