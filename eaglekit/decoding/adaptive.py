@@ -26,16 +26,21 @@ Acceptance is counted with exponential decay by steps of any kind (half-life HAL
 plain or short cycles run, old evidence fades, so a probe that finds the draft right again outweighs it within a few
 probes.
 
-Only the longest length sees every position, so while anything else runs its figures go stale: every `probe` steps
-one cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to MAX_PROBE), one
-that wins resets it. The plain step's cost goes stale the same way while the engine speculates, and a stale plain cost
-is the one that can hold a losing draft on: a burst of load raises the plain figure (the steps that ran during it), the
-load ends during a cycle, whose figure takes the quiet time at once, and from then on every cycle beats the inflated
-plain figure while no plain step runs to correct it (a draft that is never right ran at ~0.5x of plain decoding for as
-long as that lasted: benchmarks/results/2026-12-05a_cpu-policy-burst_before.json). So while speculating, every
-`plain_probe` steps one plain step runs, with the same back-off: a plain step that still loses doubles the interval, one
-that wins resets it. The rows keep their draft state through plain steps (the engine buffers each plain token's captured
-features and the draft catches up before the next cycle), so switching back costs one draft extend, not a new prefill.
+Only the longest length sees every position, so while anything else runs its figures go stale: every `probe` steps one
+cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to probe_ceiling), one that
+wins resets it. The ceiling is MAX_PROBE where a probe is cheap; a probe also pays the draft's catch-up over the plain
+tokens since the last one (observe_catch_up), which on a GPU is launch-bound: ~4 ms, ten plain steps of a small target
+(benchmarks/results/2026-12-05h_h100_engine_gap.json), so there the ceiling rises until probes cost PROBE_SHARE of the
+plain steps between them, up to LONGEST_PROBE (a draft that pays again waits that much longer to be found). The plain
+step's cost goes stale the same way while the engine speculates, and a stale plain cost is the one that can hold a
+losing draft on: a burst of load raises the plain figure (the steps that ran during it), the load ends during a cycle,
+whose figure takes the quiet time at once, and from then on every cycle beats the inflated plain figure while no plain
+step runs to correct it (a draft that is never right ran at ~0.5x of plain decoding for as long as that lasted:
+benchmarks/results/2026-12-05a_cpu-policy-burst_before.json). So while speculating, every `plain_probe` steps one plain
+step runs, with the same back-off and ceiling (the cycle after it pays a catch-up too): a plain step that still loses
+doubles the interval, one that wins resets it. The rows keep their draft state through plain steps (the engine buffers
+each plain token's captured features and the draft catches up before the next cycle), so switching back costs one draft
+extend, not a new prefill.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ COST_MEAN = 0.3  # weight of the newest wall time in the running cost
 # to four steps' time), so at MAX_PROBE an unpaying draft costs ~1-2% of plain decoding; MAX_PROBE < the engine's
 # catch-up window, whose features it keeps per row (MAX_PROBE + 16 tokens x 3 hidden sizes)
 MIN_PROBE, MAX_PROBE = 16, 240
+# where a probe costs more than PROBE_SHARE of MAX_PROBE plain steps, the back-off goes on up to LONGEST_PROBE steps
+# (< the engine's catch-up window: decoding.batch.CATCH_UP)
+PROBE_SHARE, LONGEST_PROBE = 0.01, 1008
 
 
 @dataclass
@@ -59,6 +67,7 @@ class SpecPolicy:
     accepted: list[float] = field(default_factory=list)
     spec: dict[tuple[int, int], float] = field(default_factory=dict)  # (padded rows, length) -> s per cycle
     plain: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per plain step
+    catch_up: dict[int, float] = field(default_factory=dict)  # padded rows -> seconds per catch-up before a cycle
     probe: int = MIN_PROBE
     since_full: int = 0  # steps since the last cycle at the longest length
     plain_probe: int = MIN_PROBE
@@ -197,7 +206,21 @@ class SpecPolicy:
         if probing:  # a probe: did the longest length (or speculation at all) win again?
             g, j = self.gain(rows, length), self.best(rows)
             won = g is not None and g > 1.0 and j is not None and j[0] == length
-            self.probe = MIN_PROBE if won else min(2 * self.probe, MAX_PROBE)
+            self.probe = MIN_PROBE if won else min(2 * self.probe, self.probe_ceiling(rows))
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        """The draft's catch-up before a cycle at `rows` padded rows took `seconds` (device time included)."""
+        self.catch_up[rows] = _mean(self.catch_up.get(rows), seconds)
+
+    def probe_ceiling(self, rows: int) -> int:
+        """The longest interval between probes at this padded size: MAX_PROBE, or more where a probe (a catch-up, and
+        a cycle of the longest length in place of a plain step) costs more than PROBE_SHARE of MAX_PROBE plain steps:
+        the steps that make it PROBE_SHARE, up to LONGEST_PROBE."""
+        plain, catch = self.plain.get(rows), self.catch_up.get(rows)
+        if not plain or catch is None:
+            return MAX_PROBE
+        cost = catch + max(0.0, self.spec.get((rows, self.positions), plain) - plain)
+        return int(min(LONGEST_PROBE, max(MAX_PROBE, cost / (PROBE_SHARE * plain))))
 
     def seed_costs(self, rows: int, plain: float, spec: dict[int, float]) -> None:
         """Costs timed before any step at this padded size (the engine's warm-up): the plain step's and each length's
@@ -212,7 +235,8 @@ class SpecPolicy:
         self._fade()
         if self.since_plain > 0:  # the first plain step after cycles (a probe, or a switch): did speculation still win?
             g = self.gain(rows)
-            self.plain_probe = min(2 * self.plain_probe, MAX_PROBE) if g is not None and g > 1.0 else MIN_PROBE
+            self.plain_probe = (min(2 * self.plain_probe, self.probe_ceiling(rows)) if g is not None and g > 1.0
+                                else MIN_PROBE)
         self.since_plain = 0
 
     def summary(self) -> dict:

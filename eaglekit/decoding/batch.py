@@ -50,15 +50,16 @@ from ..models.layers import COMPILE_MAX_TOKENS
 from ..observe import trace
 from ..observe.profile import Profiler
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows, synthetic_rate
-from .adaptive import MAX_PROBE, SpecPolicy
+from .adaptive import LONGEST_PROBE, SpecPolicy
 from .one_row import one_row
 from .sampling import SamplingParams, make_generator, probs, sample
 from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
 
-# Plain tokens a row may go without its draft and still catch up (a window of captured features per row);
-# longer than the policy's longest probe interval, so rows keep their draft while the policy probes.
-CATCH_UP = MAX_PROBE + 16
+# Plain tokens a row may go without its draft and still catch up (a window of captured features per row: 1024 x 3
+# hidden sizes, 24 MB a row at the 8B shape in bf16); longer than the policy's longest probe interval, so rows keep
+# their draft while the policy probes.
+CATCH_UP = LONGEST_PROBE + 16
 # replays per length when the policy's costs are timed at warm-up (the fastest counts)
 WARMUP_REPS = 3
 
@@ -780,13 +781,17 @@ class BatchEngine:
         c = self._rows(shape)
         P, D = shape.path_len, shape.draft_tokens
         ph = self.profiler.phase
+        caught = None
         if any(s.lag for s in self.rows if s.use_draft):
+            caught = time.perf_counter()
             with ph("catch_up"):
                 self._catch_up(c)
         first = self._last_step != "cycle"
         if first:
             self._settled()  # the catch-up (a change of kind's cost) is not the cycle's
         t0 = time.perf_counter()
+        if caught is not None and self.policy is not None:  # (settled: its device time too; a probe pays it)
+            self.policy.observe_catch_up(padded_size(len(self.rows), self.max_batch), t0 - caught)
         for p in ("draft_tree", "verify"):
             with ph(p):
                 c.run(p)

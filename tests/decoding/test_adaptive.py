@@ -10,7 +10,7 @@ import torch
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.accept import accept_synthetic_rows, synthetic_rate
-from eaglekit.decoding.adaptive import MAX_PROBE, MIN_PROBE, SpecPolicy
+from eaglekit.decoding.adaptive import LONGEST_PROBE, MAX_PROBE, MIN_PROBE, PROBE_SHARE, SpecPolicy
 from eaglekit.decoding.batch import BatchEngine, Request
 from eaglekit.decoding.engine import Decoder
 from eaglekit.decoding.tree import Tree, TreeShape
@@ -200,6 +200,42 @@ def test_probe_interval_backs_off_and_resets():
     assert spec_run > 100 and p.probe == MIN_PROBE
 
 
+@pytest.mark.parametrize("catch", [0.5, 9.0])
+def test_dear_catch_ups_stretch_the_probes_of_a_draft_that_never_pays(catch):
+    """A probe pays the draft's catch-up over the plain tokens since the last one. Where that is cheap (half a plain
+    step: a CPU) the back-off stops at MAX_PROBE as before; where it is dear (nine plain steps: a launch-bound catch-up
+    on a GPU) the interval goes on doubling until a probe costs PROBE_SHARE of the plain steps between probes, up to
+    LONGEST_PROBE, and an untrained draft's probes cost about that share of plain decoding."""
+    cost = {0: 1.0, 1: 1.6, 2: 1.9, 3: 2.3}
+    p = SpecPolicy(3, (1, 2, 3))
+    p.seed_costs(1, cost[0], {j: cost[j] for j in (1, 2, 3)})
+    full, spent, last = [], 0.0, 0
+    for step in range(12000):
+        j, _ = p.choose(1)
+        if j:
+            if last == 0:
+                p.observe_catch_up(1, catch)
+                spent += catch
+            spent += cost[j]
+            p.observe_cycle(1, cost[j], [0], j)
+            if j == 3:
+                full.append(step)
+        else:
+            spent += cost[0]
+            p.observe_plain(1, cost[0])
+        last = j
+    gaps = [b - a for a, b in zip(full, full[1:])]
+    ceiling = p.probe_ceiling(1)
+    if catch < 1:
+        assert ceiling == MAX_PROBE and max(gaps) <= MAX_PROBE + 1
+    else:
+        assert ceiling == min(LONGEST_PROBE, int((catch + cost[3] - cost[0]) / (PROBE_SHARE * cost[0])))
+        assert max(gaps) > 2 * MAX_PROBE and max(gaps) <= ceiling + 1
+        late = [g for g, s in zip(gaps, full[1:]) if s > 6000]  # once backed off: a probe a ceiling's steps
+        assert late and min(late) >= ceiling
+    assert spent / 12000 < 1 + (0.02 if catch > 1 else 0.03)  # probes' whole cost against plain decoding
+
+
 def _run(eng, prompts, max_new):
     for i, pr in enumerate(prompts):
         eng.add(Request(f"r{i}", pr, max_new, eos_ids=()))
@@ -233,6 +269,8 @@ def test_an_untrained_draft_falls_back_to_plain_decoding_within_a_few_cycles(lla
     assert st["spec_cycles"] <= 9 and st["plain_steps"] >= 100 and by[1] <= 1 and by[2] <= 1 and by[3] <= 7
     assert st["switches_to_plain"] >= 1 and st["switches_to_spec"] == st["switches_to_plain"] - 1 + (
         1 if eng.policy.speculating else 0)
+    # each probe after plain steps began with the draft's catch-up, timed for the probes' ceiling
+    assert st["switches_to_spec"] >= 1 and eng.policy.catch_up[1] > 0
 
 
 def test_rows_admitted_while_the_draft_is_off_skip_its_prefill(llama):
