@@ -51,11 +51,10 @@ HALF_LIFE = 32.0  # steps: how fast old acceptance counts fade
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 1.0  # before any cycle: a draft of middling quality, worth one observation
 COST_MEAN = 0.3  # weight of the newest wall time in the running cost
 # steps between probes. A probe costs its cycle and the draft's catch-up over the plain tokens since the last one (two
-# to four steps' time), so at MAX_PROBE an unpaying draft costs ~1-2% of plain decoding; MAX_PROBE < the engine's
-# catch-up window, whose features it keeps per row (MAX_PROBE + 16 tokens x 3 hidden sizes)
+# to four steps' time on a CPU), so at MAX_PROBE an unpaying draft costs ~1-2% of plain decoding there
 MIN_PROBE, MAX_PROBE = 16, 240
-# where a probe costs more than PROBE_SHARE of MAX_PROBE plain steps, the back-off goes on up to LONGEST_PROBE steps
-# (< the engine's catch-up window: decoding.batch.CATCH_UP)
+# where a probe costs more than PROBE_SHARE of MAX_PROBE plain steps, the back-off goes on up to LONGEST_PROBE steps;
+# LONGEST_PROBE < the engine's catch-up window, whose features it keeps per row (decoding.batch.CATCH_UP)
 PROBE_SHARE, LONGEST_PROBE = 0.01, 1008
 
 

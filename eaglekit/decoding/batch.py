@@ -57,7 +57,7 @@ from .stops import Emitter
 from .tree import TreeShape, expand_rows, tree_row
 
 # Plain tokens a row may go without its draft and still catch up (a window of captured features per row: 1024 x 3
-# hidden sizes, 24 MB a row at the 8B shape in bf16); longer than the policy's longest probe interval, so rows keep
+# hidden sizes, 25 MB a row at the 8B shape in bf16); longer than the policy's longest probe interval, so rows keep
 # their draft while the policy probes.
 CATCH_UP = LONGEST_PROBE + 16
 # replays per length when the policy's costs are timed at warm-up (the fastest counts)

@@ -219,10 +219,11 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
     """(16-row tiles a program takes, its column block) for M rows under a config of column block `block_n`, with at
-    most `most` (default SHARED_TILES) tiles a program: the fewest of 1, 2, 4 covering M's tiles, and the column block
-    narrowed as many times (not below 16, tl.dot's least width) so the grid keeps its programs. Neither changes a
-    row's bits: a row's sum runs over K in the same slices and steps whatever the column block and the tiles beside
-    its own (tests/kernels/test_invariant_gemm.py checks it)."""
+    most `most` (default SHARED_TILES) tiles a program: the fewest of 1, 2, 4 covering M's tiles (`most` inside a
+    compiled graph, which must not read M), and the column block narrowed as many times (not below 16, tl.dot's
+    least width) so the grid keeps its programs. Neither changes a row's bits: a row's sum runs over K in the same
+    slices and steps whatever the column block and the tiles beside its own (tests/kernels/test_invariant_gemm.py
+    checks it)."""
     most = SHARED_TILES if most is None else most
     if most not in (1, 2, 4):
         raise ValueError(f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "

@@ -241,8 +241,8 @@ def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
 def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(model_dirs):
     """The draft's catch-up over a window of plain tokens runs its prompt graph (one row): windows of 3 to 70 tokens,
     on both sides of the row limit, compile nothing after warm_up and decode the target's tokens. (The window is a
-    slice of the engine's buffer, with its row stride: before the draft re-viewed it, and before compile_prompt turned
-    duck sizing off, a window compiled graphs of its own, 3-7 s each on an H100.)"""
+    slice of the engine's buffer, with its row stride, and duck sizing would tie a length to another size of the first
+    call: either would compile graphs of their own, seconds each on a GPU.)"""
     from torch._dynamo.utils import counters
 
     from eaglekit.decoding.batch import BatchEngine, Request

@@ -291,8 +291,8 @@ def test_shared_tiles_give_each_row_its_own_bits(kind):
 @pytest.mark.parametrize("most", [1, 4])
 def test_a_graph_compiled_for_every_length_reads_no_row_count_for_its_tiles(most):
     """A prompt graph (compiling.compile_prompt: dynamic sizes) runs the products for every token count: tiles_for of a
-    symbolic M picks its tiles without reading M, so one graph serves 2 to 60 rows (reading it compiled a graph per
-    tile count; a draft's catch-up compiled seconds at a time on the GPU). The choice never changes a row's bits
+    symbolic M picks its tiles without reading M, so one graph serves 2 to 60 rows (reading it would compile a graph
+    per tile count, seconds each on a GPU). The choice never changes a row's bits
     (test_shared_tiles_give_each_row_its_own_bits)."""
     from torch._dynamo.testing import CompileCounter
 
