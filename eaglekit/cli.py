@@ -848,8 +848,8 @@ def _serve_args(p):
                         "say so")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch, >= 1 (default: torch's choice; on a shared CPU fewer is often "
-                        "faster)")
+                   help="CPU threads for torch, >= 1 (default on a CPU: one fewer than torch's choice, at least 1, "
+                        "leaving the server's event loop a core; on a shared CPU fewer is often faster)")
     add_tree(p)
     add_capture(p)
     add_runtime(p)

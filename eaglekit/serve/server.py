@@ -104,6 +104,20 @@ def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
     return template
 
 
+def default_threads(device: str) -> int | None:
+    """torch's thread count for a server without --threads: on a CPU one fewer than torch's own (at least 1), so that
+    the event loop and the HTTP work have a core while the engine steps; None (torch's own) elsewhere. Why: a parallel
+    region waits at its barrier for a worker the event loop took the core from. On the 2-core VM the shipped pair
+    served 108 / 318 / 582 tok/s with one thread against 86 / 271 / 603 with two at concurrency 1 / 4 / 16, the draft
+    166 / 358 / 586 against 133 / 332 / 625 (`python -m benchmarks run cpu-serve-demo --param threads=1` and `=2`,
+    benchmarks/results/2026-12-05h_cpu-serve-demo_threads*.json)."""
+    import torch
+
+    if not str(device).startswith("cpu"):
+        return None
+    return max(1, torch.get_num_threads() - 1)
+
+
 def _uvicorn_server(config, drain, announce: bool):
     """A uvicorn.Server whose shutdown drains the scheduler before uvicorn waits on (and, past its own timeout,
     cancels) the open responses; defined here because uvicorn is imported only once the options are good."""
@@ -136,19 +150,19 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           profile: bool = False, prompt_graphs: bool = False) -> int:
     template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
                              threads, max_body_mb, read_timeout, warm_up_span)
+    import torch
     import uvicorn
 
     from .. import __version__
     from ..decoding.batch import BatchEngine
     from ..decoding.tree import TreeShape
-    from ..pair import load_pair
+    from ..pair import load_pair, pick_device
     from ..tokenizer import load_tokenizer
     from .app import build_app
     from .limits import h11_protocol
 
+    threads = threads or default_threads(pick_device(device))
     if threads:
-        import torch
-
         torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
     tok = load_tokenizer(target_dir)
     # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
@@ -200,6 +214,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
             "synthetic_acceptance": None if getattr(engine, "synthetic", None) is None else
             {"accept_length": synthetic_accept_length, "rate": engine.synthetic},
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads() if target.device.type == "cpu" else None,
             "tp_size": tp.world if tp is not None else 1}
     app = build_app(engine, tok, served, target.info.max_position_embeddings, max_batch, max_queue, template, info,
                     drain_timeout, speculative=draft is not None,

@@ -575,3 +575,18 @@ def test_a_failing_engine_step_is_a_500_and_the_server_keeps_serving(tok):
     finally:
         srv.should_exit = True
         th.join(30)
+
+
+def test_a_cpu_server_leaves_its_event_loop_a_core(monkeypatch):
+    """Without --threads, a server on a CPU runs torch with one thread fewer than torch's own (at least one): the event
+    loop and the HTTP work get a core while the engine steps (on 2 cores one thread served the shipped pair 25% faster
+    at concurrency 1, 4% slower at 16: benchmarks/results/2026-12-05h_cpu-serve-demo_threads*.json). A GPU server
+    keeps torch's count."""
+    import torch
+
+    from eaglekit.serve.server import default_threads
+
+    for have, want in ((1, 1), (2, 1), (8, 7)):
+        monkeypatch.setattr(torch, "get_num_threads", lambda have=have: have)
+        assert default_threads("cpu") == want
+    assert default_threads("cuda") is None and default_threads("cuda:1") is None
