@@ -7,8 +7,11 @@ minutes apart at most (separate processes of one variant differ by up to 8% on a
 0.407-0.440 ms in benchmarks/results/2026-12-05h_h100_engine_gap*.json).
 
     python benchmarks/lab/engine_gap.py [--prompts 16] [--max-tokens 128] [--max-batch 4] [--rounds 3]
-                                        [--prompt-graphs] [--trace-catch-up]
+                                        [--prompt-graphs] [--trace-catch-up] [--scheduler]
                                         [--variants no_draft,random_draft,random_pinned,draft] [--out DIR]
+
+With `--scheduler` the requests go through the server's Scheduler (its engine thread, and an asyncio loop consuming
+each request's events, as `eaglekit serve` runs them less HTTP), to tell the engine's cost from the server's.
 
 Per variant, in DIR/engine_gap.json: tokens/s per round and their median, each round's ratio to no draft and its
 median; the steps by kind over all rounds (a prefill, a plain step, a cycle in a run of cycles,
@@ -60,29 +63,60 @@ def _engine(variant: str, draft_dir, device: str, max_batch: int, prompt_graphs:
     return eng, tok, time.perf_counter() - t0
 
 
-def _pass(eng, prompts, max_tokens: int, sync, times: dict | None):
-    """Every prompt one after another; `times` (if given) collects each step's wall seconds by kind."""
+def _timed_steps(eng) -> dict:
+    """Wrap eng.step to time each step by kind (a prefill, a plain step, a cycle in a run of cycles, the first cycle
+    after plain steps) into rec["times"] while it is a dict (None: not recorded); works on whichever thread steps."""
+    inner, st, rec = eng.step, eng.spec_stats, {"times": None, "last": "prefill"}
+
+    def step():
+        before = (st["plain_steps"], st["spec_cycles"])
+        t0 = time.perf_counter()
+        events = inner()
+        dt = time.perf_counter() - t0
+        if (st["plain_steps"], st["spec_cycles"]) == before:
+            kind = "prefill"
+        elif st["plain_steps"] > before[0]:
+            kind = "plain"
+        else:
+            kind = "cycle_after_plain" if rec["last"] == "plain" else "cycle"
+        rec["last"] = kind if kind != "prefill" else rec["last"]
+        if rec["times"] is not None:
+            rec["times"].setdefault(kind, []).append(dt)
+        return events
+    eng.step = step
+    return rec
+
+
+def _pass(eng, prompts, max_tokens: int, sync, scheduler: bool) -> int:
+    """Every prompt one after another, stepped here or (`scheduler`) through the server's Scheduler: its engine thread
+    and an asyncio loop here consuming each request's events, as `eaglekit serve` runs them (less HTTP). -> tokens."""
     from eaglekit.decoding.batch import Request
 
-    st = eng.spec_stats
-    tokens, last = 0, "prefill"
-    for i, ids in enumerate(prompts):
-        eng.add(Request(f"r{i}", ids, max_tokens, eos_ids=()))
-        while eng.has_work:
-            before = (st["plain_steps"], st["spec_cycles"])
-            t0 = time.perf_counter()
-            events = eng.step()
-            dt = time.perf_counter() - t0
-            tokens += sum(len(e.token_ids) for e in events)
-            if (st["plain_steps"], st["spec_cycles"]) == before:
-                kind = "prefill"
-            elif st["plain_steps"] > before[0]:
-                kind = "plain"
-            else:
-                kind = "cycle_after_plain" if last == "plain" else "cycle"
-            last = kind if kind != "prefill" else last
-            if times is not None:
-                times.setdefault(kind, []).append(dt)
+    reqs = [Request(f"r{i}", ids, max_tokens, eos_ids=()) for i, ids in enumerate(prompts)]
+    tokens = 0
+    if not scheduler:
+        for r in reqs:
+            eng.add(r)
+            while eng.has_work:
+                tokens += sum(len(e.token_ids) for e in eng.step())
+    else:
+        import asyncio
+
+        from eaglekit.serve.metrics import ServerMetrics
+        from eaglekit.serve.scheduler import Scheduler
+
+        m = ServerMetrics("engine_gap", eng.draft is not None, eng.shape.steps if eng.draft is not None else 0)
+        sched = Scheduler(eng, m, eng.max_batch, 4)
+
+        async def run():
+            n = 0
+            sched.start()
+            for r in reqs:
+                async for ev in sched.submit(r):
+                    n += len(ev.token_ids)
+            await sched.close()
+            return n
+        tokens = asyncio.run(run())
     sync()
     return tokens
 
@@ -124,13 +158,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--prompt-graphs", action="store_true")
     ap.add_argument("--trace-catch-up", action="store_true", help="torch.profiler tables of one warm catch-up")
+    ap.add_argument("--scheduler", action="store_true", help="step through the server's Scheduler (engine thread)")
     ap.add_argument("--variants", default="no_draft,random_draft,random_pinned,draft")
     ap.add_argument("--out", default=os.environ.get("OUT", "./out"))
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {"schema": "eaglekit-lab/1", "what": "engine-level steps by kind, catch-ups and host time per variant, "
-           "concurrency 1", "command": "python benchmarks/lab/engine_gap.py "
+           "concurrency 1", "scheduler": a.scheduler, "command": "python benchmarks/lab/engine_gap.py "
            + " ".join(argv if argv is not None else sys.argv[1:]), "commit": git_sha(), "device": device,
            "machine": torch.cuda.get_device_name() if device == "cuda" else "cpu", "variants": {}}
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -146,24 +181,27 @@ def main(argv=None) -> int:
             if eng.draft is not None:
                 eng._catch_up = _timed_catch_up(eng._catch_up, catch, sync, device, a.trace_catch_up)
             prompts = _prompts(tok, a.prompts)
-            _pass(eng, prompts[:2], 16, sync, None)  # first calls out of the way
+            rec = _timed_steps(eng)
+            _pass(eng, prompts[:2], 16, sync, a.scheduler)  # first calls out of the way
             catch.update(n=0, s=0.0)
             catch.pop("table", None)
-            run[v] = {"eng": eng, "prompts": prompts, "warm": warm, "catch": catch, "times": {}, "tok_s": [],
-                      "st0": {k: x for k, x in eng.spec_stats.items() if isinstance(x, int)}}
+            run[v] = {"eng": eng, "prompts": prompts, "warm": warm, "catch": catch, "rec": rec, "times": {},
+                      "tok_s": [], "st0": {k: x for k, x in eng.spec_stats.items() if isinstance(x, int)}}
         for r in range(a.rounds):  # the variants in turn, the order rotated each round (the machine drifts)
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 x = run[v]
+                x["rec"]["times"] = x["times"]
                 t0 = time.perf_counter()
-                tokens = _pass(x["eng"], x["prompts"], a.max_tokens, sync, x["times"])
+                tokens = _pass(x["eng"], x["prompts"], a.max_tokens, sync, a.scheduler)
                 x["tok_s"].append(tokens / (time.perf_counter() - t0))
+                x["rec"]["times"] = None
         for v in variants:
             x = run[v]
             eng, catch = x["eng"], x["catch"]
             stats = {k: n - x["st0"].get(k, 0) for k, n in eng.spec_stats.items() if isinstance(n, int)}
             prof = cProfile.Profile()
             prof.enable()
-            _pass(eng, x["prompts"][:4], a.max_tokens, sync, None)
+            _pass(eng, x["prompts"][:4], a.max_tokens, sync, False)  # (stepped here: cProfile sees this thread)
             prof.disable()
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
