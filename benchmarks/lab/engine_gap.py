@@ -39,23 +39,26 @@ sys.path.insert(0, str(ROOT))
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
+    """The demo's held-out prompts, tokenized as the demo does, repeated to `n`."""
     from eaglekit.demo import ASSETS
+    from eaglekit.tokenizer import encode, read_prompts
 
-    lines = [json.loads(x) for x in (ASSETS / "prompts.jsonl").read_text().splitlines() if x.strip()]
-    texts = [x.get("prompt") or x.get("text") or next(iter(x.values())) for x in lines]
-    return [tok.encode(texts[i % len(texts)]) for i in range(n)]
+    texts = read_prompts(ASSETS / "prompts.jsonl")
+    return [encode(tok, texts[i % len(texts)]) for i in range(n)]
 
 
 def _engine(variant: str, draft_dir, device: str, max_batch: int, prompt_graphs: bool):
     from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ASSETS / "target")
+    shape = TreeShape.make()  # (serve's default, and the rows its products are chosen for: serve.server.serve)
     target, draft = load_pair(ASSETS / "target", draft_dir, "auto", device, None, compile="off", batched=max_batch > 1,
-                              prompt_graphs=prompt_graphs, rows=max_batch * (6 if draft_dir else 1))
-    eng = BatchEngine(target, draft, None, max_batch=max_batch, tokenizer=tok)
+                              prompt_graphs=prompt_graphs, rows=max_batch * (shape.draft_tokens if draft_dir else 1))
+    eng = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok)
     if variant == "random_pinned":  # the draft carried (features kept per plain step), never run
         eng.policy.choose = lambda rows, drafting=1.0: (0, "held to plain steps")
     t0 = time.perf_counter()
