@@ -60,6 +60,7 @@ PARTS = {
         f"{GPU}::test_recorded_graphs_follow_a_reallocated_cache",
         f"{GPU}::test_batched_graphs_equal_alone",
         f"{GPU}::test_compiled_whole_tree_is_the_level_walk",
+        f"{GPU}::test_a_draft_given_up_steps_through_the_quiet_graph",
     ]),
     4: ("the bf16 pair: speculative output equals the one-row baseline", [
         f"{GPU}::test_bf16_chains_equal_the_verify_shaped_baseline",

@@ -131,7 +131,7 @@ class _Rows:
     """One fixed-shape cycle of tree shape `shape` over rows [0, B) of the engine's state, as phases (recordable in
     CUDA graphs), and the plain step over the same rows. S, Sd: the attention spans of the target and the draft."""
 
-    def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int, shape: TreeShape):
+    def __init__(self, eng: "BatchEngine", B: int, S: int, Sd: int, shape: TreeShape, quiet: bool = False):
         self.e, self.B, self.S, self.Sd, self.shape = eng, B, S, Sd, shape
         self.tk = eng.tk.rows(0, B)
         self.dk = eng.dk.rows(0, B) if eng.dk is not None else None
@@ -147,9 +147,11 @@ class _Rows:
         self.out = torch.zeros(B, P + 2, dtype=torch.long, device=dev)  # n, tree depth, emitted tokens
         self.next = torch.zeros(B, dtype=torch.long, device=dev)
         self.tree = self.logits = self.feats = self.plogits = self.pfeats = None
-        # whether the plain step captures the target's features (for rows that keep their draft); always where it is
-        # recorded (a graph holds one kind), per step where it runs eagerly (BatchEngine._plain_step)
-        self.capturing = True
+        # whether the plain step captures the target's features (for rows that keep their draft): a recorded graph
+        # holds one kind, so an engine with a draft records both, this _Rows capturing and a `quiet` one for steps
+        # where no row keeps its draft (BatchEngine._plain_rows); eager, it is set per step (there too)
+        self.capturing = not quiet
+        self.quiet = quiet
         self.recorded: dict[str, torch.cuda.CUDAGraph] | None = None
         # a chain's accepted path is each row's first n nodes: its KV entries and features are already in path order
         self.chain = shape.topk == 1
@@ -240,9 +242,10 @@ class _Rows:
         """Record each phase in a CUDA graph (`plain`: the plain step's too; one shape per padded size records them).
         Warm-up runs the speculative group and the plain group, each restoring `state()` after it."""
         state = self.state()
-        groups = ([[getattr(self, p) for p in self.SPEC]] if self.e.draft is not None else []) + \
+        spec = self.e.draft is not None and not self.quiet  # (a quiet _Rows holds the plain step alone)
+        groups = ([[getattr(self, p) for p in self.SPEC]] if spec else []) + \
             ([[self.plain, self.plain_commit]] if plain else [])
-        names = (list(self.SPEC) if self.e.draft is not None else []) + (["plain", "plain_commit"] if plain else [])
+        names = (list(self.SPEC) if spec else []) + (["plain", "plain_commit"] if plain else [])
         self.recorded = record_graphs(groups, {p: getattr(self, p) for p in names}, state)
 
     def run(self, phase: str) -> None:
@@ -301,7 +304,8 @@ class BatchEngine:
         self.waiting: deque[_Seq] = deque()
         self._cancelled: list[Event] = []
         self._pending_admitted: list[_Seq] = []  # admitted by `admit`, their events due with the next step
-        self._cycles: dict = {}
+        self._cycles: dict = {}  # (padded rows, span, shape) -> the recorded (or eager) cycle and plain step
+        self._quiet: dict = {}  # (padded rows, span) -> the recorded plain step that keeps no features (_plain_rows)
         self._lock = threading.RLock()
         P = self.shape.path_len
         # the shapes a step may run, by draft length (accepted-path positions): the tree and its shallower versions
@@ -459,6 +463,7 @@ class BatchEngine:
             # (the catch-up window is per row, not per slot: it survives the growth as it is)
         self.S = S
         self._cycles.clear()  # graphs hold the old caches' addresses
+        self._quiet.clear()
 
     def _free(self, r: int) -> None:
         """Drop row r: the last running row moves into it (rows stay compact), the last row is cleared."""
@@ -671,6 +676,10 @@ class BatchEngine:
             c = _Rows(self, B, self.S, Sd, shape)
             c.record(plain=shape == self.shape)
             self._cycles[B, self.S, shape] = c
+        if self.dk is not None:  # the plain step without the capture and the catch-up window's writes
+            q = _Rows(self, B, self.S, 0, self.shape, quiet=True)
+            q.record()
+            self._quiet[B, self.S] = q
         if self.policy is not None and B not in self.policy.plain:
             self._time_at_warmup(B, {shape: self._cycles[B, self.S, shape] for shape in shapes})
 
@@ -839,13 +848,38 @@ class BatchEngine:
                     st["accepted_per_pos"][i] += 1
             self._emit(s, row[2:2 + n])
 
-    def _plain_step(self) -> None:
+    def _plain_rows(self) -> _Rows:
+        """The plain step's _Rows: where no row keeps its draft, one that neither captures the target's features nor
+        writes the catch-up window (recorded: the quiet graph; eager: the same _Rows told so for this step)."""
         c = self._rows()
+        keeping = any(s.use_draft for s in self.rows)
+        if c.recorded is None:
+            c.capturing = keeping
+        elif not keeping and self.dk is not None:
+            c = self._quiet[c.B, self.S]
+        return c
+
+    def _release_drafts(self) -> None:
+        """Where the draft does not pay by the policy's figures, a row that ends before the next probe can fall due
+        gives its draft up (its plain steps keep no features; once no row keeps one, they run the quiet graph): the rule
+        by which _admit admits a row without its draft, applied to the running rows once a probe has lost. A seeded
+        sampled request keeps its draft (_admit)."""
+        p = self.policy
+        if p is None or p.draft_pays(padded_size(len(self.rows), self.max_batch)):
+            return
+        for r, s in enumerate(self.rows):
+            left = s.req.max_new_tokens - (s.length - len(s.req.prompt_ids))
+            if s.use_draft and not _seeded(s.req.sampling) and not p.probe_within(left):
+                s.use_draft = False
+                self.use_draft[r] = False
+                trace.event("speculation", on=False, rid=s.req.rid, why=f"no probe falls due in its last {left} tokens")
+
+    def _plain_step(self) -> None:
         ph = self.profiler.phase
         if self._last_step != "plain":
+            self._release_drafts()
             self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
-        if c.recorded is None:  # eager: no row keeping its draft, no features to keep
-            c.capturing = any(s.use_draft for s in self.rows)
+        c = self._plain_rows()
         self._last_step = "plain"
         t0 = time.perf_counter()
         with ph("decode"):

@@ -387,6 +387,58 @@ def test_a_row_that_no_probe_can_reach_skips_the_draft_and_the_probes_still_run(
         assert out[f"r{i}"] == Decoder(llama).generate(prompts[i], 12, eos_ids=()).token_ids
 
 
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["eager", "recorded-layout"])
+def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(llama, recorded, monkeypatch):
+    """One long request while the draft loses: it is the probes' sentinel until a probe loses with the next one due
+    after its end; then it gives its draft up, and its plain steps neither capture the target's features nor write
+    the catch-up window (recorded: the quiet graph replays, eager: the plain step stops capturing). Output stays the
+    target's."""
+    from test_batch import _eager_graphs
+
+    from eaglekit.decoding import batch
+
+    steps = []  # (quiet, capturing) of each plain step
+
+    def note(rows):
+        steps.append((getattr(rows, "quiet", False), rows.capturing))
+
+    if recorded:
+        def tagged(warmup, record, state):
+            graphs = _eager_graphs(warmup, record, state)
+            g = graphs.get("plain")
+            if g is not None:
+                g.replay = lambda fn=g.replay, rows=record["plain"].__self__: note(rows) or fn()
+            return graphs
+
+        monkeypatch.setattr(batch, "record_graphs", tagged)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    else:
+        plain = batch._Rows.plain
+        monkeypatch.setattr(batch._Rows, "plain", lambda rows: note(rows) or plain(rows))
+    draft = new_draft(llama, seed=3, dtype=torch.float32)
+    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1, graphs=recorded)
+    eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
+    p.seed_costs(1, 1.0, {3: 1.5})
+    p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3  # rates held by their weight: the draft loses
+    prompt = [1, 5, 9, 14, 3, 7]
+    want = Decoder(llama).generate(prompt, 150, eos_ids=()).token_ids
+    steps.clear()  # (the Decoder is a one-row engine: its plain steps ran the patched ones too)
+    eng.add(Request("r0", prompt, 150, eos_ids=()))
+    out, kept = [], []
+    while eng.has_work:
+        for ev in eng.step():
+            out.extend(ev.token_ids)
+        if eng.rows:
+            kept.append(eng.rows[0].use_draft)
+    assert out == want
+    # probes at MIN_PROBE, 2 MIN_PROBE, ... plain steps: once the next is due past the row's end, it lets its draft go
+    assert kept[0] and not kept[-1] and kept.index(False) > MIN_PROBE
+    assert eng.spec_stats["spec_cycles"] >= 2
+    quiet = [q for q, _ in steps]
+    assert quiet == sorted(quiet) and quiet.count(recorded) >= 10  # (eager: one _Rows, told per step)
+    assert [c for _, c in steps] == sorted((c for _, c in steps), reverse=True) and not steps[-1][1]
+
 class Alternate(SpecPolicy):
     """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
 

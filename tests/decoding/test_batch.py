@@ -231,7 +231,8 @@ def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeyp
     lengths = sorted(eng.shapes)
     assert sorted(eng.policy.plain) == [1, 2, 4, 6]
     assert sorted(eng.policy.spec) == [(b, j) for b in (1, 2, 4, 6) for j in lengths]
-    assert len(recorded) == 4 * len(lengths)  # a recording per size and length (the whole tree's holds the plain step)
+    # a recording per size and length (the whole tree's holds the plain step), and per size the quiet plain step
+    assert len(recorded) == 4 * (len(lengths) + 1)
     assert not eng.has_work and int(eng.tk.length.sum()) == 0 and not bool(eng.active.any())
     rng = random.Random(3)
     reqs = [Request(f"r{i}", [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))], 20, eos_ids=())
@@ -302,30 +303,42 @@ def test_traced_engine_records_its_steps_not_its_warm_up(model_dirs):
     sink: list = []
 
     def run(rid, max_new):
+        """-> (the steps that recorded a capture, the steps in which the row kept its draft, the step count)"""
         eng.add(Request(rid, [FIRST, 5, 6, 7], max_new, eos_ids=()))
-        steps = 0
+        steps, kept = 0, set()
+        def watch(fn):  # the row's state while a step runs (a plain step may let the draft go before it runs)
+            def watched(*a, **k):
+                out = fn(eng, *a, **k)
+                if eng.rows[0].use_draft:
+                    kept.add(steps)
+                return out
+            return watched
+
+        for name in ("_plain_step", "_spec_cycle", "_prefill"):
+            setattr(eng, name, watch(getattr(BatchEngine, name)))
         while eng.has_work:
             trace.set_cycle(steps)
             eng.step()
             steps += 1
         got = {r["cycle"] for r in sink if r["point"] == "target.capture"}
         sink.clear()
-        return got, steps
+        return got, kept, steps
 
     trace.configure(enabled=True, sink=sink, stream=open("/dev/null", "w"))
     try:
         eng = _engine(target, "random", TreeShape(3, 1, 4), 2, 5)
         eng.warm_up(64)
         assert sink == []
-        # a row that lives past the first probe is the probes' sentinel: it takes its draft whatever the costs say
-        captured, steps = run("sentinel", MIN_PROBE + 4)
-        assert captured == set(range(steps)), (captured, steps)
+        # a row that lives past the first probe is the probes' sentinel: it takes its draft whatever the costs say,
+        # and keeps it through that probe (a probe that loses with the next one due past the row's end lets it go)
+        captured, kept, steps = run("sentinel", MIN_PROBE + 4)
+        assert captured == kept and set(range(MIN_PROBE + 1)) <= kept, (captured, kept, steps)
         # costs by which the draft loses, and a row no probe can reach: admitted without its draft
         for b in list(eng.policy.plain):
             eng.policy.seed_costs(b, 1e-3, {j: 1.0 for j in eng.policy.lengths})
         eng.policy.since_full = 0
-        captured, steps = run("plain", 4)
-        assert steps > 0 and captured == set(), captured
+        captured, kept, steps = run("plain", 4)
+        assert steps > 0 and captured == kept == set(), captured
     finally:
         trace.configure(enabled=False)
 

@@ -117,6 +117,7 @@ def test_batched_graphs_equal_alone(pair32, shape):
     # every padded size met was recorded at every draft length and timed at warm-up (BatchEngine._time_at_warmup)
     sizes = {B for B, _, _ in eng._cycles}
     assert {s for _, _, s in eng._cycles} == set(eng.shapes.values())
+    assert {B for B, _ in eng._quiet} == sizes  # and each its plain step that keeps no features
     assert all(B in eng.policy.plain and all((B, j) in eng.policy.spec for j in eng.shapes) for B in sizes)
 
 
@@ -463,6 +464,34 @@ def test_one_row_extend_takes_the_pending_form_with_extends_bits():
     assert int(kv.length) == int(d.committed) == 35
     assert torch.equal(kv.k[..., :36, :], d.cache.k[..., :36, :])
 
+
+
+def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
+    """An untrained draft in the recorded engine, its acceptance held at 0: the row is the probes' sentinel until a
+    probe loses with the next one due past its end; then it gives the draft up and its plain steps replay the graph
+    that keeps no features. The output is the target's."""
+    from eaglekit.decoding import batch
+    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.draft import new_draft
+
+    t, _, prompts = pair32
+    want = Decoder(t, graphs=False).generate(prompts[0], 200, eos_ids=()).token_ids
+    eng = BatchEngine(t, new_draft(t, seed=3), TreeShape(3, 1, 4), max_batch=1, graphs=True)
+    eng.warm_up(512)
+    p = eng.policy
+    p.reached, p.accepted = [1e6] * 3, [0.0] * 3  # no draft token accepted, ever: speculation never pays
+    ran = []
+    run = batch._Rows.run
+    monkeypatch.setattr(batch._Rows, "run", lambda rows, phase: ran.append((rows.quiet, phase)) or run(rows, phase))
+    eng.add(Request("r0", prompts[0], 200, eos_ids=()))
+    got = []
+    while eng.has_work:
+        for ev in eng.step():
+            got.extend(ev.token_ids)
+    assert got == want
+    plain = [q for q, phase in ran if phase == "plain"]
+    assert plain == sorted(plain) and plain.count(True) >= 20 and plain.count(False) >= 20
+    assert eng.spec_stats["spec_cycles"] >= 2
 
 def test_compiled_whole_tree_is_the_level_walk():
     """A compiled draft grows a tree as one graph (Eagle3Draft.grow_tree: the levels' layers with bulk's attention,
