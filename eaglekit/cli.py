@@ -160,7 +160,8 @@ def cmd_generate(args) -> int:
     check_prompt_fits(len(ids), target_context(args.target))
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
                               model.dtype_name, compile=model.compile_mode, products=model.products,
-                              draft_quant=model.draft_quant, prompt_graphs=model.prompt_graphs)
+                              draft_quant=model.draft_quant, prompt_graphs=model.prompt_graphs,
+                              experts=model.experts)
     if args.auto and draft is not None:
         from .tune.sweep import auto_shape
 
@@ -192,7 +193,8 @@ def cmd_generate(args) -> int:
         served = {"backend": getattr(target, "backend", None),
                   "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
                   "draft_precision": getattr(draft, "precision", None),
-                  "prompt_graphs": getattr(target, "compiled_prompts", False)}
+                  "prompt_graphs": getattr(target, "compiled_prompts", False),
+                  "experts": getattr(target, "experts", None)}
         out = {"text": text, "token_ids": res.token_ids,
                "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
                "stop_reason": res.stop_reason}
@@ -272,7 +274,8 @@ def cmd_sweep(args) -> int:
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
                               compile=model.compile_mode, products=model.products,
-                              draft_quant=model.draft_quant, prompt_graphs=model.prompt_graphs)
+                              draft_quant=model.draft_quant, prompt_graphs=model.prompt_graphs,
+                              experts=model.experts)
     res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
                 model.allow_other_target)
     paths = write_results(res, args.out)
@@ -800,7 +803,7 @@ def cmd_serve(args) -> int:
                  False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
                  args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
                  not args.no_adaptive, args.synthetic_accept_length, args.warm_up_span, args.profile,
-                 model.prompt_graphs)
+                 model.prompt_graphs, model.experts)
 
 
 def _serve_args(p):

@@ -27,7 +27,9 @@ from .errors import InputError
 
 PRODUCTS = ("auto", "aten", "onednn", "invariant", "hopper")  # --products (eaglekit.kernels.products.KINDS)
 DRAFT_QUANT = ("auto", "none", "int8")  # --draft-quant (eaglekit.kernels.int8)
-COMPILE_FLAGS = ("compile", "no_compile", "prompt_graphs", "products", "draft_quant")  # how a loaded pair runs
+EXPERTS = ("auto", "grouped", "triton")  # --experts (eaglekit.models.moe.Experts.mode)
+# how a loaded pair runs
+COMPILE_FLAGS = ("compile", "no_compile", "prompt_graphs", "products", "draft_quant", "experts")
 
 
 def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
@@ -169,6 +171,14 @@ class ModelOptions(Options):
                                    "per row: half the bytes a draft step reads; the output stays the target's, the "
                                    "accept length may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT,
                            group="runtime")
+    experts: str = opt("auto", "how a mixture-of-experts target (DeepSeek family) runs its routed experts: auto "
+                               "(per call: compiled, each token's experts as fused gathers), grouped (a call's "
+                               "(token, expert) pairs as two grouped GEMMs, each chosen expert read once a call: a "
+                               "tree's verify reads an expert its rows share once; bf16 on sm_90/sm_100 GPUs, else "
+                               "auto's choice) or triton (eaglekit.kernels.moe_gemv). One mode for the whole run, so "
+                               "a baseline and its cycles round alike; grouped ran the V2-Lite shape's (3,1,4) cycle "
+                               "1.23x faster and its plain step 4-7%% slower on an H100 (docs/performance.md)",
+                       choices=EXPERTS, group="runtime")
 
     def __post_init__(self):
         super().__post_init__()

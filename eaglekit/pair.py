@@ -29,7 +29,8 @@ def compile_pair(target: Target, draft: Eagle3Draft | None) -> None:
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               compile: str | bool = "auto", products: str = "auto",
               batched: bool = False, draft_quant: str | None = None,
-              rows: int | None = None, prompt_graphs: bool = False) -> tuple[Target, Eagle3Draft | None]:
+              rows: int | None = None, prompt_graphs: bool = False,
+              experts: str = "auto") -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: benchmarks/results/2026-12-02c_cpu_compile_cost_main.json); 'on' / True everywhere, 'off' / False never.
@@ -48,7 +49,10 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
 
     `prompt_graphs`: prompts (the target's prefill, the draft's extend over a prompt) through one graph compiled for
     every length (target.compile_prompts(); eaglekit.kernels.compiling.compile_prompt), with or without `compile`;
-    the engine compiles it before its first prefill."""
+    the engine compiles it before its first prefill.
+
+    `experts`: how a mixture-of-experts target runs its routed experts ('auto', 'grouped', 'triton':
+    DeepSeekTarget.set_experts), set before anything compiles; another than 'auto' for a dense target is E108."""
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
@@ -56,6 +60,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
         set_draft_precision(target, draft, device, draft_quant)
+    set_experts(target, experts)
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         compile = str(device).startswith("cuda") and hasattr(target, "compile") and getattr(target, "tp", None) is None
@@ -73,6 +78,22 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
             draft.compile_prompts()
     set_pair_products(target, draft, products, device, batched, rows)
     return target, draft
+
+
+def set_experts(target, experts: str = "auto") -> None:
+    """load_pair's `experts` for a target loaded some other way (see load_pair); before the target compiles."""
+    from .options import EXPERTS
+
+    if experts not in EXPERTS:
+        raise InputError(f"experts={experts!r} is not one of {', '.join(EXPERTS)}", code="E108",
+                         fix=f"pass one of {', '.join(EXPERTS)}")
+    if not hasattr(target, "set_experts"):
+        if experts != "auto":
+            raise InputError(f"--experts {experts} applies to mixture-of-experts targets (the DeepSeek family); this "
+                             f"target ({getattr(target, 'backend', None) or type(target).__name__}) has none",
+                             code="E108", fix="leave out --experts for this target")
+        return
+    target.set_experts(None if experts == "auto" else experts)
 
 
 def auto_draft_quant(target, draft, device) -> str:

@@ -146,6 +146,7 @@ class DeepSeekTarget(StaticCacheTarget):
         self.net = net.eval()
         self.config = c = net.config
         self.device, self.dtype = torch.device(device), dtype
+        self.experts = "auto"  # the routed experts' mode (set_experts)
         self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
                                c.eos_token_ids, c.fingerprint)
         self.cache: LatentCache | None = None
@@ -235,10 +236,11 @@ class DeepSeekTarget(StaticCacheTarget):
         return self.net.prompt_layer is not None
 
     def set_experts(self, mode: str | None) -> None:
-        """How the routed experts run (eaglekit.models.moe.Experts.mode): None chooses per call; "triton" sends
-        decode calls to eaglekit.kernels.moe_gemv (opt-in: slower than inductor's gathers on an H200,
-        benchmarks/results/2026-12-04f_h200_deepseek_experts.json); "grouped" runs a call's pairs as two grouped GEMMs
-        (opt-in until measured on a GPU). Set before compile()."""
+        """How the routed experts run (eaglekit.models.moe.Experts.mode; `--experts`): None chooses per call;
+        "triton" sends decode calls to eaglekit.kernels.moe_gemv (slower than inductor's gathers on an H200 and an
+        H100); "grouped" runs a call's pairs as two grouped GEMMs (on an H100 the V2-Lite shape's step 4-7% slower than
+        the gathers, its (3,1,4) cycle 1.23x faster: benchmarks/results/2026-12-05i_h100_deepseek_experts.json,
+        ..._auto_cycle.json). Set before compile()."""
         from .moe import Experts
 
         if mode not in (None, "gather", "fused", "loop", "dense", "triton", "grouped"):
@@ -246,6 +248,7 @@ class DeepSeekTarget(StaticCacheTarget):
         for m in self.net.modules():
             if isinstance(m, Experts):
                 m.mode = mode
+        self.experts = mode or "auto"
 
     def fuse(self) -> None:
         """Fused gate/up projections of the dense and shared-expert MLPs, and MLA's q (or q_a) with kv_a (same

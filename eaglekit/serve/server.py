@@ -148,7 +148,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
           threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
           max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S, adaptive: bool = True,
           synthetic_accept_length: float | None = None, warm_up_span: int = WARM_UP_SPAN,
-          profile: bool = False, prompt_graphs: bool = False) -> int:
+          profile: bool = False, prompt_graphs: bool = False, experts: str = "auto") -> int:
     template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
                              threads, max_body_mb, read_timeout, warm_up_span)
     import torch
@@ -173,6 +173,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
                               compile="off" if compile in ("auto", None) else compile, products=products,
                               draft_quant=draft_quant, batched=max_batch > 1, prompt_graphs=prompt_graphs,
+                              experts=experts,
                               rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
     from ..distributed import current
 

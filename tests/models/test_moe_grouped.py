@@ -85,3 +85,40 @@ def test_deepseek_target_decodes_the_same_with_grouped_experts(tmp_path):
     base, grouped = run(None), run("grouped")
     assert torch.equal(grouped.argmax(-1), base.argmax(-1))
     torch.testing.assert_close(grouped, base, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_runs_the_experts_mode_it_is_given(tmp_path, model_dirs, capsys, monkeypatch):
+    """`--experts grouped` reaches a DeepSeek target's experts (they run grouped, and `generate --json` names the mode)
+    and the draft's output is what the same mode decodes alone; for a dense target the flag is an E108 error before
+    any decoding."""
+    import json
+
+    from ds_helpers import make_ds_model
+    from helpers import make_tokenizer
+
+    from eaglekit.cli import main
+    from eaglekit.draft import new_draft, save_draft
+    from eaglekit.models import load_target
+
+    tdir = tmp_path / "t"
+    make_ds_model(tdir, "deepseek_v3", seed=3)
+    make_tokenizer(tdir, 96)
+    save_draft(new_draft(load_target(tdir), seed=1), tmp_path / "d", dtype=torch.float32)
+    calls = []
+    grouped = Experts.grouped
+    monkeypatch.setattr(Experts, "grouped", lambda self, *a: calls.append(1) or grouped(self, *a))
+    g = ["generate", "--target", str(tdir), "--prompt", "def add", "--max-new-tokens", "12", "--device", "cpu",
+         "--json"]
+    out = {}
+    for mode in ("auto", "grouped"):
+        for draft in ((), ("--draft", str(tmp_path / "d"))):
+            calls.clear()
+            assert main([*g, *draft, "--experts", mode]) == 0
+            res = json.loads(capsys.readouterr().out)
+            assert res["metrics"]["experts"] == mode and res["metrics"]["backend"] == "deepseek"
+            assert bool(calls) == (mode == "grouped")
+            out[mode, bool(draft)] = res["token_ids"]
+    assert out["grouped", True] == out["grouped", False] and out["auto", True] == out["auto", False]
+    assert main(["generate", "--target", str(model_dirs["llama"]), "--prompt", "def", "--experts", "grouped"]) != 0
+    err = capsys.readouterr().err
+    assert "E108" in err and "--experts grouped" in err and "mixture-of-experts" in err
