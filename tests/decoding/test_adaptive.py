@@ -387,7 +387,6 @@ def test_a_row_that_no_probe_can_reach_skips_the_draft_and_the_probes_still_run(
         assert out[f"r{i}"] == Decoder(llama).generate(prompts[i], 12, eos_ids=()).token_ids
 
 
-
 @pytest.mark.parametrize("recorded", [False, True], ids=["eager", "recorded-layout"])
 def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(llama, recorded, monkeypatch):
     """One long request while the draft loses: it is the probes' sentinel until a probe loses with the next one due
@@ -438,6 +437,7 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
     quiet = [q for q, _ in steps]
     assert quiet == sorted(quiet) and quiet.count(recorded) >= 10  # (eager: one _Rows, told per step)
     assert [c for _, c in steps] == sorted((c for _, c in steps), reverse=True) and not steps[-1][1]
+
 
 class Alternate(SpecPolicy):
     """A policy forced to alternate: `plain` plain steps, then one cycle (the catch-up is exercised each time)."""
