@@ -233,9 +233,10 @@ def demo_serve_args(device: str, max_batch: int, draft: Path | None) -> list[str
 
 
 @case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
-      "(adaptive policy), each draft's ratio to no draft",
+      "(adaptive policy), each draft's ratio to no draft (`variants`: no_draft and any of the others)",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
-                "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None, "prompt_graphs": False},
+                "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None, "prompt_graphs": False,
+                "variants": list(DEMO_VARIANTS)},
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
     from eaglekit.serve.bench import BenchOptions, run_bench
@@ -243,8 +244,12 @@ def serve_demo(p, ctx):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     conc = as_list(p["concurrency"])
+    variants = tuple(as_list(p["variants"]))
+    if "no_draft" not in variants or not set(variants) <= set(DEMO_VARIANTS) or len(set(variants)) != len(variants):
+        raise ValueError(f"variants {list(variants)}: no_draft (every ratio's base) and any of "
+                         f"{', '.join(DEMO_VARIANTS[1:])}, each once")
     metrics: dict = {}
-    per_round: dict = {v: [] for v in DEMO_VARIANTS}
+    per_round: dict = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         drafts = demo_drafts(Path(tmp))
         common = ["--max-queue", str(4 * max(conc))]
@@ -253,14 +258,14 @@ def serve_demo(p, ctx):
         common += ["--prompt-graphs"] if p["prompt_graphs"] else []
         servers = {}
         try:
-            for v in DEMO_VARIANTS:  # every server warms up before it answers /health
+            for v in variants:  # every server warms up before it answers /health
                 servers[v] = LocalServer(demo_serve_args(device, p["max_batch"], drafts[v]) + common,
                                          log=Path(tmp) / f"{v}.log", startup_s=600)
             for srv in servers.values():  # a short warm pass each (first requests' one-off costs)
                 run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(conc), concurrency=(max(conc),),
                                        max_tokens=8, ignore_eos=True))
             for r in range(p["reps"]):
-                for v in DEMO_VARIANTS[r % 3:] + DEMO_VARIANTS[:r % 3]:
+                for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                     srv = servers[v]
                     levels = []
                     for c in conc:  # one level at a time, so each level's steps are its own
@@ -278,7 +283,7 @@ def serve_demo(p, ctx):
                 srv.stop()
     for i, c in enumerate(conc):
         base = [lv[i]["output_throughput"] for lv in per_round["no_draft"]]
-        for v in DEMO_VARIANTS:
+        for v in variants:
             got = [lv[i] for lv in per_round[v]]
             metrics[f"output_tok_s_c{c}_{v}"] = stats([x["output_throughput"] for x in got], "tok/s")
             metrics[f"tpot_ms_median_c{c}_{v}"] = stats([x["tpot_ms"]["median"] for x in got], "ms")
@@ -307,4 +312,4 @@ def serve_demo(p, ctx):
                                                      "captures)"},
                         "rounds": {v: [[{k: lv[k] for k in ("concurrency", "output_throughput", "completed", "failed",
                                                              "plain_steps", "cycles", "cpu_s")} for lv in rnd]
-                                        for rnd in per_round[v]] for v in DEMO_VARIANTS}}}
+                                        for rnd in per_round[v]] for v in variants}}}
