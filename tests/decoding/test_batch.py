@@ -50,7 +50,10 @@ class RowOracle:
         self.gen = torch.Generator().manual_seed(seed)
 
     def row_cache(self, batch, span):
-        return self.t.row_cache(batch, span + 1)
+        # a cache of its own: the target's row_cache(1, ...) is the target's own sequence cache (a one-row engine's
+        # state), which the engine's target rows already are
+        c = self.t.cfg
+        return RowKV(c.num_layers, c.num_kv_heads, c.head_dim, span + 1, batch, self.t.device, self.t.dtype)
 
     def to_target_ids(self, ids):
         return ids

@@ -257,6 +257,7 @@ def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(mode
     eng.warm_up(256)
     script = [0] * 3 + [3] + [0] * 17 + [3] + [0] * 40 + [3] + [0] * 70 + [3] * 10  # plain runs, each a catch-up
     eng.policy.choose = lambda rows, drafting=1.0: (script.pop(0) if script else 3, "scripted")
+    eng.policy.draft_pays = lambda rows: True  # (scripted: the row keeps its draft whatever the timings say)
     catch = []
     inner = eng._catch_up
     eng._catch_up = lambda c: (catch.append(max(s.lag for s in eng.rows)), inner(c))
