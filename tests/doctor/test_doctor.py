@@ -255,11 +255,16 @@ def test_a_small_probe_that_cannot_tell_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_the_probe_grows_until_it_can_tell(tmp_path):
+    """Without the draft's feature statistics only acceptance can tell the wirings apart: the probe grows round by
+    round until every alternative loses by 3 standard errors, and says no wiring fault; which target the draft was
+    made for stays open without any record of it (W281), so the verdict is "cannot tell", naming what decides it."""
     d = _copy(tmp_path)
     _no_fingerprint(d)
     res = run_doctor(TARGET, d, n_prompts=4, max_new_tokens=32, time_budget=900)
     assert len(res["rounds"]) > 1 and res["rounds"][-1]["positions"] > res["rounds"][0]["positions"]
-    assert res["conclusive"] and not res["fault"] and "no wiring fault found" in res["verdict"]
+    assert all(r["z"] >= 3 for r in res["probe"] if r["wiring"] != "configured")
+    assert not res["fault"] and "no wiring fault found" in res["verdict"]
+    assert not res["conclusive"] and "W281" in _codes(res) and "--reference-acceptance" in res["verdict"]
 
 
 def test_an_untrained_draft_is_a_finding(tmp_path):
