@@ -7,6 +7,7 @@ The engine records the compiled kernels inside its own CUDA graphs, so inductor'
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import threading
@@ -70,8 +71,6 @@ def compile_prompt(fn):
     compiles both sides of the row limit at warm-up or before its first prefill. A product policy whose lowering
     needs fixed shapes (oneDNN's packed weights) keeps its prompts eager (products.compiles_any_length)."""
     cache_dir()
-    import functools
-
     from torch import _dynamo
     from torch.fx.experimental import _config as fx_config
 
