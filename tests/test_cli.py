@@ -149,8 +149,8 @@ def test_doctor_report_goes_to_stdout(model_dirs, monkeypatch, capsys):
     import eaglekit.doctor
 
     res = {"fault": False, "verdict": "the pair is wired as trained", "findings": [
-        {"code": "I306", "severity": "info", "message": "fingerprint confirms"}], "trace": [], "probe": [],
-        "seconds": 1.0}
+        {"code": "I306", "severity": "info", "message": "the fingerprint names after_layers [1, 5, 8]"}],
+        "trace": [], "probe": [], "seconds": 1.0}
     monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, **k: res)
     t = str(model_dirs["llama"])
     assert main(["doctor", "--target", t, "--draft", t, "--device", "cpu"]) == 0

@@ -7,14 +7,16 @@ sure it is.
 3. The probe (probe.py): teacher-forced acceptance under the configured wiring and its alternatives, compared
    pairwise over the same positions, enlarged until it can tell them apart or `time_budget` ends.
 4. The feature fingerprint (eaglekit.train.fingerprint): a draft trained by eaglekit records the statistics of
-   each capture slot's features; matched against every target layer they name the layer each slot was trained
-   on, where acceptance cannot tell neighbours apart.
+   each capture slot's features; matched against every target layer over the probe's text they name a layer per
+   slot. That naming is evidence in the report (I306), never a verdict: the statistics move with the text as much
+   as from one layer to the next (the demo draft's own target names after_layers [1, 5, 7] for [1, 5, 8] over the
+   built-in prompts: benchmarks/results/2026-12-05_cpu_feature_distance.json), so acceptance decides.
 5. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
-   it was trained or exported, else the captured features' statistics against the recorded ones, else a
-   reference acceptance given by the user; and the vocabulary mapping on its own evidence (vocab.py).
+   it was trained or exported, else a reference acceptance given by the user (the features' statistics name layers,
+   not targets: identity.py); and the vocabulary mapping on its own evidence (vocab.py).
 6. A verdict of three: a fault (with its cause and the fix in the folder's own convention, fixes.py); clean,
-   only when the configured wiring is shown best with the stated confidence (or a recorded fingerprint agrees)
-   and the target is shown to be the draft's; else cannot tell, with what would decide it.
+   only when the configured wiring is shown best with the stated confidence and the target is shown to be the
+   draft's; else cannot tell, with what would decide it.
 
 `diagnose` returns a DoctorReport (report.py); `run_doctor` its JSON (what `eaglekit doctor --json` prints).
 Exit status: 0 clean, 1 a fault found, 2 doctor could not run, 3 cannot tell (report.EXIT).
@@ -30,13 +32,7 @@ from ..capture import CaptureSpec
 from ..errors import EaglekitError, InputError
 from .checks import capture_width_finding, folder_findings, recorded_fingerprint
 from .fixes import ids_fix, unsorted_note
-from .identity import (
-    DECIDE_TARGET,
-    MIN_FEATURE_TOKENS,
-    features_check,
-    reference_check,
-    weights_check,
-)
+from .identity import DECIDE_TARGET, reference_check, weights_check
 from .probe import (
     GENERIC_PROMPTS,
     Probe,
@@ -220,12 +216,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
             ran = [r for r in rows if r.per_position]
             if max(r.per_position[0] for r in ran) < DEAD:
                 return True
-            if fp_ok and not identity.decided and p.sketch.n < MIN_FEATURE_TOKENS:
-                return False  # the features' statistics tell the target only over enough tokens
-            if all(r.decided for r in ran if r.diff is not None):
-                return True
-            fp = fingerprint()
-            return fp is not None and all(m["confident"] for m in fp)
+            return all(r.decided for r in ran if r.diff is not None)
 
         _stage(bar, "probe")
         t_probe = time.time()
@@ -235,8 +226,6 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         ctx.fingerprint = fingerprint()
         ctx.positions = probe.positions
         ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
-        if fp_ok and not identity.decided:
-            ctx.identity = features_check(recorded, probe.sketch, base, n_layers, ctx.identity)
         _stage(bar, "decoding")
         dec = Decoder(target, draft, shape, capture=base, allow_other_target=True)
         conf = next(r for r in ctx.rows if r.wiring == "configured")
@@ -339,21 +328,21 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
     if ident is not None and ident.decided:
         findings += [f for f in ident.findings if f not in findings]
         return True
-    if ident is not None and ident.findings:  # records exist but this probe was too short to read them
-        findings += [f for f in ident.findings if f not in findings]
-        decide.append(f"for the target: a longer probe ({MIN_FEATURE_TOKENS} tokens or more; --time-budget "
-                      f"{int(2 * max(ctx.budget, 30))})")
-        return False
     if ctx.reference is not None:
         conf = next(r for r in ran if r.wiring == "configured")
         findings.append(reference_check(conf.per_position[0], conf.positions or ctx.positions, ctx.reference))
         return True
     if any(f.code in ("E208", "E215", "E282") for f in findings):
         return True
-    findings.append(Finding("W281", "warning", "the draft records nothing of the target it was made for (no weights "
-                            "or feature fingerprint): whether this is that target, or a same-shape one with other "
-                            "weights, could not be checked", DECIDE_TARGET))
     decide.append(DECIDE_TARGET)
+    if ident is not None and ident.findings:  # a weights record with no safetensors to compare it with (W281)
+        findings += [f for f in ident.findings if f not in findings]
+        return False
+    features = (" (the feature statistics it recorded name the layers it was trained on, not its target: they vary "
+                "more with the probe text than with the target's weights)" if ctx.fingerprint is not None else "")
+    findings.append(Finding("W281", "warning", "the draft records no fingerprint of its target's weights" + features +
+                            ": whether this is that target, or a same-shape one with other weights, could not be "
+                            "checked", DECIDE_TARGET))
     return False
 
 
@@ -365,8 +354,8 @@ def _longer(ctx: _Context, rows: list[WiringRow]) -> str:
     """How long a probe would settle the undecided comparisons: positions grow as (Z / |z|)^2."""
     zmin = min(abs(r.z or 0.0) for r in rows)
     if zmin < 0.5:
-        return ("acceptance may never tell them apart (|z| < 0.5: the draft accepts about the same under both); a "
-                "feature fingerprint (drafts trained by eaglekit record one) or a reference acceptance decides it")
+        return ("acceptance may never tell them apart (|z| < 0.5: the draft accepts about the same under both, so "
+                "either wiring serves it about as fast)")
     need = ctx.positions * (Z / zmin) ** 2
     secs = ctx.probe_seconds * need / max(ctx.positions, 1) + 15
     return (f"a longer probe: about {int(need)} positions (now {ctx.positions}), about {int(secs)} s here "
@@ -399,12 +388,6 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     others = [r for r in ran if r.diff is not None]
     better = sorted((r for r in others if r.decided and r.diff < 0), key=lambda r: r.diff)
     undecided = [r for r in others if not r.decided]
-    # features of another target do not name layers of this one (a 5% perturbed copy of the demo target has them
-    # name [1, 4, 7] for [1, 5, 8]): the fingerprint counts once the target is shown to be the draft's
-    fp = ctx.fingerprint if ctx.identity is not None and ctx.identity.same else None
-    fp_confident = fp is not None and all(m["confident"] for m in fp)
-    fp_layers = [m["layer"] for m in fp] if fp else None
-    texts = []
     if better:
         b = better[0]
         note = unsorted_note(layers) if b.wiring == "ascending order" else None
@@ -419,23 +402,13 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
         out.append(Finding("E290", "error", msg, _fix(b.after_layers),
                            {"configured": layers, "best": b.after_layers, "diff": b.diff, "se": b.se, "z": b.z,
                             "positions": N}))
-        texts.append(f"[E290] {msg}; fix: {_fix(b.after_layers)}")
-    if fp_confident and fp_layers != layers:
-        name = next((r.wiring for r in ran if r.after_layers == fp_layers), None)
-        msg = (f"the feature fingerprint recorded at training names after_layers {fp_layers}"
-               f"{f' ({name})' if name else ''} for the draft's slots; the {ctx.label} is after_layers {layers}")
-        out.append(Finding("E281", "error", msg, _fix(fp_layers), {"slots": fp, "configured": layers,
-                                                                   "best": fp_layers}))
-        if not better:
-            texts.append(f"[E281] {msg} (acceptance alone "
-                         f"{'cannot tell them apart on this probe' if undecided else 'agrees'}); "
-                         f"fix: {_fix(fp_layers)}")
-    if texts:
-        return "; ".join(texts), out, True, []
-    if fp:
+        return f"[E290] {msg}; fix: {_fix(b.after_layers)}", out, True, []
+    if ctx.fingerprint:
+        fp_layers = [m["layer"] for m in ctx.fingerprint]
         out.append(Finding("I306", "info", f"the feature fingerprint names after_layers {fp_layers} for the draft's "
-                           f"slots" + ("" if fp_confident else " (not every slot with a clear margin)"), None,
-                           {"slots": fp}))
+                           f"slots over this probe's text (evidence, not a verdict: the recorded statistics move with "
+                           f"the text as much as from one layer to the next, so acceptance decides)", None,
+                           {"slots": ctx.fingerprint}))
     head = (f"the {ctx.label} (after_layers {layers}) accepts {p1:.0%} at position 1 (teacher-forced), accept length "
             f"{al:.2f}")
     if not undecided:
@@ -443,13 +416,8 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
         lead = (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
                 f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
                 f"(z {worst.z:.1f}, {where})") if worst else ""
-        fp_note = "; the feature fingerprint names the same layers" if fp_confident else ""
-        return f"{head}{lead}{fp_note}; no wiring fault found", out, True, []
+        return f"{head}{lead}; no wiring fault found", out, True, []
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
-    if fp_confident:
-        return (f"{head}; acceptance cannot tell it apart from {ties} on this probe ({where}), but the feature "
-                f"fingerprint names after_layers {fp_layers} for the draft's slots, the configured ones; no wiring "
-                f"fault found"), out, True, []
     longer = _longer(ctx, undecided)
     msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {layers}) minus {ties}, in "
            f"accepted tokens per position over {where} (|z| < {Z:.0f}); the probe stopped at its time budget")

@@ -155,7 +155,7 @@ def _crash_cause(doctor: dict) -> tuple[str, str] | None:
     from ..errors import CODES
 
     for f in doctor.get("findings") or []:
-        if f.get("severity") == "error" and f.get("code") not in ("E290", "E281", "E282", "E221", "E222", "E284"):
+        if f.get("severity") == "error" and f.get("code") not in ("E290", "E282", "E222", "E284"):
             fix = f.get("fix") or (CODES.get(f["code"]) or (None, "see the finding"))[1]
             return f"the static check [{f['code']}] explains it: {f['message']}", fix
     return None
@@ -396,7 +396,7 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
 
 
 # the findings that leave a verdict undecided: the probe could not tell the wirings apart (W280), nothing tells
-# the draft's target (W281), too little evidence for the d2t or the features (W285)
+# the draft's target (W281), too little evidence for the d2t (W285)
 _UNDECIDED = ("W280", "W281", "W285")
 
 
@@ -406,14 +406,13 @@ def _sorted_by_vllm(res: dict, resolved) -> None:
     in the order written)."""
     for f in res["findings"]:
         ev = f.get("evidence") or {}
-        if f["code"] in ("E290", "E281") and resolved is not None and ev.get("best") == list(resolved) and \
+        if f["code"] == "E290" and resolved is not None and ev.get("best") == list(resolved) and \
                 sorted(ev.get("configured") or []) == list(resolved):
             f.update(code="W282", severity="warning", message=(
                 f"the folder's ids are out of ascending order (after_layers {ev['configured']}): vLLM sorts them and "
                 f"runs the draft as trained (after_layers {list(resolved)}); eaglekit and SGLang read them in the "
                 f"order written, where it is a fault: {f['message']}"))
-            for code in ("E290", "E281"):
-                res["verdict"] = res["verdict"].replace(f"[{code}]", f"[W282 in vLLM; {code} for eaglekit and SGLang]")
+            res["verdict"] = res["verdict"].replace("[E290]", "[W282 in vLLM; E290 for eaglekit and SGLang]")
 
 
 def _strip(a: dict) -> dict:

@@ -130,7 +130,10 @@ def test_pipeline_on_a_tiny_deepseek_target(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     with capsys.disabled():
         print("doctor:", doc["verdict"])
-    assert rc in (0, 1) and doc["probe"]
+    # the right pair, its draft trained here: never a fault, whatever acceptance the training reached (training is
+    # not bit-reproducible run to run); two prompts decide no wiring, the weights record settles the target
+    assert rc in (0, 3) and not doc["fault"] and doc["probe"], doc["verdict"]
+    assert "I308" in {f["code"] for f in doc["findings"]}
 
     # export to each engine and read every folder back
     for engine, ids in (("sglang", [1, 3, 4]), ("specforge", [1, 3, 4]), ("vllm", [2, 4, 5])):
