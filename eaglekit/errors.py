@@ -210,7 +210,8 @@ CODES: dict[str, tuple[str, str]] = {
     "I305": ('doctor: t2d missing; rebuilt from d2t', 'none needed; eaglekit export writes it'),
     "I306": ("doctor: the layers the feature fingerprint names over the probe's text (evidence, not a verdict)",
              "none needed"),
-    "I307": ('doctor: no feature fingerprint recorded', 'none needed; drafts trained by eaglekit record one'),
+    "I307": ("doctor: no feature fingerprint recorded (the report names no layers by the features' statistics)",
+             "none needed; acceptance decides the wiring either way"),
     "I308": ("doctor: the target's weights are the ones the draft records", "none needed"),
     "I309": ("doctor, no longer issued: a features distance taken as the draft's own target (docs/doctor.md)",
              "none needed"),
@@ -219,6 +220,9 @@ CODES: dict[str, tuple[str, str]] = {
     "E401": ("NaN or inf in the captured target features", "run the target in float32 / bfloat16, check the layer"),
     "W301": ("doctor: the draft folder records no capture layers (engines fall back to their default)",
              "record eagle_config.eagle_aux_hidden_state_layer_ids"),
+    "W302": ("doctor: SGLang-convention ids whose first id is not 1: SGLang releases that add +1 only when the first "
+             "id is 1 capture one layer low", "serve with an SGLang release that always adds +1, or check which layers "
+             "your release captures"),
     "I302": ("doctor: the draft records no target fingerprint", "none needed: the probe checks the pair"),
     "I303": ("doctor: a norm option is set that some engines ignore", "check your engine version honours it"),
     "I304": ("doctor: the configured wiring cannot run; the probe starts from another", "see the E2xx finding"),

@@ -33,6 +33,7 @@ def _tensor_names(folder: Path) -> set[str] | None:
 
 def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
     """What the draft folder itself says, before loading: declared conventions and missing records."""
+    from ..interop.export import sglang_rule_reading
     from ..interop.formats import declared_captures
 
     out = []
@@ -65,7 +66,14 @@ def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
                            {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))}))
     if not block.get("features"):
         out.append(Finding("I307", "info", "the folder records no feature fingerprint (drafts trained by eaglekit "
-                           "do): only acceptance can tell neighbouring capture layers apart"))
+                           "do), so the report names no layers by the features' statistics; acceptance decides the "
+                           "wiring either way"))
+    sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sglang and any("SGLang" in k for k in declared) and sglang[0] != 1:
+        # eaglekit reads these ids as written ("output of layer"); SGLang's reading depends on its release
+        out.append(Finding("W302", "warning", sglang_rule_reading(CaptureSpec.from_output_of(sglang)),
+                           "serve the draft with an SGLang release that always adds +1, or check which layers your "
+                           "release captures for these ids", {"ids": list(sglang)}))
     return out
 
 

@@ -26,14 +26,20 @@ from ..io import atomic_write_json, save_tensors
 TARGETS = ("sglang", "specforge", "vllm")
 
 
-def sglang_rule_warning(spec: CaptureSpec) -> str | None:
+def sglang_rule_reading(spec: CaptureSpec) -> str | None:
+    """How SGLang's releases read these eagle_config ids where they disagree (None: the first id is 1, read alike)."""
     ids = list(spec.after_layers)
     if ids and ids[0] == 1:
         return None
     return (f"SGLang reads eagle_config ids {ids} as 'output of layer' and adds +1 in releases that always do; "
             f"releases that add +1 only when the first id is 1 read them as 'input of layer', i.e. after_layers "
-            f"{[i - 1 for i in ids]}: one layer off. Serve this draft with an SGLang whose rule is 'always +1', or "
-            f"check with `eaglekit doctor` which wiring your server uses")
+            f"{[i - 1 for i in ids]}: one layer off")
+
+
+def sglang_rule_warning(spec: CaptureSpec) -> str | None:
+    reading = sglang_rule_reading(spec)
+    return None if reading is None else (f"{reading}. Serve this draft with an SGLang whose rule is 'always +1', or "
+                                         f"check with `eaglekit doctor` which wiring your server uses")
 
 
 def _state(draft, dtype, with_embedding: bool, layer_prefix: str) -> dict:

@@ -455,3 +455,37 @@ def test_an_unreadable_draft_could_not_run_and_a_misfit_one_is_a_fault(tmp_path,
         cap = capsys.readouterr()
         assert f"[{code}]" in cap.out and ("COULD NOT RUN" in cap.out) is (rc == 2)
         assert ("could not run: [E105]" in cap.err) is (rc == 2)
+
+
+def test_sglang_ids_whose_first_id_is_not_1_are_read_two_ways(tmp_path):
+    """SGLang's own DeepSeek-V3 defaults, 'before layer' [2, 30, 58], written as a folder's SGLang-convention ids:
+    eaglekit (and SGLang releases that always add +1) read after_layers [2, 30, 58]; releases that add +1 only when
+    the first id is 1 read after_layers [1, 29, 57]. The doctor names that engine-side reading before any probe
+    (W302); ids that start at 1 (SpecForge's [1, 29, 57]) and a vLLM folder are read alike and get no such warning."""
+    from eaglekit.doctor.checks import folder_findings
+
+    def folder(name, edit):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = json.loads((ASSETS / "draft" / "config.json").read_text())
+        edit(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d
+
+    def sglang(ids):
+        def edit(c):
+            c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+            c["eaglekit"]["capture"]["after_layers"] = ids
+        return edit
+
+    w = [f for f in folder_findings(folder("sglang_defaults", sglang([2, 30, 58])), 61) if f.code == "W302"]
+    assert len(w) == 1 and "after_layers [1, 29, 57]" in w[0].message and "one layer off" in w[0].message
+    assert "W302" not in {f.code for f in folder_findings(folder("specforge", sglang([1, 29, 57])), 61)}
+
+    def vllm(c):
+        c["architectures"] = ["Eagle3Speculator"]
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+        c["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+        c["eaglekit"]["capture"]["after_layers"] = [1, 29, 57]
+
+    assert "W302" not in {f.code for f in folder_findings(folder("vllm", vllm), 61)}
