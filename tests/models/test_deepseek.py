@@ -377,3 +377,25 @@ def test_prompt_graphs_on_the_gpu(tmp_path_factory, dtype):
     assert counters["stats"]["unique_graphs"] == graphs
     if dtype == torch.float32:
         assert got == eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("experts", ["auto", "grouped", "triton"])
+def test_speculative_decoding_with_each_experts_mode_on_the_gpu(tmp_path_factory, experts):
+    """The tiny v3 config in bf16 on the GPU, decoding through CUDA graphs with each way of running the routed experts
+    (`--experts`): a chain and a tree decode with a draft what the verify-shaped baseline decodes (in bf16 a row's
+    bits depend on the rows computed with it, so the baseline is the verify-shaped one). Making `grouped` the default
+    waits for this test on a GPU."""
+    from eaglekit.pair import set_experts
+
+    _, _, folder = _pair(tmp_path_factory, "v3-qlora", 0)
+    target = load_target(folder, device="cuda", dtype=torch.bfloat16)
+    set_experts(target, experts)
+    draft = new_draft(target, seed=3, dtype=torch.bfloat16)
+    prompts = [[5 + (7 * i + j) % 80 for j in range(n)] for i, n in enumerate((3, 17, 40))]
+    for shape in (TreeShape(3, 1, 4), TreeShape(3, 2, 6)):
+        dec = Decoder(target, draft, shape, graphs=True)
+        for p in prompts:
+            got = dec.generate(p, 24, eos_ids=()).token_ids
+            assert got == dec.generate(p, 24, eos_ids=(), baseline=True).token_ids, (experts, shape, p)
