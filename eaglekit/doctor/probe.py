@@ -23,6 +23,11 @@ import torch
 from ..capture import CaptureSpec
 from .report import WiringRow
 
+# The probe's text for a target that ships no prompts (most do not): many short, varied prompts, not a few long ones.
+# The comparison's standard error is clustered by sequence, so it shrinks with the number of prompts; the first 8 alone,
+# extended to longer sequences, left the Qwen2 zoo pair undecided after 45 s (z 1.6-2.8 over 4151 positions), all 40
+# decide it in ~5 s (z 3.0 and -4.6 over 1846; benchmarks/results/2026-12-05b_cpu_fault_zoo.json). Code, prose,
+# question-and-answer and chat, as targets are served.
 GENERIC_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "The three primary colours are",
@@ -32,6 +37,38 @@ GENERIC_PROMPTS = [
     "To convert degrees Celsius to Fahrenheit, multiply by",
     "for i in range(10):\n",
     "The quick brown fox",
+    "def parse_args():\n    parser = argparse.ArgumentParser(description=",
+    "SELECT name, COUNT(*) AS orders\nFROM customers\nJOIN orders ON",
+    "#include <stdio.h>\n\nint main(int argc, char **argv) {\n",
+    "function debounce(fn, wait) {\n  let timer;\n",
+    "if [ -f \"$CONFIG\" ]; then\n    source \"$CONFIG\"\nfi\n",
+    "    def __repr__(self):\n        return f\"",
+    "try:\n    with open(path) as f:\n        data = json.load(f)\nexcept",
+    "# Installation\n\nTo install the package, run",
+    "The French Revolution began in 1789 when",
+    "Photosynthesis is the process by which plants",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "Q: What is the capital of Australia?\nA:",
+    "Step 1: Preheat the oven to 180 degrees.\nStep 2:",
+    "The main difference between a list and a tuple in Python is",
+    "In 1969, the Apollo 11 mission",
+    "A prime number is a natural number greater than 1 that",
+    "User: Can you explain how a hash table works?\nAssistant:",
+    "Here is a short poem about the autumn rain:\n\n",
+    "The results of the experiment show that",
+    "1. Eggs\n2. Flour\n3. Sugar\n4.",
+    "To solve the equation 3x + 5 = 20, we first",
+    "The mitochondria is often called",
+    "Chapter 1\n\nIt was a cold morning in January, and",
+    "Water boils at 100 degrees Celsius at sea level because",
+    "The meeting has been moved to Thursday at",
+    "Machine learning models are trained by",
+    "    for key, value in sorted(counts.items()):\n",
+    "x = np.linspace(0, 2 * np.pi, 100)\ny =",
+    "The best way to learn a new language is",
+    "According to the report, the company's revenue",
+    "<html>\n  <head>\n    <title>",
+    "The sun rose slowly over the hills, and",
 ]
 Z = 3.0  # |z| that decides a comparison: five alternatives at 3 sigma keep the family-wise error under 1%
 MIN_SEQUENCES = 4  # a clustered standard error from fewer sequences is itself too uncertain to decide on
