@@ -39,7 +39,8 @@ def sglang_rule_reading(spec: CaptureSpec) -> str | None:
 def sglang_rule_warning(spec: CaptureSpec) -> str | None:
     reading = sglang_rule_reading(spec)
     return None if reading is None else (f"{reading}. Serve this draft with an SGLang whose rule is 'always +1', or "
-                                         f"check with `eaglekit doctor` which wiring your server uses")
+                                         f"check which layers your SGLang release captures for these ids (eaglekit "
+                                         f"doctor reports such a folder as W302)")
 
 
 def _state(draft, dtype, with_embedding: bool, layer_prefix: str) -> dict:
