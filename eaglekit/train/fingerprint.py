@@ -1,14 +1,16 @@
-"""Feature fingerprint: a few dozen numbers per capture slot that name the target layer a draft was trained on.
+"""Feature fingerprint: a few dozen numbers per capture slot that describe the features a draft was trained on.
 
-Acceptance tells a wrong wiring from the right one only statistically, and neighbouring layers are hard to
-tell apart that way. The residual stream's statistics are not: its scale grows with depth and its mean
-direction drifts layer by layer, the same on any text of the domain. So training records, per capture slot,
+The residual stream's scale grows with depth and its mean direction drifts layer by layer, so matched against
+every layer of a target these statistics point at a layer per slot. They also move with the text: over text unlike
+the training text the demo draft's own target is one layer off at a slot (benchmarks/results/
+2026-12-05_cpu_feature_distance.json), so the doctor reports the match as evidence and decides nothing on it
+(eaglekit.doctor.identity). Training records, per capture slot,
   rms     sqrt(mean f^2) over tokens and dims (the scale)
   mean    P @ mean_t(f)       a fixed random projection of the mean feature (SKETCH floats)
   second  mean_t((P f)^2)     the second moment along the same SKETCH directions
 with P a seeded Gaussian [SKETCH, H] / sqrt(H): 1 + 2 x SKETCH = 33 floats a slot, in the draft's
 `eaglekit.features` block. The doctor computes the same statistics for every target layer (-1 .. n-1) over
-its probe text and matches each slot to the nearest layer.
+its probe text and reports the nearest layer to each slot.
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ class FeatureSketch:
         return out
 
 
-# the scale is the steadiest statistic from one text to another (0.1-0.3% here, where a layer moves it 0.5-15%);
-# the sketches vary more with the text's token mix, so the scale term weighs RMS_WEIGHT times more
+# the scale weighs RMS_WEIGHT times more than the sketches, which vary more with the text's token mix; it varies
+# too: from the demo draft's training text to the doctor's probe texts the demo target's scale at a slot moves up
+# to ~4%, where one layer moves it 0.5-15% (the scale term is most of each distance in
+# benchmarks/results/2026-12-05_cpu_feature_distance.json)
 RMS_WEIGHT = 20.0
 
 
