@@ -138,9 +138,8 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     # other count would compile it a second time
     defer_compile = pick_threads_here and model.compile_mode == "on"
     tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name,
-                         compile="off" if defer_compile else model.compile_mode,
-                         products="aten" if defer else model.products, draft_quant=model.draft_quant,
-                         prompt_graphs=model.prompt_graphs, experts=model.experts)
+                         **(model.runtime | {"compile": "off" if defer_compile else model.compile_mode,
+                                             "products": "aten" if defer else model.products}))
     tok = load_tokenizer(tdir)
     ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
     threads_pick = None

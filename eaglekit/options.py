@@ -216,6 +216,13 @@ class ModelOptions(Options):
     def dtype_name(self) -> str | None:
         return None if self.dtype == "auto" else self.dtype
 
+    @property
+    def runtime(self) -> dict:
+        """load_pair's keywords for how the loaded pair runs (the COMPILE_FLAGS): one place, so a new flag reaches
+        every command that loads a pair."""
+        return {"compile": self.compile_mode, "products": self.products, "draft_quant": self.draft_quant,
+                "prompt_graphs": self.prompt_graphs, "experts": self.experts}
+
     @classmethod
     def add_runtime(cls, parser, capture=False, compile=False, **defaults):
         """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and

@@ -129,9 +129,7 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
         raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
                          "decode)", code="E130")
     target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name,
-                              compile=model.compile_mode, products=model.products,
-                              draft_quant=model.draft_quant, prompt_graphs=model.prompt_graphs,
-                              experts=model.experts)
+                              **model.runtime)
     spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}
     tok = load_tokenizer(target_dir, required=False)
