@@ -5,6 +5,7 @@ give the same file), deduplicated on normalized text, and with no 8-word n-gram 
 (such a candidate is rejected, so training never sees a held-out prompt's wording).
 
     python -m eaglekit.train.prompts --out eaglekit/assets/prompts/train.jsonl   # regenerate the committed file
+    python -m eaglekit.train.prompts --out prompts.jsonl --chat     # the same prompts for `eaglekit regenerate`
 """
 
 from __future__ import annotations
@@ -287,6 +288,13 @@ def to_jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
+def as_chat(rows: list[dict]) -> list[dict]:
+    """Each prompt as a one-turn conversation ({"messages": [user]}, the other fields kept): the chat JSONL that
+    `eaglekit regenerate --data` reads, where the target answers the user turn through its chat template."""
+    return [{"messages": [{"role": "user", "content": r["prompt"]}],
+             **{k: v for k, v in r.items() if k != "prompt"}} for r in rows]
+
+
 def main(argv=None) -> int:
     from ..io import atomic_write_bytes
 
@@ -294,10 +302,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="where to write the training prompts (JSONL)")
     p.add_argument("--n", type=int, default=TRAIN_N, help=f"number of prompts (default {TRAIN_N})")
     p.add_argument("--seed", type=int, default=TRAIN_SEED, help=f"sampling seed (default {TRAIN_SEED})")
+    p.add_argument("--chat", action="store_true",
+                   help="write one-turn conversations ({\"messages\": [...]}) for `eaglekit regenerate --data`")
     args = p.parse_args(argv)
     heldout = load_prompt_set("heldout")
     rows = build_training_prompts(args.n, args.seed, heldout)
-    data = to_jsonl(rows).encode()
+    data = to_jsonl(as_chat(rows) if args.chat else rows).encode()
     atomic_write_bytes(args.out, data)
     counts: dict[str, int] = {}
     for r in rows:
