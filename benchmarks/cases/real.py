@@ -235,6 +235,54 @@ def smollm2_context(p, ctx):
             "details": details}
 
 
+
+
+@case("smollm2-doctor", "the doctor on the real pair: the pair as shipped, and its vLLM export with the aux ids one "
+      "layer high, one low (SpecForge's 'output of' ids), reversed, and d2t rolled by one (no eaglekit block)",
+      defaults={"time_budget": 30.0, "prompts": 12, "max_new_tokens": 64, "threads": None},
+      quick={"time_budget": 10.0})
+def smollm2_doctor(p, ctx):
+    import tempfile
+
+    from eaglekit.doctor import run_doctor
+    from eaglekit.doctor.zoo import Case, _copy, _edit_weights, outcome, roll_d2t, set_ids, third_party
+    from eaglekit.draft import load_draft
+    from eaglekit.interop.export import export
+
+    tdir, ddir, t, _, _ = _pair(p, ctx)
+    n = t.info.num_layers
+    ins = [x + 1 for x in load_draft(ddir, embed_weight=t.embed_weight()).config.capture.after_layers]
+    cases = [("clean", "clean", (), None),
+             ("ids+1-vllm", "fault", ("E290", "E291"), lambda d: set_ids(d, [x + 1 for x in ins])),
+             ("ids-1-vllm", "fault", ("E290", "E291"), lambda d: set_ids(d, [x - 1 for x in ins])),
+             ("ids-reversed", "fault", ("E290",), lambda d: set_ids(d, ins[::-1])),
+             ("d2t-rolled", "fault", ("E222",), lambda d: third_party(_edit_weights(d, roll_d2t)))]
+    rows, metrics = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        vllm = Path(tmp) / "vllm"
+        export(load_draft(ddir, embed_weight=t.embed_weight()), vllm, "vllm", target=t)
+        for name, expect, codes, edit in cases:
+            d = ddir if edit is None else _copy(vllm, Path(tmp) / name)
+            if edit is not None:
+                edit(d)
+            t0 = time.time()
+            res = run_doctor(tdir, d, n_prompts=p["prompts"], max_new_tokens=p["max_new_tokens"],
+                             time_budget=p["time_budget"])
+            got = outcome(Case(name, "llama", name, expect, codes), res)
+            errors = [f for f in res.get("findings") or [] if f["severity"] == "error"]
+            rows.append({"case": name, "expect": expect, "expect_codes": list(codes), "status": res.get("status"),
+                         "codes": [f["code"] for f in errors], "outcome": got, "seconds": round(time.time() - t0, 1),
+                         "verdict": (res.get("verdict") or "")[:600],
+                         "fixes": [f.get("fix") for f in errors if f.get("fix")][:2]})
+            metrics[f"seconds_{name}"] = value(rows[-1]["seconds"], "s")
+    metrics["right"] = value(sum(r["outcome"] == "right" for r in rows), "cases")
+    return {"metrics": metrics,
+            "identity": {"no_false_clean": not any(r["outcome"] == "false clean" for r in rows),
+                         "no_wrong_cause": not any(r["outcome"] == "wrong cause" for r in rows),
+                         "all_right": all(r["outcome"] == "right" for r in rows)},
+            "details": {"layers": n, "ids_input_of": ins, "rows": rows}}
+
+
 suite("cpu-smollm2", "the real pair (SmolLM2-135M-Instruct + its draft) on this machine: acceptance per category, "
-      "batch-1 tok/s beside transformers and llama.cpp, acceptance against context length",
-      ["smollm2-accept", "smollm2-speed", "smollm2-context"])
+      "batch-1 tok/s beside transformers and llama.cpp, acceptance against context length, the doctor's verdicts",
+      ["smollm2-accept", "smollm2-speed", "smollm2-context", "smollm2-doctor"])
