@@ -11,9 +11,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def load_tokenizer(folder: str | Path, required: bool = True):
+    """The tokenizer of a model folder (or of a .gguf target: eaglekit.gguf.resolve_target)."""
+    from .gguf import resolve_target
     from .io import check_folder_json, need_dir
 
-    folder = need_dir(folder, "model folder")
+    folder = need_dir(resolve_target(folder), "model folder")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         if required:
             raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
@@ -34,7 +36,9 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
     by another tokenizer or template is not what the draft learned (reference fault 9)."""
     import hashlib
 
-    folder = Path(folder)
+    from .gguf import resolve_target
+
+    folder = Path(resolve_target(folder))
     h = hashlib.sha256()
     found = False
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
