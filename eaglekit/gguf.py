@@ -121,12 +121,10 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
     """The Hugging Face folder of `gguf_file` under `root` (default cache_root()), written on first use: config.json
     from the metadata, model.safetensors (every tensor dequantized to float32, one at a time), the tokenizer. A
     folder is written in a temporary sibling and renamed into place, so it is whole or absent."""
-    from .io import sha256_file
-
     src = Path(gguf_file)
     _check_magic(src)
-    digest = sha256_file(src)
     root = Path(root) if root is not None else cache_root()
+    digest = file_digest(src, root)
     out = root / digest[:16]
     if (out / MARKER).is_file():
         _say(f"GGUF {src} dequantized to {out} (cached; keyed by its sha256)")
@@ -134,6 +132,9 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
     gguf = _gguf()
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{digest[:16]}.", suffix=".tmp"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the folder gets the usual permissions
     t0 = time.perf_counter()
     try:
         reader = _reader(gguf, src)
@@ -154,6 +155,30 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     _say(f"GGUF {src} dequantized to {out} in {time.perf_counter() - t0:.1f} s (cached; keyed by its sha256)")
     return out
+
+
+def file_digest(src: Path, root: Path) -> str:
+    """The sha256 of `src`, remembered under `root`/digests by the file's path, size and modification time: a large
+    GGUF is hashed once, not at every run (a file changed in place has another mtime, so it is hashed again)."""
+    import hashlib
+
+    from .io import atomic_write_bytes, sha256_file
+
+    st = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    memo = root / "digests" / key
+    try:
+        digest = memo.read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", digest):
+            return digest
+    except OSError:
+        pass
+    digest = sha256_file(src)
+    try:
+        atomic_write_bytes(memo, digest.encode())
+    except OSError:  # a read-only cache still works: the digest is computed again next time
+        pass
+    return digest
 
 
 def _version(pkg: str) -> str | None:
@@ -397,14 +422,25 @@ def write_folder(reader, src: Path, out: Path) -> dict:
     types: dict[str, int] = {}
     for t in tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    return {"architecture": arch, "tensors": len(tensors), "tensor_types": types, "tokenizer": tok}
+    return {"architecture": arch, "tensors": len(tensors), "tensor_types": types, "tokenizer": tok,
+            "tokenizer_fingerprint": gguf_tokenizer_fingerprint(reader) if tok else None}
+
+
+def gguf_tokenizer_fingerprint(reader) -> str:
+    """A hash of the file's tokenizer metadata (every tokenizer.* key: tokens, merges, types, special ids, chat
+    template): what eaglekit.tokenizer.tokenizer_fingerprint gives a materialized folder, so that it does not move
+    with the bytes of the tokenizer.json one transformers release or another writes from the same metadata."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for key in sorted(k for k in reader.fields if k.startswith("tokenizer.")):
+        h.update(key.encode() + json.dumps(_value(reader.fields[key]), sort_keys=True).encode())
+    return h.hexdigest()[:16]
 
 
 def _write_safetensors(path: Path, items) -> None:
     """A safetensors file of float32 tensors, each computed (dequantized) and written in turn: the header is known
     from the shapes alone, so the whole model is never in memory at once. `items`: (name, shape, make array)."""
-    import struct
-
     header, offset = {}, 0
     for name, shape, _ in items:
         n = 4
@@ -414,6 +450,19 @@ def _write_safetensors(path: Path, items) -> None:
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the data starts 8-aligned, as safetensors' own writer leaves it
+    try:
+        _stream(path, head, header, items)
+    except OSError as e:
+        from .io import _FULL, disk_full
+
+        if e.errno in _FULL:
+            raise disk_full(path, offset + len(head) + 8, e) from None
+        raise
+
+
+def _stream(path: Path, head: bytes, header: dict, items) -> None:
+    import struct
+
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)
         for name, _, make in items:

@@ -33,12 +33,20 @@ def load_tokenizer(folder: str | Path, required: bool = True):
 
 def tokenizer_fingerprint(folder: str | Path) -> str | None:
     """A hash of a folder's tokenizer files and chat template: a draft records it, because a prompt rendered
-    by another tokenizer or template is not what the draft learned (reference fault 9)."""
+    by another tokenizer or template is not what the draft learned (reference fault 9). A folder materialized from
+    a GGUF gives the hash of the file's tokenizer metadata (eaglekit.gguf.gguf_tokenizer_fingerprint)."""
     import hashlib
 
-    from .gguf import resolve_target
+    from .gguf import MARKER, resolve_target
 
     folder = Path(resolve_target(folder))
+    if (folder / MARKER).is_file():
+        try:
+            fp = json.loads((folder / MARKER).read_text()).get("tokenizer_fingerprint")
+        except (json.JSONDecodeError, AttributeError):
+            fp = None
+        if fp:
+            return fp
     h = hashlib.sha256()
     found = False
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):

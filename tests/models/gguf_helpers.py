@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.torch import load_file
 
 ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
 
@@ -48,19 +48,23 @@ def write_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = T
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
+    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
+        if cfg.get(key) is not None:
+            add(cfg[key])
     if tokenizer and (Path(folder) / "tokenizer.json").is_file():
         _add_tokenizer(w, Path(folder), cfg["vocab_size"])
     q = getattr(gguf.GGMLQuantizationType, qtype)
-    for hf, arr in sorted(load_file(str(Path(folder) / "model.safetensors")).items()):
+    tensors = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):  # one file or the shards of an index
+        tensors.update(load_file(str(f)))
+    for hf, arr in sorted(tensors.items()):
         stem, _, suffix = hf.rpartition(".")
         name = names.get_name(stem)
         assert name is not None, hf
         name = f"{name}.{suffix}"
         if name in drop:
             continue
-        arr = arr.astype(np.float32)
+        arr = arr.float().numpy()
         if fam == "llama" and ".attn_q." in name:
             arr = permute(arr, heads)
         elif fam == "llama" and ".attn_k." in name:

@@ -121,7 +121,7 @@ def test_the_weights_fingerprint_is_that_of_the_same_weights_saved_as_a_folder(m
     assert weights_fingerprint(exact) == weights_fingerprint(model_dirs["llama"])
 
 
-def test_the_folder_is_written_once_and_found_again(model_dirs, tmp_path, capsys):
+def test_the_folder_is_written_once_and_found_again(model_dirs, tmp_path, capsys, monkeypatch):
     f = write_gguf(model_dirs["qwen3"], tmp_path / "m" / "q3.gguf")
     out = resolve_target(f)
     assert out.parent == tmp_path / "cache" and (out / MARKER).is_file()
@@ -131,6 +131,11 @@ def test_the_folder_is_written_once_and_found_again(model_dirs, tmp_path, capsys
     assert f"dequantized to {out}" in capsys.readouterr().err
     assert resolve_target(model_dirs["qwen3"]) == model_dirs["qwen3"]  # an ordinary folder: unchanged
     assert json.loads((out / MARKER).read_text())["sha256"][:16] == out.name
+    import eaglekit.io
+
+    with monkeypatch.context() as m:  # the digest is remembered by path, size and mtime: not hashed again
+        m.setattr(eaglekit.io, "sha256_file", lambda p: pytest.fail("hashed again"))
+        assert resolve_target(f) == out
     # a folder left without its marker (a writer killed mid-way) is written again, whole
     (out / MARKER).unlink()
     (out / "model.safetensors").write_bytes(b"junk")
@@ -189,7 +194,7 @@ def test_an_unsupported_tensor_type_or_name_is_named(model_dirs, tmp_path):
     f = write_gguf(model_dirs["llama"], tmp_path / "odd.gguf", extra_tensor=("blk.0.odd_proj.weight", norm))
     code, msg = _code(load_target, f)
     assert code == "E181" and "blk.0.odd_proj.weight" in msg
-    assert not [p for p in (tmp_path / "cache").iterdir()]  # nothing half-written left in the cache
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["digests"]  # nothing half-written left
 
 
 def test_not_a_gguf_and_a_truncated_gguf(model_dirs, tmp_path):
@@ -260,3 +265,42 @@ def test_smollm2_answers_paris_as_transformers_does():
         want = ref.generate(torch.tensor([ids]), max_new_tokens=len(ours), do_sample=False,
                             eos_token_id=target.info.eos_token_ids or None)[0, len(ids):].tolist()
     assert ours == want
+
+
+def test_export_and_the_doctor_take_the_demo_target_as_a_gguf(tmp_path, capsys):
+    """The shipped demo pair with its target as an F32 GGUF: the doctor finds the target's weights to be the ones the
+    draft records (I308), not another's (E220). The tokenizer is rebuilt from the metadata, so its files (and the
+    byte-level tokenizer fingerprint) differ from the folder's: E215 says so, and --allow-other-target passes it."""
+    from pathlib import Path
+
+    import eaglekit
+    from eaglekit.cli import main
+    from eaglekit.doctor import run_doctor
+
+    demo = Path(eaglekit.__file__).parent / "assets" / "demo"
+    f = write_gguf(demo / "target", tmp_path / "demo.gguf")
+    export = ["export", str(tmp_path / "v"), "--draft", str(demo / "draft"), "--to", "vllm", "--target", str(f)]
+    assert main(export) == 2 and "[E215]" in capsys.readouterr().err
+    assert main([*export, "--allow-other-target"]) == 0
+    res = run_doctor(f, demo / "draft", n_prompts=2, max_new_tokens=16, time_budget=0)
+    codes = {x["code"] for x in res["findings"]}
+    assert "I308" in codes and "E220" not in codes and "E215" in codes, codes
+
+
+def test_the_tokenizer_fingerprint_of_a_gguf_is_its_metadatas(model_dirs, tmp_path, monkeypatch):
+    """Taken from the GGUF's tokenizer metadata, not from the bytes of the tokenizer.json a transformers release
+    writes: it moves with the tokens or the chat template, not with the writer."""
+    from eaglekit.tokenizer import tokenizer_fingerprint
+
+    a = write_gguf(model_dirs["llama"], tmp_path / "a.gguf")
+    fp = tokenizer_fingerprint(a)
+    assert fp and load_target(a).tokenizer_fingerprint == fp
+    (resolve_target(a) / "tokenizer.json").write_text((resolve_target(a) / "tokenizer.json").read_text() + "\n")
+    assert tokenizer_fingerprint(a) == fp
+    other = tmp_path / "other"
+    shutil.copytree(model_dirs["llama"], other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}</s>{% endfor %}"
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (other / "chat_template.jinja").unlink(missing_ok=True)
+    assert tokenizer_fingerprint(write_gguf(other, tmp_path / "b.gguf")) != fp
