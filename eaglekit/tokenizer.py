@@ -11,9 +11,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def load_tokenizer(folder: str | Path, required: bool = True):
+    """The tokenizer of a model folder (or of a .gguf target: eaglekit.gguf.resolve_target)."""
+    from .gguf import resolve_target
     from .io import check_folder_json, need_dir
 
-    folder = need_dir(folder, "model folder")
+    folder = need_dir(resolve_target(folder), "model folder")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         if required:
             raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
@@ -31,10 +33,20 @@ def load_tokenizer(folder: str | Path, required: bool = True):
 
 def tokenizer_fingerprint(folder: str | Path) -> str | None:
     """A hash of a folder's tokenizer files and chat template: a draft records it, because a prompt rendered
-    by another tokenizer or template is not what the draft learned (reference fault 9)."""
+    by another tokenizer or template is not what the draft learned (reference fault 9). A folder materialized from
+    a GGUF gives the hash of the file's tokenizer metadata (eaglekit.gguf.gguf_tokenizer_fingerprint)."""
     import hashlib
 
-    folder = Path(folder)
+    from .gguf import MARKER, resolve_target
+
+    folder = Path(resolve_target(folder))
+    if (folder / MARKER).is_file():
+        try:
+            fp = json.loads((folder / MARKER).read_text()).get("tokenizer_fingerprint")
+        except (json.JSONDecodeError, AttributeError):
+            fp = None
+        if fp:
+            return fp
     h = hashlib.sha256()
     found = False
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):

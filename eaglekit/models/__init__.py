@@ -37,8 +37,11 @@ def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.
 def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", dtype=None) -> Target:
     """Load a Hugging Face model folder as a Target. `auto` picks our decoders for llama/mistral/qwen2/qwen3
     (models.llama) and deepseek_v2/deepseek_v3/kimi_k2 (models.deepseek), the transformers adapter for everything
-    else and for configs our decoders do not implement."""
-    folder = Path(folder)
+    else and for configs our decoders do not implement. A .gguf file (or a folder holding one) is read as the
+    folder eaglekit.gguf materializes from it."""
+    from ..gguf import resolve_target
+
+    folder = Path(resolve_target(folder))
     if not folder.is_dir():
         raise InputError(f"target folder {folder} does not exist", fix="pass the path of a model folder", code="E101")
     if backend not in BACKENDS:

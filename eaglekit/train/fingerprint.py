@@ -178,7 +178,9 @@ def weights_fingerprint(folder) -> dict | None:
 
     from safetensors import safe_open
 
-    files = _weight_files(folder)
+    from ..gguf import resolve_target
+
+    files = _weight_files(resolve_target(folder))  # a .gguf: its materialized folder, the same weights' fingerprint
     if not files:
         return None
     h = hashlib.sha256()
