@@ -128,7 +128,8 @@ def test_the_folder_is_written_once_and_found_again(model_dirs, tmp_path, capsys
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert resolve_target(f.parent) == out  # a folder holding one GGUF and no config.json
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
-    assert f"dequantized to {out}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"dequantized to {out}" in err and err.count("dequantized to") == 1  # where it is, said once
     assert resolve_target(model_dirs["qwen3"]) == model_dirs["qwen3"]  # an ordinary folder: unchanged
     assert json.loads((out / MARKER).read_text())["sha256"][:16] == out.name
     import eaglekit.io
