@@ -212,7 +212,8 @@ def cmd_generate(args) -> int:
 
 
 def _generate_args(p):
-    p.add_argument("--target", required=True, help="target model folder (config.json, safetensors, tokenizer)")
+    p.add_argument("--target", required=True,
+                   help="target model folder (config.json, safetensors, tokenizer) or a .gguf file")
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -819,7 +820,8 @@ def cmd_serve(args) -> int:
 
 
 def _serve_args(p):
-    p.add_argument("--target", required=True, help="target model folder (config.json, safetensors, tokenizer)")
+    p.add_argument("--target", required=True,
+                   help="target model folder (config.json, safetensors, tokenizer) or a .gguf file")
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port, 1..65535 (default 8000); 0: any free port, "

@@ -111,9 +111,9 @@ def cache_root() -> Path:
 _SAID: set[str] = set()  # the folders whose whereabouts this process has told (once each)
 
 
-def _say(text: str) -> None:
-    if text not in _SAID:
-        _SAID.add(text)
+def _say(out: Path, text: str) -> None:
+    if str(out) not in _SAID:
+        _SAID.add(str(out))
         print(text, file=sys.stderr, flush=True)
 
 
@@ -127,7 +127,7 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
     digest = file_digest(src, root)
     out = root / digest[:16]
     if (out / MARKER).is_file():
-        _say(f"GGUF {src} dequantized to {out} (cached; keyed by its sha256)")
+        _say(out, f"GGUF {src} dequantized to {out} (cached; keyed by its sha256)")
         return out
     gguf = _gguf()
     root.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _say(f"GGUF {src} dequantized to {out} in {time.perf_counter() - t0:.1f} s (cached; keyed by its sha256)")
+    _say(out, f"GGUF {src} dequantized to {out} in {time.perf_counter() - t0:.1f} s (cached; keyed by its sha256)")
     return out
 
 
@@ -485,7 +485,8 @@ def _write_tokenizer(src: Path, out: Path, meta: dict) -> bool:
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent.resolve()), gguf_file=src.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 (transformers raises what its converters raise)
-        raise InputError(f"the tokenizer in {src} cannot be converted by transformers ({type(e).__name__}: {e})",
+        raise InputError(f"the tokenizer in {src} cannot be converted by transformers {_version('transformers')} "
+                         f"({type(e).__name__}: {e})",
                          code="E109", fix="pass token ids, or convert the model to a Hugging Face folder") from None
     if meta.get("tokenizer.chat_template") and not getattr(tok, "chat_template", None):
         tok.chat_template = meta["tokenizer.chat_template"]  # a transformers release that does not carry it over

@@ -139,7 +139,7 @@ def check_device(name: str) -> None:
 class ModelOptions(Options):
     """The target and draft folders, the backend, device and dtype, and the wiring override."""
 
-    target: str | None = opt(None, "target model folder (config.json, safetensors, tokenizer)")
+    target: str | None = opt(None, "target model folder (config.json, safetensors, tokenizer) or a .gguf file")
     draft: str | None = opt(None, "EAGLE-3 draft folder")
     backend: str = opt("auto", "ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks",
                        choices=("auto", "ours", "hf"), group="runtime")

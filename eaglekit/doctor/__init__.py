@@ -135,7 +135,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         shape = shape or TreeShape(3, 1, 4)
         _stage(bar, "loading the target")
         target = load_target(target_dir, backend=backend, device=device, dtype=dtype)  # failure: exit 2
-        target_dir = target.folder  # a .gguf target: the folder materialized from it (its weights, its prompts)
+        target_dir = getattr(target, "folder", None) or target_dir  # a .gguf: the folder made from it
         H, n_layers = target.info.hidden_size, target.info.num_layers
         # what ran, for the report's pair section: the products are chosen once the draft has loaded
         pair = {"target_backend": target.backend, "device": str(target.device),

@@ -315,7 +315,7 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
     res["eaglekit_alone"] = {k: res.get(k) for k in ("status", "exit_code", "verdict", "decide")}
     res["eaglekit_alone"]["findings"] = [dict(f) for f in res["findings"]]
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
-    target_dir = target.folder  # a .gguf target: vLLM is handed the folder materialized from it
+    target_dir = getattr(target, "folder", None) or target_dir  # a .gguf: vLLM is handed the folder made from it
     H = target.info.hidden_size
     try:
         draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())

@@ -20,12 +20,16 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = True, arch: str | None = None,
-               extra_tensor: tuple[str, np.ndarray] | None = None, drop: tuple[str, ...] = ()) -> Path:
+               extra_tensor: tuple[str, np.ndarray] | None = None, drop: tuple[str, ...] = (),
+               bos: int | None = None) -> Path:
     """The GGUF of the Hugging Face folder `folder`, every 2-D weight stored as `qtype` (F32, F16, BF16, Q8_0,
-    Q4_0, Q4_1, ...). `arch` overrides general.architecture; `extra_tensor` adds one tensor as given."""
+    Q4_0, Q4_1, ...). `arch` overrides general.architecture; `extra_tensor` adds one tensor as given; `bos` sets a
+    BOS id the folder's config lacks."""
     import gguf
 
     cfg = json.loads((Path(folder) / "config.json").read_text())
+    if bos is not None:
+        cfg["bos_token_id"] = bos
     fam = cfg["model_type"]
     n_layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or heads
