@@ -244,7 +244,8 @@ class DecodeOptions(Options):
     draft_tokens: int | None = opt(None, "tree size incl. the root (chain: steps+1)", lo=2, type=int,
                                    group="draft tree")
     # bounds of the sampling fields: SamplingParams' own check (E302), run by __post_init__ below
-    temperature: float = opt(0.0, "0 = greedy (default); > 0 samples", group="sampling")
+    temperature: float = opt(0.0, "0 = greedy (default; so is any value below 1e-5); > 0 samples",
+                              group="sampling")
     top_p: float = opt(1.0, "nucleus mass in (0, 1]", group="sampling")
     top_k: int = opt(0, "0 = off", group="sampling")
     seed: int | None = opt(None, "sampling seed, a signed 64-bit integer", lo=-2**63, hi=2**63 - 1, type=int,

@@ -269,3 +269,14 @@ def test_a_prompt_of_the_whole_context_is_told_to_shorten_not_to_ask_for_0_token
     with pytest.raises(GenerationError) as e:  # a prompt that fits: the new tokens are what to lower (or it)
         Decoder(t).generate([3] * (ctx - 4), 10)
     assert e.value.code == "E301" and "lower --max-new-tokens to 4, or shorten the prompt by 6 tokens" in e.value.fix
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "1e-300"], ["--temperature", "1", "--top-p", "1e-300"]])
+def test_sampling_values_too_small_for_float32_decode_greedily(model_dirs, draft_dir, capsys, flags):
+    """A temperature below 1e-5 is greedy by definition; a top_p no token reaches keeps the most likely one: both are
+    the greedy output, not a traceback from torch.multinomial over NaN (docs/serving.md)."""
+    t = str(model_dirs["llama"])
+    argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "print(", "--max-new-tokens", "8",
+            "--json"]
+    greedy = _json(capsys, argv)
+    assert _json(capsys, argv + flags + ["--seed", "1"])["token_ids"] == greedy["token_ids"]
