@@ -151,6 +151,8 @@ CODES: dict[str, tuple[str, str]] = {
              "leave out --repick, or the tree's flags (on a CPU)"),
     "E309": ("the prompt alone is as long as the context, or longer: no room for a new token",
              "shorten the prompt by at least the number of tokens the message gives"),
+    "E310": ("too many stop strings, or too long together (each new token is searched for each of them)",
+             "at most 64 stop strings of at most 4096 characters in all (docs/serving.md)"),
     "E112": ('a speculators draft whose decoder layer type eaglekit does not implement', 'train the draft with a llama transformer_layer_config'),
     "E113": ("serve: the address cannot be listened on (the port is taken, or the host is not this machine's)",
              "pick another --port (0: any free port) or --host 127.0.0.1"),
