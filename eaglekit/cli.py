@@ -263,10 +263,12 @@ def cmd_sweep(args) -> int:
         DecodeOptions(**{name: min(values)})  # the same bounds as a single value (E108)
     PromptSetOptions.from_args(args)
     model, decode = model_options(args), decode_options(args, steps=None, topk=None, draft_tokens=None)
-    from .io import need_file, no_file_at
+    from .io import need_file, no_file_at, no_overlap
 
     need_file(args.prompt_file, "--prompt-file")
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--target": model.target, "--draft": model.draft,
+                                   "--prompt-file": args.prompt_file})
     check_folders(model.target, model.draft)
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
@@ -416,12 +418,13 @@ def cmd_export(args) -> int:
     specforge: the same, with the embedding. vllm: the speculators layout, 'input of layer' ids at the top
     level and nested. d2t as offsets, t2d derived. Reads any supported format (see eaglekit inspect)."""
     from .interop.export import export
-    from .io import no_file_at
+    from .io import no_file_at, no_overlap
     from .models import resolve_dtype
     from .pair import load_pair
 
     capture_override(args)  # a malformed --capture-layers before anything loads
     no_file_at(args.out, "the output folder")
+    no_overlap(args.out, "the output folder", {"--draft": args.draft, "--target": args.target})
     check_folders(args.target, args.draft)
     target, draft = load_pair(args.target, args.draft, args.backend, "cpu", "float32")
     from .draft import check_pair
@@ -583,6 +586,9 @@ def cmd_regenerate(args) -> int:
     if Path(args.out).is_dir():
         raise InputError(f"--out {args.out} is a directory, expected the path of the JSONL file to write",
                          fix=f"e.g. --out {Path(args.out) / 'regen.jsonl'}", code="E118")
+    from .io import no_overlap
+
+    no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
     check_folders(args.target)
     n = run_regenerate(args.target, args.data, args.out, opts, model)
     print(f"wrote {n} regenerated examples to {args.out}", file=sys.stderr)
@@ -606,12 +612,13 @@ def cmd_extract(args) -> int:
     (captures x hidden) and the final hidden state, plus manifest.json (target fingerprint, CaptureSpec,
     dtype, counts, per-shard sha256). Prints the disk it needs first; a killed run resumes where it stopped.
     For targets that fit beside the draft, train online instead (eaglekit train --data)."""
-    from .io import no_file_at
+    from .io import no_file_at, no_overlap
     from .train.run import run_extract
 
     opts, model = ExtractOptions.from_args(args), model_options(args)
     _check_data(args.data)
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
     check_folders(args.target)
     m = run_extract(args.target, args.data, args.out, opts, model, log=lambda s: print(s, file=sys.stderr))
     print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
@@ -639,11 +646,13 @@ def cmd_train(args) -> int:
     atomically every --save-every steps and a killed run resumes from the last one when started again with
     the same --out. Under torchrun the same command trains data-parallel (gloo on CPU, NCCL on GPU).
     The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
-    from .io import no_file_at
-    from .train.run import run_train
+    from .io import no_file_at, no_overlap
+    from .train.run import TRAIN_WRITES, run_train
 
     opts, model = TrainOptions.from_args(args), model_options(args)
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--target": args.target, "--data": opts.data, "--features": opts.features,
+                                   "--init-draft": opts.init_draft}, writes=TRAIN_WRITES)
     if opts.data:
         _check_data(opts.data)
     check_folders(args.target, opts.init_draft)
@@ -726,13 +735,20 @@ def cmd_recipe(args) -> int:
     in OUT/corpus.json, ~5% of files held out), regenerates data with it, trains its EAGLE-3 draft and
     evaluates the pair. --preset gpu is what the shipped pair used (one H200, ~7 minutes); --preset cpu makes
     a smaller pair on a CPU. Stages already done in OUT are skipped, so a killed recipe resumes."""
-    import shutil
     from pathlib import Path
 
     from .train.recipe import run_demo_recipe
 
     if args.name != "demo":
         raise InputError(f"unknown recipe {args.name!r}", fix="the recipe is: demo", code="E108")
+    from .io import no_overlap
+
+    no_overlap(args.out, "--out", {"--stdlib": args.stdlib})
+    if args.install:  # --install replaces the shipped pair with OUT's: OUT must not be (or hold) the shipped pair
+        from .demo import ASSETS
+
+        no_overlap(args.out, "--out", {"the installed pair": ASSETS})
+        no_overlap(ASSETS, "--install's destination", {"--out": args.out}, writes=("target", "draft"))
     s = run_demo_recipe(args.out, args.preset, model_options(args).device_name, log=lambda m: print(m, file=sys.stderr),
                         stop_after=args.stop_after, stdlib=args.stdlib)
     if "stopped_after" in s:
@@ -740,13 +756,13 @@ def cmd_recipe(args) -> int:
         return 0
     if args.install:
         from .demo import ASSETS
+        from .io import atomic_write_bytes, replace_tree
 
         ASSETS.mkdir(parents=True, exist_ok=True)
         for name in ("target", "draft"):
-            shutil.rmtree(ASSETS / name, ignore_errors=True)
-            shutil.copytree(Path(args.out) / name, ASSETS / name)
+            replace_tree(Path(args.out) / name, ASSETS / name)
         for name in ("prompts.jsonl", "recipe.json", "corpus.json"):
-            shutil.copy(Path(args.out) / name, ASSETS / name)
+            atomic_write_bytes(ASSETS / name, (Path(args.out) / name).read_bytes())
         print(f"installed the pair into {ASSETS}", file=sys.stderr)
     print(json.dumps(s["eval"], indent=2))
     return 0
@@ -901,6 +917,10 @@ def cmd_bench(args) -> int:
     if not levels or min(levels) < 1 or rate <= 0 or args.num_prompts < 1:
         raise InputError("concurrency levels, --num-prompts and --request-rate must be positive",
                          fix="e.g. --concurrency 1,4 --num-prompts 32", code="E108")
+    if args.json and args.json != "-":
+        from .io import no_overlap
+
+        no_overlap(args.json, "--json", {"--prompts": args.prompts})
     opts = BenchOptions(endpoint=args.endpoint, api=args.api, model=args.model, prompts=args.prompts,
                         num_prompts=args.num_prompts, max_tokens=args.max_tokens, concurrency=levels,
                         request_rate=rate, max_seconds=args.max_seconds, ignore_eos=args.ignore_eos, seed=args.seed)
@@ -911,8 +931,9 @@ def cmd_bench(args) -> int:
         if args.json == "-":
             print(doc)
         else:
-            with open(args.json, "w") as f:
-                f.write(doc + "\n")
+            from .io import atomic_write_bytes
+
+            atomic_write_bytes(args.json, (doc + "\n").encode())
     return 0 if all(lv["failed"] == 0 for lv in res) else 1
 
 

@@ -168,6 +168,8 @@ CODES: dict[str, tuple[str, str]] = {
              "pass a path of the kind the message names"),
     "E119": ("a training-data record's field has the wrong type (e.g. {\"text\": 5})",
              "fix the record at the file and line the message names"),
+    "E131": ("a command's output is one of its inputs, lies inside one, or would replace one (regenerate --data d.jsonl "
+             "--out d.jsonl, export onto its own draft folder)", "write the output somewhere else"),
     "E140": ('tensor parallelism: a distributed error (generic)', 'read the message; every rank reports it'),
     "E141": ('tensor parallelism: a collective failed or timed out (a rank died or hung)', "look at the failed rank's own error; raise --tp-timeout if a rank is merely slow"),
     "E142": ('tensor parallelism: ranks were launched with different arguments', 'launch every rank with the same arguments'),

@@ -65,6 +65,20 @@ def append_line(path: str | Path, line: str) -> None:
         raise
 
 
+def replace_tree(src: str | Path, dst: str | Path) -> None:
+    """Copy the folder `src` over the folder `dst`: copied beside it first, then swapped in by two renames, so that a
+    kill or a full disk leaves the old `dst` whole (or, between the renames, the old one at .{name}.old)."""
+    src, dst = Path(src), Path(dst)
+    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
@@ -135,6 +149,34 @@ def no_file_at(path: str | Path, what: str) -> Path:
         raise InputError(f"{what} {p} is a file, expected a folder (new or existing)", code="E118",
                          fix="pass another --out, or move the file away")
     return p
+
+
+def _within(p: Path, folder: Path) -> bool:
+    return p == folder or folder in p.parents
+
+
+def no_overlap(out: str | Path, what: str, inputs: dict, writes=()) -> None:
+    """A command's output `out` is none of its `inputs` ({option: path or None}) and lies inside none of them, and
+    no input lies inside what the command replaces there (`writes`: paths under `out`, e.g. OUT/draft). E131: a
+    command that wrote over its input would lose the user's data (regenerate --data d.jsonl --out d.jsonl)."""
+    from .errors import InputError
+
+    o = Path(out).resolve()
+    replaced = [o / w for w in writes]
+    for name, path in inputs.items():
+        if path is None:
+            continue
+        i = Path(path).resolve()
+        if o == i:
+            clash = f"{what} {out} is {name} {path} itself: writing it would replace the input"
+        elif _within(o, i):
+            clash = f"{what} {out} lies inside {name} {path}: writing it would change the input"
+        elif any(_within(i, r) for r in replaced):
+            r = next(r for r in replaced if _within(i, r))
+            clash = f"{name} {path} lies in {r}, which this command replaces"
+        else:
+            continue
+        raise InputError(clash, fix=f"write {what} somewhere else (outside {path})", code="E131")
 
 
 def check_utf8(text: str, what: str) -> str:

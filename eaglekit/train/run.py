@@ -25,6 +25,9 @@ from .sources import OnlineSource
 from .trainer import TrainConfig, dist_info, distributed_run, evaluate_ttt, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
 
+# what `eaglekit train` writes under its --out (an input there would be replaced: io.no_overlap refuses it)
+TRAIN_WRITES = ("checkpoint", "draft", "train_log.jsonl", "train_summary.json")
+
 
 def _target(target_dir, backend, device, dtype, capture):
     """The target and the CaptureSpec to train or extract with (given, or the default for its depth)."""
