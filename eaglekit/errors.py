@@ -93,6 +93,8 @@ CODES: dict[str, tuple[str, str]] = {
              "delete the shard and its manifest entry, then re-run extract"),
     "E125": ("a sampling seed that is not a signed 64-bit integer (Python API; --seed: E108)",
              "pass an integer in [-2**63, 2**63 - 1], or None for a fresh one"),
+    "E126": ("a data record is larger than a reader takes (one JSONL line, or one text file, over 64 MiB)",
+             "split it into several JSONL lines or text files (the message names the file and line)"),
     "E130": ("a command needs one (or exactly one) of several inputs", "give the inputs the message names"),
     "E200": ("the draft and the target disagree (generic contract error)", "read the message"),
     "E201": ("capture layer ids out of range for the target's depth", "capture layers in -1 .. num_layers-1"),

@@ -100,11 +100,55 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def iter_jsonl(path: str | Path):
-    """(line number, object) for each non-empty line; a malformed line is an error naming file and line."""
+# the largest record a data reader takes: one line of a JSONL file, or one text file (read as one record). Readers
+# stream, so memory follows this bound, not the file's size (a 1 GB one-line file took 11 GB of RSS read whole); a
+# larger record is E126, naming the file, the line and the bound
+MAX_RECORD_BYTES = 64 * 2**20
+
+
+def _too_large(where: str, size: str) -> Exception:
     from .errors import InputError
 
-    for n, line in enumerate(read_utf8(path, "file").splitlines(), 1):
+    return InputError(f"{where} is {size}, more than the {MAX_RECORD_BYTES // 2**20} MiB a data record may be "
+                      f"(one JSONL line, or one text file)", code="E126",
+                      fix="split it: several JSONL lines (records), or several text files")
+
+
+def iter_lines(path: str | Path, what: str = "file"):
+    """(line number, text) for each line of a UTF-8 file, read a line at a time: a line longer than MAX_RECORD_BYTES
+    is E126 (file, line, bound) before it is held whole; invalid UTF-8 is E116 (file, line, offset)."""
+    from .errors import InputError
+
+    p = need_file(path, what)
+    limit = MAX_RECORD_BYTES
+    with open(p, "rb") as f:
+        for n, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                raise _too_large(f"{p}:{n}", f"longer than {limit} bytes")
+            try:
+                yield n, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{what} {p}:{n} is not valid UTF-8: byte {raw[e.start]:#04x} at offset {e.start} "
+                                 f"of the line ({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)",
+                                 code="E116") from None
+
+
+def read_record_text(path: str | Path) -> str:
+    """A text data file, read whole as one record (invalid UTF-8 replaced); one larger than MAX_RECORD_BYTES is E126
+    before it is read."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_RECORD_BYTES:
+        raise _too_large(str(p), f"{size} bytes")
+    return p.read_text(errors="replace")
+
+
+def iter_jsonl(path: str | Path):
+    """(line number, object) for each non-empty line, streamed (iter_lines: E126 for a line past the bound); a
+    malformed line is an error naming file and line."""
+    from .errors import InputError
+
+    for n, line in iter_lines(path, "file"):
         if not line.strip():
             continue
         try:
