@@ -95,6 +95,9 @@ CODES: dict[str, tuple[str, str]] = {
              "pass an integer in [-2**63, 2**63 - 1], or None for a fresh one"),
     "E126": ("a data record is larger than a reader takes (one JSONL line, or one text file, over 64 MiB)",
              "split it into several JSONL lines or text files (the message names the file and line)"),
+    "E127": ("training diverged: a non-finite loss, gradient or weight (a learning rate too high, bad data); the last "
+             "good checkpoint and draft are kept", "lower --lr (or raise --warmup) and run the same command: it resumes "
+             "from the last good checkpoint with the new settings"),
     "E130": ("a command needs one (or exactly one) of several inputs", "give the inputs the message names"),
     "E200": ("the draft and the target disagree (generic contract error)", "read the message"),
     "E201": ("capture layer ids out of range for the target's depth", "capture layers in -1 .. num_layers-1"),

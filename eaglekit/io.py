@@ -79,6 +79,23 @@ def replace_tree(src: str | Path, dst: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def strict_json(obj, **kw) -> str:
+    """JSON without the NaN / Infinity literals Python writes by default (no strict reader takes them): a non-finite
+    float becomes null."""
+    import math
+
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(obj), allow_nan=False, **kw)
+
+
 def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 

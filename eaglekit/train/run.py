@@ -12,7 +12,7 @@ from ..decoding.compare import compare
 from ..decoding.engine import Decoder
 from ..draft import check_pair, load_draft, new_draft, save_draft
 from ..errors import ContractError, InputError
-from ..io import atomic_write_json
+from ..io import atomic_write_bytes, strict_json
 from ..models import load_target
 from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
 from ..pair import load_pair
@@ -110,7 +110,7 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)
         res.update(capture=capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
-        atomic_write_json(Path(out) / "train_summary.json", res)
+        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "\n").encode())
     return res
 
 
