@@ -565,6 +565,9 @@ _DATA_HELP = DATA_HELP
 def _check_data(path, first: int = 1000) -> None:
     """--data exists and its first records have the fields and types of a training format (E102, E119), before
     anything loads; the rest are checked as they are read."""
+    from .io import broken_link
+
+    broken_link(path, "--data")
     if not Path(path).exists():
         raise InputError(f"--data {path} does not exist", fix="pass a file or folder of training data", code="E101")
     from .train.data import read_records

@@ -98,6 +98,8 @@ CODES: dict[str, tuple[str, str]] = {
     "E127": ("training diverged: a non-finite loss, gradient or weight (a learning rate too high, bad data); the last "
              "good checkpoint and draft are kept", "lower --lr (or raise --warmup) and run the same command: it resumes "
              "from the last good checkpoint with the new settings"),
+    "E128": ("a path is a symbolic link that loops, or that points at nothing (a model's tokenizer.json, a --data "
+             "file)", "point the link at the real file, or put the file itself in its place"),
     "E130": ("a command needs one (or exactly one) of several inputs", "give the inputs the message names"),
     "E200": ("the draft and the target disagree (generic contract error)", "read the message"),
     "E201": ("capture layer ids out of range for the target's depth", "capture layers in -1 .. num_layers-1"),

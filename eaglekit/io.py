@@ -175,11 +175,32 @@ def iter_jsonl(path: str | Path):
 
 
 # --- paths and text given on the command line: checked before anything loads --------------------------------
-def need_dir(path: str | Path, what: str) -> Path:
-    """`path` is an existing folder (E101 when absent, E118 when it is a file)."""
+def broken_link(path: str | Path, what: str) -> None:
+    """E128 when `path` is a symbolic link that loops or points at nothing: said as such, not as a missing file or as
+    whatever the loader that tripped on it was doing (a tokenizer.json loop read as "install sentencepiece")."""
     from .errors import InputError
 
     p = Path(path)
+    if not p.is_symlink() or p.exists():
+        return
+    try:
+        os.stat(p)
+        return
+    except OSError as e:
+        loop = e.errno == errno.ELOOP
+    target = os.readlink(p)
+    raise InputError(f"{what} {p} is a symbolic link " + (f"that loops (it leads back to itself through {target})"
+                                                           if loop else f"to {target}, which does not exist"),
+                     code="E128", fix="point the link at the real file (ls -l shows where it leads), or put the file "
+                                      "itself in its place")
+
+
+def need_dir(path: str | Path, what: str) -> Path:
+    """`path` is an existing folder (E101 when absent, E118 when it is a file, E128 a broken link)."""
+    from .errors import InputError
+
+    p = Path(path)
+    broken_link(p, what)
     if p.is_dir():
         return p
     if p.exists():
@@ -189,10 +210,11 @@ def need_dir(path: str | Path, what: str) -> Path:
 
 
 def need_file(path: str | Path, what: str) -> Path:
-    """`path` is an existing file (E101 when absent, E118 when it is a folder)."""
+    """`path` is an existing file (E101 when absent, E118 when it is a folder, E128 a broken link)."""
     from .errors import InputError
 
     p = Path(path)
+    broken_link(p, what)
     if p.is_file():
         return p
     if p.is_dir():
@@ -275,12 +297,17 @@ FOLDER_JSON = {"config.json": "E150", "tokenizer.json": "E151", "tokenizer_confi
                "special_tokens_map.json": "E155", "added_tokens.json": "E155", "chat_template.json": "E155"}
 
 
+# the other files of a model folder its loaders read (a tokenizer's vocabularies, single-file weights)
+LOADED_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "model.safetensors")
+
+
 def read_json(path: str | Path, what: str) -> dict:
     """The JSON object in `path` (E101 when absent; the file's own FOLDER_JSON code, else E102, when it is not a
     JSON object)."""
     from .errors import InputError
 
     path = Path(path)
+    broken_link(path, f"{what}:")
     if not path.is_file():
         raise InputError(f"{what}: no file at {path}", fix="point at a folder that holds config.json", code="E101")
     code = FOLDER_JSON.get(path.name, "E102")
@@ -299,6 +326,15 @@ def check_folder_json(folder: str | Path) -> None:
     """Read every JSON file the folder holds (FOLDER_JSON) before a loader does: a broken one is reported by
     name, not as whatever the loader that tripped on it was doing."""
     folder = Path(folder)
+    for name in (*FOLDER_JSON, *LOADED_FILES):  # a file a loader reads, behind a broken link
+        broken_link(folder / name, f"{name} of {folder}:")
+    for p in folder.iterdir() if folder.is_dir() else ():  # a loop is never meant, whatever the file
+        if p.is_symlink() and not p.exists():
+            try:
+                os.stat(p)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    broken_link(p, f"{p.name} of {folder}:")
     for name in FOLDER_JSON:
         if (folder / name).is_file():
             read_json(folder / name, f"{name} of {folder}")
