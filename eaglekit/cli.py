@@ -456,7 +456,7 @@ def _export_args(p):
     p.add_argument("--out-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
     add_capture(p)
-    ModelOptions.add_args(p, only=("backend",))
+    ModelOptions.add_args(p, only=("backend", "threads"))  # (it runs the pair on the CPU: the fingerprints)
 
 
 cmd_export.add_args = _export_args
@@ -775,7 +775,7 @@ def _recipe_args(p):
     p.add_argument("name", choices=["demo"])
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
-    ModelOptions.add_args(p, only=("device",))
+    ModelOptions.add_args(p, only=("device", "threads"))
     p.add_argument("--install", action="store_true", help="copy the result into eaglekit/assets/demo")
     p.add_argument("--stdlib", default=None,
                    help="the standard-library folder to train on (default: this interpreter's); the shipped pair "
@@ -870,7 +870,7 @@ def _serve_args(p):
                         "leaving the server's event loop a core; on a shared CPU fewer is often faster)")
     add_tree(p)
     add_capture(p)
-    add_runtime(p)
+    add_runtime(p, threads=False)  # (its own --threads above: one fewer than torch's, for the event loop)
     add_compile(p)
     add_tp(p)
 
@@ -980,6 +980,12 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        # every command that runs a model takes --threads (ModelOptions' runtime group) and, without it, chooses from
+        # the machine's load (options.apply_threads); serve and demo choose by their own rules
+        if "threads" in vars(args) and args.command not in ("serve", "demo"):
+            from .options import apply_threads
+
+            apply_threads(args.threads, getattr(args, "device", None) or "cpu")
         if args.command in ("generate", "eval", "doctor", "serve"):
             from .distributed import enter_cli, shutdown
 
