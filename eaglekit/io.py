@@ -65,6 +65,37 @@ def append_line(path: str | Path, line: str) -> None:
         raise
 
 
+def replace_tree(src: str | Path, dst: str | Path) -> None:
+    """Copy the folder `src` over the folder `dst`: copied beside it first, then swapped in by two renames, so that a
+    kill or a full disk leaves the old `dst` whole (or, between the renames, the old one at .{name}.old)."""
+    src, dst = Path(src), Path(dst)
+    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def strict_json(obj, **kw) -> str:
+    """JSON without the NaN / Infinity literals Python writes by default (no strict reader takes them): a non-finite
+    float becomes null."""
+    import math
+
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(obj), allow_nan=False, **kw)
+
+
 def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
@@ -86,11 +117,55 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def iter_jsonl(path: str | Path):
-    """(line number, object) for each non-empty line; a malformed line is an error naming file and line."""
+# the largest record a data reader takes: one line of a JSONL file, or one text file (read as one record). Readers
+# stream, so memory follows this bound, not the file's size (a 1 GB one-line file took 11 GB of RSS read whole); a
+# larger record is E126, naming the file, the line and the bound
+MAX_RECORD_BYTES = 64 * 2**20
+
+
+def _too_large(where: str, size: str) -> Exception:
     from .errors import InputError
 
-    for n, line in enumerate(read_utf8(path, "file").splitlines(), 1):
+    return InputError(f"{where} is {size}, more than the {MAX_RECORD_BYTES // 2**20} MiB a data record may be "
+                      f"(one JSONL line, or one text file)", code="E126",
+                      fix="split it: several JSONL lines (records), or several text files")
+
+
+def iter_lines(path: str | Path, what: str = "file"):
+    """(line number, text) for each line of a UTF-8 file, read a line at a time: a line longer than MAX_RECORD_BYTES
+    is E126 (file, line, bound) before it is held whole; invalid UTF-8 is E116 (file, line, offset)."""
+    from .errors import InputError
+
+    p = need_file(path, what)
+    limit = MAX_RECORD_BYTES
+    with open(p, "rb") as f:
+        for n, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                raise _too_large(f"{p}:{n}", f"longer than {limit} bytes")
+            try:
+                yield n, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{what} {p}:{n} is not valid UTF-8: byte {raw[e.start]:#04x} at offset {e.start} "
+                                 f"of the line ({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)",
+                                 code="E116") from None
+
+
+def read_record_text(path: str | Path) -> str:
+    """A text data file, read whole as one record (invalid UTF-8 replaced); one larger than MAX_RECORD_BYTES is E126
+    before it is read."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_RECORD_BYTES:
+        raise _too_large(str(p), f"{size} bytes")
+    return p.read_text(errors="replace")
+
+
+def iter_jsonl(path: str | Path):
+    """(line number, object) for each non-empty line, streamed (iter_lines: E126 for a line past the bound); a
+    malformed line is an error naming file and line."""
+    from .errors import InputError
+
+    for n, line in iter_lines(path, "file"):
         if not line.strip():
             continue
         try:
@@ -100,11 +175,32 @@ def iter_jsonl(path: str | Path):
 
 
 # --- paths and text given on the command line: checked before anything loads --------------------------------
-def need_dir(path: str | Path, what: str) -> Path:
-    """`path` is an existing folder (E101 when absent, E118 when it is a file)."""
+def broken_link(path: str | Path, what: str) -> None:
+    """E128 when `path` is a symbolic link that loops or points at nothing: said as such, not as a missing file or as
+    whatever the loader that tripped on it was doing (a tokenizer.json loop read as "install sentencepiece")."""
     from .errors import InputError
 
     p = Path(path)
+    if not p.is_symlink() or p.exists():
+        return
+    try:
+        os.stat(p)
+        return
+    except OSError as e:
+        loop = e.errno == errno.ELOOP
+    target = os.readlink(p)
+    raise InputError(f"{what} {p} is a symbolic link " + (f"that loops (it leads back to itself through {target})"
+                                                           if loop else f"to {target}, which does not exist"),
+                     code="E128", fix="point the link at the real file (ls -l shows where it leads), or put the file "
+                                      "itself in its place")
+
+
+def need_dir(path: str | Path, what: str) -> Path:
+    """`path` is an existing folder (E101 when absent, E118 when it is a file, E128 a broken link)."""
+    from .errors import InputError
+
+    p = Path(path)
+    broken_link(p, what)
     if p.is_dir():
         return p
     if p.exists():
@@ -114,10 +210,11 @@ def need_dir(path: str | Path, what: str) -> Path:
 
 
 def need_file(path: str | Path, what: str) -> Path:
-    """`path` is an existing file (E101 when absent, E118 when it is a folder)."""
+    """`path` is an existing file (E101 when absent, E118 when it is a folder, E128 a broken link)."""
     from .errors import InputError
 
     p = Path(path)
+    broken_link(p, what)
     if p.is_file():
         return p
     if p.is_dir():
@@ -135,6 +232,34 @@ def no_file_at(path: str | Path, what: str) -> Path:
         raise InputError(f"{what} {p} is a file, expected a folder (new or existing)", code="E118",
                          fix="pass another --out, or move the file away")
     return p
+
+
+def _within(p: Path, folder: Path) -> bool:
+    return p == folder or folder in p.parents
+
+
+def no_overlap(out: str | Path, what: str, inputs: dict, writes=()) -> None:
+    """A command's output `out` is none of its `inputs` ({option: path or None}) and lies inside none of them, and
+    no input lies inside what the command replaces there (`writes`: paths under `out`, e.g. OUT/draft). E131: a
+    command that wrote over its input would lose the user's data (regenerate --data d.jsonl --out d.jsonl)."""
+    from .errors import InputError
+
+    o = Path(out).resolve()
+    replaced = [o / w for w in writes]
+    for name, path in inputs.items():
+        if path is None:
+            continue
+        i = Path(path).resolve()
+        if o == i:
+            clash = f"{what} {out} is {name} {path} itself: writing it would replace the input"
+        elif _within(o, i):
+            clash = f"{what} {out} lies inside {name} {path}: writing it would change the input"
+        elif any(_within(i, r) for r in replaced):
+            r = next(r for r in replaced if _within(i, r))
+            clash = f"{name} {path} lies in {r}, which this command replaces"
+        else:
+            continue
+        raise InputError(clash, fix=f"write {what} somewhere else (outside {path})", code="E131")
 
 
 def check_utf8(text: str, what: str) -> str:
@@ -172,12 +297,17 @@ FOLDER_JSON = {"config.json": "E150", "tokenizer.json": "E151", "tokenizer_confi
                "special_tokens_map.json": "E155", "added_tokens.json": "E155", "chat_template.json": "E155"}
 
 
+# the other files of a model folder its loaders read (a tokenizer's vocabularies, single-file weights)
+LOADED_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "model.safetensors")
+
+
 def read_json(path: str | Path, what: str) -> dict:
     """The JSON object in `path` (E101 when absent; the file's own FOLDER_JSON code, else E102, when it is not a
     JSON object)."""
     from .errors import InputError
 
     path = Path(path)
+    broken_link(path, f"{what}:")
     if not path.is_file():
         raise InputError(f"{what}: no file at {path}", fix="point at a folder that holds config.json", code="E101")
     code = FOLDER_JSON.get(path.name, "E102")
@@ -196,6 +326,15 @@ def check_folder_json(folder: str | Path) -> None:
     """Read every JSON file the folder holds (FOLDER_JSON) before a loader does: a broken one is reported by
     name, not as whatever the loader that tripped on it was doing."""
     folder = Path(folder)
+    for name in (*FOLDER_JSON, *LOADED_FILES):  # a file a loader reads, behind a broken link
+        broken_link(folder / name, f"{name} of {folder}:")
+    for p in folder.iterdir() if folder.is_dir() else ():  # a loop is never meant, whatever the file
+        if p.is_symlink() and not p.exists():
+            try:
+                os.stat(p)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    broken_link(p, f"{p.name} of {folder}:")
     for name in FOLDER_JSON:
         if (folder / name).is_file():
             read_json(folder / name, f"{name} of {folder}")

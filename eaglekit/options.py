@@ -171,6 +171,9 @@ class ModelOptions(Options):
                                    "per row: half the bytes a draft step reads; the output stays the target's, the "
                                    "accept length may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT,
                            group="runtime")
+    threads: int | None = opt(None, "CPU threads for torch (default on a CPU: torch's choice, fewer when other work "
+                                    "holds the cores: one per core the load average leaves free, at least 1; "
+                                    "options.default_threads)", lo=1, type=int, group="runtime")
     experts: str = opt("auto", "how a mixture-of-experts target (DeepSeek family) runs its routed experts: auto "
                                "(per call: compiled, each token's experts as fused gathers), grouped (a call's "
                                "(token, expert) pairs as two grouped GEMMs, each chosen expert read once a call: a "
@@ -224,12 +227,47 @@ class ModelOptions(Options):
                 "prompt_graphs": self.prompt_graphs, "experts": self.experts}
 
     @classmethod
-    def add_runtime(cls, parser, capture=False, compile=False, **defaults):
-        """--backend/--device/--dtype (every command that loads a model), optionally the wiring flags and
-        --compile. --target and --draft are declared by each command (required or not, its own help)."""
+    def add_runtime(cls, parser, capture=False, compile=False, threads=True, **defaults):
+        """--backend/--device/--dtype/--threads (every command that loads a model), optionally the wiring flags and
+        --compile. --target and --draft are declared by each command (required or not, its own help); `threads`
+        False for a command with its own thread rule (serve)."""
         skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else set(COMPILE_FLAGS))
+            set() if compile else set(COMPILE_FLAGS)) | (set() if threads else {"threads"})
         cls.add_args(parser, skip=skip, **defaults)
+
+
+def default_threads() -> int:
+    """torch's thread count on a CPU when --threads is not given: torch's own (one per core), or fewer when other
+    processes hold cores: one per core the 1-minute load average leaves free, at least 1. Why: on a 2-core machine
+    another process keeps busy, torch's two threads wait on each other at every parallel region (one of them is off
+    its core): generate took 107.8 s with two threads against 29.3 s with one for 64 tokens (issue 63). The demo
+    times the two counts instead (tune.chainpick.pick_threads) and serve keeps a core for its event loop
+    (serve.server.default_threads)."""
+    import os
+
+    import torch
+
+    n = torch.get_num_threads()
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform: torch's choice
+        return n
+    free = (os.cpu_count() or n) - load
+    return max(1, min(n, int(free + 0.5)))
+
+
+def apply_threads(threads: int | None, device: str | None) -> int | None:
+    """Set torch's thread count for a command that runs a model: --threads when given, else default_threads() on a
+    CPU (a GPU run keeps torch's). -> the count set, or None."""
+    import torch
+
+    if threads is not None and threads < 1:
+        raise _bad("threads", threads, "it must be >= 1", "pass a value >= 1, or leave --threads out")
+    if threads is None and resolve_device(device) != "cpu":
+        return None
+    n = threads or default_threads()
+    torch.set_num_threads(n)
+    return n
 
 
 # --- decoding -------------------------------------------------------------------------------------------
@@ -244,7 +282,8 @@ class DecodeOptions(Options):
     draft_tokens: int | None = opt(None, "tree size incl. the root (chain: steps+1)", lo=2, type=int,
                                    group="draft tree")
     # bounds of the sampling fields: SamplingParams' own check (E302), run by __post_init__ below
-    temperature: float = opt(0.0, "0 = greedy (default); > 0 samples", group="sampling")
+    temperature: float = opt(0.0, "0 = greedy (default; so is any value below 1e-5); > 0 samples",
+                              group="sampling")
     top_p: float = opt(1.0, "nucleus mass in (0, 1]", group="sampling")
     top_k: int = opt(0, "0 = off", group="sampling")
     seed: int | None = opt(None, "sampling seed, a signed 64-bit integer", lo=-2**63, hi=2**63 - 1, type=int,

@@ -87,8 +87,7 @@ def read_prompts(path: str | Path) -> list[str]:
     from .io import read_utf8
 
     path = Path(path)
-    text = read_utf8(path, "prompt file")
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl":  # streamed, a line at a time (io.iter_lines)
         from .io import iter_jsonl
 
         out = []
@@ -100,7 +99,7 @@ def read_prompts(path: str | Path) -> list[str]:
             out.append(p)
     else:
         out, cur = [], []
-        for line in text.split("\n"):
+        for line in read_utf8(path, "prompt file").split("\n"):
             if line.strip() == "---":
                 out.append("\n".join(cur))
                 cur = []

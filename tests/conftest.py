@@ -5,7 +5,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # one thread per worker: pytest -n workers, and the commands run in-process, share the cores
 
 from helpers import make_hf_model, make_tokenizer  # noqa: E402
 

@@ -269,3 +269,59 @@ def test_a_prompt_of_the_whole_context_is_told_to_shorten_not_to_ask_for_0_token
     with pytest.raises(GenerationError) as e:  # a prompt that fits: the new tokens are what to lower (or it)
         Decoder(t).generate([3] * (ctx - 4), 10)
     assert e.value.code == "E301" and "lower --max-new-tokens to 4, or shorten the prompt by 6 tokens" in e.value.fix
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "1e-300"], ["--temperature", "1", "--top-p", "1e-300"]])
+def test_sampling_values_too_small_for_float32_decode_greedily(model_dirs, draft_dir, capsys, flags):
+    """A temperature below 1e-5 is greedy by definition; a top_p no token reaches keeps the most likely one: both are
+    the greedy output, not a traceback from torch.multinomial over NaN (docs/serving.md)."""
+    t = str(model_dirs["llama"])
+    argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "print(", "--max-new-tokens", "8",
+            "--json"]
+    greedy = _json(capsys, argv)
+    assert _json(capsys, argv + flags + ["--seed", "1"])["token_ids"] == greedy["token_ids"]
+
+
+# --- threads chosen everywhere (issue 63, case 8) ---------------------------------------------------------------
+MODEL_COMMANDS = ("generate", "sweep", "doctor", "export", "regenerate", "extract", "train", "eval", "recipe", "demo",
+                  "serve")
+
+
+def test_every_command_that_runs_a_model_takes_threads():
+    from eaglekit.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    lacking = [c for c in MODEL_COMMANDS if not any("--threads" in a.option_strings for a in sub.choices[c]._actions)]
+    assert lacking == []
+
+
+@pytest.mark.parametrize("load,cores,torch_n,want", [(0.0, 2, 2, 2), (1.2, 2, 2, 1), (30.0, 2, 2, 1),
+                                                      (20.0, 64, 64, 44), (0.0, 8, 4, 4)])
+def test_default_threads_leave_the_cores_other_work_holds(monkeypatch, load, cores, torch_n, want):
+    import os
+
+    import torch
+
+    from eaglekit.options import default_threads
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: torch_n)
+    assert default_threads() == want
+
+
+def test_generate_sets_threads_given_or_chosen(model_dirs, capsys, monkeypatch):
+    import os
+
+    import torch
+
+    t = str(model_dirs["llama"])
+    set_to = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (set_to.append(n), real(n)))
+    argv = ["generate", "--target", t, "--prompt", "def", "--max-new-tokens", "2", "--device", "cpu"]
+    assert main(argv + ["--threads", "1"]) == 0 and set_to[-1] == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))  # a loaded machine: one thread
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert main(argv) == 0 and set_to[-1] == 1
+    assert main(argv + ["--threads", "0"]) == 2 and "--threads 0" in capsys.readouterr().err

@@ -315,6 +315,25 @@ def test_every_code_raised_is_registered_and_documented():
     docs = (root.parent / "docs" / "errors.md").read_text()
     assert [c for c in CODES if f'<a id="{c.lower()}"></a>{c} |' not in docs] == []
     assert "see: docs/errors.md#e101" in str(InputError("x", code="E101"))
+
+
+def test_errors_md_is_the_generated_page_with_each_section_once():
+    """docs/errors.md is what docs/make_errors_md.py renders now (run it after adding a code), and each class has one
+    section, none empty: the registry's insertion order used to open E1xx, E2xx and I3xx twice."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_errors_md", root / "docs" / "make_errors_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = gen.render()
+    assert (root / "docs" / "errors.md").read_text() == text
+    heads = re.findall(r"^## (\S+):", text, flags=re.M)
+    assert len(heads) == len(set(heads)) and heads, heads
+    for sec in re.split(r"^## ", text, flags=re.M)[1:]:
+        assert "| <a id=" in sec and sec.split(":", 1)[1].split("\n", 1)[0].strip(), sec[:80]
 # --- every folder file its own named error; a full disk; a cut log (issue 14 items 3-5) ------------------------
 @pytest.mark.parametrize("name,code", [("config.json", "E150"), ("tokenizer.json", "E151"),
                                        ("tokenizer_config.json", "E152"), ("generation_config.json", "E153")])
@@ -371,3 +390,52 @@ def test_a_full_disk_in_an_atomic_write_is_named_and_leaves_the_old_file(tmp_pat
     assert e.value.code == "E160" and "no space left" in e.value.message and str(tmp_path) in e.value.message
     assert "run the same command again" in e.value.fix
     assert f.read_bytes() == b"old checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+# --- causes named right (issue 63, case 7) ------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value,shown", [("initializer_range", float("nan"), "NaN"),
+                                               ("rope_theta", float("inf"), "Infinity"),
+                                               ("rope_scaling", {"rope_type": "linear", "factor": float("-inf")},
+                                                "-Infinity")])
+def test_a_non_finite_config_value_is_a_config_error_naming_the_field(model_dirs, tmp_path, capsys, field, value,
+                                                                       shown):
+    """NaN initializer_range was reported as E109 "re-save the tokenizer" (transformers' tokenizer reads config.json);
+    rope_theta Infinity ran. Both are E117 naming the field, on the CLI and through load_target."""
+    d = tmp_path / "t"
+    shutil.copytree(model_dirs["llama"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[field] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    name = field + (".factor" if isinstance(value, dict) else "")
+    assert main(["generate", "--target", str(d), "--prompt", "def", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "[E117]" in err and f"'{name}' is {shown}" in err and "tokenizer" not in err, err
+    with pytest.raises(InputError) as e:
+        load_target(d)
+    assert e.value.code == "E117"
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_a_broken_tokenizer_link_is_named_as_one(model_dirs, tmp_path, capsys, kind):
+    """A tokenizer.json symlink loop was E109 "install sentencepiece or tiktoken"."""
+    import os
+
+    d = tmp_path / "t"
+    shutil.copytree(model_dirs["llama"], d)
+    (d / "tokenizer.json").unlink()
+    os.symlink(d / "tokenizer.json" if kind == "loop" else d / "gone.json", d / "tokenizer.json")
+    assert main(["generate", "--target", str(d), "--prompt", "def", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "[E128]" in err and "tokenizer.json" in err and ("loops" if kind == "loop" else "does not exist") in err
+    assert "sentencepiece" not in err
+
+
+def test_a_looping_data_path_is_named_as_one(tmp_path, capsys):
+    import os
+
+    os.symlink(tmp_path / "d.jsonl", tmp_path / "d.jsonl")
+    from eaglekit.io import need_file
+
+    with pytest.raises(InputError) as e:
+        need_file(tmp_path / "d.jsonl", "--data")
+    assert e.value.code == "E128" and "loops" in e.value.message

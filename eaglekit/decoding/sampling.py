@@ -16,6 +16,11 @@ from ..errors import GenerationError, InputError
 # it as a 64-bit word; outside that range it fails with an OverflowError deep inside the first sampled step)
 SEED_RANGE = (-2**63, 2**63 - 1)
 
+# A temperature below this is greedy (vLLM's rule, the same constant). Why: logits / t is computed in float32, and
+# a t in (0, ~1e-38] rounds to 0 (logits / 0 = inf, softmax NaN) while a t a little larger turns a logit gap into
+# inf; at t < 1e-5 the distribution is the argmax for any logit gap above ~1e-4 anyway. docs/serving.md says so.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -38,6 +43,8 @@ class SamplingParams:
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not SEED_RANGE[0] <= s <= SEED_RANGE[1]):
             raise InputError(f"seed must be a signed 64-bit integer (in [-2**63, 2**63 - 1]) or None, got {s!r}",
                              fix="e.g. seed=1234 (None draws a fresh one)", code="E125")
+        if 0 < t < MIN_TEMPERATURE:  # greedy by definition (MIN_TEMPERATURE): every reader sees temperature 0
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +67,9 @@ def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
         sp_, idx = p.sort(dim=-1, descending=True)
         before = sp_.cumsum(-1) - sp_  # mass of strictly more likely tokens
         drop_sorted = before >= sp.top_p  # keep the smallest prefix whose mass reaches top_p
+        # ... which holds the most likely token whatever top_p is: a top_p below float32's smallest value (1e-300)
+        # rounds to 0, and `0 >= 0` would drop every token (p / 0 = NaN)
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
         p = p.masked_fill(drop, 0.0)
         p = p / p.sum(-1, keepdim=True)

@@ -2,7 +2,7 @@
 sure it is.
 
 1. Checks of the folder and of the pair (checks.py, eaglekit.draft.pair_problems), each a Finding with a
-   stable code (reference.md section 7).
+   stable code (the fault classes of docs/faults.md).
 2. A short trace at the three capture points and a cycle profile of the configured wiring.
 3. The probe (probe.py): teacher-forced acceptance under the configured wiring and its alternatives, compared
    pairwise over the same positions, enlarged until it can tell them apart or `time_budget` ends.

@@ -5,7 +5,7 @@ and the confusion table of what it gave.
 
 Two target families: the shipped demo Llama pair, and a Qwen2 target built from the demo target's weights (q, k,
 v biases added: k's random, which softmax ignores, so it computes the same function; its draft is the demo draft
-rewired to it: its record names the Qwen2 target). Each fault is one of reference.md sections 7 and 10, or a
+rewired to it: its record names the Qwen2 target). Each fault is one of docs/faults.md's classes, or a
 row of issue 43's table; most are seeded into the pair as vLLM would be given it (`eaglekit export --to vllm`),
 some with the draft's `eaglekit` block removed, as a draft from another tool comes.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,11 +183,25 @@ def _bad_field(where: str, name: str, value, rule: str) -> InputError:
                       fix=f"write {name} as {rule} in {where}")
 
 
+def _non_finite(obj, path: str = ""):
+    """(dotted field name, value) of every NaN or infinite number in a config, nested objects and lists included."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _non_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _non_finite(v, f"{path}[{i}]")
+
+
 def check_config_values(raw: dict, where: str = "config.json", target: bool = True) -> None:
     """The types and ranges of the fields every loader reads (E117), and the fields the compact decoder's
     families cannot do without (E102, `target` only: a draft's layout varies): a string "64" or a -3 named
     here, not in a loader's traceback (or as a tokenizer failure: transformers' tokenizer reads config.json)."""
     family = target and raw.get("model_type") in FAMILIES
+    for name, v in _non_finite(raw):  # NaN / Infinity, which Python's JSON reader takes: a config error, by name
+        raise _bad_field(where, name, v, "a finite number")
     for name, (lo, required) in _INT_FIELDS.items():
         if name not in raw or raw[name] is None:
             if required and family:

@@ -1,6 +1,6 @@
 """Acceptance and speed metrics, per generation and aggregated over a run.
 
-Conventions (reference.md section 5):
+Conventions (SGLang's and vLLM's, as docs/serving.md gives them):
 - accept_length: tokens emitted per verify, the bonus included (SGLang's scale; vLLM's "mean acceptance
   length" is the same number). Counted before any stop truncation: it measures the draft, not the stop.
   None (JSON null, "n/a" in tables) when no verify ran: e.g. max_new_tokens 1, whose token comes from

@@ -8,8 +8,10 @@ refusal names the offending `param` the way OpenAI's API does, and so that field
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
+from ..decoding.stops import check_stop_strings
 from ..errors import EaglekitError
 
 
@@ -33,9 +35,9 @@ def bad(message: str, param: str | None = None, code: str = "invalid_value") -> 
     return ApiError(400, message, param, code)
 
 
-def from_eaglekit(e: EaglekitError) -> ApiError:
+def from_eaglekit(e: EaglekitError, param: str | None = None) -> ApiError:
     msg = e.message + (f" (fix: {e.fix})" if e.fix else "")
-    return ApiError(400, msg, None, e.code)
+    return ApiError(400, msg, param, e.code)
 
 
 @dataclass
@@ -59,9 +61,34 @@ class Parsed:
 SEED_RANGE = (-2**63, 2**63 - 1)  # a signed 64-bit integer, as vLLM's `seed` (torch seeds a generator with it)
 
 
+# digits an integer literal of a body may have: every integer field's range fits in 20 (a seed is 64-bit). A longer one
+# is kept as its digit count, never converted (int() of a 5,000-digit string raised ValueError past Python's
+# int_max_str_digits, and the conversion is quadratic below it), and a field that reads it refuses it as out of range
+MAX_INT_DIGITS = 24
+
+
+class HugeInt:
+    """An integer literal of more than MAX_INT_DIGITS digits, as parse_json leaves it."""
+
+    def __init__(self, text: str):
+        self.negative, self.digits = text.startswith("-"), len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _parse_int(text: str):
+    return int(text) if len(text) <= MAX_INT_DIGITS else HugeInt(text)
+
+
+def _no_constant(name: str):
+    # strict JSON: Python's reader takes NaN, Infinity and -Infinity, which no JSON writer emits
+    raise bad(f"the request body holds {name}, which is not valid JSON (numbers must be finite)", code="invalid_json")
+
+
 def parse_json(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=_parse_int, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:  # the C decoder's recursion guard: arrays or objects nested ~1000 deep
@@ -75,10 +102,14 @@ def _num(body, name, default, lo=None, hi=None, integer=False):
     v = body.get(name, default)
     if v is None:
         return default
+    rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    if isinstance(v, HugeInt):  # out of every field's range (MAX_INT_DIGITS)
+        raise bad(f"'{name}' must be {rng}, got {v!r}", name)
     if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
         raise bad(f"'{name}' must be {'an integer' if integer else 'a number'}, got {v!r}", name)
+    if isinstance(v, float) and not math.isfinite(v):  # 1e999 reads as inf
+        raise bad(f"'{name}' must be a finite number, got {v!r}", name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise bad(f"'{name}' must be {rng}, got {v!r}", name)
     return v
 
@@ -133,6 +164,10 @@ def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
         stop = tuple(stop)
     else:
         raise bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    try:
+        check_stop_strings(stop)  # E310: their count and length bound each token's search (decoding/stops.py)
+    except EaglekitError as e:
+        raise from_eaglekit(e, "stop") from None
     for s in stop:
         check_text(s, "stop")
     ignore_eos = body.get("ignore_eos", False)

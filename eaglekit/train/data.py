@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..io import iter_jsonl
+from ..io import iter_jsonl, read_record_text
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
 
@@ -95,7 +95,7 @@ def read_records(path: str | Path):
         raise InputError(f"data path {path} does not exist", fix="pass a file or folder of training data", code="E101")
     for f in _files(path):
         if f.suffix != ".jsonl":
-            yield "text", f.read_text(errors="replace")
+            yield "text", read_record_text(f)
             continue
         for n, obj in iter_jsonl(f):
             if not isinstance(obj, dict):

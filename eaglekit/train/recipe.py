@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_json
+from ..io import atomic_write_bytes, atomic_write_json
 from ..observe.metrics import fmt
 
 PRESETS = {
@@ -201,7 +201,8 @@ def stage_prompts(out: Path, corpus, tok, p: dict) -> list[str]:
     if path.is_file():
         return [json.loads(x)["prompt"] for x in path.read_text().splitlines() if x.strip()]
     prompts = heldout_prompts(corpus, tok, max(p["eval_prompts"], 32))
-    path.write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
+    # atomic: a recipe killed here and run again reads the file as complete
+    atomic_write_bytes(path, "".join(json.dumps({"prompt": x}) + "\n" for x in prompts).encode())
     return prompts
 
 

@@ -12,7 +12,7 @@ from ..decoding.compare import compare
 from ..decoding.engine import Decoder
 from ..draft import check_pair, load_draft, new_draft, save_draft
 from ..errors import ContractError, InputError
-from ..io import atomic_write_json
+from ..io import atomic_write_bytes, strict_json
 from ..models import load_target
 from ..options import DecodeOptions, EvalOptions, ExtractOptions, ModelOptions, RegenOptions, TrainOptions
 from ..pair import load_pair
@@ -24,6 +24,9 @@ from .regen import regenerate
 from .sources import OnlineSource
 from .trainer import TrainConfig, dist_info, distributed_run, evaluate_ttt, train_draft
 from .vocab import VocabMap, count_tokens, vocab_map_from_counts
+
+# what `eaglekit train` writes under its --out (an input there would be replaced: io.no_overlap refuses it)
+TRAIN_WRITES = ("checkpoint", "draft", "train_log.jsonl", "train_summary.json")
 
 
 def _target(target_dir, backend, device, dtype, capture):
@@ -107,7 +110,7 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)
         res.update(capture=capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
-        atomic_write_json(Path(out) / "train_summary.json", res)
+        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "\n").encode())
     return res
 
 

@@ -9,6 +9,7 @@ in the same order (no sample lost or counted twice; the log is truncated back to
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from contextlib import contextmanager
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 from ..draft import save_draft
-from ..io import append_line, atomic_write_bytes
+from ..errors import InputError
+from ..io import append_line, atomic_write_bytes, strict_json
 from .ttt import simulated_accept_length, target_distribution, ttt_forward
 
 
@@ -42,6 +44,20 @@ class TrainConfig:
     bf16: bool | None = None  # None: on when training on CUDA
     time_budget_s: float | None = None  # fit the step count to this budget after timing the first steps
     extra: dict = field(default_factory=dict)
+
+
+# A resumed run (the same --out) continues with the values given now for the settings that only shape the schedule
+# and the optimiser's step, and says which changed; it refuses (E120) a change of those that choose its samples or its
+# model, which the checkpoint's steps were taken with (the fix: the checkpoint's value, or a new --out).
+RESUME_CONTINUES = ("epochs", "max_steps", "lr", "min_lr_ratio", "warmup", "grad_clip", "save_every", "eval_every",
+                    "time_budget_s")
+RESUME_FIXED = ("batch_size", "seed", "ttt_length", "decay", "weight_decay", "betas", "bf16")
+
+
+class TrainingDiverged(InputError):
+    """A non-finite loss, gradient or weight: the run stops, its last good checkpoint and draft stay (E127)."""
+
+    code = "E127"
 
 
 # the feature fingerprint is taken over the first this many training tokens (per-slot sums: cheap)
@@ -140,23 +156,52 @@ class RunState:
     total: int = 0
 
 
-def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, device, rank: int) -> RunState:
-    """Load the last checkpoint if there is one, refusing one made with another vocabulary; cut the log back to it."""
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _changed_settings(old: dict, cfg: "TrainConfig", ckpt: Path) -> dict:
+    """{setting: (checkpoint's, now)} for the RESUME_CONTINUES settings that differ; E120 for a RESUME_FIXED one."""
+    now = asdict(cfg)
+    norm = (lambda v: list(v) if isinstance(v, tuple) else v)  # noqa: E731 -- betas: a tuple, a list once reloaded
+    fixed = {k: (old[k], now[k]) for k in RESUME_FIXED if k in old and norm(old[k]) != norm(now[k])}
+    if fixed:
+        what = ", ".join(f"{_flag(k)} {a} (now {b})" for k, (a, b) in fixed.items())
+        raise InputError(f"the checkpoint in {ckpt.parent} was trained with {what}: these choose a run's samples or "
+                         f"its model, so a resumed run keeps them", code="E120",
+                         fix=f"resume with {' '.join(f'{_flag(k)} {a}' for k, (a, _) in fixed.items())}, or use a new "
+                             f"--out to start over")
+    return {k: (old[k], now[k]) for k in RESUME_CONTINUES if k in old and old[k] != now[k]}
+
+
+def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, device, rank: int,
+            cfg: "TrainConfig | None" = None) -> RunState:
+    """Load the last checkpoint if there is one, refusing one made with another vocabulary or with other RESUME_FIXED
+    settings; cut the log back to it. Changed RESUME_CONTINUES settings apply from the checkpoint's step on (said so);
+    the step count is recomputed when --max-steps or --epochs changed, else the checkpoint's (maybe budget-fitted)
+    one is kept."""
     from .loop import load_state
 
     state = load_state(ckpt, device)
     if state is None:
         return run
     if not torch.equal(state["hot"].cpu(), hot.cpu()):
-        from ..errors import InputError
-
         raise InputError(f"the checkpoint in {ckpt.parent} was trained with another draft vocabulary",
                          fix="resume with the same data and --draft-vocab-size, or use a new --out", code="E120")
     draft.load_state_dict(state["draft"], strict=False)
     opt.load_state_dict(state["opt"])
     if "sketch" in state:
         sketch.load_state(state["sketch"])
-    run = RunState(state["step"], state["samples_seen"], state.get("total", run.total))
+    changed = _changed_settings(state.get("config") or {}, cfg, ckpt) if cfg is not None else {}
+    total = run.total if {"max_steps", "epochs"} & changed.keys() else state.get("total", run.total)
+    run = RunState(state["step"], state["samples_seen"], total)
+    if rank == 0 and changed:
+        print(f"training: resuming at step {run.step} with changed settings, which apply from this step on: "
+              + ", ".join(f"{_flag(k)} {a} -> {b}" for k, (a, b) in changed.items())
+              + f" ({total} steps in all)", flush=True)
+    if rank == 0 and run.step >= total:
+        print(f"training: the checkpoint is at step {run.step}, at or past the {total} steps asked: nothing is left "
+              f"to train", flush=True)
     if rank == 0 and log_path.is_file():
         _truncate_log(log_path, run.step)
     return run
@@ -208,7 +253,8 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
     C = draft.config.num_captures
     sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
     run = RunState(total=cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1))
-    run = _resume(draft, opt, hot, sketch, ckpt, log_path, run, device, rank)
+    run = _resume(draft, opt, hot, sketch, ckpt, log_path, run, device, rank, cfg)
+    saved = run.step  # the step of the last good checkpoint (0: none yet)
     start, total = run.step, run.total
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -245,14 +291,21 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
         stats, gnorm = _step(model, opt, params, batch, lm_head_w, hot, lr, cfg, device, world)
         samples_seen += global_batch
         last = _record(stats, step, lr, gnorm, samples_seen, cfg)
+        finite = bool(torch.isfinite(stats).all()) and math.isfinite(last["grad_norm"])
         if rank == 0:
-            append_line(log_path, json.dumps(last))
+            append_line(log_path, strict_json(last if finite else {**last, "diverged": True}))
+        if not finite:  # every rank sees the same all-reduced stats: all stop here
+            _diverged(step, last, lr, saved, out, "the loss" if not math.isfinite(last["loss"]) else "the gradient")
             if bar is not None:
                 bar.set_postfix(loss=f"{last['loss']:.3f}", acc=" ".join(f"{a:.2f}" for a in last["acc"][:4]))
                 bar.update(1)
         done = step + 1 == total
-        if rank == 0 and ((step + 1) % cfg.save_every == 0 or done):
-            _save(draft, opt, hot, RunState(step + 1, samples_seen, total), cfg, ckpt, out, sketch)
+        if (step + 1) % cfg.save_every == 0 or done:
+            if not all(bool(torch.isfinite(p).all()) for p in draft.parameters()):  # a step that overflowed them
+                _diverged(step, last, lr, saved, out, "the weights")
+            if rank == 0:
+                _save(draft, opt, hot, RunState(step + 1, samples_seen, total), cfg, ckpt, out, sketch)
+            saved = step + 1
         if cfg.eval_every and eval_indices and ((step + 1) % cfg.eval_every == 0) and rank == 0 and not done:
             ev = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
             print(f"\nstep {step + 1}: held-out acc {[round(a, 3) for a in ev['per_position_acc']]} "
@@ -265,6 +318,16 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
     if eval_indices and rank == 0:
         result["heldout"] = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
     return result
+
+
+def _diverged(step: int, rec: dict, lr: float, saved: int, out: Path, what: str):
+    kept = (f"the checkpoint of step {saved} and its draft in {out} are kept (nothing of this step was written)"
+            if saved else "no checkpoint was written yet, and no draft")
+    raise TrainingDiverged(
+        f"training diverged at step {step + 1}: {what} is not finite (loss {rec['loss']}, grad norm "
+        f"{rec['grad_norm']}, learning rate {lr:g}); {kept}",
+        fix="lower --lr (or raise --warmup) and run the same command: it resumes from the last good checkpoint with "
+            "the new settings (or use a new --out to start over)")
 
 
 def _truncate_log(log_path: Path, start: int) -> None:

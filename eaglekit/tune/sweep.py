@@ -8,6 +8,7 @@ that are not valid trees (more draft tokens than candidates) are skipped.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..decoding.engine import Decoder
 from ..decoding.sampling import SamplingParams
 from ..decoding.tree import TreeShape
 from ..errors import GenerationError
+from ..io import atomic_write_bytes
 from ..observe.metrics import fmt, rounded
 
 DEFAULT_GRID = dict(steps=(1, 3, 5), topk=(1, 4, 8), draft_tokens=(4, 8, 16, 32))
@@ -83,13 +85,14 @@ def write_results(res: dict, out: str | Path) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "sweep.json", "csv": out / "sweep.csv", "png": out / "sweep.png"}
-    paths["json"].write_text(json.dumps(res, indent=2))
-    with open(paths["csv"], "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["steps", "topk", "draft_tokens", "accept_length", "accept_rate", "tokens_per_s", "speedup"])
-        for r in res["rows"]:
-            w.writerow([r["steps"], r["topk"], r["draft_tokens"], r["accept_length"], r["accept_rate"],
-                        r["tokens_per_s"], r["speedup"]])
+    atomic_write_bytes(paths["json"], json.dumps(res, indent=2).encode())
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["steps", "topk", "draft_tokens", "accept_length", "accept_rate", "tokens_per_s", "speedup"])
+    for r in res["rows"]:
+        w.writerow([r["steps"], r["topk"], r["draft_tokens"], r["accept_length"], r["accept_rate"],
+                    r["tokens_per_s"], r["speedup"]])
+    atomic_write_bytes(paths["csv"], buf.getvalue().encode())
     heatmap(res, paths["png"])
     return paths
 
@@ -129,5 +132,7 @@ def heatmap(res: dict, path: Path) -> None:
     fig.suptitle(f"speedup / accept length; best ({b['steps']}, {b['topk']}, {b['draft_tokens']}) "
                  f"{b['speedup']:.2f}x; baseline {res['baseline_tokens_per_s']:.0f} tok/s on {res['device']}",
                  fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())

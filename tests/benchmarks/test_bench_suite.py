@@ -23,7 +23,7 @@ def _result(speedup: float) -> dict:
 def test_the_registry_lists_the_suites():
     registry.load()
     for name in ("cpu-demo", "cpu-cycle", "h200", "h200-batch", "cpu-serve-demo", "h200-serve-demo",
-                 "cpu-policy-burst"):
+                 "cpu-policy-burst", "cpu-poison"):
         assert name in registry.SUITES
         for case, _ in registry.SUITES[name].cases:
             assert case in registry.CASES
