@@ -84,7 +84,7 @@ class StoodRows:
 
     def __init__(self, target, draft, shape, prompts: list, graphs: bool, plain_rows: int = 1,
                  max_new: int = 256, capture=None, **engine):
-        from eaglekit.decoding.batch import BatchEngine, Request
+        from eaglekit.decoding.engine import BatchEngine, Request
 
         engine.setdefault("adaptive", False)
         self.engine = BatchEngine(target, draft, shape, max_batch=len(prompts), graphs=graphs, plain_rows=plain_rows,

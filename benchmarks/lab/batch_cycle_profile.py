@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--fold", default="on")
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.models import layers
 

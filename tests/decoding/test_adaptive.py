@@ -11,8 +11,8 @@ import torch
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.accept import accept_synthetic_rows, synthetic_rate
 from eaglekit.decoding.adaptive import LONGEST_PROBE, MAX_PROBE, MIN_PROBE, PROBE_SHARE, SpecPolicy
-from eaglekit.decoding.batch import BatchEngine, Request
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import Tree, TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.errors import EaglekitError
@@ -395,7 +395,7 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
     target's."""
     from test_batch import _eager_graphs
 
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import engine as batch
 
     steps = []  # (quiet, capturing) of each plain step
 

@@ -1,4 +1,4 @@
-"""Batched decoding (eaglekit.decoding.batch): every request's greedy output equals that request decoded alone,
+"""Batched decoding (eaglekit.decoding.engine): every request's greedy output equals that request decoded alone,
 whatever else is in the batch, with requests joining, leaving and being cancelled mid-way.
 
 The property test draws a scenario per seed: a tree shape (chains and topk > 1 trees), a draft (a real EAGLE-3
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.batch import BatchEngine, Event, Request, padded_size
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Event, Request, padded_size
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
@@ -204,7 +204,7 @@ def test_batched_greedy_equals_alone_in_the_recorded_layout(model_dirs, seed, mo
     """The engine as it runs with CUDA graphs (padded sizes, the target's span the cache's, the draft's the slots a
     cycle reaches, the phases recorded once per size and replayed, the policy's costs timed at warm-up), here with
     graphs that call their functions: every request's output equals it decoded alone."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import engine as batch
 
     monkeypatch.setattr(batch, "record_graphs", _eager_graphs)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -216,7 +216,7 @@ def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeyp
     graphs recorded and the policy's costs timed at every size and length; then requests that fit the span decode
     with no recording inside a step, each output equal to it decoded alone, and the engine refuses a warm-up while
     busy."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import engine as batch
 
     recorded = []
 
@@ -356,7 +356,7 @@ def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatc
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the
     batched tree, verify masks, per-row paths and the draft's spans, beyond output equality, which any draft keeps),
     eagerly and in the layout the engine records CUDA graphs in (test above)."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import engine as batch
 
     target = _target(model_dirs)
     eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from helpers import NoisyOracleDraft
 
-from eaglekit.decoding import batch as batch_mod
-from eaglekit.decoding.batch import BatchEngine, Request
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding import engine as batch_mod
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.errors import FeatureError, GenerationError

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import random_tree_paths
 
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
@@ -86,7 +86,7 @@ def test_batched_graphs_equal_alone(pair32, shape):
     """BatchEngine with its CUDA graphs (rows padded to the recorded sizes), requests arriving over several
     steps and one cancelled: every finished request's greedy output equals that request decoded alone, and
     a second wave on the same engine replays the recorded graphs with the same result."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair32
     eng = BatchEngine(t, d, TreeShape(*shape), max_batch=8, graphs=True)
@@ -322,7 +322,7 @@ def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(p
     one-row baseline, and its chain or tree ran as the one-sequence walk on the row's cache (Eagle3Draft.chain_rows /
     tree_rows: the compiled graph where the draft is compiled), with draft tokens accepted (chains keep their KV in
     place)."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair_bf16
     shape = TreeShape(*shape)
@@ -470,8 +470,8 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     """An untrained draft in the recorded engine, its acceptance held at 0: the row is the probes' sentinel until a
     probe loses with the next one due past its end; then it gives the draft up and its plain steps replay the graph
     that keeps no features. The output is the target's."""
-    from eaglekit.decoding import batch
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding import engine as batch
+    from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.draft import new_draft
 
     t, _, prompts = pair32
