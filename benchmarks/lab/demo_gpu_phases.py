@@ -50,7 +50,7 @@ def main() -> None:
     # a prompt of a length not seen before: its prefill's first call against a second one, and what compiled
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding import engine as engine_mod
+    from eaglekit.decoding import runner as engine_mod
 
     records = []
     record = engine_mod.record_graphs

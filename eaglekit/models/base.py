@@ -181,7 +181,7 @@ class Target(ABC):
     batch_invariant = False
 
     # Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles it
-    # before its first prefill counts (decoding.engine.BatchEngine._warm_prompts)
+    # before its first prefill counts (decoding.prefill.Prefiller.warm)
     compiled_prompts = False
 
     @abstractmethod

@@ -12,7 +12,7 @@ import torch
 from helpers import make_hf_model
 from scipy.stats import chisquare
 
-import eaglekit.decoding.engine as engine_mod  # (the one engine: where the accept rule is called)
+import eaglekit.decoding.phases as engine_mod  # (the one engine's phases: where the accept rule is called)
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams, probs, sample
 from eaglekit.decoding.tree import TreeShape

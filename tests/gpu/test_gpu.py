@@ -78,7 +78,7 @@ def test_recorded_graphs_follow_a_reallocated_cache(pair32):
         assert fast.generate(prompts[1], n, baseline=True).token_ids == slow.generate(prompts[1], n,
                                                                                       baseline=True).token_ids
     for e in (fast.engine(), fast.engine(plain=True)):  # each engine's graphs at the grown span, none at the old one
-        assert e.S >= 512 and e._cycles and all(S == e.S for _, S, _ in e._cycles)
+        assert e.state.S >= 512 and e.runner.cycles and all(S == e.state.S for _, S, _ in e.runner.cycles)
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (4, 2, 8)])
@@ -114,10 +114,10 @@ def test_batched_graphs_equal_alone(pair32, shape):
             else:
                 assert got[rid] == w, f"wave {wave}, {rid}: batched output differs from alone"
     assert eng.spec_stats["num_drafts"] > 0
-    # every padded size met was recorded at every draft length and timed at warm-up (BatchEngine._time_at_warmup)
-    sizes = {B for B, _, _ in eng._cycles}
-    assert {s for _, _, s in eng._cycles} == set(eng.shapes.values())
-    assert {B for B, _ in eng._quiet} == sizes  # and each its plain step that keeps no features
+    # every padded size met was recorded at every draft length and timed at warm-up (GraphRunner.time_costs)
+    sizes = {B for B, _, _ in eng.runner.cycles}
+    assert {s for _, _, s in eng.runner.cycles} == set(eng.shapes.values())
+    assert {B for B, _ in eng.runner.quiet} == sizes  # and each its plain step that keeps no features
     assert all(B in eng.policy.plain and all((B, j) in eng.policy.spec for j in eng.shapes) for B in sizes)
 
 
@@ -470,8 +470,8 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     """An untrained draft in the recorded engine, its acceptance held at 0: the row is the probes' sentinel until a
     probe loses with the next one due past its end; then it gives the draft up and its plain steps replay the graph
     that keeps no features. The output is the target's."""
-    from eaglekit.decoding import engine as batch
     from eaglekit.decoding.engine import BatchEngine, Request
+    from eaglekit.decoding.phases import Cycle
     from eaglekit.draft import new_draft
 
     t, _, prompts = pair32
@@ -481,8 +481,8 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     p = eng.policy
     p.reached, p.accepted = [1e6] * 3, [0.0] * 3  # no draft token accepted, ever: speculation never pays
     ran = []
-    run = batch._Rows.run
-    monkeypatch.setattr(batch._Rows, "run", lambda rows, phase: ran.append((rows.quiet, phase)) or run(rows, phase))
+    run = Cycle.run
+    monkeypatch.setattr(Cycle, "run", lambda rows, phase: ran.append((rows.quiet, phase)) or run(rows, phase))
     eng.add(Request("r0", prompts[0], 200, eos_ids=()))
     got = []
     while eng.has_work:
