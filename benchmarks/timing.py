@@ -84,7 +84,7 @@ class StoodRows:
 
     def __init__(self, target, draft, shape, prompts: list, graphs: bool, plain_rows: int = 1,
                  max_new: int = 256, capture=None, **engine):
-        from eaglekit.decoding.batch import BatchEngine, Request
+        from eaglekit.decoding.engine import BatchEngine, Request
 
         engine.setdefault("adaptive", False)
         self.engine = BatchEngine(target, draft, shape, max_batch=len(prompts), graphs=graphs, plain_rows=plain_rows,
@@ -95,9 +95,9 @@ class StoodRows:
         self.shape = shape
         with torch.inference_mode():
             self.engine.step()  # the prefills, this size's graphs, one cycle (or plain step)
-            self.c = self.engine._rows(shape)
+            self.c = self.engine.cycle(shape)
         self.PHASES = self.c.SPEC
-        self._state = self.c.state()
+        self._state = self.c.moving()
         self._snap = [x.clone() for x in self._state]
         self._by_shape = {shape: self.c}  # each shape's engine rows, recorded once
 
@@ -111,7 +111,7 @@ class StoodRows:
         shape = shape or self.shape
         if shape not in self._by_shape:
             with torch.inference_mode():
-                self._by_shape[shape] = self.engine._rows(shape)
+                self._by_shape[shape] = self.engine.cycle(shape)
             self.restore()
         return self._by_shape[shape]
 

@@ -143,7 +143,7 @@ def sampling_params(args):
 # --- generate --------------------------------------------------------------------------------------
 @command("generate", "decode a prompt with the target alone or with an EAGLE-3 draft")
 def cmd_generate(args) -> int:
-    from .decoding.engine import Decoder
+    from .decoding.decoder import Decoder
     from .io import check_utf8, read_utf8
     from .observe.report import metrics_table, print_table
     from .pair import load_pair

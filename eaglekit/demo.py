@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .decoding.compare import compare
-from .decoding.engine import Decoder
+from .decoding.decoder import Decoder
 from .decoding.tree import TreeShape
 from .errors import InputError
 from .observe.metrics import fmt

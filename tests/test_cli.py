@@ -256,7 +256,7 @@ def test_a_seed_outside_a_signed_64_bit_integer_is_refused_at_construction():
 
 
 def test_a_prompt_of_the_whole_context_is_told_to_shorten_not_to_ask_for_0_tokens(model_dirs):
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.errors import GenerationError
 
     t = load_target(model_dirs["llama"])

@@ -9,7 +9,7 @@ from folders import write_specforge_folder
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft

@@ -1,4 +1,4 @@
-"""Batched EAGLE-3 decoding (eaglekit.decoding.batch.BatchEngine, what `eaglekit serve` runs).
+"""Batched EAGLE-3 decoding (eaglekit.decoding.engine.BatchEngine, what `eaglekit serve` runs).
 
     batch-cycles   per batch size, the plain batched step and the batched cycle of the chain (3,1,4) and of its
                    shorter prefixes (the draft lengths the engine's policy picks from), each its CUDA graphs
@@ -168,7 +168,7 @@ def _demo_pair(device: str, products="auto"):
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1, "reps": 1})
 @torch.inference_mode()  # (the pair loads outside it: _demo_pair)
 def batch_demo(p, ctx):
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     if p["threads"]:
         torch.set_num_threads(p["threads"])
@@ -243,7 +243,7 @@ def policy_burst(p, ctx):
     import subprocess
     import sys
 
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t, d, rand, prompts = _demo_pair(device)

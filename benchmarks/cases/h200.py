@@ -203,7 +203,7 @@ def cycles_8b_int8(p, ctx):
       quick={"dtypes": "bfloat16", "shapes": "5,1,6", "prompts": 8}, needs="cuda")
 def demo_pair_gpu(p, ctx):
     from eaglekit.decoding.compare import compare
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair

@@ -97,7 +97,7 @@ def _serve(engine, tok, context, max_batch, build_app=None):
 
 def _warm(engine, sizes, prompt_len, max_tokens, vocab):
     """One wave of B requests per padded size (as long as the bench's): every graph and span recorded before timing."""
-    from eaglekit.decoding.batch import Request
+    from eaglekit.decoding.engine import Request
 
     rng = random.Random(5)
     for B in sizes:
@@ -114,7 +114,7 @@ def _warm(engine, sizes, prompt_len, max_tokens, vocab):
                 "prompt_graphs": False},
       quick={"concurrency": [1, 16], "max_tokens": 64, "min_requests": 4})
 def serve_e2e(p, ctx):
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
 
     cuda = torch.cuda.is_available() and not p["tiny"]

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--fold", default="on")
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.models import layers
 
@@ -54,8 +54,8 @@ def main() -> None:
             prompt = torch.randint(0, raw["vocab_size"] - 1, (a.context,), generator=g).tolist()
             eng.add(Request(f"r{i}", prompt, 256, eos_ids=()))
         eng.step()
-        c0 = eng._rows()
-        state = c0.state()
+        c0 = eng.cycle()
+        state = c0.moving()
         snap = [x.clone() for x in state]
 
         def restore():
@@ -67,7 +67,7 @@ def main() -> None:
 
         row = {"plain_ms": med(lambda: (c0.run("plain"), c0.run("plain_commit")))}  # noqa: B023
         for j in map(int, a.lengths.split(",")):
-            c = eng._rows(eng.shapes[j])
+            c = eng.cycle(eng.shapes[j])
             phases = {ph: med(lambda ph=ph: c.run(ph)) for ph in c.SPEC}  # noqa: B023
 
             def cycle():

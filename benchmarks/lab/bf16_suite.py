@@ -34,7 +34,7 @@ SHAPES = [(3, 1, 4), (5, 1, 6), (4, 2, 8), (6, 8, 48)]
 def demo_identity(n_prompts: int, max_new: int, compile: str = "off",
                   products: str = "auto") -> list[dict]:
     from eaglekit.decoding.compare import compare
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair

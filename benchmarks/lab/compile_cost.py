@@ -36,7 +36,7 @@ def main() -> None:
     import torch
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair

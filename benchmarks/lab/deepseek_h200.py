@@ -408,7 +408,7 @@ class Bench:
                "attn_implementation": str(getattr(hcfg, "_attn_implementation", None))}
         # our greedy tokens for the same prompt (the same weights): agreement is a sanity check in bf16, not a test
         try:
-            from eaglekit.decoding.engine import Decoder
+            from eaglekit.decoding.decoder import Decoder
 
             ourtok = Decoder(self.ctx["target"]).generate(ids[0].tolist(), 16, eos_ids=()).token_ids
             res["first_16_tokens_agree"] = sum(a == b for a, b in zip(ourtok, out[0, ids.shape[1]:].tolist()))

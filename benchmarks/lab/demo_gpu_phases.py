@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
@@ -50,7 +50,7 @@ def main() -> None:
     # a prompt of a length not seen before: its prefill's first call against a second one, and what compiled
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding import batch as engine_mod
+    from eaglekit.decoding import runner as engine_mod
 
     records = []
     record = engine_mod.record_graphs

@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="the chain's length (default 5 on a GPU, 4 on a CPU)")
     a = ap.parse_args()
-    from eaglekit.decoding.batch import BatchEngine, Request
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
+    from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import demo_paths
     from eaglekit.pair import load_pair

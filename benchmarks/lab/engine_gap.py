@@ -48,7 +48,7 @@ def _prompts(tok, n: int) -> list[list[int]]:
 
 
 def _engine(variant: str, draft_dir, device: str, max_batch: int, prompt_graphs: bool):
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
     from eaglekit.pair import load_pair
@@ -93,7 +93,7 @@ def _timed_steps(eng) -> dict:
 def _pass(eng, prompts, max_tokens: int, sync, scheduler: bool) -> int:
     """Every prompt one after another, stepped here or (`scheduler`) through the server's Scheduler: its engine thread
     and an asyncio loop here consuming each request's events, as `eaglekit serve` runs them (less HTTP). -> tokens."""
-    from eaglekit.decoding.batch import Request
+    from eaglekit.decoding.engine import Request
 
     reqs = [Request(f"r{i}", ids, max_tokens, eos_ids=()) for i, ids in enumerate(prompts)]
     tokens = 0

@@ -56,7 +56,7 @@ def _sync(cuda: bool) -> None:
 def _admit_ms(eng, prompts, max_new: int, cuda: bool) -> tuple[list[float], list[float]]:
     """Each prompt alone through the engine: the wall time of the step that admits it (its prefill, up to its first
     token) and of the step after it (its first decode step), then the rest of the request run out."""
-    from eaglekit.decoding.batch import Request
+    from eaglekit.decoding.engine import Request
 
     admit, after = [], []
     for i, p in enumerate(prompts):
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--prompt-graphs", action="store_true",
                     help="each variant again with the prompts through the graphs of compile_prompts()")
     a = ap.parse_args()
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.kernels.products import compiles_any_length
 

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--out", default="./out")
     a = ap.parse_args()
     import eaglekit.serve.app as tree_app
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
 
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ import torch
 
 def main():
     from eaglekit.capture import CaptureSpec
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import demo_paths
     from eaglekit.observe.metrics import aggregate

@@ -54,7 +54,7 @@ COST_MEAN = 0.3  # weight of the newest wall time in the running cost
 # to four steps' time on a CPU), so at MAX_PROBE an unpaying draft costs ~1-2% of plain decoding there
 MIN_PROBE, MAX_PROBE = 16, 240
 # where a probe costs more than PROBE_SHARE of MAX_PROBE plain steps, the back-off goes on up to LONGEST_PROBE steps;
-# LONGEST_PROBE < the engine's catch-up window, whose features it keeps per row (decoding.batch.CATCH_UP)
+# LONGEST_PROBE < the engine's catch-up window, whose features it keeps per row (decoding.state.CATCH_UP)
 PROBE_SHARE, LONGEST_PROBE = 0.01, 1008
 
 

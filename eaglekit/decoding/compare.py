@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from ..observe.metrics import GenerationMetrics, aggregate, rounded
-from .engine import Decoder, GenerationResult
+from .decoder import Decoder, GenerationResult
 from .sampling import SamplingParams
 
 

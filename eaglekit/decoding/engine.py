@@ -1,157 +1,441 @@
-"""One request at a time: `Decoder.generate`, what generate, demo, eval, sweep and the doctor run.
+"""The one EAGLE-3 decode engine, with continuous batching: `eaglekit serve` runs it with many rows, and generate,
+demo, eval, sweep and the doctor with a batch of one (eaglekit.decoding.decoder.Decoder).
 
-A Decoder drives the one engine (decoding.batch.BatchEngine) with a batch of one row: the same tree expansion, the
-same compiled draft walks, the same CUDA graphs per phase and the same accept as `serve` at any batch size (batch 1 is
-a batch of one). What it adds is the one-request interface: the prompt's checks with their fixes, stop strings and
-EOS, the baseline (the same engine without the draft, `baseline=True`), and per-cycle metrics (accepted tokens and
-tree depth of each cycle, phase times with `profile`).
+Every running sequence owns one row of the target's and the draft's KV caches (eaglekit.models.layers.RowKV:
+per-row committed lengths on the device, per-row slots). A step that finds requests waiting admits them into free
+rows (one prefill each) and returns their first tokens; any other step runs ONE cycle for all running rows together
+(decoding.phases: draft tree -> verify -> accept -> cache update -> draft extend) or one plain decode step.
 
-    prefill (features at the capture layers) -> draft extend -> [expand tree -> verify (one target
-    forward, tree mask) -> accept (path + bonus) -> keep the path's KV -> draft extend on the path]*
+The engine keeps intake (add, cancel), admission and the step's choice, and wires the pieces that do the rest, each
+in its own module: the batch's device tensors (decoding.state.BatchState), the cycle's phases on them
+(decoding.phases.Cycle), the rows' spans, growth and compaction (decoding.allocator.RowAllocator), the cycles by
+padded size recorded in CUDA graphs or run eagerly, and the warm-up's timings (decoding.runner.GraphRunner), the
+counters and phase times (decoding.stats.EngineStats).
 
-A backend that holds one sequence (the transformers adapter, tests' doubles) runs through the engine's one-row
-adapters (decoding.one_row), eagerly.
+How far a step speculates is the policy's choice (eaglekit.decoding.adaptive.SpecPolicy): a cycle of the tree
+shape or of one of its shallower versions (TreeShape.shorter), or a plain batched decode step (one token per row),
+whichever gives more tokens per second at this padded size by the engine's own timings and running per-position
+acceptance. Every length's output is the target's (acceptance is exact at any length); only the speed differs. A plain
+step captures the target's features of its token into a per-row window (CATCH_UP tokens); before the next tree cycle the
+draft extends over the window, so rows keep their draft through plain steps. A row whose window overflows (speculation
+off for longer than CATCH_UP steps, or past `spec_max_batch` rows) stays draft-less (it accepts only the
+root in later cycles: still one exact target token per cycle) until it finishes; rows admitted later draft
+again. `adaptive=False` runs the whole tree shape on every step up to `spec_max_batch` rows.
+
+`synthetic_accept_length` (benchmarks only, never lossless): acceptance replaced by
+eaglekit.decoding.accept.accept_synthetic_rows at the per-position rate that gives that accept length, so
+that serving speed at a target's shape can be measured with random weights. `synthetic` names the rate.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
 
 import torch
 
 from ..capture import CaptureSpec
-from ..draft import check_pair
-from ..draft.base import Draft
 from ..errors import GenerationError
+from ..kernels.compiling import prompt_calls
 from ..models.base import Target
 from ..observe import trace
-from ..observe.metrics import GenerationMetrics
-from .batch import BatchEngine, Request
-from .sampling import SamplingParams
+from .accept import synthetic_rate
+from .adaptive import SpecPolicy
+from .allocator import RowAllocator
+from .one_row import one_row
+from .phases import Cycle
+from .prefill import Prefiller
+from .requests import Event, Request, Seq, seeded, validate
+from .runner import GraphRunner, padded_size
+from .sampling import make_generator, probs, sample
+from .state import CATCH_UP, BatchState, Setup
+from .stats import EngineStats
 from .stops import Emitter
 from .tree import TreeShape
 
 
-def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeShape) -> int:
-    """How many rows the baseline step computes (its token is row 0; see the engine's plain step). "auto": the tree's
-    draft_tokens where one row and a tree of rows round differently (reduced precision on a GPU) and there is a
-    draft to compare with, else 1. In float32, on a CPU, and with batch-invariant kernels (products "invariant",
-    "hopper") one row already agrees with the verify."""
-    if rows == "auto":
-        low = target.dtype in (torch.bfloat16, torch.float16)
-        invariant = target.batch_invariant
-        return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low
-                                      and not invariant) else 1
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise GenerationError(f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",
-                              fix="pass baseline_rows=\"auto\" (the default) or an integer >= 1", code="E300")
-    return rows
+class BatchEngine:
+    """Continuous-batching EAGLE-3 decoder over one target (and optionally one draft). Not thread-safe by
+    itself beyond a lock around add / cancel / step: call them from any thread, one at a time."""
 
+    def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
+                 tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
+                 allow_other_target: bool = False, graphs: bool | str = "auto", adaptive: bool = True,
+                 synthetic_accept_length: float | None = None, profile: bool = False, profile_ranges: bool = False,
+                 plain_rows: int = 1, pair_checked: bool = False, strict_features: bool = False):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
+                                  code="E307")
+        if draft is not None:
+            from ..draft import check_pair
 
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    text: str | None
-    stop_reason: str
-    metrics: GenerationMetrics
+            # `pair_checked`: the caller checked the pair and passes the capture to run with (decoding.decoder.Decoder)
+            capture = capture if pair_checked else check_pair(draft, target, capture, allow_other_target)
+        else:
+            capture = None
+        # a backend that holds one sequence runs as a batch of one (decoding.one_row; more rows: E308)
+        target, draft, self.adapted = one_row(target, draft, max_batch)
+        self.target, self.tokenizer = target, tokenizer
+        self.shape = shape = shape or TreeShape.make()
+        self.max_batch = max_batch
+        self.device = target.device
+        self.spec_max_batch = max_batch if spec_max_batch is None else spec_max_batch
+        if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 1:
+            raise GenerationError(f"plain rows must be an integer >= 1, got {plain_rows!r}",
+                                  fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
+                                      "plain step should share (decoding.decoder.resolve_baseline_rows)", code="E300")
+        P = shape.path_len
+        # the shapes a step may run, by draft length (accepted-path positions): the tree and its shallower versions
+        self.shapes = {s.path_len - 1: s for s in shape.shorter()}
+        policy = SpecPolicy(P - 1, tuple(self.shapes)) if draft is not None and adaptive else None
+        synthetic = None
+        if synthetic_accept_length is not None:
+            if draft is None:
+                raise GenerationError("synthetic acceptance needs a draft", fix="serve with --draft", code="E317")
+            synthetic = synthetic_rate(float(synthetic_accept_length), P - 1)
+            policy = None  # a synthetic run measures the whole tree's cycle: no choice from its timings
+        self.setup = Setup(target, draft, capture, synthetic, plain_rows)
+        self.state = BatchState(max_batch, self.device)
+        self.alloc = RowAllocator(self.setup, self.state, shape)
+        # (an adapted backend reads its row's length on the host each call: never in CUDA graphs)
+        graphs = not self.adapted and ((self.device.type == "cuda" and target.static) if graphs == "auto"
+                                       else bool(graphs))
+        self.runner = GraphRunner(self.setup, self.state, shape, self.shapes, policy, graphs)
+        self.stats = EngineStats(P - 1, self.shapes, profile, self.device, ranges=profile_ranges)
+        self.spec_stats, self.profiler = self.stats.spec, self.stats.profiler  # (read by serve and the Decoder)
+        self.rows: list[Seq] = []  # running; index == cache row
+        self.waiting: deque[Seq] = deque()
+        self._cancelled: list[Event] = []
+        self._pending_admitted: list[Seq] = []  # admitted by `admit`, their events due with the next step
+        self._lock = threading.RLock()
+        self.prefiller = Prefiller(self.setup, self.state, strict_features)
+        self._last_step: str | None = None  # "cycle" or "plain": the step before this one (None: a prefill) (_settled)
 
+    # --- what the pieces share (tests hand in a draft, a capture, a policy or the recorded layout after construction)
+    draft = property(lambda self: self.setup.draft, lambda self, v: setattr(self.setup, "draft", v))
+    capture = property(lambda self: self.setup.capture, lambda self, v: setattr(self.setup, "capture", v))
+    synthetic = property(lambda self: self.setup.synthetic)
+    plain_rows = property(lambda self: self.setup.plain_rows)
+    policy = property(lambda self: self.runner.policy, lambda self, v: setattr(self.runner, "policy", v))
+    graphs = property(lambda self: self.runner.graphs, lambda self, v: setattr(self.runner, "graphs", v))
+    pad = property(lambda self: self.runner.pad, lambda self, v: setattr(self.runner, "pad", v))
 
-class Decoder:
-    """One request at a time on a one-row BatchEngine. `profile`: phase times in each result's metrics.phases
-    (`profile_ranges`: also torch.profiler / NVTX ranges). `graphs`: CUDA graphs per phase ("auto": on a GPU for a
-    static target). `baseline_rows`: the baseline step's rows (resolve_baseline_rows). `draft` and `capture` may be
-    set after construction (tests hand in doubles this way): the engine follows them."""
+    # --- public interface ----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.rows or self.waiting or self._cancelled or self._pending_admitted)
 
-    def __init__(self, target: Target, draft: Draft | None = None, shape: TreeShape | None = None,
-                 capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
-                 graphs: bool | str = "auto", profile_ranges: bool = False, baseline_rows: int | str = "auto"):
-        self.target, self.draft = target, draft
-        self.shape = shape or TreeShape.make()
-        self.baseline_rows = resolve_baseline_rows(baseline_rows, target, draft, self.shape)
-        self.profile, self.profile_ranges, self.graphs = profile, profile_ranges, graphs
-        # the decoder's own: passed to the target on every call, never stored on the (shared) target
-        self.capture = check_pair(draft, target, capture, allow_other_target) if draft is not None else None
-        self._engines: dict = {}  # one-row engines by (draft, capture, plain rows) -> (draft, engine)
+    @property
+    def num_running(self) -> int:
+        return len(self.rows)
 
-    def engine(self, plain: bool = False, rows: int = 1):
-        """The one-row engine this decoder runs: with its draft and capture as they are now, or (`plain`) the target
-        alone, its plain step `rows` rows (the baseline: no capture, no draft state, what a user without a draft runs).
-        Each keeps its graphs; all of them use the target's own cache (one generation at a time)."""
-        draft = None if plain else self.draft
-        key = (id(draft), self.capture if draft is not None else None, rows)
-        held, e = self._engines.get(key, (None, None))
-        if e is None or held is not draft:
-            e = BatchEngine(self.target, draft, self.shape, max_batch=1, capture=key[1], pair_checked=True,
-                            graphs=self.graphs, adaptive=False, profile=self.profile,
-                            profile_ranges=self.profile_ranges, plain_rows=rows, strict_features=True)
-            self._engines[key] = (draft, e)
-        return e
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
-    # --- helpers ---------------------------------------------------------------------------------
-    def _prompt(self, prompt_ids, max_new_tokens: int) -> torch.Tensor:
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
-        if ids.numel() == 0:
-            raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}",
-                                  fix="e.g. --max-new-tokens 128", code="E306")
-        V = self.target.info.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise GenerationError(f"prompt token ids must lie in 0..{V - 1}",
-                                  fix="tokenize with the target's tokenizer", code="E305")
-        ctx, n = self.target.info.max_position_embeddings, ids.numel()
-        if n >= ctx and max_new_tokens > 0:  # no --max-new-tokens makes room: only a shorter prompt does
-            raise GenerationError(f"the prompt is {n} tokens; the target's context is {ctx}, so it is {n - ctx + 1} "
-                                  f"token(s) too long to leave room for one new token",
-                                  fix=f"shorten the prompt by at least {n - ctx + 1} tokens", code="E309")
-        if n + max_new_tokens > ctx:
-            raise GenerationError(
-                f"the prompt ({n} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the target's context of "
-                f"{ctx} positions",
-                fix=f"lower --max-new-tokens to {ctx - n}, or shorten the prompt by {n + max_new_tokens - ctx} tokens",
-                code="E301")
-        return ids
+    @property
+    def prefills(self) -> int:
+        return self.stats.prefills
 
-    # --- entry point -----------------------------------------------------------------------------
-    def generate(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop_strings=(), tokenizer=None, baseline: bool = False, eos_ids=None,
-                 baseline_rows: int | None = None) -> GenerationResult:
-        """`baseline` (or no draft): plain decoding, the target's own output. `baseline_rows` (with baseline=True):
-        this call's rows per baseline step instead of the decoder's."""
-        sp = sampling or SamplingParams()
-        ids = self._prompt(prompt_ids, max_new_tokens)
-        plain = baseline or self.draft is None
-        m = GenerationMetrics(draft_tokens=0 if plain else self.shape.draft_tokens)
-        eos = self.target.info.eos_token_ids if eos_ids is None else tuple(eos_ids)
-        if max_new_tokens == 0:
-            Emitter(0, eos, stop_strings, tokenizer)  # (its checks: stop strings need a tokenizer)
-            m.prompt_tokens, m.new_tokens = ids.numel(), 0
-            return GenerationResult([], "" if tokenizer is not None else None, "length", m)
-        rows = self.baseline_rows if baseline_rows is None else baseline_rows
-        e = self.engine(plain=True, rows=rows) if plain else self.engine()
-        e.tokenizer = tokenizer
-        e.profiler.reset()
+    def validate(self, req: Request) -> None:
+        validate(req, self.target.info, self.tokenizer)
+
+    def add(self, req: Request) -> Seq:
+        """Queue a request (admitted by the next step, or by `admit`) -> its running state (the engine's own)."""
+        self.validate(req)
+        with self._lock:
+            if any(s.req.rid == req.rid for s in (*self.rows, *self.waiting)):
+                raise GenerationError(f"request id {req.rid!r} is already in the engine",
+                                      fix="give every request its own id", code="E307")
+            eos = self.target.info.eos_token_ids if req.eos_ids is None else req.eos_ids
+            em = Emitter(req.max_new_tokens, eos, req.stop_strings, self.tokenizer)
+            s = Seq(req, em, make_generator(req.sampling, self.device))
+            self.waiting.append(s)
+            return s
+
+    @torch.inference_mode()
+    def admit(self) -> None:
+        """Prefill waiting requests into free rows now (what `step` does first); the one-request Decoder calls it so
+        that a trace shows the prefill as cycle 0, apart from the first cycle. Their first tokens come with the next
+        `step`'s events."""
+        with self._lock:
+            self._pending_admitted = self._pending_admitted + self._admit()
+
+    @torch.inference_mode()  # the caches are inference tensors (made inside step)
+    def cancel(self, rid: str) -> None:
+        with self._lock:
+            for s in self.waiting:
+                if s.req.rid == rid:
+                    self.waiting.remove(s)
+                    break
+            else:
+                r = next((i for i, s in enumerate(self.rows) if s.req.rid == rid), None)
+                if r is None:
+                    return  # unknown or already finished
+                self._free(r)
+            self._cancelled.append(Event(rid, [], True, "cancelled", None, None))
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        with self._lock:
+            events, self._cancelled = self._cancelled, []
+            fresh = self._admit()
+            admitted, self._pending_admitted = self._pending_admitted + fresh, []
+            # A step that prefills returns with the new rows' first tokens (each picked from its prefill) and decodes
+            # nothing: a new request's first token does not wait for a decode step of every row too (its TTFT), and
+            # the next step decodes every row, the new ones with them.
+            decoded = bool(self.rows) and not fresh
+            if decoded:
+                shape = self._speculate()
+                if shape is not None:
+                    self._spec_cycle(shape)
+                else:
+                    self._plain_step()
+            # events for every row touched this step (admitted rows that finished at prefill included)
+            done = []
+            for s in admitted + (self.rows if decoded else []):
+                if s not in done:
+                    done.append(s)
+                    events.append(s.event())
+            for r in range(len(self.rows) - 1, -1, -1):
+                if self.rows[r].em.done:
+                    self._free(r)
+            return events
+
+    def cycle(self, shape: TreeShape | None = None) -> Cycle:
+        """The cycle of `shape` (default the whole tree; its Cycle also holds the plain step) over the running rows,
+        recorded first where the engine records (benchmarks time its phases: benchmarks.timing)."""
+        return self.runner.cycle(len(self.rows), max(s.length for s in self.rows), shape)
+
+    # --- rows ----------------------------------------------------------------------------------
+    def _ensure_span(self, need: int) -> None:
+        if self.alloc.ensure_span(need, bool(self.rows), self.graphs):
+            self.runner.clear()  # graphs hold the old caches' addresses
+
+    def _free(self, r: int) -> None:
+        self.alloc.free(self.rows, r)
+
+    def _admit(self) -> list[Seq]:
+        k = min(len(self.waiting), self.max_batch - len(self.rows))
+        if k == 0:
+            return []
+        with_draft = self.draft is not None and len(self.rows) + k <= self.spec_max_batch
+        # Where the draft does not pay by the policy's figures, a new row skips the draft's prefill (what an unpaying
+        # draft would cost it), except one row when none running has its draft: the sentinel whose cycles the policy's
+        # probes measure, needed only if a probe can fall due while it lives (at most max_new_tokens steps; a row
+        # admitted later takes the role when one can). Judged as if every row drafted (SpecPolicy.draft_pays): plain
+        # steps chosen because few rows have a draft must not keep the draft from the rows admitted next. A seeded
+        # sampled request always takes its draft: its random draws must not depend on what ran before it.
+        pays = self.policy is None or self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch))
+        sentinel = any(s.use_draft for s in self.rows)
+        out = []
+        for _ in range(k):
+            s = self.waiting.popleft()
+            n = len(s.req.prompt_ids)
+            # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows; the prompt
+            # graphs' warm-up, before the first prefill, writes COMPILE_MAX_TOKENS + 1)
+            self._ensure_span(max(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1,
+                                  self.prefiller.warm_span()))
+            r = len(self.rows)
+            self.rows.append(s)
+            take = with_draft and (pays or seeded(s.req.sampling) or
+                                   (not sentinel and self.policy.probe_within(s.req.max_new_tokens)))
+            with self.profiler.phase("prefill"):
+                self._prefill(s, r, take)
+            sentinel = sentinel or take
+            out.append(s)
+        self._last_step = None  # (the prefills' queued work is not the next step's cost: _settled)
+        # a request that stopped at its first token leaves before the cycle
+        for r in range(len(self.rows) - 1, -1, -1):
+            if self.rows[r].em.done:
+                self._free(r)
+        return out
+
+    def _prefill(self, s: Seq, r: int, with_draft: bool) -> None:
+        self.prefiller.prefill(s, r, with_draft)
+        self.stats.prefills += 1
+
+    # --- warm-up and profile -----------------------------------------------------------------------
+    @torch.inference_mode()  # the caches are inference tensors
+    def warm_up(self, span: int, sizes: list[int] | None = None, progress: bool = False) -> dict:
+        """Before serving (an idle engine): for each padded size (default every one up to max_batch) record its CUDA
+        graphs where the engine records them, and time the policy's costs, so that no serving step records, compiles
+        or times (each would hold every running request for its length: seconds where the layers compile). `span`:
+        the cache slots per row to prepare (a request longer than that grows the caches and records again). The sizes
+        are timed with their rows standing at half the span, drafting (what the timings depend on: shapes and
+        lengths, not values). Prompt graphs (compile_prompts()) compile here too. -> {"span", "sizes", "seconds"}."""
+        from tqdm import tqdm
+
+        graphs = self.runner.use_graphs()  # (read before tracing pauses: traced steps run eagerly)
+        with self._lock, trace.paused():  # a trace shows requests' steps, not the warm-up's standing rows
+            if self.rows or self.waiting:
+                raise RuntimeError("warm_up needs an idle engine (no request running or waiting)")
+            t0 = time.perf_counter()
+            self._ensure_span(max(int(span), self.prefiller.warm_span()))
+            st = self.state
+            if self.adapted:  # a one-sequence backend: nothing to record, and its rows cannot stand at a length
+                return {"span": st.S, "sizes": [], "seconds": round(time.perf_counter() - t0, 2)}
+            wanted = range(1, self.max_batch + 1) if sizes is None else sizes
+            sizes = sorted({padded_size(b, self.max_batch) for b in wanted})
+            at = max(0, min(st.S // 2, st.S - self.shape.draft_tokens - 1))
+            for B in tqdm(sizes, desc="warming up: batch sizes", unit="size", disable=not progress, leave=False):
+                st.stand(B, at)
+                try:
+                    self.runner.warm(B, at, graphs)
+                finally:  # back to an idle engine
+                    st.idle()
+            if self.prefiller.cold:
+                if progress:
+                    tqdm.write("warming up: compiling the prompt graphs (one for every prompt length)")
+                self.prefiller.warm(0)
+            return {"span": st.S, "sizes": sizes, "seconds": round(time.perf_counter() - t0, 2)}
+
+    def profile(self, since: dict | None = None) -> dict | None:
+        """With profile=True: the time each phase has taken since the engine started, or since `since` (an earlier
+        reading of this method) (EngineStats.report), for /server_info; None without it. Safe from another thread (it
+        takes the engine's lock: on a GPU it waits for the work in flight)."""
+        if not self.profiler.enabled:
+            return None
+        with self._lock:
+            totals, steps = self.stats.reading()
+        return self.stats.report(totals, steps, since)
+
+    # --- the step's choice and its two kinds -------------------------------------------------------
+    def _padded(self) -> int:
+        return padded_size(len(self.rows), self.max_batch)
+
+    def _speculate(self) -> TreeShape | None:
+        """This step's choice: the tree shape of a cycle, or None for a plain step (logged under EAGLE3_DEBUG when it
+        changes)."""
+        b = len(self.rows)
+        if self.draft is None or b > self.spec_max_batch or not any(s.use_draft for s in self.rows):
+            return None
+        if self.policy is None:  # --no-adaptive, or a synthetic run (it measures the whole tree's cycle)
+            return self.shape
+        if any(seeded(s.req.sampling) for s in self.rows):
+            # a seeded sampled request draws its random numbers per cycle or per step: a choice made from timings
+            # would change its output with the machine's load; the whole tree runs while one does
+            return self.shape
+        # the policy's figures are kept per padded size even where the rows run unpadded (a CPU): a handful of
+        # sizes to time, not one per row count
+        B = self._padded()
+        last = self.policy.length
+        length, why = self.policy.choose(B, sum(s.use_draft for s in self.rows) / b)
+        if self.policy.switched(length):
+            self.stats.switched(bool(length))
+        if length != last:
+            trace.event("speculation", on=length > 0, length=length, rows=b, padded=B, why=why)
+        return self.shapes[length] if length else None
+
+    @prompt_calls()  # the window's length changes from call to call, as a prompt's does
+    def _catch_up(self, c: Cycle) -> None:
+        """Rows that went through plain steps: the draft extends over their window of plain tokens (Cycle.catch_up)."""
+        c.catch_up(max(s.lag for s in self.rows if s.use_draft))
+        for s in self.rows:
+            s.lag = 0
+
+    def _spec_cycle(self, shape: TreeShape) -> None:
+        c = self.cycle(shape)
+        P, D = shape.path_len, shape.draft_tokens
+        ph = self.profiler.phase
+        caught = None
+        if any(s.lag for s in self.rows if s.use_draft):
+            caught = time.perf_counter()
+            with ph("catch_up"):
+                self._catch_up(c)
+        first = self._last_step != "cycle"
+        if first:
+            self._settled()  # the catch-up (a change of kind's cost) is not the cycle's
         t0 = time.perf_counter()
-        try:
-            s = e.add(Request("generate", ids.tolist(), max_new_tokens, sp, tuple(stop_strings), eos))
-            s.trail = []
-            trace.set_cycle(0)
-            e.admit()  # the prefill: cycle 0 of a trace
-            cycle = 0
-            while e.has_work:
-                cycle += 1
-                trace.set_cycle(cycle)
-                e.step()
-        except BaseException:
-            self._engines = {k: v for k, v in self._engines.items() if v[1] is not e}  # its state is unknown now
-            raise
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize()
-        m.elapsed_s = time.perf_counter() - t0
-        m.accepted = [a for a, _ in s.trail]
-        m.depths = [d for _, d in s.trail]
-        m.prompt_tokens = ids.numel()
-        m.new_tokens = len(s.em.tokens)
-        m.phases = e.profiler.totals()
-        return GenerationResult(s.em.tokens, s.em.text(), s.em.reason or "length", m)
+        if caught is not None and self.policy is not None:  # (settled: its device time too; a probe pays it)
+            self.policy.observe_catch_up(self._padded(), t0 - caught)
+        for p in ("draft_tree", "verify"):
+            with ph(p):
+                c.run(p)
+        with ph("accept"):
+            c.run("accept")
+            for b, s in enumerate(self.rows):
+                if not s.req.sampling.greedy:  # (the lossless sampling rule, on this row's tree and target logits)
+                    c.resample(b, s.req.sampling, s.gen, s.use_draft)
+        with ph("cache_update"):
+            c.run("cache_update")
+        with ph("host_sync"):
+            host = c.out[:len(self.rows)].tolist()  # the one read per cycle
+        with ph("draft_extend"):
+            c.run("draft_extend")
+        if first:
+            self._settled()  # a first cycle's figure holds its own draft extend, as a cycle's in a run of cycles does
+        self._last_step = "cycle"
+        self.stats.cycle(P - 1)
+        if self.policy is not None:
+            # wall time up to the host read, which waits for the device: in a run of cycles each one's figure
+            # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
+            self.policy.observe_cycle(self._padded(), time.perf_counter() - t0,
+                                      [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft], P - 1)
+        for s, row in zip(self.rows, host):
+            n = row[0]
+            if s.use_draft:
+                s.accepted, s.drafted = n - 1, D - 1
+                if s.trail is not None:
+                    s.trail.append((n - 1, row[1]))
+                self.stats.drafted(D - 1, n - 1)
+            self._emit(s, row[2:2 + n])
+
+    def _release_drafts(self) -> None:
+        """Where the draft does not pay by the policy's figures, a row that ends before the next probe can fall due
+        gives its draft up (its plain steps keep no features; once no row keeps one, they run the quiet graph): the rule
+        by which _admit admits a row without its draft, applied to the running rows once a probe has lost. A seeded
+        sampled request keeps its draft (_admit)."""
+        p = self.policy
+        if p is None or p.draft_pays(self._padded()):
+            return
+        for r, s in enumerate(self.rows):
+            left = s.req.max_new_tokens - (s.length - len(s.req.prompt_ids))
+            if s.use_draft and not seeded(s.req.sampling) and not p.probe_within(left):
+                s.use_draft = False
+                self.state.use_draft[r] = False
+                trace.event("speculation", on=False, rid=s.req.rid, why=f"no probe falls due in its last {left} tokens")
+
+    def _plain_step(self) -> None:
+        ph = self.profiler.phase
+        if self._last_step != "plain":
+            self._release_drafts()
+            self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
+        c = self.runner.plain(len(self.rows), max(s.length for s in self.rows), any(s.use_draft for s in self.rows))
+        self._last_step = "plain"
+        t0 = time.perf_counter()
+        with ph("decode"):
+            c.run("plain")
+            for b, s in enumerate(self.rows):
+                if not s.req.sampling.greedy:
+                    c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
+            c.run("plain_commit")
+        with ph("host_sync"):
+            host = c.next[:len(self.rows)].tolist()
+        self.spec_stats["plain_steps"] += 1
+        if self.policy is not None:
+            self.policy.observe_plain(self._padded(), time.perf_counter() - t0)
+        for r, (s, tok) in enumerate(zip(self.rows, host)):
+            if s.use_draft:
+                s.lag += 1
+                if s.lag > CATCH_UP:  # past the window the draft cannot catch up: this row decodes without it
+                    s.use_draft = False
+                    self.state.use_draft[r] = False
+            self._emit(s, [tok])
+
+    def _settled(self) -> None:
+        """Wait for the device's queued work where the policy times a step that changes kind (or follows a prefill). A
+        step's wall time ends at its one host read, so on a GPU a cycle's figure holds the previous cycle's draft extend
+        (queued behind the read) instead of its own: equal in a run of cycles, but the first plain step after a cycle
+        would carry an extend it does not pay, and the first cycle after plain steps would miss its own and carry the
+        catch-up; after a prefill either would carry the draft's extend over the prompt (the policy compares the two
+        kinds: each figure must be its kind's steady cost). Only at a change, so runs keep the host ahead of the device;
+        a CPU runs each phase to its end anyway."""
+        if self.policy is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _emit(self, s: Seq, toks: list[int]) -> None:
+        s.length += len(toks)
+        taken = s.em.push(toks)
+        s.new.extend(toks[:taken])

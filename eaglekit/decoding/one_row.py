@@ -1,6 +1,6 @@
 """A backend that holds one sequence, seen by the batched engine as a batch of one row.
 
-The engine (eaglekit.decoding.batch) talks to targets and drafts through their row interface (`row_cache`,
+The engine (eaglekit.decoding.engine) talks to targets and drafts through their row interface (`row_cache`,
 `forward_rows`; `extend_rows`, `step_rows`, `chain_rows`, `tree_rows`). Our decoders implement it for any number
 of rows. A backend that holds one sequence only (the transformers adapter, the test doubles of tests/helpers.py,
 another architecture behind the Target / Draft contract) implements the one-sequence calls (`reset`, `verify`, `keep`;

@@ -120,7 +120,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
     the embedding to the captures). `time_budget`: seconds after which the probe stops growing.
     `reference_acceptance`: the configured wiring's position-1 acceptance measured on the draft's own target (the
     doctor's teacher-forced figure there): for a draft that records no target, what tells its target."""
-    from ..decoding.engine import Decoder
+    from ..decoding.decoder import Decoder
     from ..decoding.tree import TreeShape
     from ..draft import load_draft, pair_problems
     from ..models import load_target

@@ -21,7 +21,7 @@ from ..kernels import topk
 
 class Draft(ABC):
     span: int = 0  # cache slots a sequence may use: committed entries + one tree's pending ones
-    # True where the draft implements the row interface (row_cache, extend_rows, step_rows: eaglekit.decoding.batch);
+    # True where the draft implements the row interface (row_cache, extend_rows, step_rows: eaglekit.decoding.engine);
     # a draft without it decodes one sequence at a time (the engine's one-row adapter, eaglekit.decoding.one_row)
     batched: bool = False
 

@@ -515,7 +515,7 @@ class Eagle3Draft(nn.Module, Draft):
         return walk_tree(step, self.to_target_ids, PLAIN_OPS, top, h_last, logits_last, root, m, cols, frame, steps,
                          n_sel)
 
-    # --- batched decoding (one cache row per sequence; eaglekit.decoding.batch) -------------------------
+    # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
         if batch == 1:  # a batch of one is the draft's own sequence
             return own_row(self, span, RowKV.over)

@@ -99,7 +99,7 @@ def vllm_acceptance(counters: dict, k: int) -> dict:
 
 
 def eaglekit_acceptance(target, draft, prompts, k: int, max_new: int, capture: CaptureSpec) -> dict:
-    from ..decoding.engine import Decoder
+    from ..decoding.decoder import Decoder
     from ..decoding.tree import TreeShape
     from ..observe.metrics import aggregate
 

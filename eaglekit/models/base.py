@@ -142,7 +142,7 @@ class Target(ABC):
         alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched generation")
 
-    # --- batched decoding (eaglekit.decoding.batch.BatchEngine) ----------------------------------
+    # --- batched decoding (eaglekit.decoding.engine.BatchEngine) ----------------------------------
     batched: bool = False  # True when the target implements row_cache / forward_rows
 
     def row_cache(self, batch: int, span: int):
@@ -181,7 +181,7 @@ class Target(ABC):
     batch_invariant = False
 
     # Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles it
-    # before its first prefill counts (decoding.batch.BatchEngine._warm_prompts)
+    # before its first prefill counts (decoding.prefill.Prefiller.warm)
     compiled_prompts = False
 
     @abstractmethod

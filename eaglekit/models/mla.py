@@ -192,7 +192,7 @@ class LatentCache:
 
 
 class RowLatent:
-    """The latent cache with one row per sequence (batched decoding, eaglekit.decoding.batch): kv [L, B, S_max + 1,
+    """The latent cache with one row per sequence (batched decoding, eaglekit.decoding.engine): kv [L, B, S_max + 1,
     W], a committed length per row ([B]); the interface of layers.RowKV (rows, keep, move, grown)."""
 
     def __init__(self, num_layers, width, max_len, batch, device="cpu", dtype=torch.float32, _views=None):

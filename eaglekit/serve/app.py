@@ -176,7 +176,7 @@ def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int
 
     # --- generation ----------------------------------------------------------------------------------
     def make_request(p, prompt_ids: list[int], default_max: int, rid: str):
-        from ..decoding.batch import Request
+        from ..decoding.engine import Request
 
         max_tokens = p.max_tokens if p.max_tokens is not None else default_max
         if len(prompt_ids) >= context:  # no room for one new token, whatever max_tokens says

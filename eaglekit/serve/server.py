@@ -155,7 +155,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     import uvicorn
 
     from .. import __version__
-    from ..decoding.batch import BatchEngine
+    from ..decoding.engine import BatchEngine
     from ..decoding.tree import TreeShape
     from ..pair import load_pair, pick_device
     from ..tokenizer import load_tokenizer

@@ -226,7 +226,7 @@ def heldout_prompts(corpus, tok, n: int, max_tokens: int = 120) -> list[str]:
 
 def stage_eval(out: Path, target, draft, tok, prompts, examples, p: dict, device: str, log) -> dict:
     from ..decoding.compare import compare
-    from ..decoding.engine import Decoder
+    from ..decoding.decoder import Decoder
     from ..decoding.tree import TreeShape
 
     res = {}

@@ -9,7 +9,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..decoding.compare import compare
-from ..decoding.engine import Decoder
+from ..decoding.decoder import Decoder
 from ..draft import check_pair, load_draft, new_draft, save_draft
 from ..errors import ContractError, InputError
 from ..io import atomic_write_bytes, strict_json

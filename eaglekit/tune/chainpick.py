@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.engine import Decoder
+from ..decoding.decoder import Decoder
 from ..decoding.tree import TreeShape
 
 CHAINS = (2, 3, 4, 5, 6)

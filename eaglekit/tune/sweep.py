@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..decoding.compare import decode_set
-from ..decoding.engine import Decoder
+from ..decoding.decoder import Decoder
 from ..decoding.sampling import SamplingParams
 from ..decoding.tree import TreeShape
 from ..errors import GenerationError

@@ -11,8 +11,8 @@ import torch
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.accept import accept_synthetic_rows, synthetic_rate
 from eaglekit.decoding.adaptive import LONGEST_PROBE, MAX_PROBE, MIN_PROBE, PROBE_SHARE, SpecPolicy
-from eaglekit.decoding.batch import BatchEngine, Request
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import Tree, TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.errors import EaglekitError
@@ -395,7 +395,8 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
     target's."""
     from test_batch import _eager_graphs
 
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import runner
+    from eaglekit.decoding.phases import Cycle
 
     steps = []  # (quiet, capturing) of each plain step
 
@@ -410,11 +411,11 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
                 g.replay = lambda fn=g.replay, rows=record["plain"].__self__: note(rows) or fn()
             return graphs
 
-        monkeypatch.setattr(batch, "record_graphs", tagged)
+        monkeypatch.setattr(runner, "record_graphs", tagged)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     else:
-        plain = batch._Rows.plain
-        monkeypatch.setattr(batch._Rows, "plain", lambda rows: note(rows) or plain(rows))
+        plain = Cycle.plain
+        monkeypatch.setattr(Cycle, "plain", lambda rows: note(rows) or plain(rows))
     draft = new_draft(llama, seed=3, dtype=torch.float32)
     eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1, graphs=recorded)
     eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
@@ -435,7 +436,7 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
     assert kept[0] and not kept[-1] and kept.index(False) > MIN_PROBE
     assert eng.spec_stats["spec_cycles"] >= 2
     quiet = [q for q, _ in steps]
-    assert quiet == sorted(quiet) and quiet.count(recorded) >= 10  # (eager: one _Rows, told per step)
+    assert quiet == sorted(quiet) and quiet.count(recorded) >= 10  # (eager: one Cycle, told per step)
     assert [c for _, c in steps] == sorted((c for _, c in steps), reverse=True) and not steps[-1][1]
 
 

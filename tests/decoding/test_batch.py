@@ -1,4 +1,4 @@
-"""Batched decoding (eaglekit.decoding.batch): every request's greedy output equals that request decoded alone,
+"""Batched decoding (eaglekit.decoding.engine): every request's greedy output equals that request decoded alone,
 whatever else is in the batch, with requests joining, leaving and being cancelled mid-way.
 
 The property test draws a scenario per seed: a tree shape (chains and topk > 1 trees), a draft (a real EAGLE-3
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.batch import BatchEngine, Event, Request, padded_size
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Event, Request, padded_size
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
@@ -204,9 +204,9 @@ def test_batched_greedy_equals_alone_in_the_recorded_layout(model_dirs, seed, mo
     """The engine as it runs with CUDA graphs (padded sizes, the target's span the cache's, the draft's the slots a
     cycle reaches, the phases recorded once per size and replayed, the policy's costs timed at warm-up), here with
     graphs that call their functions: every request's output equals it decoded alone."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import runner
 
-    monkeypatch.setattr(batch, "record_graphs", _eager_graphs)
+    monkeypatch.setattr(runner, "record_graphs", _eager_graphs)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     _scenario(model_dirs, seed, graphs=True)
 
@@ -216,7 +216,7 @@ def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeyp
     graphs recorded and the policy's costs timed at every size and length; then requests that fit the span decode
     with no recording inside a step, each output equal to it decoded alone, and the engine refuses a warm-up while
     busy."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import runner
 
     recorded = []
 
@@ -224,7 +224,7 @@ def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeyp
         recorded.append(sorted(record))
         return _eager_graphs(warmup, record, state)
 
-    monkeypatch.setattr(batch, "record_graphs", counting)
+    monkeypatch.setattr(runner, "record_graphs", counting)
     target = _target(model_dirs)
     shape = TreeShape(3, 1, 4)
     eng = _engine(target, "random", shape, 6, 3, graphs=True)
@@ -236,7 +236,7 @@ def test_warm_up_records_and_times_every_size_before_serving(model_dirs, monkeyp
     assert sorted(eng.policy.spec) == [(b, j) for b in (1, 2, 4, 6) for j in lengths]
     # a recording per size and length (the whole tree's holds the plain step), and per size the quiet plain step
     assert len(recorded) == 4 * (len(lengths) + 1)
-    assert not eng.has_work and int(eng.tk.length.sum()) == 0 and not bool(eng.active.any())
+    assert not eng.has_work and int(eng.state.tk.length.sum()) == 0 and not bool(eng.state.active.any())
     rng = random.Random(3)
     reqs = [Request(f"r{i}", [FIRST] + [rng.randrange(3, 96) for _ in range(rng.randint(1, 30))], 20, eos_ids=())
             for i in range(5)]
@@ -259,10 +259,10 @@ def test_warm_up_times_the_policy_on_a_cpu(model_dirs):
     assert sorted(eng.policy.plain) == [1, 2, 3]
     assert sorted(eng.policy.spec) == [(b, j) for b in (1, 2, 3) for j in sorted(eng.shapes)]
     assert all(v > 0 for v in eng.policy.spec.values())
-    assert not eng._cycles  # (the eager rows of the timings are not kept)
+    assert not eng.runner.cycles  # (the eager rows of the timings are not kept)
     plain = _engine(target, "random", TreeShape(4, 1, 5), 3, 4, adaptive=False)
     plain.warm_up(64)
-    assert plain.policy is None and not plain._cycles
+    assert plain.policy is None and not plain.runner.cycles
 
 
 def test_profile_times_each_phase_of_the_steps(model_dirs):
@@ -356,12 +356,12 @@ def test_oracle_chain_accepts_every_drafted_token(model_dirs, graphs, monkeypatc
     """An exact draft in a batch: every row accepts its whole chain in every cycle but its last (a check of the
     batched tree, verify masks, per-row paths and the draft's spans, beyond output equality, which any draft keeps),
     eagerly and in the layout the engine records CUDA graphs in (test above)."""
-    from eaglekit.decoding import batch
+    from eaglekit.decoding import runner
 
     target = _target(model_dirs)
     eng = _engine(target, "oracle", TreeShape(3, 1, 4), 4, 0)
     if graphs:
-        monkeypatch.setattr(batch, "record_graphs", _eager_graphs)
+        monkeypatch.setattr(runner, "record_graphs", _eager_graphs)
         eng.graphs = eng.pad = True
     rng = random.Random(0)
     arrivals = {0: [], 2: []}

@@ -2,7 +2,7 @@
 goes (a first run on a GPU compiles and records for a minute or more), and stays out of the timings."""
 
 from eaglekit.decoding.compare import compare
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target

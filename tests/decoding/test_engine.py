@@ -6,7 +6,7 @@ import torch
 from helpers import OracleDraft
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target
@@ -211,7 +211,7 @@ def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
     prefilled into every row, decode the eager engine's tokens, and none compiles a graph after warm_up."""
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t = load_target(model_dirs["llama"])
     d = new_draft(t, seed=3)
@@ -245,7 +245,7 @@ def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(mode
     call: either would compile graphs of their own, seconds each on a GPU.)"""
     from torch._dynamo.utils import counters
 
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t = load_target(model_dirs["llama"])
     d = new_draft(t, seed=3)
@@ -504,7 +504,7 @@ def test_prompt_calls_never_reach_the_compiled_graphs(model_dirs):
     and a catch-up window change their count from call to call, so they run the plain code (each new prompt length
     compiled a graph inside the timed generation). Stand-ins that record the token count of every compiled call
     (and run the plain code) show that only decode shapes reach them, in the Decoder and the batched engine."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.draft.model import Eagle3Draft
     from eaglekit.models.llama import DecoderLayer
 

@@ -14,7 +14,7 @@ import torch
 from helpers import NoisyOracleDraft, OracleDraft
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target

@@ -6,9 +6,9 @@ import pytest
 import torch
 from helpers import NoisyOracleDraft
 
-from eaglekit.decoding import batch as batch_mod
-from eaglekit.decoding.batch import BatchEngine, Request
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding import prefill as prefill_mod
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.errors import FeatureError, GenerationError
@@ -58,8 +58,8 @@ def test_a_one_row_cache_is_the_backends_own_sequence(model_dirs):
     r = dec.generate([1, 5, 9, 4, 22, 7], 11, eos_ids=())
     e = dec.engine()
     assert r.metrics.verify_count > 0
-    assert e.tk.k.data_ptr() == target.cache.k.data_ptr() and e.dk.k.data_ptr() == draft.cache.k.data_ptr()
-    assert e.tk.length.data_ptr() == target.cache.length.data_ptr()
+    assert e.state.tk.k.data_ptr() == target.cache.k.data_ptr() and e.state.dk.k.data_ptr() == draft.cache.k.data_ptr()
+    assert e.state.tk.length.data_ptr() == target.cache.length.data_ptr()
 
 
 def test_non_finite_features_fail_generate_and_drop_the_draft_in_serve(model_dirs, monkeypatch):
@@ -71,7 +71,7 @@ def test_non_finite_features_fail_generate_and_drop_the_draft_in_serve(model_dir
     def overflow(feats, capture, hidden):
         raise FeatureError("NaN or inf in the captured target features", fix="-", code="E401")
 
-    monkeypatch.setattr(batch_mod, "check_finite", overflow)
+    monkeypatch.setattr(prefill_mod, "check_finite", overflow)
     with pytest.raises(FeatureError) as e:
         Decoder(target, draft, TreeShape(3, 1, 4)).generate(prompt, 12, eos_ids=())
     assert e.value.code == "E401"

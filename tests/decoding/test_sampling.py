@@ -12,8 +12,8 @@ import torch
 from helpers import make_hf_model
 from scipy.stats import chisquare
 
-import eaglekit.decoding.batch as engine_mod  # (the one engine: where the accept rule is called)
-from eaglekit.decoding.engine import Decoder
+import eaglekit.decoding.phases as engine_mod  # (the one engine's phases: where the accept rule is called)
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams, probs, sample
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft

@@ -8,7 +8,7 @@ from folders import write_specforge_folder
 from safetensors.torch import save_file
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft, new_draft, save_draft
 from eaglekit.draft.checkpoint import t2d_from_d2t

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eaglekit.cli import main
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import random_tree_paths
 
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
@@ -78,7 +78,7 @@ def test_recorded_graphs_follow_a_reallocated_cache(pair32):
         assert fast.generate(prompts[1], n, baseline=True).token_ids == slow.generate(prompts[1], n,
                                                                                       baseline=True).token_ids
     for e in (fast.engine(), fast.engine(plain=True)):  # each engine's graphs at the grown span, none at the old one
-        assert e.S >= 512 and e._cycles and all(S == e.S for _, S, _ in e._cycles)
+        assert e.state.S >= 512 and e.runner.cycles and all(S == e.state.S for _, S, _ in e.runner.cycles)
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (4, 2, 8)])
@@ -86,7 +86,7 @@ def test_batched_graphs_equal_alone(pair32, shape):
     """BatchEngine with its CUDA graphs (rows padded to the recorded sizes), requests arriving over several
     steps and one cancelled: every finished request's greedy output equals that request decoded alone, and
     a second wave on the same engine replays the recorded graphs with the same result."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair32
     eng = BatchEngine(t, d, TreeShape(*shape), max_batch=8, graphs=True)
@@ -114,10 +114,10 @@ def test_batched_graphs_equal_alone(pair32, shape):
             else:
                 assert got[rid] == w, f"wave {wave}, {rid}: batched output differs from alone"
     assert eng.spec_stats["num_drafts"] > 0
-    # every padded size met was recorded at every draft length and timed at warm-up (BatchEngine._time_at_warmup)
-    sizes = {B for B, _, _ in eng._cycles}
-    assert {s for _, _, s in eng._cycles} == set(eng.shapes.values())
-    assert {B for B, _ in eng._quiet} == sizes  # and each its plain step that keeps no features
+    # every padded size met was recorded at every draft length and timed at warm-up (GraphRunner.time_costs)
+    sizes = {B for B, _, _ in eng.runner.cycles}
+    assert {s for _, _, s in eng.runner.cycles} == set(eng.shapes.values())
+    assert {B for B, _ in eng.runner.quiet} == sizes  # and each its plain step that keeps no features
     assert all(B in eng.policy.plain and all((B, j) in eng.policy.spec for j in eng.shapes) for B in sizes)
 
 
@@ -322,7 +322,7 @@ def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(p
     one-row baseline, and its chain or tree ran as the one-sequence walk on the row's cache (Eagle3Draft.chain_rows /
     tree_rows: the compiled graph where the draft is compiled), with draft tokens accepted (chains keep their KV in
     place)."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair_bf16
     shape = TreeShape(*shape)
@@ -470,8 +470,8 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     """An untrained draft in the recorded engine, its acceptance held at 0: the row is the probes' sentinel until a
     probe loses with the next one due past its end; then it gives the draft up and its plain steps replay the graph
     that keeps no features. The output is the target's."""
-    from eaglekit.decoding import batch
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
+    from eaglekit.decoding.phases import Cycle
     from eaglekit.draft import new_draft
 
     t, _, prompts = pair32
@@ -481,8 +481,8 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     p = eng.policy
     p.reached, p.accepted = [1e6] * 3, [0.0] * 3  # no draft token accepted, ever: speculation never pays
     ran = []
-    run = batch._Rows.run
-    monkeypatch.setattr(batch._Rows, "run", lambda rows, phase: ran.append((rows.quiet, phase)) or run(rows, phase))
+    run = Cycle.run
+    monkeypatch.setattr(Cycle, "run", lambda rows, phase: ran.append((rows.quiet, phase)) or run(rows, phase))
     eng.add(Request("r0", prompts[0], 200, eos_ids=()))
     got = []
     while eng.has_work:

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.cli import main
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import load_draft, new_draft
 from eaglekit.interop.export import export

@@ -263,7 +263,7 @@ def test_greedy_speculative_equals_baseline_in_fp16_with_invariant_kernels(model
     from helpers import NoisyOracleDraft
 
     from eaglekit.capture import CaptureSpec
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
 
     rng = random.Random(2000 + case)

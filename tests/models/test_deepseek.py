@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ds_helpers import CONFIGS, ds_oracle, make_ds_model  # noqa: E402
 
 from eaglekit.capture import CaptureSpec  # noqa: E402
-from eaglekit.decoding.engine import Decoder  # noqa: E402
+from eaglekit.decoding.decoder import Decoder  # noqa: E402
 from eaglekit.decoding.tree import TreeShape  # noqa: E402
 from eaglekit.draft import new_draft  # noqa: E402
 from eaglekit.errors import ContractError, InputError  # noqa: E402
@@ -172,7 +172,7 @@ def test_speculative_greedy_equals_target(tmp_path_factory, case):
 
 def test_batched_rows_equal_single_sequence(tmp_path_factory):
     """The batch engine (serve's path: per-row latent caches) emits each request's single-sequence greedy output."""
-    from eaglekit.decoding.batch import BatchEngine, Request
+    from eaglekit.decoding.engine import BatchEngine, Request
 
     _, target, _ = _pair(tmp_path_factory, "v3-qlora", 0, torch.float64)
     draft = new_draft(target, seed=1, dtype=torch.float64)

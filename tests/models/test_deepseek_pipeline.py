@@ -79,7 +79,7 @@ def test_pipeline_on_a_tiny_deepseek_target(tmp_path, capsys):
     from helpers import make_tokenizer
 
     from eaglekit.cli import main
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
 

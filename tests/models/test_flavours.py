@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import Eagle3Draft, load_draft, new_draft, save_draft
 from eaglekit.draft.checkpoint import t2d_from_d2t

@@ -32,7 +32,7 @@ def equal(group, folder, out_dir):
     """TP=2 == TP=1: captured features (prefill and batched), the baseline and every tree shape, greedy,
     with the lm_head split by vocabulary and replicated."""
     from eaglekit.capture import CaptureSpec
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.draft import new_draft
     from eaglekit.models import load_target
@@ -94,7 +94,7 @@ def bad(group, folder, out_dir):
 
 def die(group, folder, out_dir):
     """Rank 1 is killed mid-generation; rank 0 must fail with a DistributedError, not hang."""
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.errors import EaglekitError
     from eaglekit.models import load_target
 

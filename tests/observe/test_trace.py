@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.draft import new_draft
 from eaglekit.models import load_target

@@ -5,8 +5,8 @@ the one-request Decoder."""
 import pytest
 import torch
 
-from eaglekit.decoding.batch import BatchEngine, Request
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
+from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
 from eaglekit.pair import load_pair

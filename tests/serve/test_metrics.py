@@ -22,7 +22,7 @@ def test_spec_counters_equal_the_engines_cumulative_stats():
           "switches_to_spec": 0, "switches_to_plain": 0, "plain_steps": 0, "spec_cycles": 0,
           "cycles_by_length": {1: 0, 2: 0, 3: 0}}
     for _ in range(400):
-        # the engine's own bookkeeping (decoding.batch): a step is a plain step or a cycle over 1-4 drafting rows,
+        # the engine's own bookkeeping (decoding.engine): a step is a plain step or a cycle over 1-4 drafting rows,
         # and the scheduler reads the stats after some steps only (several steps may pass between two calls)
         if rng.random() < 0.7:
             st["plain_steps"] += 1

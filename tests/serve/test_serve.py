@@ -83,7 +83,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def alone():
     """`eaglekit generate` in this process: the demo pair, each prompt decoded alone (float32, greedy)."""
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer
 

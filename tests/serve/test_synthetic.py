@@ -39,7 +39,7 @@ def _serve(engine, tok, fn):
 
 @pytest.mark.parametrize("synthetic", [None, 3.0])
 def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
     from eaglekit.serve.bench import render, sglang_figures  # noqa: F401  (the bench reads /server_info)
@@ -101,7 +101,7 @@ def test_the_rate_is_checked_in_the_engine_too():
 def test_a_profiled_server_reports_each_phase():
     """eaglekit serve --profile: /server_info's phase_profile holds each phase's time since the start, with the cycles
     and plain steps it covers (None when the engine does not profile: the test above)."""
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer

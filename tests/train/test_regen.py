@@ -1,7 +1,7 @@
 """Regeneration goes through Target.generate_batch: left padding and the EOS cut are the regen module's,
 and a greedy batch of prompts of different lengths gives each prompt's own greedy continuation."""
 
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.models import load_target
 from eaglekit.train.regen import cut_at_eos, generate_batch, left_pad

@@ -7,7 +7,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from eaglekit.decoding.engine import Decoder
+from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import demo_paths
 from eaglekit.pair import load_pair

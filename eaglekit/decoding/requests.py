@@ -1,0 +1,90 @@
+"""What goes into the engine and what comes out: a Request, its running state (Seq) and the Event a step returns
+for it; a request's checks before it is queued (validate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import GenerationError
+from .sampling import SamplingParams
+from .stops import Emitter
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()  # its `seed` seeds this request's own generator
+    stop_strings: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] | None = None  # None: the target's own
+
+
+@dataclass
+class Event:
+    rid: str
+    token_ids: list[int]  # emitted for this request in this step (after stop / EOS / max handling)
+    finished: bool
+    stop_reason: str | None  # "stop" (EOS or stop string), "length", "cancelled"; None while running
+    accepted: int | None  # draft tokens accepted in this request's verify this step (None: no draft used)
+    drafted: int | None  # draft tokens proposed to this request this step (None: no draft used)
+
+
+REASON = {"eos": "stop", "stop_string": "stop", "length": "length"}  # Emitter.reason -> Event.stop_reason
+
+
+def seeded(sp: SamplingParams) -> bool:
+    """A sampled request with a seed: its output must be the same whatever shares the batch or ran before it."""
+    return sp.seed is not None and not sp.greedy
+
+
+class Seq:
+    """A running request on the host: its emitter, generator, committed length and whether it drafts."""
+
+    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag", "trail")
+
+    def __init__(self, req: Request, em: Emitter, gen):
+        self.req, self.em, self.gen = req, em, gen
+        self.length = 0  # committed target (== draft) entries, host copy
+        self.use_draft = False
+        self.new: list[int] = []  # tokens emitted this step
+        self.accepted = self.drafted = None
+        self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
+        self.trail: list[tuple[int, int]] | None = None  # set to a list: each cycle's (accepted, tree depth) kept
+
+    def event(self) -> Event:
+        """This step's event (its tokens, why it finished), and the step's fields cleared for the next."""
+        fin = self.em.done
+        ev = Event(self.req.rid, self.new, fin, REASON.get(self.em.reason) if fin else None, self.accepted,
+                   self.drafted)
+        self.new, self.accepted, self.drafted = [], None, None
+        return ev
+
+
+def validate(req: Request, info, tokenizer) -> None:
+    """Refuse a request the engine cannot run (`info`: the target's ModelInfo), each with its fix."""
+    ids = req.prompt_ids
+    if not isinstance(req.max_new_tokens, int) or isinstance(req.max_new_tokens, bool) or req.max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}",
+                              fix="ask for at least one new token", code="E301")
+    if not isinstance(req.sampling, SamplingParams):
+        raise GenerationError("sampling must be a SamplingParams", fix="build it with SamplingParams(...)",
+                              code="E302")
+    if len(ids) == 0:
+        raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
+    V = info.vocab_size
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < V for i in ids):
+        raise GenerationError(f"prompt token ids must be integers in 0..{V - 1}",
+                              fix="tokenize with the target's tokenizer", code="E305")
+    ctx = info.max_position_embeddings
+    if len(ids) + req.max_new_tokens > ctx:
+        raise GenerationError(
+            f"the prompt ({len(ids)} tokens) plus max_new_tokens ({req.max_new_tokens}) exceeds the target's "
+            f"context of {ctx} positions",
+            # a prompt of the whole context leaves room for no token: only a shorter prompt helps then
+            fix=(f"lower max_new_tokens to {ctx - len(ids)}, or shorten the prompt" if len(ids) < ctx else
+                 f"shorten the prompt by at least {len(ids) - ctx + 1} tokens"),
+            code="E301")
+    if any(s for s in req.stop_strings) and tokenizer is None:
+        raise GenerationError("stop strings need a tokenizer to decode the output",
+                              fix="give the engine the target folder's tokenizer, or use token ids", code="E304")

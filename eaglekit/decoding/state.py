@@ -1,0 +1,110 @@
+"""The batch's device state: one row per running sequence (index == cache row), and what the phases run with.
+
+BatchState holds every tensor a step reads or moves: the target's and the draft's row caches (per-row committed
+lengths on the device), each row's root token (the next token to feed), whether it is active and drafts, the draft's
+last hidden and logits per row, and the catch-up window of features the target captured in plain steps (CATCH_UP
+tokens a row). Setup holds the models and the two numbers fixed for an engine's life. The phases
+(decoding.phases) work on these two alone; the row allocator (decoding.allocator) sizes and compacts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..capture import CaptureSpec
+from .adaptive import LONGEST_PROBE
+
+# Plain tokens a row may go without its draft and still catch up (a window of captured features per row: 1024 x 3
+# hidden sizes, 25 MB a row at the 8B shape in bf16); longer than the policy's longest probe interval, so rows keep
+# their draft while the policy probes.
+CATCH_UP = LONGEST_PROBE + 16
+
+
+@dataclass
+class Setup:
+    """What the phases run with. `draft` and `capture` may change after the engine is built (tests hand in doubles
+    that way: the engine's own attributes write through to here); the phases read them at each call."""
+
+    target: object
+    draft: object | None = None
+    capture: CaptureSpec | None = None
+    synthetic: float | None = None  # acceptance replaced at this per-position rate (benchmarks only, never lossless)
+    plain_rows: int = 1  # rows of the plain step's target forward (its token is row 0: decoding.phases.Cycle.plain)
+
+
+class BatchState:
+    """The batch's device tensors, max_batch rows. The caches (`tk`, `dk`: the target's and the draft's RowKV) and
+    the tensors made with them are None until the row allocator first sizes them; `S` is the target's span per row."""
+
+    def __init__(self, max_batch: int, device: torch.device):
+        self.max_batch, self.device = max_batch, device
+        B, dev = max_batch, device
+        self.tk = self.dk = None
+        self.S = 0  # cache span (slots per row)
+        self.root = torch.zeros(B, dtype=torch.long, device=dev)
+        self.active = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.use_draft = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.h = self.dl = None  # the draft's last hidden and logits per row (made with the caches)
+        self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
+
+    def make(self, setup: Setup, S: int, draft_span: int) -> None:
+        """Fresh caches of span S (the draft's `draft_span`) and the draft's per-row tensors."""
+        target, draft, B, dev = setup.target, setup.draft, self.max_batch, self.device
+        self.tk = target.row_cache(B, S)
+        self.dk = draft.row_cache(B, draft_span) if draft is not None else None
+        if draft is not None:
+            self.h = torch.zeros(B, draft.hidden_size, dtype=draft.dtype, device=dev)
+            self.dl = torch.zeros(B, draft.draft_vocab_size, dtype=torch.float32, device=dev)
+            F = target.info.hidden_size * len(setup.capture.after_layers)
+            self.lag_feats = torch.zeros(B, CATCH_UP, F, dtype=target.dtype, device=dev)
+            self.lag_ids = torch.zeros(B, CATCH_UP, dtype=torch.long, device=dev)
+            self.lag_n = torch.zeros(B, dtype=torch.long, device=dev)
+        self.S = S
+
+    def grow(self, S: int, draft_span: int) -> None:
+        """The caches at a longer span, their entries kept (the catch-up window is per row, not per slot: it
+        survives the growth as it is)."""
+        self.tk = self.tk.grown(S)
+        self.dk = self.dk.grown(draft_span) if self.dk is not None else None
+        self.S = S
+
+    def move_row(self, src: int, dst: int, upto: int, draft_upto: int) -> None:
+        """Row src's state into row dst: its cache entries below `upto` (the draft's below `draft_upto`)."""
+        self.tk.move(src, dst, upto)
+        if self.dk is not None:
+            self.dk.move(src, dst, draft_upto)
+            self.h[dst] = self.h[src]
+            self.dl[dst] = self.dl[src]
+            self.lag_feats[dst] = self.lag_feats[src]
+            self.lag_ids[dst] = self.lag_ids[src]
+            self.lag_n[dst] = self.lag_n[src]
+        self.root[dst] = self.root[src]
+        self.use_draft[dst] = self.use_draft[src]
+
+    def clear_row(self, r: int) -> None:
+        self.active[r] = False
+        self.use_draft[r] = False
+        self.tk.length[r] = 0
+        if self.dk is not None:
+            self.dk.length[r] = 0
+            self.lag_n[r] = 0
+
+    def stand(self, B: int, at: int) -> None:
+        """Rows [0, B) standing at length `at`, active and drafting (warm-up's timings: shapes and lengths matter,
+        not values)."""
+        self.tk.length[:B] = at
+        self.active[:B] = True
+        if self.dk is not None:
+            self.dk.length[:B] = at
+            self.use_draft[:B] = True
+
+    def idle(self) -> None:
+        """Back to no row running."""
+        self.tk.length.zero_()
+        self.active.zero_()
+        self.use_draft.zero_()
+        if self.dk is not None:
+            self.dk.length.zero_()
+            self.lag_n.zero_()

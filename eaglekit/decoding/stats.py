@@ -1,0 +1,62 @@
+"""The engine's counters: speculation statistics (what /metrics and /server_info report, vLLM's names) and the
+profiler's phase times (observe.profile.Profiler: CUDA events on a GPU), with the per-step report of them."""
+
+from __future__ import annotations
+
+from ..observe.profile import Profiler
+
+
+class EngineStats:
+    """`spec`: drafts, draft tokens, accepted tokens (in all and per position), cycles (in all and by draft length),
+    plain steps and the policy's switches (`positions`: the whole tree's draft length; `lengths`: every length a cycle
+    may have); `prefills`: requests admitted (each one prefill); `profiler`: phase times where `profile` is on
+    (`ranges`: torch.profiler / NVTX ranges too)."""
+
+    def __init__(self, positions: int, lengths, profile: bool, device, ranges: bool = False):
+        self.spec = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                     "accepted_per_pos": [0] * positions, "spec_cycles": 0, "plain_steps": 0,
+                     "switches_to_plain": 0, "switches_to_spec": 0,
+                     "cycles_by_length": {j: 0 for j in sorted(lengths)}}
+        self.profiler = Profiler(profile, device, ranges=ranges)
+        self.prefills = 0
+
+    def cycle(self, length: int) -> None:
+        """A speculative cycle of `length` draft positions ran."""
+        self.spec["spec_cycles"] += 1
+        self.spec["cycles_by_length"][length] += 1
+
+    def drafted(self, drafted: int, accepted: int) -> None:
+        """One drafting row's verify: `drafted` draft tokens proposed, the first `accepted` of them taken."""
+        st = self.spec
+        st["num_drafts"] += 1
+        st["num_draft_tokens"] += drafted
+        st["num_accepted_tokens"] += accepted
+        for i in range(accepted):
+            st["accepted_per_pos"][i] += 1
+
+    def switched(self, to_spec: bool) -> None:
+        self.spec["switches_to_spec" if to_spec else "switches_to_plain"] += 1
+
+    def reading(self) -> tuple[dict, dict]:
+        """-> (each phase's seconds so far, the steps they were spent over): read under the engine's lock."""
+        steps = {"cycles": self.spec["spec_cycles"], "plain_steps": self.spec["plain_steps"],
+                 "prefills": self.prefills}
+        return self.profiler.totals(), steps
+
+    @staticmethod
+    def report(totals: dict, steps: dict, since: dict | None = None) -> dict:
+        """The phases' times in ms in all, per step (per speculative cycle, per plain step for `decode`, per request
+        for `prefill`, per step of either kind for `host_sync`) and as shares of their total; since `since` (an earlier
+        report) where given."""
+        if since is not None:
+            steps = {k: v - since[k] for k, v in steps.items()}
+            totals = {p: v - since["ms"].get(p, 0.0) / 1e3 for p, v in totals.items()}
+        everything = sum(totals.values()) or 1.0
+        # what each phase is counted per: a prefill per admitted request, the host read per step of either kind
+        count = {"decode": steps["plain_steps"], "prefill": steps["prefills"],
+                 "host_sync": steps["cycles"] + steps["plain_steps"]}
+        per = {p: count.get(p, steps["cycles"]) for p in totals}
+        return {**steps,
+                "ms": {p: round(1e3 * v, 3) for p, v in totals.items()},
+                "ms_per_step": {p: round(1e3 * v / per[p], 4) if per[p] else None for p, v in totals.items()},
+                "share": {p: round(v / everything, 4) for p, v in totals.items()}}
