@@ -94,7 +94,7 @@ def smollm2_speed(p, ctx):
 
     import torch
 
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.models.gguf import find_smollm2, retype_gguf
 
@@ -166,7 +166,7 @@ def smollm2_speed(p, ctx):
 def history(t, tok, prompts: list[str], tokens: int, max_new: int = 160) -> list[dict]:
     """An earlier conversation of at least `tokens` tokens: training prompts asked in turn, each answered greedily by
     the target with the conversation so far before it."""
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.train.recipe_smollm2 import chat_ids
 
@@ -197,7 +197,7 @@ def cut(tok, conv: list[dict], tokens: int) -> list[dict]:
                 "topk": 1, "draft_tokens": 6, "threads": None},
       quick={"lengths": [0, 512], "max_new_tokens": 24})
 def smollm2_context(p, ctx):
-    from eaglekit.decoding.engine import Decoder
+    from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.train.prompts import load_prompt_set
     from eaglekit.train.recipe_smollm2 import chat_ids, eval_prompts

@@ -212,7 +212,7 @@ def evaluate_by_category(target, draft, tok, prompts: list[dict], shape, max_new
     """Accept length and per-position acceptance per category (SGLang's scale: tokens per verify), and whether
     every output equals the target's alone."""
     from ..decoding.compare import compare
-    from ..decoding.engine import Decoder
+    from ..decoding.decoder import Decoder
     from ..decoding.tree import TreeShape
 
     dec = Decoder(target, draft, TreeShape.make(*shape))
