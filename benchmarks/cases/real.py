@@ -31,7 +31,7 @@ def _pair(p, ctx):
 
         if p.get("threads"):
             torch.set_num_threads(p["threads"])
-        tdir, ddir = smollm2_paths()
+        tdir, ddir = smollm2_paths(draft=p.get("draft"))
         t, d = load_pair(tdir, ddir, device="cpu", dtype="float32", compile="off")
         ctx["smollm2"] = (tdir, ddir, t, d, load_tokenizer(tdir))
     return ctx["smollm2"]
@@ -46,7 +46,7 @@ def _prompts(tok, per_category: int) -> tuple[list[str], list[list[int]]]:
 
 @case("smollm2-accept", "the real pair's accept length and per-position acceptance per held-out category, at chains "
       "(3,1,4), (5,1,6) and the tree (5,4,8); every output checked identical to the target alone",
-      defaults={"per_category": 4, "max_new_tokens": 128, "threads": None},
+      defaults={"per_category": 2, "max_new_tokens": 96, "threads": None, "draft": None},
       quick={"per_category": 1, "max_new_tokens": 32})
 def smollm2_accept(p, ctx):
     from eaglekit.train.recipe_smollm2 import SHAPES, eval_prompts, evaluate_by_category
@@ -86,8 +86,9 @@ def _llama_cpp_generate(llm, ids: list[int], n: int) -> float:
 
 @case("smollm2-speed", "batch-1 tok/s on the real pair's held-out prompts: eaglekit's target alone and with its "
       "draft, transformers generate on the same weights, llama.cpp on the Q4_1 GGUF and on an F16 GGUF of it",
-      defaults={"per_category": 2, "max_new_tokens": 128, "rounds": 3, "steps": 5, "topk": 1, "draft_tokens": 6,
-                "threads": None, "engines": "eaglekit,eaglekit_draft,transformers,llamacpp_q4_1,llamacpp_f16"},
+      defaults={"per_category": 1, "max_new_tokens": 96, "rounds": 2, "steps": 5, "topk": 1, "draft_tokens": 6,
+                "threads": None, "draft": None,
+                "engines": "eaglekit,eaglekit_draft,transformers,llamacpp_q4_1,llamacpp_f16"},
       quick={"per_category": 1, "max_new_tokens": 32, "rounds": 1})
 def smollm2_speed(p, ctx):
     import tempfile
@@ -193,9 +194,9 @@ def cut(tok, conv: list[dict], tokens: int) -> list[dict]:
 
 @case("smollm2-context", "the real pair's accept length against the length of the conversation before the prompt: "
       "held-out prompts behind ~512 ... ~7k tokens of earlier turns (the target's own answers)",
-      defaults={"lengths": [0, 512, 1024, 2048, 4096, 7168], "per_category": 1, "max_new_tokens": 64, "steps": 5,
-                "topk": 1, "draft_tokens": 6, "threads": None},
-      quick={"lengths": [0, 512], "max_new_tokens": 24})
+      defaults={"lengths": [0, 512, 1024, 2048, 4096, 7168], "context_prompts": 8, "context_new_tokens": 64,
+                "steps": 5, "topk": 1, "draft_tokens": 6, "threads": None, "draft": None},
+      quick={"lengths": [0, 512], "context_new_tokens": 24, "context_prompts": 2})
 def smollm2_context(p, ctx):
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
@@ -207,7 +208,7 @@ def smollm2_context(p, ctx):
     train = [r["prompt"] for r in load_prompt_set("train")][::37]
     conv = history(t, tok, train, max(lengths) + 64) if max(lengths) else []
     dec = Decoder(t, d, TreeShape.make(p["steps"], p["topk"], p["draft_tokens"]))
-    rows = eval_prompts(p["per_category"])
+    rows = eval_prompts(1)[:p["context_prompts"]]  # one prompt of each category in turn
     metrics, details = {}, {}
     for L in lengths:
         before = cut(tok, conv, L) if L else []
@@ -217,11 +218,11 @@ def smollm2_context(p, ctx):
         for r in rows:
             ids = chat_ids(tok, before + [{"role": "user", "content": r["prompt"]}])
             ctx_tokens.append(len(ids))
-            g = dec.generate(ids, p["max_new_tokens"])
+            g = dec.generate(ids, p["context_new_tokens"])
             new += g.metrics.new_tokens
             verifies += g.metrics.verify_count
             if L == max(lengths):  # identity at the longest context, where a cache fault would show first
-                ident += g.token_ids == dec.generate(ids, p["max_new_tokens"], baseline=True).token_ids
+                ident += g.token_ids == dec.generate(ids, p["context_new_tokens"], baseline=True).token_ids
         acc = new / verifies if verifies else None
         metrics[f"accept_length_ctx{L}"] = value(acc, "tokens/verify")
         details[str(L)] = {"context_tokens_median": sorted(ctx_tokens)[len(ctx_tokens) // 2],
@@ -239,7 +240,7 @@ def smollm2_context(p, ctx):
 
 @case("smollm2-doctor", "the doctor on the real pair: the pair as shipped, and its vLLM export with the aux ids one "
       "layer high, one low (SpecForge's 'output of' ids), reversed, and d2t rolled by one (no eaglekit block)",
-      defaults={"time_budget": 30.0, "prompts": 12, "max_new_tokens": 64, "threads": None},
+      defaults={"time_budget": 30.0, "prompts": 12, "doctor_new_tokens": 64, "threads": None, "draft": None},
       quick={"time_budget": 10.0})
 def smollm2_doctor(p, ctx):
     import tempfile
@@ -266,7 +267,7 @@ def smollm2_doctor(p, ctx):
             if edit is not None:
                 edit(d)
             t0 = time.time()
-            res = run_doctor(tdir, d, n_prompts=p["prompts"], max_new_tokens=p["max_new_tokens"],
+            res = run_doctor(tdir, d, n_prompts=p["prompts"], max_new_tokens=p["doctor_new_tokens"],
                              time_budget=p["time_budget"])
             got = outcome(Case(name, "llama", name, expect, codes), res)
             errors = [f for f in res.get("findings") or [] if f["severity"] == "error"]
