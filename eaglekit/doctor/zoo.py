@@ -76,8 +76,17 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def third_party(d: Path) -> Path:
-    """As a draft from another tool comes: no eaglekit block (no target record, no d2t hash, no features)."""
+    """As a draft from another tool comes: no eaglekit block (no target record, no d2t hash, no features), no
+    training record."""
+    no_record(d)
     return _edit_config(d, lambda c: c.pop("eaglekit", None))
+
+
+def no_record(d: Path) -> Path:
+    from ..train.record import RECORD_FILE
+
+    (d / RECORD_FILE).unlink(missing_ok=True)
+    return d
 
 
 def set_ids(d: Path, ids) -> Path:
@@ -143,6 +152,25 @@ def qwen2_target(src: Path, dst: Path) -> Path:
     return dst
 
 
+def shuffle_d2t(w: dict, share: float = 0.1, seed: int = 3) -> None:
+    """`share` of the draft ids exchange their target tokens among themselves (t2d unchanged: the same set)."""
+    n = w["d2t"].numel()
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n, generator=g)[:int(n * share)]
+    ids = torch.arange(n) + w["d2t"].long()
+    ids[pick] = ids[pick[torch.randperm(pick.numel(), generator=g)]]
+    w["d2t"] = (ids - torch.arange(n)).to(w["d2t"].dtype)
+
+
+def other_chat_template(src: Path, dst: Path) -> Path:
+    """The target with another chat template than the one its draft was trained and recorded with."""
+    _copy(src, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}<|assistant|>\n"
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
 class Pairs:
     """The base pairs every case starts from, built once under `root`."""
 
@@ -174,6 +202,17 @@ class Pairs:
             self.drafts[family] = save_draft(d, self.root / f"{family}_draft")
         return self.drafts[family]
 
+    def recorded_third_party(self, family: str) -> Path:
+        """The family's vLLM export as another tool writes it (no eaglekit block, no record), then recorded by
+        `eaglekit doctor --record` on its own target: a pair the user trusts."""
+        out = self.root / f"{family}_third_party_recorded"
+        if not out.exists():
+            from .recorded import write_pair_record
+
+            third_party(_copy(self.vllm(family), out))
+            write_pair_record(self.target(family), out, log=lambda s: None)
+        return out
+
     def vllm(self, family: str) -> Path:
         """The family's draft exported for vLLM against its target (records the target's weights fingerprint)."""
         if family not in self._vllm:
@@ -190,7 +229,7 @@ class Pairs:
 
 
 # --- the cases ------------------------------------------------------------------------------------------------
-def _v(family, *edits, third=False):
+def _v(family, *edits, third=False, kwargs=None):
     """A case built on the family's vLLM export: a copy with `edits` applied (each fn(draft_dir))."""
     def build(p: Pairs, out: Path):
         d = _copy(p.vllm(family), out / "draft")
@@ -198,7 +237,7 @@ def _v(family, *edits, third=False):
             third_party(d)
         for e in edits:
             e(d)
-        return p.target(family), d, {}
+        return p.target(family), d, dict(kwargs or {})
     return build
 
 
@@ -225,7 +264,22 @@ def _c(fn):
 
 
 def _no_weights(d: Path) -> Path:
+    """The draft recording only its features: no weights fingerprint, no training record."""
+    no_record(d)
     return _edit_config(d, lambda c: c["eaglekit"]["target"].pop("weights", None))
+
+
+def _recorded(family, target=None, kwargs=None):
+    """A case built on the family's third-party draft recorded by `doctor --record` (Pairs.recorded_third_party)."""
+    def build(p: Pairs, out: Path):
+        d = _copy(p.recorded_third_party(family), out / "draft")
+        return (target(p, out) if target else p.target(family)), d, dict(kwargs or {})
+    return build
+
+
+def _no_prompts(p: Pairs, out: Path):
+    """The draft's own target in a folder without its prompts: the probe takes the built-in ones."""
+    return _copy(p.target("llama"), out / "target")
 
 
 def _abs_d2t(w):
