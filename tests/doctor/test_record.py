@@ -10,10 +10,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
+from eaglekit.cli import main
 from eaglekit.demo import ASSETS
 from eaglekit.doctor import run_doctor
 from eaglekit.doctor.recorded import acceptance_findings, static_findings
-from eaglekit.doctor.zoo import other_chat_template, shuffle_d2t
+from eaglekit.doctor.zoo import other_chat_template, shuffle_d2t, third_party
 from eaglekit.models import load_target
 from eaglekit.train.record import RECORD_FILE, loaded_as_doctor, read_record
 
@@ -101,3 +102,17 @@ def test_another_dtype_is_a_note_where_acceptance_holds_and_a_fault_where_it_dro
     (dropped,) = acceptance_findings(rec, target, draft, CAPTURE, TARGET, [])
     assert dropped.code == "E223" and dropped.fix.startswith("run the target as at training (bfloat16")
     assert "where it accepted 4.00 at training" in dropped.message
+
+
+def test_doctor_record_writes_a_record_for_a_draft_made_elsewhere(tmp_path, capsys):
+    d = third_party(shutil.copytree(ASSETS / "draft", tmp_path / "d"))
+    assert read_record(d) is None
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The sky is", "for x in"]))
+    assert main(["doctor", "--target", str(TARGET), "--draft", str(d), "--record", "--prompt-file", str(prompts),
+                 "--max-new-tokens", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rec = read_record(d)
+    assert out["written_by"] == rec["written_by"] == "eaglekit doctor --record" and rec["acceptance"]["positions"] > 0
+    res = run_doctor(TARGET, d, prompt_file=prompts, **QUICK)
+    assert {"I311", "I308"} <= _codes(res)  # the record's weights fingerprint tells the target (no eaglekit block)
