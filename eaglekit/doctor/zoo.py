@@ -7,7 +7,9 @@ Two target families: the shipped demo Llama pair, and a Qwen2 target built from 
 v biases added: k's random, which softmax ignores, so it computes the same function; its draft is the demo draft
 rewired to it: its record names the Qwen2 target). Each fault is one of reference.md sections 7 and 10, or a
 row of issue 43's table; most are seeded into the pair as vLLM would be given it (`eaglekit export --to vllm`),
-some with the draft's `eaglekit` block removed, as a draft from another tool comes.
+some with the draft's `eaglekit` block (and training record) removed, as a draft from another tool comes. The cases
+of issue 64 are faults outside the layer wiring that only the draft's training record shows (eaglekit.doctor.recorded),
+and right pairs that must stay clean with it (another dtype, the built-in prompts, a draft recorded by doctor --record).
 
 Outcomes, per case: `right` the verdict the case expects (a fault with one of its codes; clean; or cannot tell
 where nothing can tell), `wrong cause` a fault with none of the expected codes, `cannot tell` where a fault or a
@@ -377,6 +379,29 @@ CASES = [
          "clean", build=_v("llama", _c(lambda c: c["transformer_layer_config"].update(max_position_embeddings=512))),
          warn=("W283",)),
     Case("untrained", "llama", "an untrained draft", "fault", ("E282",), _untrained, engine=False),
+    # faults outside the layer wiring, found by the training record (issue 64; eaglekit.doctor.recorded)
+    Case("rope-theta", "llama", "the draft's rope_theta changed in its config (10000 -> 500000)", "fault",
+         ("E224", "E223"), _v("llama", _c(lambda c: c["transformer_layer_config"].update(rope_theta=500000.0))),
+         engine=False),
+    Case("norm-before-residual", "llama", "norm_before_residual flipped in the draft's config", "fault",
+         ("E224", "E223"), _v("llama", _c(lambda c: c.update(norm_before_residual=True))), engine=False),
+    Case("d2t-shuffled-10pct", "llama", "10% of the d2t entries shuffled among themselves, the config's d2t hash "
+         "removed", "fault", ("E217", "E223", "E222"),
+         _v("llama", _w(shuffle_d2t), _c(lambda c: c["eaglekit"].pop("vocab_map_sha256"))), engine=False),
+    Case("tie-word-embeddings", "llama", "tie_word_embeddings set on a draft with its own lm_head (eaglekit ignores "
+         "it; an engine that honours it ties lm_head to the embedding)", "fault", ("E224",),
+         _v("llama", _c(lambda c: c["transformer_layer_config"].update(tie_word_embeddings=True))), engine=False),
+    Case("other-chat-template", "llama", "a draft from another tool recorded with doctor --record, served with "
+         "another chat template", "fault", ("E215",),
+         _recorded("llama", target=lambda p, out: other_chat_template(p.target("llama"), out / "target")),
+         engine=False),
+    Case("clean-recorded", "llama", "nothing: a draft from another tool (no eaglekit block), recorded with doctor "
+         "--record on its own target", "clean", build=_recorded("llama"), engine=False),
+    Case("clean-bfloat16", "llama", "nothing: the demo pair exported for vLLM, run in bfloat16 (recorded in "
+         "float32)", "clean", build=_v("llama", kwargs={"dtype": "bfloat16"}), warn=("I312",), engine=False),
+    Case("clean-builtin-prompts", "llama", "nothing: the demo pair as shipped, its target in a folder without its "
+         "prompts (the probe takes the built-in ones; the record its own sample)", "clean",
+         build=_e("llama", target=_no_prompts), engine=False),
     Case("qwen2-clean", "qwen2", "nothing: the Qwen2 pair exported for vLLM", "clean", build=_v("qwen2")),
     Case("qwen2-ids+1", "qwen2", "aux ids one layer high in vLLM's convention", "fault", ("E290", "E291"),
          _v("qwen2", lambda d: set_ids(d, [3, 7, 10]))),
