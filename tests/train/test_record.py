@@ -88,3 +88,19 @@ def test_an_unreadable_record_is_no_record(tmp_path):
     assert read_record(tmp_path) is None
     (tmp_path / RECORD_FILE).write_text(json.dumps({"version": 99, "runs": ["1"]}))
     assert read_record(tmp_path) is None
+
+
+def test_the_held_out_ids_come_from_either_source(model_dirs, trained, tmp_path):
+    """Offline training (a FeatureStore) records the same held-out token ids as online training (its examples)."""
+    from eaglekit.train.data import load_examples
+    from eaglekit.train.extract import FeatureStore, extract
+    from eaglekit.train.record import ids_of
+    from eaglekit.train.sources import OnlineSource
+
+    _, data = trained
+    t = load_target(model_dirs["llama"])
+    ex = load_examples(data, None, 64)[:5]
+    spec = CaptureSpec.default(t.info.num_layers)
+    extract(t, ex, tmp_path / "f", spec, log=lambda s: None, progress=False)
+    assert ids_of(FeatureStore(tmp_path / "f"), [0, 3]) == ids_of(OnlineSource(t, ex, spec), [0, 3])
+    assert ids_of(OnlineSource(t, ex, spec), [3]) == [list(ex[3].input_ids)]
