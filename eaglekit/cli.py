@@ -328,6 +328,16 @@ def cmd_doctor(args) -> int:
 
             need_file(args.prompt_file, "--prompt-file")
         check_folders(model.target, model.draft)
+        if args.record:  # a pair the user trusts: its training record, for later runs to be held against
+            from .doctor.recorded import write_pair_record
+
+            rec = write_pair_record(model.target, model.draft, args.prompt_file, decode.max_new_tokens, model.capture,
+                                    model.backend, model.device_name, model.dtype_name,
+                                    log=(lambda m: None) if args.json else print)
+            if args.json:
+                print(json.dumps({k: rec[k] for k in ("written_by", "steps", "acceptance", "config", "d2t_sha256",
+                                                      "target", "run")}))
+            return 0
         if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
             from .engines.vllm import run_engine_doctor
 
@@ -393,6 +403,10 @@ def _doctor_args(p):
                    help="seconds: the probe grows (more prompts, longer continuations) until it can tell the wirings "
                         "apart or this much time has passed (default 45)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--record", action="store_true",
+                   help="for a pair you trust (a draft made elsewhere): measure it on the probe prompts and write its "
+                        "training record (eaglekit_record.json) into the draft folder, which later runs of the doctor "
+                        "compare with; no verdict")
     p.add_argument("--reference-acceptance", type=float, default=None,
                    help="position-1 acceptance the doctor measured for this draft on its own target: for a draft that "
                         "records no target fingerprint, what tells whether this is that target")

@@ -14,6 +14,9 @@ sure it is.
 5. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
    it was trained or exported, else a reference acceptance given by the user (the features' statistics name layers,
    not targets: identity.py); and the vocabulary mapping on its own evidence (vocab.py).
+5b. The training record (recorded.py, eaglekit.train.record), where the folder has one: the config's function
+   fields, the d2t, the tokenizer and chat template against what was recorded, and the draft measured again on the
+   recorded sample, its acceptance compared with the recorded one within a confidence interval.
 6. A verdict of three: a fault (with its cause and the fix in the folder's own convention, fixes.py); clean,
    only when the configured wiring is shown best with the stated confidence and the target is shown to be the
    draft's; else cannot tell, with what would decide it.
@@ -42,6 +45,7 @@ from .probe import (
     probe_prompts,
     wirings,
 )
+from .recorded import acceptance_findings, static_findings
 from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
 from .vocab import mapping_is_wrong, vocab_evidence
 
@@ -123,11 +127,13 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
     from ..decoding.decoder import Decoder
     from ..decoding.tree import TreeShape
     from ..draft import load_draft, pair_problems
+    from ..draft.checkpoint import vocab_map_sha
     from ..models import load_target
     from ..observe import trace
     from ..observe.metrics import aggregate
     from ..pair import set_pair_products
     from ..train.fingerprint import match, usable
+    from ..train.record import read_record
 
     t0 = time.time()
     bar = _bar(progress)
@@ -157,7 +163,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                 findings.append(Finding.of(e))
             return _conclude(findings, None, None, t0, pair)
         _FORMAT["fmt"] = getattr(draft, "source_format", None)
-        identity = weights_check(draft.config, target_dir)
+        record = read_record(draft_dir)  # what the draft accepted at training, and with what (recorded.py)
+        identity = weights_check(draft.config, target_dir, record)
         findings += identity.findings
         if draft.config.max_position_embeddings < target.info.max_position_embeddings:
             findings.append(Finding(
@@ -172,6 +179,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
         _, problems = pair_problems(draft, target, configured)
         findings += [Finding.of(p) for p in problems]
+        if record is not None:
+            findings += static_findings(record, draft_dir, draft, target_dir, findings)
 
         def fits(spec):
             return (spec is not None and spec.width(H) == draft.fc.in_features
@@ -184,8 +193,9 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                                     f"after_layers {list(base.after_layers)}"))
         prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
         ctx = _Context(source=source, label="configured wiring" if base == configured else "draft's declared wiring")
-        ctx.identity, ctx.reference, ctx.vocab_recorded = (identity, reference_acceptance,
-                                                           bool(draft.config.vocab_map_sha))
+        ctx.identity, ctx.reference = identity, reference_acceptance
+        ctx.vocab_recorded = bool(draft.config.vocab_map_sha) or bool(
+            record and record.get("d2t_sha256") == vocab_map_sha(draft.d2t))
         ctx.budget = time_budget
         if base is None:
             return _conclude(findings, None, ctx, t0, pair)
@@ -227,6 +237,9 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         ctx.fingerprint = fingerprint()
         ctx.positions = probe.positions
         ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
+        if record is not None:
+            _stage(bar, "the training record's sample")
+            findings += acceptance_findings(record, target, draft, base, target_dir, findings)
         _stage(bar, "decoding")
         dec = Decoder(target, draft, shape, capture=base, allow_other_target=True)
         conf = next(r for r in ctx.rows if r.wiring == "configured")

@@ -4,8 +4,8 @@ The config fingerprint (E208) tells targets of other shapes apart; a same-shape 
 fine-tune, another revision) shares it, and its draft still runs, at lower acceptance, with nothing to compare
 that acceptance with. The evidence, strongest first:
   weights    the draft records the fingerprint of its target's weights (eaglekit.train.fingerprint, written by
-             eaglekit train and eaglekit export --target): equal hashes settle it; otherwise the relative
-             distance of the sampled weights is the measure (E220).
+             eaglekit train and eaglekit export --target, or in its training record by eaglekit doctor --record):
+             equal hashes settle it; otherwise the relative distance of the sampled weights is the measure (E220).
   reference  the user gives the position-1 acceptance the doctor measured on the draft's own target
              (--reference-acceptance): this target's far below it (E284).
 Without either the check cannot be made (W281), and the verdict cannot be clean.
@@ -30,7 +30,8 @@ REFERENCE_SLACK = 0.05
 DECIDE_TARGET = ("a record of the draft's target: re-export the draft against the target it was trained on (eaglekit "
                  "export OUT --to vllm|sglang --draft D --target T writes the fingerprint of T's weights), or pass "
                  "--reference-acceptance A, the position-1 acceptance eaglekit doctor reports for the draft on its "
-                 "own target")
+                 "own target; or, once this pair is trusted, eaglekit doctor --record, which records the target's "
+                 "weights with the draft's acceptance for later runs")
 
 
 @dataclass
@@ -41,10 +42,12 @@ class Identity:
     findings: list[Finding] = field(default_factory=list)
 
 
-def weights_check(config, target_dir) -> Identity:
+def weights_check(config, target_dir, record: dict | None = None) -> Identity:
+    """`record`: the draft's training record (eaglekit.train.record), whose target weights fingerprint stands in
+    for the config's where the config records none (a draft made elsewhere, recorded by `doctor --record`)."""
     from ..train.fingerprint import weights_distance, weights_fingerprint
 
-    rec = config.target_weights
+    rec = config.target_weights or ((record or {}).get("target") or {}).get("weights")
     if not rec:
         return Identity()
     cur = weights_fingerprint(target_dir)

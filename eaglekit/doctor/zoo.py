@@ -7,7 +7,9 @@ Two target families: the shipped demo Llama pair, and a Qwen2 target built from 
 v biases added: k's random, which softmax ignores, so it computes the same function; its draft is the demo draft
 rewired to it: its record names the Qwen2 target). Each fault is one of docs/faults.md's classes, or a
 row of issue 43's table; most are seeded into the pair as vLLM would be given it (`eaglekit export --to vllm`),
-some with the draft's `eaglekit` block removed, as a draft from another tool comes.
+some with the draft's `eaglekit` block (and training record) removed, as a draft from another tool comes. The cases
+of issue 64 are faults outside the layer wiring that only the draft's training record shows (eaglekit.doctor.recorded),
+and right pairs that must stay clean with it (another dtype, the built-in prompts, a draft recorded by doctor --record).
 
 Outcomes, per case: `right` the verdict the case expects (a fault with one of its codes; clean; or cannot tell
 where nothing can tell), `wrong cause` a fault with none of the expected codes, `cannot tell` where a fault or a
@@ -76,8 +78,17 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def third_party(d: Path) -> Path:
-    """As a draft from another tool comes: no eaglekit block (no target record, no d2t hash, no features)."""
+    """As a draft from another tool comes: no eaglekit block (no target record, no d2t hash, no features), no
+    training record."""
+    no_record(d)
     return _edit_config(d, lambda c: c.pop("eaglekit", None))
+
+
+def no_record(d: Path) -> Path:
+    from ..train.record import RECORD_FILE
+
+    (d / RECORD_FILE).unlink(missing_ok=True)
+    return d
 
 
 def set_ids(d: Path, ids) -> Path:
@@ -143,6 +154,25 @@ def qwen2_target(src: Path, dst: Path) -> Path:
     return dst
 
 
+def shuffle_d2t(w: dict, share: float = 0.1, seed: int = 3) -> None:
+    """`share` of the draft ids exchange their target tokens among themselves (t2d unchanged: the same set)."""
+    n = w["d2t"].numel()
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n, generator=g)[:int(n * share)]
+    ids = torch.arange(n) + w["d2t"].long()
+    ids[pick] = ids[pick[torch.randperm(pick.numel(), generator=g)]]
+    w["d2t"] = (ids - torch.arange(n)).to(w["d2t"].dtype)
+
+
+def other_chat_template(src: Path, dst: Path) -> Path:
+    """The target with another chat template than the one its draft was trained and recorded with."""
+    _copy(src, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}<|assistant|>\n"
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
 class Pairs:
     """The base pairs every case starts from, built once under `root`."""
 
@@ -174,6 +204,17 @@ class Pairs:
             self.drafts[family] = save_draft(d, self.root / f"{family}_draft")
         return self.drafts[family]
 
+    def recorded_third_party(self, family: str) -> Path:
+        """The family's vLLM export as another tool writes it (no eaglekit block, no record), then recorded by
+        `eaglekit doctor --record` on its own target: a pair the user trusts."""
+        out = self.root / f"{family}_third_party_recorded"
+        if not out.exists():
+            from .recorded import write_pair_record
+
+            third_party(_copy(self.vllm(family), out))
+            write_pair_record(self.target(family), out, log=lambda s: None)
+        return out
+
     def vllm(self, family: str) -> Path:
         """The family's draft exported for vLLM against its target (records the target's weights fingerprint)."""
         if family not in self._vllm:
@@ -190,7 +231,7 @@ class Pairs:
 
 
 # --- the cases ------------------------------------------------------------------------------------------------
-def _v(family, *edits, third=False):
+def _v(family, *edits, third=False, kwargs=None):
     """A case built on the family's vLLM export: a copy with `edits` applied (each fn(draft_dir))."""
     def build(p: Pairs, out: Path):
         d = _copy(p.vllm(family), out / "draft")
@@ -198,7 +239,7 @@ def _v(family, *edits, third=False):
             third_party(d)
         for e in edits:
             e(d)
-        return p.target(family), d, {}
+        return p.target(family), d, dict(kwargs or {})
     return build
 
 
@@ -225,7 +266,22 @@ def _c(fn):
 
 
 def _no_weights(d: Path) -> Path:
+    """The draft recording only its features: no weights fingerprint, no training record."""
+    no_record(d)
     return _edit_config(d, lambda c: c["eaglekit"]["target"].pop("weights", None))
+
+
+def _recorded(family, target=None, kwargs=None):
+    """A case built on the family's third-party draft recorded by `doctor --record` (Pairs.recorded_third_party)."""
+    def build(p: Pairs, out: Path):
+        d = _copy(p.recorded_third_party(family), out / "draft")
+        return (target(p, out) if target else p.target(family)), d, dict(kwargs or {})
+    return build
+
+
+def _no_prompts(p: Pairs, out: Path):
+    """The draft's own target in a folder without its prompts: the probe takes the built-in ones."""
+    return _copy(p.target("llama"), out / "target")
 
 
 def _abs_d2t(w):
@@ -323,6 +379,29 @@ CASES = [
          "clean", build=_v("llama", _c(lambda c: c["transformer_layer_config"].update(max_position_embeddings=512))),
          warn=("W283",)),
     Case("untrained", "llama", "an untrained draft", "fault", ("E282",), _untrained, engine=False),
+    # faults outside the layer wiring, found by the training record (issue 64; eaglekit.doctor.recorded)
+    Case("rope-theta", "llama", "the draft's rope_theta changed in its config (10000 -> 500000)", "fault",
+         ("E224", "E223"), _v("llama", _c(lambda c: c["transformer_layer_config"].update(rope_theta=500000.0))),
+         engine=False),
+    Case("norm-before-residual", "llama", "norm_before_residual flipped in the draft's config", "fault",
+         ("E224", "E223"), _v("llama", _c(lambda c: c.update(norm_before_residual=True))), engine=False),
+    Case("d2t-shuffled-10pct", "llama", "10% of the d2t entries shuffled among themselves, the config's d2t hash "
+         "removed", "fault", ("E217", "E223", "E222"),
+         _v("llama", _w(shuffle_d2t), _c(lambda c: c["eaglekit"].pop("vocab_map_sha256"))), engine=False),
+    Case("tie-word-embeddings", "llama", "tie_word_embeddings set on a draft with its own lm_head (eaglekit ignores "
+         "it; an engine that honours it ties lm_head to the embedding)", "fault", ("E224",),
+         _v("llama", _c(lambda c: c["transformer_layer_config"].update(tie_word_embeddings=True))), engine=False),
+    Case("other-chat-template", "llama", "a draft from another tool recorded with doctor --record, served with "
+         "another chat template", "fault", ("E215",),
+         _recorded("llama", target=lambda p, out: other_chat_template(p.target("llama"), out / "target")),
+         engine=False),
+    Case("clean-recorded", "llama", "nothing: a draft from another tool (no eaglekit block), recorded with doctor "
+         "--record on its own target", "clean", build=_recorded("llama"), engine=False),
+    Case("clean-bfloat16", "llama", "nothing: the demo pair exported for vLLM, run in bfloat16 (recorded in "
+         "float32)", "clean", build=_v("llama", kwargs={"dtype": "bfloat16"}), warn=("I312",), engine=False),
+    Case("clean-builtin-prompts", "llama", "nothing: the demo pair as shipped, its target in a folder without its "
+         "prompts (the probe takes the built-in ones; the record its own sample)", "clean",
+         build=_e("llama", target=_no_prompts), engine=False),
     Case("qwen2-clean", "qwen2", "nothing: the Qwen2 pair exported for vLLM", "clean", build=_v("qwen2")),
     Case("qwen2-ids+1", "qwen2", "aux ids one layer high in vLLM's convention", "fault", ("E290", "E291"),
          _v("qwen2", lambda d: set_ids(d, [3, 7, 10]))),

@@ -373,6 +373,7 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
     draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded
     draft.embed_tokens.weight.requires_grad_(False)
     draft.source_format = fmt
+    draft.source_folder = folder  # what an export copies beside the weights (the training record)
     return draft
 
 

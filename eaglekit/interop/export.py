@@ -8,7 +8,8 @@
                "input of layer i" = after_layers + 1, at the top level and nested in eagle_config.
 
 d2t is written as offsets, t2d derived from it; the eaglekit block (capture in after_layers, target
-fingerprint) rides along in every format: the engines ignore fields they do not know.
+fingerprint) rides along in every format: the engines ignore fields they do not know; so does the training record
+of a draft loaded from a folder that has one (eaglekit_record.json: eaglekit.train.record), a file they never read.
 """
 
 from __future__ import annotations
@@ -154,4 +155,7 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
             archs = json.loads((Path(target.folder) / "config.json").read_text()).get("architectures") or [None]
             arch = archs[0]
         atomic_write_json(out / "config.json", _vllm_config(c, name, arch, dname))
+    from ..train.record import carry
+
+    carry(getattr(draft, "source_folder", None), out)  # the training record rides along: an extra file every engine
     return warnings

@@ -110,7 +110,13 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)
         res.update(capture=capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
-        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "\n").encode())
+        if held_idx:  # what the saved draft accepts on held-out text, for the doctor to hold it against
+            from .record import MAX_SEQUENCES, ids_of, record_draft
+
+            record_draft(target, target_dir, Path(out) / "draft", ids_of(src, held_idx[:MAX_SEQUENCES]), capture,
+                         "eaglekit train", "the held-out split of the training data", res.get("heldout"), log)
+        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "
+").encode())
     return res
 
 
@@ -142,6 +148,13 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
         cfg = TrainConfig(out="", batch_size=opts.batch_size, ttt_length=opts.ttt_length)
         out["ttt"] = evaluate_ttt(draft, OnlineSource(target, examples, spec), list(range(len(examples))),
                                   target.lm_head_weight(), hot, cfg, target.device)
+        if not model.allow_other_target:  # the draft's own target: its record (eaglekit.train.record)
+            import sys
+
+            from .record import MAX_SEQUENCES, record_draft
+
+            record_draft(target, target_dir, draft_dir, [e.input_ids for e in examples[:MAX_SEQUENCES]], spec,
+                         "eaglekit eval --data", str(opts.data), out["ttt"], lambda m: print(m, file=sys.stderr))
     if opts.prompt_file is not None:
         if tok is None:
             raise InputError(f"no tokenizer in {target_dir} to encode the prompts", code="E109")

@@ -207,7 +207,14 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 
 # --- how sure the doctor is (issue 14 items 7-9, issue 13 item 7) ------------------------------------------
 def _no_record_of_the_target(d):
+    _no_training_record(d)
     _edit_config(d, lambda c: (c["eaglekit"].pop("features", None), c["eaglekit"]["target"].pop("weights", None)))
+
+
+def _no_training_record(d):
+    """The draft without its training record (eaglekit_record.json): the probe and the config's records alone."""
+    (d / "eaglekit_record.json").unlink()
+    return d
 
 
 def test_report_is_typed_and_its_json_keeps_the_shape(extra_embedding):
@@ -244,7 +251,7 @@ def test_a_small_probe_that_cannot_tell_says_so(tmp_path):
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 9]
         cfg["eaglekit"]["capture"]["after_layers"] = [2, 6, 9]
 
-    _edit_config(d, shift)
+    _edit_config(_no_training_record(d), shift)  # the probe alone (the record would tell: tests/doctor/test_record.py)
     res = run_doctor(TARGET, d, n_prompts=2, max_new_tokens=8, time_budget=0)
     assert "no wiring fault found" not in res["verdict"]
     assert not res["conclusive"] and "cannot tell these wirings apart on this probe" in res["verdict"]
@@ -313,7 +320,7 @@ def test_the_feature_statistics_decide_nothing_over_other_text(tmp_path):
     res = run_doctor(target, ASSETS / "draft")
     assert res["probe_prompts"] == "built-in prompts"
     assert not res["fault"] and {"I308", "I306"} <= _codes(res), res["verdict"]
-    d = _copy(tmp_path)
+    d = _no_training_record(_copy(tmp_path))
     _edit_config(d, lambda c: c["eaglekit"]["target"].pop("weights"))  # the features, not the weights, recorded
     res = run_doctor(target, d)
     assert res["status"] == "cannot_tell" and "W281" in _codes(res), res["verdict"]
@@ -366,8 +373,9 @@ def test_export_records_the_target_weights_and_the_doctor_compares_them(tmp_path
 
 
 def test_a_third_party_draft_is_never_clean(tmp_path):
-    """No eaglekit block: which target the draft was made for cannot be checked: cannot tell, with what decides it."""
-    d = _copy(tmp_path)
+    """No eaglekit block (and no training record): which target the draft was made for cannot be checked: cannot
+    tell, with what decides it."""
+    d = _no_training_record(_copy(tmp_path))
     _edit_config(d, lambda c: c.pop("eaglekit"))
     res = run_doctor(TARGET, d, **QUICK)
     assert res["status"] == "cannot_tell" and res["exit_code"] == 3 and "W281" in _codes(res)

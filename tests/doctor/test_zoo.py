@@ -27,6 +27,16 @@ def test_the_zoo_is_large_and_covers_two_families_and_the_issue_rows():
     assert all(c.codes for c in CASES if c.expect == "fault")
 
 
+def test_the_training_record_cases_expect_their_causes():
+    """Issue 64: faults outside the wiring, found through the record, and right pairs that must stay clean with it."""
+    by = {c.name: c for c in CASES}
+    expect = {"rope-theta": "E224", "norm-before-residual": "E224", "d2t-shuffled-10pct": "E217",
+              "tie-word-embeddings": "E224", "other-chat-template": "E215"}
+    assert all(by[n].expect == "fault" and code in by[n].codes for n, code in expect.items())
+    assert all(by[n].expect == "clean" for n in ("clean-recorded", "clean-bfloat16", "clean-builtin-prompts"))
+    assert by["clean-bfloat16"].warn == ("I312",)
+
+
 QUICK_CASES = [c for c in CASES if c.quick and c.family == "llama"]
 
 

@@ -21,4 +21,5 @@ def miswire(src: Path, dst: Path, ids: list[int]) -> Path:
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(ids)
     cfg.pop("eaglekit", None)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    (dst / "eaglekit_record.json").unlink(missing_ok=True)  # nor the training record eaglekit export carries
     return dst

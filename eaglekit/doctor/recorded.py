@@ -1,0 +1,188 @@
+"""The draft held against its training record (eaglekit.train.record): what it accepted then, what it accepts now.
+
+Faults outside the layer wiring cost acceptance without any wiring beating the configured one: a draft config's
+rope_theta or norm_before_residual changed, part of the d2t shuffled with its hash removed, a flag eaglekit ignores
+but an engine honours. The probe cannot see them (it varies the wiring only); the record can:
+
+1. static, before the probe (`static_findings`): each function field of the config against the recorded value
+   (E224, the field named with the value to restore), the d2t against the recorded digest (E217), the target's
+   tokenizer and chat template against the recorded digests (E215);
+2. after the probe (`acceptance_findings`): the draft measured again on the recorded sample, with the recorded chain,
+   under the configured wiring, by the same function that wrote the record (eaglekit.train.record.measure), and
+   compared position by position with the recorded runs (paired_difference: the standard error clustered by
+   sequence). A drop larger than Z standard errors and than DROP is E223, "accepts X where it accepted Y at
+   training", followed by what changed since training; within it, I311; a run in another dtype or with other
+   products whose acceptance holds is a note (I312), not a fault.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .probe import Z, paired_difference
+from .report import Finding
+
+# a drop (accepted tokens per position) below which the run is "as at training" however many positions tell it
+# apart: the demo pair recorded in float32 and run in bfloat16 moves it by -0.002 ± 0.005, in float16 by +0.000 ± 0.001
+# (3487 positions: docs/doctor.md, "The training record")
+DROP = 0.05
+REC = "its training record, eaglekit_record.json"
+_TIE = ("eaglekit ignores this flag (the draft keeps its own lm_head of draft_vocab_size rows), so no acceptance "
+        "measured here shows it; an engine that honours it ties the draft's lm_head to the token embedding and "
+        "computes another function than the one trained (or refuses the shapes)")
+
+
+def _where(draft_dir: Path, field: str) -> str:
+    raw = json.loads((draft_dir / "config.json").read_text())
+    layer = raw.get("transformer_layer_config")
+    if layer is not None and (field in layer or field.startswith(("rope", "hidden", "intermediate", "num_", "head",
+                                                                   "rms", "tie", "vocab", "attention"))):
+        return "transformer_layer_config in config.json"
+    return "config.json"
+
+
+def static_findings(rec: dict, draft_dir, draft, target_dir, findings: list[Finding]) -> list[Finding]:
+    """The record's facts against the folder's: changed function fields, d2t, tokenizer and chat template."""
+    from ..draft.checkpoint import vocab_map_sha
+    from ..train.record import function_fields, tokenizer_digests
+
+    draft_dir = Path(draft_dir)
+    out = []
+    now = function_fields(draft_dir)
+    for k, was in (rec.get("config") or {}).get("fields", {}).items():
+        if now.get(k) == was:
+            continue
+        why = _TIE if k == "tie_word_embeddings" else "the draft computes another function than the one trained"
+        out.append(Finding("E224", "error", f"the draft's config sets {k} = {json.dumps(now.get(k))}, but the draft "
+                           f"was trained with {k} = {json.dumps(was)} ({REC}): {why}",
+                           f"set {k} back to {json.dumps(was)} in {_where(draft_dir, k)}",
+                           {"field": k, "recorded": was, "now": now.get(k)}))
+    have = {f.code for f in findings}
+    d2t = vocab_map_sha(draft.d2t)
+    if rec.get("d2t_sha256") and d2t != rec["d2t_sha256"] and "E217" not in have:
+        out.append(Finding("E217", "error", f"the draft's d2t is not the mapping recorded at training (digest "
+                           f"{d2t}, recorded {rec['d2t_sha256']} in {REC}): lm_head rows propose other tokens than "
+                           f"they were trained for", "restore the d2t saved with the draft; never regenerate the "
+                           "vocabulary mapping of a trained draft", {"recorded": rec["d2t_sha256"], "now": d2t}))
+    t = rec.get("target") or {}
+    cur = tokenizer_digests(target_dir)
+    moved = [k for k in ("tokenizer", "chat_template") if t.get(k) != cur[k] and (t.get(k) or cur[k])
+             and k in t]
+    if moved and "E215" not in have:
+        what = " and ".join({"tokenizer": "tokenizer", "chat_template": "chat template"}[k] for k in moved)
+        diff = ", ".join(f"{k}: {t.get(k) or 'none'} recorded, {cur[k] or 'none'} now" for k in moved)
+        out.append(Finding("E215", "error", f"the target folder's {what} is not the one the draft was trained with "
+                           f"({diff}; {REC}): "
+                           f"prompts are rendered into other tokens than the draft learned on",
+                           "serve with the tokenizer and chat template the draft was trained with",
+                           {k: {"recorded": t.get(k), "now": cur[k]} for k in moved}))
+    return out
+
+
+def changes(rec: dict, target, target_dir, base) -> list[str]:
+    """What changed since training among what the record holds, in words (config fields are E224's)."""
+    from ..train.fingerprint import weights_fingerprint
+
+    out = []
+    cap = (rec.get("config") or {}).get("capture")
+    if cap is not None and list(base.after_layers) != list(cap):
+        out.append(f"the capture: after_layers {list(base.after_layers)} now, {cap} at training")
+    t = rec.get("target") or {}
+    if t.get("fingerprint") and t["fingerprint"] != target.info.fingerprint:
+        out.append(f"the target's config fingerprint: {target.info.fingerprint} now, {t['fingerprint']} at training")
+    w = (t.get("weights") or {}).get("sha256")
+    cur = weights_fingerprint(target_dir)
+    if w and cur and cur["sha256"] != w:
+        out.append(f"the target's weights fingerprint: {cur['sha256']} now, {w} at training")
+    run = rec.get("run") or {}
+    dt = str(target.dtype).removeprefix("torch.")
+    if run.get("dtype") and run["dtype"] != dt:
+        out.append(f"the target's dtype: {dt} now, {run['dtype']} at training")
+    choice = getattr(target, "products_choice", None)
+    if run.get("products") and choice is not None and choice.kind != run["products"]:
+        out.append(f"the products: {choice.kind} now, {run['products']} at training")
+    return out
+
+
+def _paired(rec_runs: list[str], now_runs: list[str]):
+    """Per sequence, the runs at the positions counted both times (recorded, now)."""
+    a, b = [], []
+    for r, n in zip(rec_runs, now_runs):
+        keep = [(int(x), int(y)) for x, y in zip(r, n) if x != "." and y != "."]
+        if keep:
+            a.append(torch.tensor([x for x, _ in keep], dtype=torch.float64))
+            b.append(torch.tensor([y for _, y in keep], dtype=torch.float64))
+    return a, b
+
+
+def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list[Finding]) -> list[Finding]:
+    """The draft measured again on the recorded sample and compared with the record."""
+    from ..train.record import measure
+
+    steps = int(rec.get("steps") or 3)
+    seqs = (rec.get("sample") or {}).get("sequences") or []
+    now = measure(target, draft, seqs, base, steps)
+    a, b = _paired(rec["runs"], now)
+    N = sum(x.numel() for x in a)
+    if N == 0:
+        return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
+    diff, se = paired_difference(a, b)
+    was, is_ = 1 + float(sum(x.sum() for x in a)) / N, 1 + float(sum(y.sum() for y in b)) / N
+    z = diff / se if se > 0 else (0.0 if diff == 0 else 99.0)
+    moved = changes(rec, target, target_dir, base)
+    fields = [f for f in static if f.code in ("E224", "E217", "E215")]
+    ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
+          "z": round(z, 2), "positions": N, "sequences": len(a), "steps": steps, "changed": moved,
+          "written_by": rec.get("written_by")}
+    where = (f"teacher-forced accept length, chain of {steps}, on the {len(a)} sequences it was recorded on "
+             f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
+    if diff > max(Z * se, DROP):
+        label = {"E217": "the d2t", "E215": "the tokenizer / chat template"}
+        named = [f"{f.evidence.get('field') or label[f.code]} ({f.code})" for f in fields]
+        since = "; ".join(moved + ([f"config and files: {', '.join(named)}"] if named else []))
+        only_run = not fields and moved and all(m.startswith(("the target's dtype", "the products")) for m in moved)
+        fix = (fields[0].fix if fields else
+               f"run the target as at training ({(rec.get('run') or {}).get('dtype')}, products "
+               f"{(rec.get('run') or {}).get('products')})" if only_run else
+               "serve the draft as it was trained: its own target, wiring, config and files (see what changed)")
+        return [Finding("E223", "error", f"the draft accepts {is_:.2f} where it accepted {was:.2f} at training "
+                        f"({where}). Changed since training: " + (since or "nothing the record holds (config "
+                        "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
+                        "products): the cause is outside it"), fix, ev)]
+    out = [Finding("I311", "info", f"the draft accepts {is_:.2f} where it accepted {was:.2f} at training ({where}): "
+                   f"within the interval (a drop counts past {Z:.0f} standard errors and {DROP} tokens)", None, ev)]
+    run = [m for m in moved if m.startswith(("the target's dtype", "the products"))]
+    if run:
+        out.append(Finding("I312", "info", f"the run differs from the training record's ({'; '.join(run)}), and "
+                           f"acceptance holds: {where}", None, ev))
+    return out
+
+
+def write_pair_record(target_dir, draft_dir, prompt_file=None, max_new_tokens: int = 64, capture=None,
+                      backend="auto", device="cpu", dtype=None, log=print) -> dict:
+    """`eaglekit doctor --record`: the record of a pair the user trusts (a draft made elsewhere), on the probe's
+    prompts continued by the target, written beside the draft for later runs of the doctor to hold it against."""
+    from ..capture import CaptureSpec
+    from ..models import load_target
+    from ..train.record import MAX_SEQUENCES, MAX_TOKENS, build_record, loaded_as_doctor, write_record
+    from ..train.regen import greedy_texts
+    from .probe import probe_prompts
+
+    target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
+    draft = loaded_as_doctor(target, draft_dir)
+    spec = (capture or draft.config.capture or CaptureSpec.default(target.info.num_layers))
+    prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
+    prompts = prompts[:MAX_SEQUENCES]
+    # continued only as far as the sample keeps (MAX_TOKENS a sequence)
+    new = max(0, min(max_new_tokens, MAX_TOKENS - min(len(p) for p in prompts)))
+    seqs = greedy_texts(target, prompts, new, tuple(target.info.eos_token_ids)) if new else prompts
+    rec = build_record(target, target_dir, draft_dir, seqs, spec, "eaglekit doctor --record",
+                       f"{source}, continued by the target ({new} tokens)", draft=draft)
+    path = write_record(draft_dir, rec)
+    a = rec["acceptance"]
+    log(f"eaglekit doctor --record: accept length {a['accept_length']:.2f} (teacher-forced, chain of {rec['steps']}) "
+        f"over {a['positions']} positions of {a['sequences']} sequences; written to {path}")
+    return rec
