@@ -115,8 +115,7 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
 
             record_draft(target, target_dir, Path(out) / "draft", ids_of(src, held_idx[:MAX_SEQUENCES]), capture,
                          "eaglekit train", "the held-out split of the training data", res.get("heldout"), log)
-        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "
-").encode())
+        atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "\n").encode())
     return res
 
 
