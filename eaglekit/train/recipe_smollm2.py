@@ -190,6 +190,12 @@ def stage_draft(out: Path, target, tok, p: dict, device: str, log) -> dict:
     res = train_draft(draft, Indexed(OnlineSource(target, examples, spec), train_idx), target.lm_head_weight(), hot,
                       cfg, device, eval_indices=held_idx, progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
+    from .record import MAX_SEQUENCES, record_draft
+
+    # what the saved draft accepts on its held-out answers, for the doctor to hold a deployment against
+    record_draft(target, target.folder, out / "draft", [list(examples[i].input_ids) for i in held_idx[:MAX_SEQUENCES]],
+                 spec, "eaglekit recipe smollm2", "the held-out split of the regenerated answers", res.get("heldout"),
+                 log)
     res.update(coverage=coverage, coverage_by_size=cover, sequences=len(examples))
     atomic_write_json(report, res)
     return res
