@@ -1,11 +1,20 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread per test process, set before torch loads (and inherited by the commands and servers the tests
+# start): on a shared 2-core machine two threads per process wait on each other at every parallel region whenever
+# another process holds a core, and a step costs 15-40x its quiet time instead of the load's share. A test that needs
+# another count sets it itself; the fixture below puts the count back after every test.
+TEST_THREADS = 1
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = str(TEST_THREADS)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(1)  # one thread per worker: pytest -n workers, and the commands run in-process, share the cores
+torch.set_num_threads(TEST_THREADS)
 
 from helpers import make_hf_model, make_tokenizer  # noqa: E402
 
@@ -62,6 +71,14 @@ def pytest_collection_modifyitems(config, items):
         missing += [nid for nid in SMOKE if not (root / nid.split("::")[0]).exists()]
         if missing:
             raise pytest.UsageError(f"smoke tests listed in tests/conftest.py that name no test: {missing}")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """A test that sets torch's thread count (the demo's thread pick, a test of it) leaves the next one at one."""
+    yield
+    if torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(autouse=True)

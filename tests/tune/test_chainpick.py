@@ -88,6 +88,9 @@ def test_pick_chain_takes_the_fastest_prediction(demo, monkeypatch):
     monkeypatch.setattr(chainpick, "cycle_ratios",
                         lambda t, d, p, chains, clock, until: ({n: [1.2 if n == 3 else 2.0] for n in chains}, [0.01]))
     monkeypatch.setattr(chainpick, "line_fit", lambda s: {n: v[0] for n, v in s.items()})
+    # the pick's clock stands still: the model walks every slice whatever this machine's speed (on a loaded one the
+    # budget ran out after the first half-slice: model_prompts 2); how the budget cuts the walk is the FakeClock tests'
+    monkeypatch.setattr(chainpick.Progress, "elapsed", property(lambda self: 0.0))
     shape, info = chainpick.pick_chain(tgt, drf, prompts[:3], 24)
     assert (shape.steps, shape.topk, shape.draft_tokens) == (3, 1, 4) and info["by"] == "model"
     assert info["chain"] == 3 and info["why"].startswith("chain 3:") and info["model_prompts"] == 3
