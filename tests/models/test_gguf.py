@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF targets need the gguf package (p
 from gguf_helpers import write_gguf  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from eaglekit.decoding.engine import Decoder  # noqa: E402
+from eaglekit.decoding.decoder import Decoder  # noqa: E402
 from eaglekit.errors import InputError  # noqa: E402
 from eaglekit.gguf import ARCHS, MARKER, find_smollm2, materialize, resolve_target, retype_gguf  # noqa: E402
 from eaglekit.models import load_target  # noqa: E402
