@@ -37,8 +37,7 @@ PRESETS = {
                 long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
                 draft_budget=150, draft_max_len=2048, ttt=7, eval_per_category=1, eval_new=96),
     # a 2-core CPU: one greedy answer for each of the first 512 prompts, no long conversations, 40 minutes of
-    # training: what the shipped draft was made with, on a machine that other jobs kept at a load average of ~11
-    # (regeneration took ~17 minutes a shard of 256 answers there; docs/training.md)
+    # training (the step count fitted to that after timing the first steps); docs/training.md has what it gave
     "cpu": dict(prompts=512, samples=1, temperature=0.7, gen_len=192, regen_batch=48, long_convs=0,
                 long_turns=0, long_batch=8, draft_vocab=8192, draft_batch=8, draft_lr=6e-4, draft_steps=20000,
                 draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96),
