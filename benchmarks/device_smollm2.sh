@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The smollm2 recipe's gpu preset on a lent GPU machine. The GGUF (98 MB) is larger than what one device call carries
+# (64 MiB with the tree), so it travels in two calls on one warm machine (it stays warm ~30 s between calls):
+#   here, once:  G=$(python -c 'from eaglekit.gguf import find_smollm2; print(find_smollm2())')
+#                mkdir -p .gg1 .gg2 .ggw && printf '/.gg1/\n/.gg2/\n/.ggw/\n' >> .git/info/exclude
+#                head -c 58000000 $G > .gg1/part1 && tail -c +58000001 $G > .gg2/part2
+#                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .ggw gguf==0.19.0
+#   (the tree must leave room: carry only what the call needs; the demo pair's 27 MB may have to stay behind)
+#   call 1 (carry .gg1):        mkdir -p /tmp/gg && cp .gg1/part1 /tmp/gg/
+#   call 2 (carry .gg2, .ggw):  bash benchmarks/device_smollm2.sh          (results: $OUT/recipe.log, run.tar.part-*)
+# Here, afterwards: cat run.tar.part-* | tar x -C runs/smollm2, then eaglekit recipe smollm2 --out runs/smollm2
+# --install (the stages done on the GPU are skipped; the eval runs here).
+set -o pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cat /tmp/gg/part1 .gg2/part2 > /tmp/smol.gguf
+echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c || exit 3
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .ggw/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TQDM_DISABLE=1 EAGLEKIT_GGUF_CACHE=/tmp/ggcache
+nvidia-smi -L
+t0=$(date +%s)
+timeout "${BUDGET:-520}" python3 -m eaglekit recipe smollm2 --out /tmp/run --preset gpu --target /tmp/smol.gguf \
+  --device cuda --stop-after draft 2>&1 | tee "$OUT/recipe.log"
+echo "recipe rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/recipe.log"
+(cd /tmp/run && tar cf /tmp/run.tar draft draft_train.json draft_run/train_log.jsonl draft_run/checkpoint 2>/dev/null)
+split -b 15m /tmp/run.tar "$OUT/run.tar.part-"
+ls -la "$OUT"
