@@ -8,7 +8,7 @@
 #   (the tree must leave room: carry only what the call needs; the demo pair's 27 MB may have to stay behind)
 #   call 1 (carry .gg1):        mkdir -p /tmp/gg && cp .gg1/part1 /tmp/gg/
 #   call 2 (carry .gg2, .ggw):  bash benchmarks/device_smollm2.sh          (results: $OUT/recipe.log, run.tar.part-*)
-# Here, afterwards: cat run.tar.part-* | tar x -C runs/smollm2, then eaglekit recipe smollm2 --out runs/smollm2
+# Here, afterwards: cat run.tar.part-* | tar xz -C runs/smollm2, then eaglekit recipe smollm2 --out runs/smollm2
 # --install (the stages done on the GPU are skipped; the eval runs here).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -22,6 +22,6 @@ t0=$(date +%s)
 timeout "${BUDGET:-520}" python3 -m eaglekit recipe smollm2 --out /tmp/run --preset gpu --target /tmp/smol.gguf \
   --device cuda --stop-after draft 2>&1 | tee "$OUT/recipe.log"
 echo "recipe rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/recipe.log"
-(cd /tmp/run && tar cf /tmp/run.tar draft draft_train.json draft_run/train_log.jsonl draft_run/checkpoint 2>/dev/null)
+(cd /tmp/run && tar czf /tmp/run.tar regen long.jsonl draft draft_train.json draft_run 2>/dev/null)
 split -b 15m /tmp/run.tar "$OUT/run.tar.part-"
 ls -la "$OUT"
