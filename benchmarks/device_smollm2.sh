@@ -22,6 +22,6 @@ t0=$(date +%s)
 timeout "${BUDGET:-520}" python3 -m eaglekit recipe smollm2 --out /tmp/run --preset gpu --target /tmp/smol.gguf \
   --device cuda --stop-after draft 2>&1 | tee "$OUT/recipe.log"
 echo "recipe rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/recipe.log"
-(cd /tmp/run && tar czf /tmp/run.tar regen long.jsonl draft draft_train.json draft_run 2>/dev/null)
+(cd /tmp/run && tar czf /tmp/run.tar regen long.jsonl draft draft_train.json draft_run/train_log.jsonl 2>/dev/null)
 split -b 15m /tmp/run.tar "$OUT/run.tar.part-"
 ls -la "$OUT"
