@@ -62,7 +62,7 @@ def pair(tmp_path_factory):
 def client(pair):
     import uvicorn
 
-    from eaglekit.decoding.batch import BatchEngine
+    from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
     from eaglekit.serve.app import build_app
