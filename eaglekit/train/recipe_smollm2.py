@@ -269,7 +269,7 @@ def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device(device)
     tdir = resolve_target(target if target is not None else find_smollm2())
-    # float32 everywhere: the shipped pair serves in float32 on CPUs, and at 135M parameters a GPU runs it fast
+    # float32 everywhere: the pair serves in float32 on CPUs, and at 135M parameters a GPU runs it fast
     tgt = load_target(tdir, device=device, dtype=torch.float32)
     tok = load_tokenizer(tdir)
     prompts = [r["prompt"] for r in load_prompt_set("train")][:p["prompts"]]
