@@ -155,7 +155,7 @@ def smollm2_speed(p, ctx):
     for k in rates:
         if k != "eaglekit" and "eaglekit" in med:
             metrics[f"ratio_{k}_over_eaglekit"] = value(med[k] / med["eaglekit"], "x")
-        if k != "eaglekit_draft" and "eaglekit_draft" in med:
+        if k not in ("eaglekit", "eaglekit_draft") and "eaglekit_draft" in med:
             metrics[f"eaglekit_draft_over_{k}"] = value(med["eaglekit_draft"] / med[k], "x")
     return {"metrics": metrics,
             "identity": {"greedy_output_equals_target": all(identical) if identical else None,
