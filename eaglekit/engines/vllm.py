@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from ..capture import CaptureSpec
@@ -360,8 +361,8 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
             if "reference" in cmp:
                 engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
     found, text = engine_findings(res, draft_dir, target.info.num_layers, H, draft, cmp, err, k)
-    if cmp is not None:
-        _sorted_by_vllm(res, cmp["engine_config"].get("after_layers"))
+    if cmp is not None and _sorted_by_vllm(res, cmp["engine_config"].get("after_layers")):
+        _record_as_vllm_runs(res, target, draft, draft_dir, target_dir, cmp["engine_config"]["after_layers"])
     res["findings"] += found
     res["engine"] = engine
     errors = [f for f in found if f["severity"] == "error"]
@@ -401,10 +402,11 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
 _UNDECIDED = ("W280", "W281", "W285")
 
 
-def _sorted_by_vllm(res: dict, resolved) -> None:
+def _sorted_by_vllm(res: dict, resolved) -> bool:
     """The probe's fault 'ids out of ascending order' does not hold inside vLLM, which sorts them: where the probe's
     best wiring is what vLLM resolved, the finding becomes a warning about the folder (eaglekit and SGLang read it
-    in the order written)."""
+    in the order written). True where it did."""
+    moved = False
     for f in res["findings"]:
         ev = f.get("evidence") or {}
         if f["code"] == "E290" and resolved is not None and ev.get("best") == list(resolved) and \
@@ -414,6 +416,30 @@ def _sorted_by_vllm(res: dict, resolved) -> None:
                 f"runs the draft as trained (after_layers {list(resolved)}); eaglekit and SGLang read them in the "
                 f"order written, where it is a fault: {f['message']}"))
             res["verdict"] = res["verdict"].replace("[E290]", "[W282 in vLLM; E290 for eaglekit and SGLang]")
+            moved = True
+    return moved
+
+
+def _record_as_vllm_runs(res: dict, target, draft, draft_dir, target_dir, resolved) -> None:
+    """The training record's acceptance (E223 / I311) was measured in the order the folder writes the ids; where
+    vLLM sorts them, what vLLM runs is the sorted wiring, so the record is held against that wiring instead: a drop
+    that the order alone caused goes, a drop with another cause stays an error."""
+    if not any(f["code"] in ("E223", "I311", "I312") for f in res["findings"]):
+        return
+    from ..doctor.recorded import acceptance_findings
+    from ..doctor.report import Finding
+    from ..train.record import read_record
+
+    static = [Finding(f["code"], f["severity"], f["message"], f.get("fix"), f.get("evidence") or {})
+              for f in res["findings"]]
+    again = acceptance_findings(read_record(draft_dir), target, draft, CaptureSpec(tuple(resolved)), target_dir,
+                                static)
+    kept = [f for f in res["findings"] if f["code"] not in ("E223", "I311", "I312")]
+    for f in again:
+        d = asdict(f)
+        d["message"] = f"in vLLM's order (after_layers {list(resolved)}): {d['message']}"
+        kept.append(d)
+    res["findings"][:] = kept
 
 
 def _strip(a: dict) -> dict:
