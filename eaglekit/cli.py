@@ -773,10 +773,12 @@ def cmd_recipe(args) -> int:
         if args.stdlib:
             raise InputError("--stdlib is for the demo recipe", fix="leave out --stdlib", code="E108")
         s = run_smollm2_recipe(args.out, args.preset, model_options(args).device_name, target=args.target, log=log,
-                               stop_after=args.stop_after)
+                               stop_after=args.stop_after, settings=args.set)
     else:
         from .train.recipe import run_demo_recipe
 
+        if args.set:
+            raise InputError("--set is for the smollm2 recipe", fix="leave out --set", code="E108")
         if args.target:
             raise InputError("--target is for the smollm2 recipe; the demo recipe trains its own target",
                              fix="leave out --target", code="E108")
@@ -809,6 +811,9 @@ def _recipe_args(p):
                         "pair used CPython 3.11.7's")
     p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen", "long", "draft"], default=None,
                    help="stop after this stage (a later call continues from it)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="smollm2: override one setting of the preset (repeatable), e.g. --set samples=1 --set "
+                        "draft_budget=90; recipe.json records the settings used")
 
 
 cmd_recipe.add_args = _recipe_args

