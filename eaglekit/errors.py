@@ -162,6 +162,9 @@ CODES: dict[str, tuple[str, str]] = {
              "leave out --repick, or the tree's flags (on a CPU)"),
     "E309": ("the prompt alone is as long as the context, or longer: no room for a new token",
              "shorten the prompt by at least the number of tokens the message gives"),
+    "E311": ("a request's own work in the engine step failed (its sampling, its stop matching, its prefill): the "
+             "engine ended that request alone, the others went on", "read the message (it names the exception); "
+             "report it with the request's parameters if they were valid"),
     "E310": ("too many stop strings, or too long together (each new token is searched for each of them)",
              "at most 64 stop strings of at most 4096 characters in all (docs/serving.md)"),
     "E112": ('a speculators draft whose decoder layer type eaglekit does not implement', 'train the draft with a llama transformer_layer_config'),

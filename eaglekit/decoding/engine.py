@@ -29,8 +29,10 @@ that serving speed at a target's shape can be measured with random weights. `syn
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import traceback
 from collections import deque
 
 import torch
@@ -53,6 +55,8 @@ from .state import CATCH_UP, BatchState, Setup
 from .stats import EngineStats
 from .stops import Emitter
 from .tree import TreeShape
+
+log = logging.getLogger(__name__)
 
 
 class BatchEngine:
@@ -199,7 +203,7 @@ class BatchEngine:
                     done.append(s)
                     events.append(s.event())
             for r in range(len(self.rows) - 1, -1, -1):
-                if self.rows[r].em.done:
+                if self.rows[r].ended:
                     self._free(r)
             return events
 
@@ -242,13 +246,13 @@ class BatchEngine:
             take = with_draft and (pays or seeded(s.req.sampling) or
                                    (not sentinel and self.policy.probe_within(s.req.max_new_tokens)))
             with self.profiler.phase("prefill"):
-                self._prefill(s, r, take)
+                self._guard(s, self._prefill, s, r, take)
             sentinel = sentinel or take
             out.append(s)
         self._last_step = None  # (the prefills' queued work is not the next step's cost: _settled)
-        # a request that stopped at its first token leaves before the cycle
+        # a request that stopped at its first token (or whose prefill failed) leaves before the cycle
         for r in range(len(self.rows) - 1, -1, -1):
-            if self.rows[r].em.done:
+            if self.rows[r].ended:
                 self._free(r)
         return out
 
@@ -357,7 +361,7 @@ class BatchEngine:
             c.run("accept")
             for b, s in enumerate(self.rows):
                 if not s.req.sampling.greedy:  # (the lossless sampling rule, on this row's tree and target logits)
-                    c.resample(b, s.req.sampling, s.gen, s.use_draft)
+                    self._guard(s, c.resample, b, s.req.sampling, s.gen, s.use_draft)
         with ph("cache_update"):
             c.run("cache_update")
         with ph("host_sync"):
@@ -375,12 +379,14 @@ class BatchEngine:
                                       [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft], P - 1)
         for s, row in zip(self.rows, host):
             n = row[0]
+            if s.exc is not None:
+                continue
             if s.use_draft:
                 s.accepted, s.drafted = n - 1, D - 1
                 if s.trail is not None:
                     s.trail.append((n - 1, row[1]))
                 self.stats.drafted(D - 1, n - 1)
-            self._emit(s, row[2:2 + n])
+            self._guard(s, self._emit, s, row[2:2 + n])
 
     def _release_drafts(self) -> None:
         """Where the draft does not pay by the policy's figures, a row that ends before the next probe can fall due
@@ -409,7 +415,7 @@ class BatchEngine:
             c.run("plain")
             for b, s in enumerate(self.rows):
                 if not s.req.sampling.greedy:
-                    c.next[b] = sample(probs(c.plogits[b], s.req.sampling), s.gen)
+                    self._guard(s, _sample_into, c.next, b, c.plogits[b], s)
             c.run("plain_commit")
         with ph("host_sync"):
             host = c.next[:len(self.rows)].tolist()
@@ -417,12 +423,28 @@ class BatchEngine:
         if self.policy is not None:
             self.policy.observe_plain(self._padded(), time.perf_counter() - t0)
         for r, (s, tok) in enumerate(zip(self.rows, host)):
+            if s.exc is not None:
+                continue
             if s.use_draft:
                 s.lag += 1
                 if s.lag > CATCH_UP:  # past the window the draft cannot catch up: this row decodes without it
                     s.use_draft = False
                     self.state.use_draft[r] = False
-            self._emit(s, [tok])
+            self._guard(s, self._emit, s, [tok])
+
+    def _guard(self, s: Seq, fn, *args) -> None:
+        """Run one row's own work: its prefill, sampling, stop matching. Invariant: the batched phases read only
+        token ids, positions and the models' weights, the same for every request; what a request brings beyond them
+        (sampling parameters, generator, stop strings) is used only in per-row work like this, so a failure here is
+        that row's alone: the row is marked, ends with an error event once the step is over (nothing of this step
+        emitted), and the other rows go on with outputs unchanged (rows never mix in a batched phase)."""
+        if s.exc is not None:
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 -- this row's failure, reported on its event; the batch goes on
+            log.error("request %s failed in its own step work:\n%s", s.req.rid, traceback.format_exc())
+            s.exc = e
 
     def _settled(self) -> None:
         """Wait for the device's queued work where the policy times a step that changes kind (or follows a prefill). A
@@ -439,3 +461,9 @@ class BatchEngine:
         s.length += len(toks)
         taken = s.em.push(toks)
         s.new.extend(toks[:taken])
+
+
+def _sample_into(next_: torch.Tensor, b: int, logits: torch.Tensor, s: Seq) -> None:
+    """A plain step's sampled token for row `b` (per-row work: BatchEngine._guard)."""
+    next_[b] = sample(probs(logits, s.req.sampling), s.gen)
+

@@ -28,6 +28,7 @@ class Event:
     stop_reason: str | None  # "stop" (EOS or stop string), "length", "cancelled"; None while running
     accepted: int | None  # draft tokens accepted in this request's verify this step (None: no draft used)
     drafted: int | None  # draft tokens proposed to this request this step (None: no draft used)
+    error: str | None = None  # stop_reason "error": this request's own per-row work failed; it alone was ended
 
 
 REASON = {"eos": "stop", "stop_string": "stop", "length": "length"}  # Emitter.reason -> Event.stop_reason
@@ -41,7 +42,7 @@ def seeded(sp: SamplingParams) -> bool:
 class Seq:
     """A running request on the host: its emitter, generator, committed length and whether it drafts."""
 
-    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag", "trail")
+    __slots__ = ("req", "em", "gen", "length", "use_draft", "new", "accepted", "drafted", "lag", "trail", "exc")
 
     def __init__(self, req: Request, em: Emitter, gen):
         self.req, self.em, self.gen = req, em, gen
@@ -51,9 +52,26 @@ class Seq:
         self.accepted = self.drafted = None
         self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
         self.trail: list[tuple[int, int]] | None = None  # set to a list: each cycle's (accepted, tree depth) kept
+        self.exc: BaseException | None = None  # where this row's own work failed (BatchEngine._guard): it ends alone
+
+    @property
+    def ended(self) -> bool:
+        return self.em.done or self.exc is not None
+
+    @property
+    def error(self) -> str | None:
+        """The failure that ended this row, as its event reports it (a coded error keeps its code)."""
+        if self.exc is None:
+            return None
+        from ..errors import EaglekitError
+
+        return str(self.exc).split("\n")[0] if isinstance(self.exc, EaglekitError) else \
+            f"[E311] {type(self.exc).__name__}: {self.exc}"
 
     def event(self) -> Event:
         """This step's event (its tokens, why it finished), and the step's fields cleared for the next."""
+        if self.exc is not None:  # nothing of the failed step is emitted: what was sent before stands
+            return Event(self.req.rid, [], True, "error", None, None, self.error)
         fin = self.em.done
         ev = Event(self.req.rid, self.new, fin, REASON.get(self.em.reason) if fin else None, self.accepted,
                    self.drafted)

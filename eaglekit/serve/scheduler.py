@@ -121,6 +121,9 @@ class Scheduler:
             h = self.handles.get(ev.rid)
             if h is None:  # cancelled meanwhile
                 continue
+            if ev.stop_reason == "error":  # the engine ended this request alone (BatchEngine._guard)
+                self._fail(ev.rid, ApiError(500, f"internal error in this request's step: {ev.error}"))
+                continue
             if ev.token_ids:
                 if h.first is None:
                     h.first = t

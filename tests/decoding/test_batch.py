@@ -456,6 +456,55 @@ def test_mixed_greedy_and_sampled_rows(model_dirs):
     assert a == b and len(a["s0"]) == 12 and len(a["s1"]) == 12
 
 
+@pytest.mark.parametrize("kind", ["noisy", "none"])  # speculative cycles, and plain steps
+def test_a_failing_row_ends_alone_and_the_others_decode_as_alone(model_dirs, kind):
+    """A row whose own work fails (here its sampling generator is broken: at its prefill for one, four steps into a
+    busy batch for another) ends with an error event, nothing of the failed step emitted; every other row finishes
+    with the output it has alone."""
+    target = _target(model_dirs)
+    eng = _engine(target, kind, TreeShape(3, 1, 4), 4, 0)
+    good = [Request(f"g{i}", [FIRST, 5 + i, 7], 16, eos_ids=()) for i in range(3)]
+    late = Request("late", [FIRST, 9, 4], 16, SamplingParams(0.8, seed=3), eos_ids=())
+    early = Request("early", [FIRST, 2, 8], 16, SamplingParams(0.8, seed=4), eos_ids=())
+    seqs = {r.rid: eng.add(r) for r in good + [late]}
+    events: dict[str, list] = {}
+    step = 0
+    while eng.has_work:
+        step += 1
+        if step == 4:
+            seqs["late"].gen = "not a generator"  # torch.multinomial raises on it: this row's failure alone
+        if step == 6:
+            seqs["early"] = eng.add(early)
+            seqs["early"].gen = "not a generator"  # fails in its prefill, beside rows mid-decode
+        for ev in eng.step():
+            assert not (events.get(ev.rid) and events[ev.rid][-1].finished)
+            events.setdefault(ev.rid, []).append(ev)
+    for rid in ("late", "early"):
+        last = events[rid][-1]
+        assert (last.finished, last.stop_reason, last.token_ids) == (True, "error", [])
+        assert last.error.startswith("[E311] TypeError")
+    assert 0 < sum(len(e.token_ids) for e in events["late"]) < 16  # what it sent before its failure stands
+    for r in good:
+        assert [t for e in events[r.rid] for t in e.token_ids] == _alone(target, r.prompt_ids, 16, ())
+        assert events[r.rid][-1].stop_reason == "length"
+    assert eng.num_running == 0 and not eng.has_work
+
+
+def test_a_failing_request_alone_is_a_coded_error(model_dirs, monkeypatch):
+    """A batch of one (Decoder.generate) has no other row to go on with: the row's failure is raised, coded."""
+    import eaglekit.decoding.engine as engine_mod
+
+    target = _target(model_dirs)
+
+    def broken(p, gen):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+
+    monkeypatch.setattr(engine_mod, "sample", broken)
+    with pytest.raises(GenerationError) as e:
+        Decoder(target).generate([FIRST, 5, 7], 8, SamplingParams(0.7, seed=1), eos_ids=())
+    assert e.value.code == "E311" and "RuntimeError" in e.value.message
+
+
 def test_stop_strings_and_max_tokens_per_request(model_dirs):
     from eaglekit.tokenizer import load_tokenizer
 
