@@ -14,7 +14,7 @@ training from its last checkpoint):
   eval    accept length and per-position acceptance per held-out category at chains (3,1,4), (5,1,6) and the tree
           (5,4,8), each output checked identical to the target alone
 
-    eaglekit recipe smollm2 --out runs/smollm2 --preset gpu     # one H100/H200, under 10 minutes
+    eaglekit recipe smollm2 --out runs/smollm2 --preset gpu     # one H100/H200, under 20 minutes
     eaglekit recipe smollm2 --out runs/smollm2 --preset cpu     # a 2-core CPU, hours (see PRESETS)
 """
 
@@ -31,11 +31,13 @@ from ..io import atomic_write_json
 from ..observe.metrics import fmt
 
 PRESETS = {
-    # one H100/H200 in under 6 minutes: three answers a prompt and the long conversations regenerated, training
-    # for `draft_budget` seconds, a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set)
+    # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~6 s each on an H100) and the long
+    # conversations regenerated, training for `draft_budget` seconds (0.27 s a step of 32 sequences on an H100:
+    # ~2,900 steps; the shipped draft had 440 and was still learning, docs/training.md), a short evaluation (the
+    # benchmark suite's cpu-smollm2 measures the whole set)
     "gpu": dict(prompts=None, samples=3, temperature=0.7, gen_len=256, regen_batch=256, long_convs=128,
                 long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
-                draft_budget=150, draft_max_len=2048, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None),
+                draft_budget=780, draft_max_len=2048, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None),
     # a 2-core CPU: one greedy answer for each of the first 512 prompts, no long conversations, 40 minutes of
     # training (the step count fitted to that after timing the first steps); docs/training.md has what it gave
     "cpu": dict(prompts=512, samples=1, temperature=0.7, gen_len=192, regen_batch=48, long_convs=0,
