@@ -84,11 +84,13 @@ class StoodRows:
 
     def __init__(self, target, draft, shape, prompts: list, graphs: bool, plain_rows: int = 1,
                  max_new: int = 256, capture=None, **engine):
+        from eaglekit.decoding.config import EngineOptions
         from eaglekit.decoding.engine import BatchEngine, Request
 
         engine.setdefault("adaptive", False)
-        self.engine = BatchEngine(target, draft, shape, max_batch=len(prompts), graphs=graphs, plain_rows=plain_rows,
-                                  capture=capture, pair_checked=capture is not None, **engine)
+        self.engine = BatchEngine(target, draft, EngineOptions(shape=shape, max_batch=len(prompts), graphs=graphs,
+                                                               plain_rows=plain_rows, capture=capture,
+                                                               pair_checked=capture is not None, **engine))
         for i, prompt in enumerate(prompts):
             ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
             self.engine.add(Request(f"r{i}", ids, max_new, eos_ids=()))

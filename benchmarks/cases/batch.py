@@ -168,6 +168,7 @@ def _demo_pair(device: str, products="auto"):
       quick={"sizes": [1, 4], "new_tokens": 24, "waves": 1, "reps": 1})
 @torch.inference_mode()  # (the pair loads outside it: _demo_pair)
 def batch_demo(p, ctx):
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     if p["threads"]:
@@ -181,9 +182,9 @@ def batch_demo(p, ctx):
     sizes = as_list(p["sizes"])
     for B in sizes:
         names = variants + ["no_draft"]
-        engines = {v: BatchEngine(t, kinds[v][0], max_batch=B, spec_max_batch=B, adaptive=kinds[v][1])
+        engines = {v: BatchEngine(t, kinds[v][0], EngineOptions(max_batch=B, spec_max_batch=B, adaptive=kinds[v][1]))
                    for v in variants}
-        engines["no_draft"] = BatchEngine(t, None, max_batch=B, spec_max_batch=B)
+        engines["no_draft"] = BatchEngine(t, None, EngineOptions(max_batch=B, spec_max_batch=B))
         if p["warm_up"]:  # as `eaglekit serve` does before it listens: graphs and the policy's timings per size
             span = max(len(x) for x in prompts) + p["new_tokens"] + 8
             for eng in engines.values():
@@ -243,6 +244,7 @@ def policy_burst(p, ctx):
     import subprocess
     import sys
 
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -250,7 +252,7 @@ def policy_burst(p, ctx):
     drafts = {"no_draft": None, "draft": d, "random_draft": rand}
     names = ["no_draft"] + [v for v in as_list(p["variants"]) if v in drafts and v != "no_draft"]
     # one engine per variant for the whole run: the policy's figures carry from pass to pass, as a server's do
-    engines = {v: BatchEngine(t, drafts[v], max_batch=p["max_batch"]) for v in names}
+    engines = {v: BatchEngine(t, drafts[v], EngineOptions(max_batch=p["max_batch"])) for v in names}
     for eng in engines.values():
         eng.warm_up(max(len(x) for x in prompts) + p["new_tokens"] + 8)
 

@@ -114,6 +114,7 @@ def _warm(engine, sizes, prompt_len, max_tokens, vocab):
                 "prompt_graphs": False},
       quick={"concurrency": [1, 16], "max_tokens": 64, "min_requests": 4})
 def serve_e2e(p, ctx):
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
 
@@ -138,8 +139,9 @@ def serve_e2e(p, ctx):
         prompts = word_prompts(Path(tmp) / "prompts.jsonl", V, 64, p["prompt_len"], rng)
         metrics, levels_out = {}, {}
         for name, draft in (("draft", d), ("no_draft", None)):
-            eng = BatchEngine(t, draft, shape, max_batch=max_batch, tokenizer=tok, graphs=cuda,
-                              synthetic_accept_length=p["accept_length"] if draft is not None else None)
+            accept = p["accept_length"] if draft is not None else None
+            opts = EngineOptions(shape=shape, max_batch=max_batch, graphs=cuda, synthetic_accept_length=accept)
+            eng = BatchEngine(t, draft, opts, tokenizer=tok)
             _warm(eng, sizes, p["prompt_len"], p["max_tokens"], V)
             srv, th, port = _serve(eng, tok, raw["max_position_embeddings"], max_batch)
             out = Path(tmp) / f"{name}.json"

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--fold", default="on")
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.models import layers
@@ -49,7 +50,8 @@ def main() -> None:
         name = f"{kind}_b{B}" + ("" if fold == "on" else "_nofold")
         layers.FOLD_GQA_MAX_TOKENS = fold_on if fold == "on" else 0
         t.set_products(kind)
-        eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda, adaptive=False)
+        eng = BatchEngine(t, d, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=B, spec_max_batch=B, graphs=cuda,
+                                              adaptive=False))
         for i in range(B):
             prompt = torch.randint(0, raw["vocab_size"] - 1, (a.context,), generator=g).tolist()
             eng.add(Request(f"r{i}", prompt, 256, eos_ids=()))

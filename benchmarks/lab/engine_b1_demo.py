@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="the chain's length (default 5 on a GPU, 4 on a CPU)")
     a = ap.parse_args()
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
@@ -51,8 +52,8 @@ def main() -> None:
     prompts = [encode(tok, p) for p in read_prompts(pfile)][:a.prompts]
     shape = TreeShape.make(a.steps or (5 if cuda else 4), 1)
     dec = Decoder(t, d, shape)
-    engines = {"engine": BatchEngine(t, d, shape, max_batch=1, adaptive=False),
-               "engine_policy": BatchEngine(t, d, shape, max_batch=1, adaptive=True)}
+    engines = {"engine": BatchEngine(t, d, EngineOptions(shape=shape, max_batch=1, adaptive=False)),
+               "engine_policy": BatchEngine(t, d, EngineOptions(shape=shape, max_batch=1, adaptive=True))}
 
     def run_engine(e, p):
         e.add(Request("r", p, a.new, eos_ids=()))

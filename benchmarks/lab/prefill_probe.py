@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--prompt-graphs", action="store_true",
                     help="each variant again with the prompts through the graphs of compile_prompts()")
     a = ap.parse_args()
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.kernels.products import compiles_any_length
@@ -109,7 +110,8 @@ def main() -> None:
             for variant, draft, graphs in variants:
                 t.compile_prompts(graphs)
                 d.compile_prompts(graphs)
-                eng = BatchEngine(t, draft, shape, max_batch=mb, graphs=cuda, profile=True, adaptive=False)
+                eng = BatchEngine(t, draft, EngineOptions(shape=shape, max_batch=mb, graphs=cuda, profile=True,
+                                                          adaptive=False))
                 w = eng.warm_up(plen + 3 * a.requests + a.max_new + 64, sizes=[1])
                 t1 = time.perf_counter()
                 _admit_ms(eng, fixed[:2], a.max_new, cuda)  # a first request of each kind past warm-up

@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--out", default="./out")
     a = ap.parse_args()
     import eaglekit.serve.app as tree_app
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
 
@@ -70,8 +71,9 @@ def main() -> None:
         apps = {"base": app_module(a.base, tmp), "tree": tree_app}
         prompts = word_prompts(tmp / "prompts.jsonl", V, a.requests, a.prompt_len, rng)
         for name, draft in (("draft", d), ("no_draft", None)):
-            eng = BatchEngine(t, draft, TreeShape(5, 1, 6), max_batch=1, tokenizer=tok,
-                              synthetic_accept_length=3.52 if draft is not None else None)
+            opts = EngineOptions(shape=TreeShape(5, 1, 6), max_batch=1,
+                                 synthetic_accept_length=3.52 if draft is not None else None)
+            eng = BatchEngine(t, draft, opts, tokenizer=tok)
             _warm(eng, [1], a.prompt_len, a.tokens, V)
             # two apps over one engine, each with its scheduler thread: only the one under load steps it
             servers = {v: _serve(eng, tok, raw["max_position_embeddings"], 1, build_app=m.build_app)

@@ -27,6 +27,7 @@ from ..errors import EaglekitError, GenerationError
 from ..models.base import Target
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
+from .config import EngineOptions
 from .engine import BatchEngine, Request
 from .sampling import SamplingParams
 from .stops import Emitter
@@ -82,9 +83,11 @@ class Decoder:
         key = (id(draft), self.capture if draft is not None else None, rows)
         held, e = self._engines.get(key, (None, None))
         if e is None or held is not draft:
-            e = BatchEngine(self.target, draft, self.shape, max_batch=1, capture=key[1], pair_checked=True,
-                            graphs=self.graphs, adaptive=False, profile=self.profile,
-                            profile_ranges=self.profile_ranges, plain_rows=rows, strict_features=True)
+            e = BatchEngine(self.target, draft, EngineOptions(shape=self.shape, max_batch=1, capture=key[1],
+                                                              pair_checked=True, graphs=self.graphs, adaptive=False,
+                                                              profile=self.profile,
+                                                              profile_ranges=self.profile_ranges, plain_rows=rows,
+                                                              strict_features=True))
             self._engines[key] = (draft, e)
         return e
 

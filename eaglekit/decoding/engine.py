@@ -37,7 +37,6 @@ from collections import deque
 
 import torch
 
-from ..capture import CaptureSpec
 from ..errors import GenerationError
 from ..kernels.compiling import prompt_calls
 from ..models.base import Target
@@ -45,6 +44,7 @@ from ..observe import trace
 from .accept import synthetic_rate
 from .adaptive import SpecPolicy
 from .allocator import RowAllocator
+from .config import EngineOptions
 from .one_row import one_row
 from .phases import Cycle
 from .prefill import Prefiller
@@ -63,57 +63,48 @@ class BatchEngine:
     """Continuous-batching EAGLE-3 decoder over one target (and optionally one draft). Not thread-safe by
     itself beyond a lock around add / cancel / step: call them from any thread, one at a time."""
 
-    def __init__(self, target: Target, draft=None, shape: TreeShape | None = None, max_batch: int = 8,
-                 tokenizer=None, spec_max_batch: int | None = None, capture: CaptureSpec | None = None,
-                 allow_other_target: bool = False, graphs: bool | str = "auto", adaptive: bool = True,
-                 synthetic_accept_length: float | None = None, profile: bool = False, profile_ranges: bool = False,
-                 plain_rows: int = 1, pair_checked: bool = False, strict_features: bool = False):
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise GenerationError(f"max_batch must be an integer >= 1, got {max_batch!r}", fix="e.g. --max-batch 8",
-                                  code="E307")
+    def __init__(self, target: Target, draft=None, options: EngineOptions | None = None, tokenizer=None):
+        o = self.options = options or EngineOptions()
+        max_batch = o.max_batch
         if draft is not None:
             from ..draft import check_pair
 
             # `pair_checked`: the caller checked the pair and passes the capture to run with (decoding.decoder.Decoder)
-            capture = capture if pair_checked else check_pair(draft, target, capture, allow_other_target)
+            capture = o.capture if o.pair_checked else check_pair(draft, target, o.capture, o.allow_other_target)
         else:
             capture = None
         # a backend that holds one sequence runs as a batch of one (decoding.one_row; more rows: E308)
         target, draft, self.adapted = one_row(target, draft, max_batch)
         self.target, self.tokenizer = target, tokenizer
-        self.shape = shape = shape or TreeShape.make()
+        self.shape = shape = o.tree
         self.max_batch = max_batch
         self.device = target.device
-        self.spec_max_batch = max_batch if spec_max_batch is None else spec_max_batch
-        if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 1:
-            raise GenerationError(f"plain rows must be an integer >= 1, got {plain_rows!r}",
-                                  fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
-                                      "plain step should share (decoding.decoder.resolve_baseline_rows)", code="E300")
+        self.spec_max_batch = max_batch if o.spec_max_batch is None else o.spec_max_batch
         P = shape.path_len
         # the shapes a step may run, by draft length (accepted-path positions): the tree and its shallower versions
         self.shapes = {s.path_len - 1: s for s in shape.shorter()}
-        policy = SpecPolicy(P - 1, tuple(self.shapes)) if draft is not None and adaptive else None
+        policy = SpecPolicy(P - 1, tuple(self.shapes)) if draft is not None and o.adaptive else None
         synthetic = None
-        if synthetic_accept_length is not None:
+        if o.synthetic_accept_length is not None:
             if draft is None:
                 raise GenerationError("synthetic acceptance needs a draft", fix="serve with --draft", code="E317")
-            synthetic = synthetic_rate(float(synthetic_accept_length), P - 1)
+            synthetic = synthetic_rate(float(o.synthetic_accept_length), P - 1)
             policy = None  # a synthetic run measures the whole tree's cycle: no choice from its timings
-        self.setup = Setup(target, draft, capture, synthetic, plain_rows)
+        self.setup = Setup(target, draft, capture, synthetic, o.plain_rows)
         self.state = BatchState(max_batch, self.device)
         self.alloc = RowAllocator(self.setup, self.state, shape)
         # (an adapted backend reads its row's length on the host each call: never in CUDA graphs)
-        graphs = not self.adapted and ((self.device.type == "cuda" and target.static) if graphs == "auto"
-                                       else bool(graphs))
+        graphs = not self.adapted and ((self.device.type == "cuda" and target.static) if o.graphs == "auto"
+                                       else bool(o.graphs))
         self.runner = GraphRunner(self.setup, self.state, shape, self.shapes, policy, graphs)
-        self.stats = EngineStats(P - 1, self.shapes, profile, self.device, ranges=profile_ranges)
+        self.stats = EngineStats(P - 1, self.shapes, o.profile, self.device, ranges=o.profile_ranges)
         self.spec_stats, self.profiler = self.stats.spec, self.stats.profiler  # (read by serve and the Decoder)
         self.rows: list[Seq] = []  # running; index == cache row
         self.waiting: deque[Seq] = deque()
         self._cancelled: list[Event] = []
         self._pending_admitted: list[Seq] = []  # admitted by `admit`, their events due with the next step
         self._lock = threading.RLock()
-        self.prefiller = Prefiller(self.setup, self.state, strict_features)
+        self.prefiller = Prefiller(self.setup, self.state, o.strict_features)
         self._last_step: str | None = None  # "cycle" or "plain": the step before this one (None: a prefill) (_settled)
 
     # --- what the pieces share (tests hand in a draft, a capture, a policy or the recorded layout after construction)

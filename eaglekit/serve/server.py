@@ -155,6 +155,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     import uvicorn
 
     from .. import __version__
+    from ..decoding.config import EngineOptions
     from ..decoding.engine import BatchEngine
     from ..decoding.tree import TreeShape
     from ..pair import load_pair, pick_device
@@ -180,9 +181,10 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     tp = current()
     # (under tensor parallelism every rank must take the same step: the policy's timings differ by rank)
     adaptive = adaptive and (tp is None or tp.world == 1)
-    engine = BatchEngine(target, draft, shape, max_batch=max_batch, tokenizer=tok, spec_max_batch=spec_max_batch,
-                         capture=capture, allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
+    opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=spec_max_batch, capture=capture,
+                         allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
                          synthetic_accept_length=synthetic_accept_length, profile=profile)
+    engine = BatchEngine(target, draft, opts, tokenizer=tok)
     if engine.synthetic is not None:
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "

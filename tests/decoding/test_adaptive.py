@@ -11,6 +11,7 @@ import torch
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.accept import accept_synthetic_rows, synthetic_rate
 from eaglekit.decoding.adaptive import LONGEST_PROBE, MAX_PROBE, MIN_PROBE, PROBE_SHARE, SpecPolicy
+from eaglekit.decoding.config import EngineOptions
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import Tree, TreeShape
@@ -257,7 +258,7 @@ def test_an_untrained_draft_falls_back_to_plain_decoding_within_a_few_cycles(lla
     """A random-weight draft on a target whose cycle costs 1.5 steps: after the first cycle at a size and one
     timed plain step, the engine decodes plainly, probing now and then; output is the target's greedy output."""
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1))
     eng.policy = FixedCosts(3, lengths=tuple(eng.shapes))
     prompt = [1, 5, 9, 14, 3, 7]
     out, _ = _run(eng, [prompt], 120)
@@ -277,7 +278,7 @@ def test_rows_admitted_while_the_draft_is_off_skip_its_prefill(llama):
     """While the policy has the draft off, a new row is admitted without the draft's prefill (an unpaying draft
     costs it nothing); the running row that keeps its draft is what the probes measure. Outputs stay the target's."""
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=2)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2))
     eng.policy = FixedCosts(3)
     calls = []
     extend_rows = draft.extend_rows
@@ -310,7 +311,7 @@ def test_a_row_admitted_while_few_rows_draft_takes_its_draft_when_the_draft_pays
     draft = new_draft(llama, seed=3, dtype=torch.float32)
     first, second = [1, 5, 9, 14, 3, 7], [1, 33, 2, 8, 70, 4, 11]
     for rate, admitted_with_draft in ((0.9, True), (0.05, False)):
-        eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=2)
+        eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2))
         eng.policy = FixedCosts(3, spec=1.5, plain=1.0)
         eng.add(Request("a", first, 60, eos_ids=()))
         eng.step()
@@ -334,7 +335,7 @@ def test_rows_admitted_together_while_the_draft_loses_keep_one_sentinel(llama):
     """Three requests admitted into an empty batch while the draft loses by the policy's figures: one takes the
     draft's prefill (the sentinel the probes measure), the other two decode without it. Outputs stay the target's."""
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=4)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=4))
     eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
     p.seed_costs(4, 1.0, {3: 1.5})
     p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3
@@ -357,7 +358,7 @@ def test_a_row_that_no_probe_can_reach_skips_the_draft_and_the_probes_still_run(
     without the draft (no prefill of it, no features kept on its plain steps); the first row that a probe can reach
     takes it, so every probe still runs within one request's length of falling due. Outputs stay the target's."""
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1))
     eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
     p.seed_costs(1, 1.0, {3: 1.5})
     p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3  # rates held by their weight: the draft loses
@@ -417,7 +418,7 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
         plain = Cycle.plain
         monkeypatch.setattr(Cycle, "plain", lambda rows: note(rows) or plain(rows))
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(3, 1, 4), max_batch=1, graphs=recorded)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1, graphs=recorded))
     eng.policy = p = FixedCosts(3, spec=1.5, plain=1.0)
     p.seed_costs(1, 1.0, {3: 1.5})
     p.reached, p.accepted = [1e6] * 3, [0.05e6] * 3  # rates held by their weight: the draft loses
@@ -458,7 +459,7 @@ def test_rows_keep_their_draft_through_plain_steps(llama, shape):
     that follows plain steps, exactly as in a run without them; without the catch-up it would not."""
     from test_batch import RowOracle
 
-    eng = BatchEngine(llama, None, TreeShape(*shape), max_batch=3)
+    eng = BatchEngine(llama, None, EngineOptions(shape=TreeShape(*shape), max_batch=3))
     eng.draft = RowOracle(llama)
     eng.capture = CaptureSpec.default(llama.info.num_layers)
     eng.policy = Alternate(TreeShape(*shape).path_len - 1)
@@ -505,9 +506,9 @@ def test_synthetic_acceptance_reaches_the_asked_accept_length(llama):
 
 def test_synthetic_acceptance_is_named_and_needs_a_draft(llama):
     with pytest.raises(EaglekitError, match="E317|draft"):
-        BatchEngine(llama, None, TreeShape(3, 1, 4), synthetic_accept_length=2.0)
+        BatchEngine(llama, None, EngineOptions(shape=TreeShape(3, 1, 4), synthetic_accept_length=2.0))
     draft = new_draft(llama, seed=3, dtype=torch.float32)
-    eng = BatchEngine(llama, draft, TreeShape(5, 1, 6), max_batch=2, synthetic_accept_length=3.52)
+    eng = BatchEngine(llama, draft, EngineOptions(shape=TreeShape(5, 1, 6), max_batch=2, synthetic_accept_length=3.52))
     assert eng.synthetic == pytest.approx(synthetic_rate(3.52, 5))
     _, accepted = _run(eng, [[1, 5, 9], [1, 7]], 80)
     assert 1.8 < 1 + sum(accepted) / len(accepted) < 5.0  # far above what a random draft reaches
@@ -538,8 +539,8 @@ def test_every_mix_of_draft_lengths_decodes_the_targets_output(llama, shape, see
     prompts = [[1, 5, 9, 14], [1, 33, 2, 8, 70, 4], [1, 50]]
     want = {f"r{i}": Decoder(llama).generate(pr, 40, eos_ids=()).token_ids for i, pr in enumerate(prompts)}
     for exact in (False, True):
-        eng = BatchEngine(llama, None if exact else new_draft(llama, seed=seed, dtype=torch.float32), ts,
-                          max_batch=3)
+        eng = BatchEngine(llama, None if exact else new_draft(llama, seed=seed, dtype=torch.float32),
+                          EngineOptions(shape=ts, max_batch=3))
         if exact:
             eng.draft = RowOracle(llama)
             eng.capture = CaptureSpec.default(llama.info.num_layers)

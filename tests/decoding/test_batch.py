@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from eaglekit.capture import CaptureSpec
+from eaglekit.decoding.config import EngineOptions
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.engine import BatchEngine, Event, Request, padded_size
 from eaglekit.decoding.sampling import SamplingParams
@@ -87,12 +88,13 @@ class RowOracle:
         return torch.zeros(B, K, 1), self._run(kv, ids, positions + 1, slots + 1, full)
 
 
-def _engine(target, kind, shape, max_batch, seed, spec_max_batch=None, **kw):
+def _engine(target, kind, shape, max_batch, seed, spec_max_batch=None, tokenizer=None, **kw):
+    opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=spec_max_batch, **kw)
     if kind == "random":
         draft = new_draft(target, seed=seed, dtype=torch.float32,
                           capture=CaptureSpec(tuple(random.Random(seed).sample(range(8), 3))))
-        return BatchEngine(target, draft, shape, max_batch=max_batch, spec_max_batch=spec_max_batch, **kw)
-    eng = BatchEngine(target, None, shape, max_batch=max_batch, spec_max_batch=spec_max_batch, **kw)
+        return BatchEngine(target, draft, opts, tokenizer=tokenizer)
+    eng = BatchEngine(target, None, opts, tokenizer=tokenizer)
     if kind != "none":
         eng.draft = RowOracle(target, noise=0.4 if kind == "noisy" else 0.0, seed=seed)
         eng.capture = CaptureSpec.default(target.info.num_layers)
@@ -524,7 +526,7 @@ def test_stop_strings_and_max_tokens_per_request(model_dirs):
 
 def test_validate_refuses_bad_requests(model_dirs):
     target = _target(model_dirs)
-    eng = BatchEngine(target, None, max_batch=2)
+    eng = BatchEngine(target, None, EngineOptions(max_batch=2))
     ctx = target.info.max_position_embeddings
     for req in (Request("a", [], 5), Request("b", [FIRST, 96], 5), Request("c", [FIRST, -1], 5),
                 Request("d", [FIRST], 0), Request("e", [FIRST] * 10, ctx),
@@ -540,7 +542,7 @@ def test_validate_refuses_bad_requests(model_dirs):
 def test_transformers_adapter_is_refused(model_dirs):
     target = load_target(model_dirs["llama"], backend="hf", dtype="float32")
     with pytest.raises(GenerationError, match="does not decode batches"):
-        BatchEngine(target, None, max_batch=4)
+        BatchEngine(target, None, EngineOptions(max_batch=4))
 
 
 def test_row_cache_keep_and_move():
@@ -578,7 +580,7 @@ def test_sampled_rows_follow_target_distribution(tmp_path_factory, shape):
     with torch.no_grad():
         draft.lm_head.weight.copy_(target.net.lm_head.weight)
     sp = SamplingParams(1.0)
-    eng = BatchEngine(target, draft, shape, max_batch=8, spec_max_batch=8)
+    eng = BatchEngine(target, draft, EngineOptions(shape=shape, max_batch=8, spec_max_batch=8))
     n = 1600
     greedy_want = _alone(target, PROMPT, 3, ())
     arrivals = {}

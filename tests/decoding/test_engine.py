@@ -211,6 +211,7 @@ def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
     prefilled into every row, decode the eager engine's tokens, and none compiles a graph after warm_up."""
     from torch._dynamo.utils import counters
 
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     t = load_target(model_dirs["llama"])
@@ -227,10 +228,10 @@ def test_prompt_graphs_serve_every_row_compiled_at_warm_up(model_dirs):
                 out.setdefault(ev.rid, []).extend(ev.token_ids)
         return out
 
-    ref = run(BatchEngine(t, d, shape, max_batch=4, adaptive=False))
+    ref = run(BatchEngine(t, d, EngineOptions(shape=shape, max_batch=4, adaptive=False)))
     t.compile_prompts()
     d.compile_prompts()
-    eng = BatchEngine(t, d, shape, max_batch=4, adaptive=False)
+    eng = BatchEngine(t, d, EngineOptions(shape=shape, max_batch=4, adaptive=False))
     eng.warm_up(256)
     graphs = counters["stats"]["unique_graphs"]
     assert run(eng) == ref
@@ -245,6 +246,7 @@ def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(mode
     call: either would compile graphs of their own, seconds each on a GPU.)"""
     from torch._dynamo.utils import counters
 
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     t = load_target(model_dirs["llama"])
@@ -253,7 +255,7 @@ def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(mode
     want = Decoder(t).generate(prompt, 140, eos_ids=()).token_ids
     t.compile_prompts()
     d.compile_prompts()
-    eng = BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=1)
+    eng = BatchEngine(t, d, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1))
     eng.warm_up(256)
     script = [0] * 3 + [3] + [0] * 17 + [3] + [0] * 40 + [3] + [0] * 70 + [3] * 10  # plain runs, each a catch-up
     eng.policy.choose = lambda rows, drafting=1.0: (script.pop(0) if script else 3, "scripted")
@@ -504,6 +506,7 @@ def test_prompt_calls_never_reach_the_compiled_graphs(model_dirs):
     and a catch-up window change their count from call to call, so they run the plain code (each new prompt length
     compiled a graph inside the timed generation). Stand-ins that record the token count of every compiled call
     (and run the plain code) show that only decode shapes reach them, in the Decoder and the batched engine."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.draft.model import Eagle3Draft
     from eaglekit.models.llama import DecoderLayer
@@ -520,7 +523,7 @@ def test_prompt_calls_never_reach_the_compiled_graphs(model_dirs):
     for p in prompts:
         Decoder(t, d, shape).generate(p, 12, eos_ids=())
         Decoder(t, d, shape).generate(p, 12, eos_ids=(), baseline=True)
-    eng = BatchEngine(t, d, shape, max_batch=2)
+    eng = BatchEngine(t, d, EngineOptions(shape=shape, max_batch=2))
     for i, p in enumerate(prompts):
         eng.add(Request(f"r{i}", p, 12, eos_ids=()))
     while eng.has_work:

@@ -7,6 +7,7 @@ import torch
 from helpers import NoisyOracleDraft
 
 from eaglekit.decoding import prefill as prefill_mod
+from eaglekit.decoding.config import EngineOptions
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
@@ -21,7 +22,7 @@ def test_one_sequence_target_serves_one_row_and_refuses_more(model_dirs):
     hf = load_target(model_dirs["llama"], backend="hf", dtype="float32")
     ours = load_target(model_dirs["llama"], backend="ours", dtype="float32")
     d = new_draft(ours, seed=2)
-    eng = BatchEngine(hf, d, TreeShape(3, 2, 6), max_batch=1, allow_other_target=True)
+    eng = BatchEngine(hf, d, EngineOptions(shape=TreeShape(3, 2, 6), max_batch=1, allow_other_target=True))
     assert eng.adapted and not eng.graphs
     for i, p in enumerate(([1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6, 30])):
         eng.add(Request(f"r{i}", p, 14, eos_ids=()))
@@ -32,7 +33,7 @@ def test_one_sequence_target_serves_one_row_and_refuses_more(model_dirs):
         assert got == Decoder(ours).generate(p, 14, eos_ids=()).token_ids, i
     assert eng.spec_stats["num_drafts"] > 0
     with pytest.raises(GenerationError, match="does not decode batches") as e:
-        BatchEngine(hf, None, max_batch=2)
+        BatchEngine(hf, None, EngineOptions(max_batch=2))
     assert e.value.code == "E308"
 
 
@@ -47,7 +48,7 @@ def test_one_sequence_draft_runs_one_row_and_is_refused_more(model_dirs):
     assert r.metrics.verify_count > 0 and 0 < sum(r.metrics.accepted) < 3 * r.metrics.verify_count
     assert dec.engine().adapted
     with pytest.raises(GenerationError, match="one sequence at a time"):
-        BatchEngine(target, dec.draft, max_batch=2, capture=dec.capture, pair_checked=True)
+        BatchEngine(target, dec.draft, EngineOptions(max_batch=2, capture=dec.capture, pair_checked=True))
 
 
 def test_a_one_row_cache_is_the_backends_own_sequence(model_dirs):
@@ -75,7 +76,7 @@ def test_non_finite_features_fail_generate_and_drop_the_draft_in_serve(model_dir
     with pytest.raises(FeatureError) as e:
         Decoder(target, draft, TreeShape(3, 1, 4)).generate(prompt, 12, eos_ids=())
     assert e.value.code == "E401"
-    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2)
+    eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2))
     eng.add(Request("r", prompt, 12, eos_ids=()))
     got, drafted = [], []
     while eng.has_work:
@@ -94,7 +95,7 @@ def test_plain_rows_give_the_baseline_a_verifys_shapes(model_dirs):
     six = Decoder(target, baseline_rows=6).generate(prompt, 10, eos_ids=()).token_ids
     assert six == one
     with pytest.raises(GenerationError, match="plain rows must be an integer >= 1") as bad:
-        BatchEngine(target, None, max_batch=1, plain_rows=0)
+        BatchEngine(target, None, EngineOptions(max_batch=1, plain_rows=0))
     assert "plain_rows=1" in bad.value.fix  # the fix names the argument the caller passed
 
 

@@ -86,10 +86,11 @@ def test_batched_graphs_equal_alone(pair32, shape):
     """BatchEngine with its CUDA graphs (rows padded to the recorded sizes), requests arriving over several
     steps and one cancelled: every finished request's greedy output equals that request decoded alone, and
     a second wave on the same engine replays the recorded graphs with the same result."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair32
-    eng = BatchEngine(t, d, TreeShape(*shape), max_batch=8, graphs=True)
+    eng = BatchEngine(t, d, EngineOptions(shape=TreeShape(*shape), max_batch=8, graphs=True))
     alone = Decoder(t, d, TreeShape(*shape), graphs=False)
     lengths = [48, 17, 64, 5, 33, 40]
     want = {f"r{i}": alone.generate(p, n).token_ids for i, (p, n) in enumerate(zip(prompts, lengths))}
@@ -322,6 +323,7 @@ def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(p
     one-row baseline, and its chain or tree ran as the one-sequence walk on the row's cache (Eagle3Draft.chain_rows /
     tree_rows: the compiled graph where the draft is compiled), with draft tokens accepted (chains keep their KV in
     place)."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     t, d, prompts = pair_bf16
@@ -334,7 +336,7 @@ def test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk(p
         taken.append(r is not None)
         return r
 
-    eng = BatchEngine(t, d, shape, max_batch=1, adaptive=False)
+    eng = BatchEngine(t, d, EngineOptions(shape=shape, max_batch=1, adaptive=False))
     dec = Decoder(t, d, shape, graphs=True)
     setattr(d, "chain_rows" if shape.topk == 1 else "tree_rows", counted)
     try:
@@ -470,13 +472,14 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     """An untrained draft in the recorded engine, its acceptance held at 0: the row is the probes' sentinel until a
     probe loses with the next one due past its end; then it gives the draft up and its plain steps replay the graph
     that keeps no features. The output is the target's."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.phases import Cycle
     from eaglekit.draft import new_draft
 
     t, _, prompts = pair32
     want = Decoder(t, graphs=False).generate(prompts[0], 200, eos_ids=()).token_ids
-    eng = BatchEngine(t, new_draft(t, seed=3), TreeShape(3, 1, 4), max_batch=1, graphs=True)
+    eng = BatchEngine(t, new_draft(t, seed=3), EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1, graphs=True))
     eng.warm_up(512)
     p = eng.policy
     p.reached, p.accepted = [1e6] * 3, [0.0] * 3  # no draft token accepted, ever: speculation never pays

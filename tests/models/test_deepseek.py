@@ -172,11 +172,12 @@ def test_speculative_greedy_equals_target(tmp_path_factory, case):
 
 def test_batched_rows_equal_single_sequence(tmp_path_factory):
     """The batch engine (serve's path: per-row latent caches) emits each request's single-sequence greedy output."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine, Request
 
     _, target, _ = _pair(tmp_path_factory, "v3-qlora", 0, torch.float64)
     draft = new_draft(target, seed=1, dtype=torch.float64)
-    eng = BatchEngine(target, draft, TreeShape(3, 2, 6), max_batch=4, spec_max_batch=4)
+    eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 2, 6), max_batch=4, spec_max_batch=4))
     prompts = {f"r{i}": [3 + i, 17, 40 + 3 * i, 9][: 2 + i % 3] for i in range(5)}
     for rid, p in prompts.items():
         eng.add(Request(rid, p, 10, eos_ids=()))

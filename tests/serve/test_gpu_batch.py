@@ -5,6 +5,7 @@ the one-request Decoder."""
 import pytest
 import torch
 
+from eaglekit.decoding.config import EngineOptions
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
@@ -34,8 +35,9 @@ def test_bf16_serving_is_batch_invariant_by_default(adaptive):
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile="off",
                      batched=True)
     assert t.products_choice.kind == "invariant", t.products_choice
-    together = _run(BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=16, adaptive=adaptive), prompts, 48)
-    alone = [_run(BatchEngine(t, d, TreeShape(3, 1, 4), max_batch=1, adaptive=adaptive), [p], 48)[0]
+    opts = lambda b: EngineOptions(shape=TreeShape(3, 1, 4), max_batch=b, adaptive=adaptive)  # noqa: E731
+    together = _run(BatchEngine(t, d, opts(16)), prompts, 48)
+    alone = [_run(BatchEngine(t, d, opts(1)), [p], 48)[0]
              for p in prompts]
     assert together == alone
     # and the one-request Decoder, same products: the same tokens
@@ -53,7 +55,7 @@ def test_hopper_products_run_a_one_row_batch_with_the_decoders_bits():
         pytest.skip(hopper_reason(t))
     t.set_products("hopper")
     prompts = [torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 40)]
-    eng = BatchEngine(t, None, TreeShape(3, 1, 4), max_batch=1)
+    eng = BatchEngine(t, None, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=1))
     got = [_run(eng, [p], 32)[0] for p in prompts]
     want = [Decoder(t).generate(p, 32, eos_ids=()).token_ids for p in prompts]
     assert got == want

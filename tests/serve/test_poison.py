@@ -62,6 +62,7 @@ def pair(tmp_path_factory):
 def client(pair):
     import uvicorn
 
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
@@ -69,7 +70,7 @@ def client(pair):
     from eaglekit.tokenizer import load_tokenizer
 
     target, draft = load_pair(str(pair[0]), str(pair[1]), "ours", "cpu", "float32", batched=True)
-    engine = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=MAX_BATCH,
+    engine = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=MAX_BATCH),
                          tokenizer=load_tokenizer(str(pair[0])))
     app = build_app(engine, load_tokenizer(str(pair[0])), ["m"], 512, MAX_BATCH, 32, vocab_size=96)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))

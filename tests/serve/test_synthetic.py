@@ -39,6 +39,7 @@ def _serve(engine, tok, fn):
 
 @pytest.mark.parametrize("synthetic", [None, 3.0])
 def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
@@ -46,7 +47,8 @@ def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
     from eaglekit.tokenizer import load_tokenizer
 
     target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
-    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2, synthetic_accept_length=synthetic)
+    eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2,
+                                                   synthetic_accept_length=synthetic))
     tok = load_tokenizer(str(DEMO / "target"))
 
     def check(c):
@@ -101,13 +103,14 @@ def test_the_rate_is_checked_in_the_engine_too():
 def test_a_profiled_server_reports_each_phase():
     """eaglekit serve --profile: /server_info's phase_profile holds each phase's time since the start, with the cycles
     and plain steps it covers (None when the engine does not profile: the test above)."""
+    from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer
 
     target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
-    eng = BatchEngine(target, draft, TreeShape(3, 1, 4), max_batch=2, profile=True)
+    eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2, profile=True))
     tok = load_tokenizer(str(DEMO / "target"))
 
     def run(c):
