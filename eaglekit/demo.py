@@ -39,7 +39,7 @@ def pair_assets(pair: str) -> Path:
     return Path(__file__).parent / "assets" / pair
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
-# a 2-core Sapphire Rapids: the chain of 2; benchmarks/results/2026-12-01_cpu_demo_chain_pick.json).
+# a 2-core Sapphire Rapids: the chain of 2; docs/performance.md#d36).
 # eaglekit.tune.chainpick predicts each chain's accept length on these very prompts and times its cycles.
 # On a GPU (where each chain would compile its own shapes first) the demo runs this one
 DEFAULT_SHAPE = (5, 1, 6)

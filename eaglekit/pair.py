@@ -33,7 +33,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
               experts: str = "auto") -> tuple[Target, Eagle3Draft | None]:
     """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
-    pay: benchmarks/results/2026-12-02c_cpu_compile_cost_main.json); 'on' / True everywhere, 'off' / False never.
+    pay: docs/performance.md#d34); 'on' / True everywhere, 'off' / False never.
     The first generation pays the
     compile; eaglekit.kernels.compiling keeps the kernels for the next run.
 
@@ -99,8 +99,8 @@ def set_experts(target, experts: str = "auto") -> None:
 def auto_draft_quant(target, draft, device) -> str:
     """The fastest draft precision whose accept length stays within 1% of the stored draft's: int8 on a GPU for a
     bf16/fp16 pair (the draft step streams half the bytes; on the H200 the 8B-shape cycle over the step for (5,1,6)
-    went 1.38 -> 1.28, results/2026-12-04_h200-8b.json; the demo pair's accept length 3.191 with int8 against
-    3.186 as stored, results/2026-12-04_h200-demo_draft_*.json); as stored elsewhere (a CPU draft is too small to
+    went 1.38 -> 1.28; the demo pair's accept length 3.191 with int8 against 3.186 as stored:
+    docs/performance.md#d24); as stored elsewhere (a CPU draft is too small to
     gain). The output is the target's either way."""
     gpu = str(device).startswith("cuda")
     half = getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)

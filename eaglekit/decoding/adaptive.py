@@ -30,13 +30,13 @@ Only the longest length sees every position, so while anything else runs its fig
 cycle of the longest length runs anyway; a probe that still loses doubles the interval (up to probe_ceiling), one that
 wins resets it. The ceiling is MAX_PROBE where a probe is cheap; a probe also pays the draft's catch-up over the plain
 tokens since the last one (observe_catch_up), which on a GPU is launch-bound: ~4 ms, ten plain steps of a small target
-(benchmarks/results/2026-12-05h_h100_engine_gap.json), so there the ceiling rises until probes cost PROBE_SHARE of the
+(docs/performance.md#d31), so there the ceiling rises until probes cost PROBE_SHARE of the
 plain steps between them, up to LONGEST_PROBE (a draft that pays again waits that much longer to be found). The plain
 step's cost goes stale the same way while the engine speculates, and a stale plain cost is the one that can hold a
 losing draft on: a burst of load raises the plain figure (the steps that ran during it), the load ends during a cycle,
 whose figure takes the quiet time at once, and from then on every cycle beats the inflated plain figure while no plain
 step runs to correct it (a draft that is never right ran at ~0.5x of plain decoding for as long as that lasted:
-benchmarks/results/2026-12-05a_cpu-policy-burst_before.json). So while speculating, every `plain_probe` steps one plain
+docs/performance.md#d32). So while speculating, every `plain_probe` steps one plain
 step runs, with the same back-off and ceiling (the cycle after it pays a catch-up too): a plain step that still loses
 doubles the interval, one that wins resets it. The rows keep their draft state through plain steps (the engine buffers
 each plain token's captured features and the draft catches up before the next cycle), so switching back costs one draft

@@ -125,7 +125,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
 def _bookkeeping(compiled: bool):
     """The tree's bookkeeping between draft steps: compiled where the draft's layers are (a GPU by default), where
     its ~20 small kernels a level and ~30 for the selection fold into a few
-    (benchmarks/results/2026-12-02b_h200_cycle_bookkeeping.json); the plain functions elsewhere (the same code, so
+    (docs/performance.md#d26); the plain functions elsewhere (the same code, so
     the same trees)."""
     if not compiled:
         return PLAIN_OPS

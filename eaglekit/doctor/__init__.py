@@ -10,7 +10,7 @@ sure it is.
    each capture slot's features; matched against every target layer over the probe's text they name a layer per
    slot. That naming is evidence in the report (I306), never a verdict: the statistics move with the text as much
    as from one layer to the next (the demo draft's own target names after_layers [1, 5, 7] for [1, 5, 8] over the
-   built-in prompts: benchmarks/results/2026-12-05_cpu_feature_distance.json), so acceptance decides.
+   built-in prompts: docs/performance.md#d40), so acceptance decides.
 5. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
    it was trained or exported, else a reference acceptance given by the user (the features' statistics name layers,
    not targets: identity.py); and the vocabulary mapping on its own evidence (vocab.py).

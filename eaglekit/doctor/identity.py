@@ -14,7 +14,7 @@ The statistics of the features a draft recorded at training (eaglekit.features) 
 name the layer each capture slot was trained on, but their distance to the target's depends on the probe text more
 than on the weights. On the demo pair the draft's own target measures 0.31-0.86 over the demo prompts and 1.15-1.19
 over the built-in ones; copies of it with every weight multiplied by 1 + s N(0, 1) measure 0.24-0.97 (s = 2%, 5%,
-10%) and 0.20-0.47 (20%) over the demo prompts (benchmarks/results/2026-12-05_cpu_feature_distance.json). No
+10%) and 0.20-0.47 (20%) over the demo prompts (docs/performance.md#d40). No
 threshold separates them, so neither "far" nor "near" decides which target this is (docs/doctor.md).
 """
 

@@ -26,7 +26,7 @@ from .report import WiringRow
 # The probe's text for a target that ships no prompts (most do not): many short, varied prompts, not a few long ones.
 # The comparison's standard error is clustered by sequence, so it shrinks with the number of prompts; the first 8 alone,
 # extended to longer sequences, left the Qwen2 zoo pair undecided after 45 s (z 1.6-2.8 over 4151 positions), all 40
-# decide it in ~5 s (z 3.0 and -4.6 over 1846; benchmarks/results/2026-12-05b_cpu_fault_zoo.json). Code, prose,
+# decide it in ~5 s (z 3.0 and -4.6 over 1846; docs/performance.md#d42). Code, prose,
 # question-and-answer and chat, as targets are served.
 GENERIC_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

@@ -323,7 +323,7 @@ class Eagle3Draft(nn.Module, Draft):
         """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
         "hopper" (eaglekit.kernels.hopper.pending_attention: the verify's attention kernel, keys split in 32-key parts;
         cuDNN's SDPA does not split them at a few rows and took about twice as long a tree level at the 8B shape:
-        benchmarks/results/2026-12-03h_h200_draft_attention.json) where
+        docs/performance.md#d12) where
         it runs this draft; elsewhere "sdpa" stays. -> whether "hopper" runs. Like the products, it changes the
         draft's rounding only, never the output (the target verifies)."""
         from ..kernels import hopper
@@ -469,7 +469,7 @@ class Eagle3Draft(nn.Module, Draft):
     def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
         """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
         bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
-        graphs of their own: benchmarks/results/2026-12-03i_h200_whole_tree.json); None (the engine's walk)
+        graphs of their own: docs/performance.md#d25); None (the engine's walk)
         where the chain would not be compiled either."""
         if not self._runs_compiled(self.compiled_tree):
             return None

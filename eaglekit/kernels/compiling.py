@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-# inductor options for the decode-time layers, chosen on the H200 (benchmarks/results/2026-12-01_h200_fast_v2.json)
+# inductor options for the decode-time layers, chosen on the H200 (docs/performance.md#d21)
 DECODE_OPTIONS: dict = {"coordinate_descent_tuning": True}
 
 
@@ -66,7 +66,7 @@ def compile_prompt(fn):
     limit); inductor's default options (tuning a kernel for one length buys nothing at the next). Why: eagerly a
     prompt runs each layer as ~150 operations (views included) launched one by one from Python, bound by the host
     where the device is fast (the demo pair's 9M-parameter prefill took 11-14 ms on an H200,
-    benchmarks/results/2026-12-04c_h200_demo_phases.json); compiled, a layer is a few fused kernels and the products.
+    docs/performance.md#d22); compiled, a layer is a few fused kernels and the products.
     Opt-in (--prompt-graphs: the target's and the draft's compile_prompts()) until measured on a GPU; BatchEngine
     compiles both sides of the row limit at warm-up or before its first prefill. A product policy whose lowering
     needs fixed shapes (oneDNN's packed weights) keeps its prompts eager (products.compiles_any_length)."""

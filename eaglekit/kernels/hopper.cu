@@ -1,7 +1,7 @@
 // The kernels of eaglekit.kernels.hopper: a bf16 decode layer for Hopper GPUs (sm_90) in which every kernel is a
 // programmatic dependent launch (PDL) and the products stream their weights by bulk copies (cp.async.bulk) into a
-// ring of shared-memory slots. Why, and where it runs: eaglekit/kernels/hopper.py; figures: docs/performance.md and
-// benchmarks/results/2026-12-03b_h200_bulk.json (the layer), 2026-12-03j_h200_attn_tiles.json (its attention).
+// ring of shared-memory slots. Why, and where it runs: eaglekit/kernels/hopper.py; decisions: docs/performance.md#d1
+// (the layer), docs/performance.md#d9 (its attention).
 //
 // Legend (names used below):
 //   PDL     programmatic dependent launch (griddepcontrol.launch_dependents / .wait)
@@ -77,7 +77,7 @@ constexpr int PDL = 1;  // every launch is a programmatic dependent launch (laun
 // rows): x's rows 8-15 not held (the same mma inputs, 64 registers fewer).
 constexpr int CW = 4, MROW = 1088, MSLOT = 8 * MROW, RSLOTS = 4;
 // ring slots a block: what it can fetch before its wait, while the kernel before it still runs. 8 keeps a block's
-// shared memory near 100 KB, two blocks an SM (12 measured slower: 2026-12-03b_h200_bulk.json)
+// shared memory near 100 KB, two blocks an SM (12 measured slower: docs/performance.md#d3)
 constexpr int NSLOTS = 8;
 constexpr int QHD = 128;  // the q/k/v product's head_dim (its tiles are 16 a head)
 enum { EPI_PLAIN = 0, EPI_RESID = 1, EPI_SWIGLU = 2, EPI_QKV = 3 };
@@ -94,7 +94,7 @@ struct Epi {
   // holds partial sums of h's squares; their sum in order gives each row's r = rsqrt(sum / K + eps), and the epilogue
   // scales the row's sums by r before rounding. So no norm kernel runs between two products: its statistics come
   // from the RESID epilogue before it (xg, ss_out) and its scale rides in the product (five kernels a layer, not
-  // seven: 2026-12-03c_h200_bulk_norms.json)
+  // seven: docs/performance.md#d2)
   const float* ss_in;
   int nss;
   float eps;
@@ -107,7 +107,7 @@ struct Epi {
 
 // the weight rows of tile `tile`: its rows 0-3 are rows a .. a + 3 of W, its rows 4-7 rows b .. b + 3. Computed once
 // a tile from constants only: the producer's loop issues the copies, and divisions by runtime values there (a
-// chunk's 8 rows each) made the q/k/v product 2x slower (2026-12-03b_h200_bulk.json)
+// chunk's 8 rows each) made the q/k/v product 2x slower (docs/performance.md#d5)
 template <int EPI>
 __device__ __forceinline__ void tile_rows(int tile, int N, const Epi& e, int& a, int& b) {
   if (EPI == EPI_SWIGLU) {
@@ -203,7 +203,7 @@ __device__ __forceinline__ void epilogue(const float* slot, int v, int mt, int t
 
 // how a product reads x, its predecessor's output: a plain load (cached in L1: the warps' and tiles' repeated reads of
 // x hit L1 rather than L2). Safe because x is read after griddepcontrol.wait only, which makes the predecessor's
-// writes visible to this grid (L2-only loads gave the same bits, slower: 2026-12-03b_h200_bulk.json)
+// writes visible to this grid (L2-only loads gave the same bits, slower: docs/performance.md#d6)
 __device__ __forceinline__ uint4 load_x(const uint4* p) { return *p; }
 
 // TG tiles a group (TG_WIDE = 2 past 8 rows: a warp has two ring slots): a warp's piece of x, once loaded, serves the
@@ -215,7 +215,7 @@ constexpr int TG_WIDE = 2, XH_WIDE = 4;
 // up to 8 rows (x's rows 8-15 not held), tile pairs from this many rows on. Pairs halve x's reads but also a warp's
 // look-ahead in the ring (8 slots: its pair, no next chunk), so they pay only where x's reads weigh: the residual
 // products from 7 rows, the others from 8, the q/k/v product never (99: it lost at every row count measured;
-// 2026-12-03d_h200_verify_rows.json)
+// docs/performance.md#d8)
 constexpr int TG_LO_FROM = 8, TG_LO_FROM_RESID = 7, TG_LO_FROM_QKV = 99;
 template <int MT, bool LO, int EPI, int TG>
 __global__ void __launch_bounds__((CW + 1) * 32, 2)  // two blocks an SM: at most 204 registers
@@ -354,7 +354,7 @@ template <int MT, bool LO, int EPI, int TG>
 int launch_gemm(const bf16* W, const bf16* x, bf16* y, int M, int N, int K, int ldx, const Epi& e, int grid,
                 cudaStream_t stream) {
   // at least 100 KB a block: two fit an SM and a successor's block only as one of ours leaves (blocks that fit beside
-  // the running ones take room early and unevenly, and the chain got slower: 2026-12-02i_h200_bulk_probe.json)
+  // the running ones take room early and unevenly, and the chain got slower: docs/performance.md#d4)
   const size_t need = NSLOTS * MSLOT + 2 * NSLOTS * 8 + (RSLOTS * CW * MT * 128 + 64) * 4;
   const size_t smem = need > 100 * 1024 ? need : 100 * 1024;
   static bool ready = false;
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(256)
 // cache (a verify's: written by the q/k/v product's epilogue), except with new0 (the draft's calls): this call's own
 // rows' keys r, at slots *new0 + r, are read from kn/vn, and part 0 writes them to the cache there (no other block
 // reads those slots; so torch.compile can pass the cache itself to the op, where an index_copy_ beside it made
-// inductor copy the whole cache each call: 2026-12-03h_h200_draft_attention.json).
+// inductor copy the whole cache each call: docs/performance.md#d11).
 constexpr int AHD = 128, ACH = 32;
 
 // this call's row r's key (or value) for KV head g, where the draft's calls hand them apart (kn/vn: element strides)
@@ -454,7 +454,7 @@ __device__ __forceinline__ const bf16* new_row(const bf16* kn, const bf16* vn, i
 // ---- attn_tiles: the attention on the tensor cores, all of a KV head's query rows at once ------------------------
 // Block (part p, KV head g, z) holds MTB 16-row tiles of query heads (16 / REP rows of the call, REP heads each) as
 // the A operands of the mma and reads each chunk's keys once for all of them (a block a row read the same keys once
-// a row and ran out of issue slots at 8 rows: 2026-12-03j_h200_attn_tiles.json): scores S = Q K^T and O += P V on the
+// a row and ran out of issue slots at 8 rows: docs/performance.md#d9): scores S = Q K^T and O += P V on the
 // tensor cores. Chunk slot w (warps w, w + TW, ...: one a tile) takes chunks
 // TW p + w, then + TW P, ... (P = gridDim.x parts, set by the span alone), folding them FlashAttention-2 style: a
 // running max and sum a query row, O rescaled by 2^(m_old - m_new) and the chunk's P V (P rounded to bf16, as
@@ -818,7 +818,7 @@ int launch_tiles(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, 
 // the attention's launch: a part of attn_tiles is TW chunks, its parts counted from the span's (`parts`: the span's
 // 32-key chunks, capped), so they depend on the span alone. Two tiles a block from three tiles on (a chunk's keys read
 // once for both); at one or two tiles, one a block (two measured slower there; the bits are the same either way:
-// benchmarks/results/2026-12-03k_h200_attn_tiles_two_a_block.json).
+// docs/performance.md#d10).
 template <int REP>
 int launch_attn(const bf16* q, int ldq, const bf16* K, const bf16* V, int cap, const long long* base,
                 const unsigned char* block, int cols, float* acc, float* ml, unsigned* tickets, bf16* out, int ldo,

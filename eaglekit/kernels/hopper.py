@@ -8,8 +8,8 @@ shared memory *before* it waits for its input; the attention copies the committe
 layer is five kernels: q/k/v with its RMSNorm folded in (the norm's weight times x comes from the kernel before, its
 1/rms scales the sums in the epilogue) and the rotary embedding and the cache write in its epilogue; attention; o
 with the residual add, whose epilogue also writes the next norm's input and its statistics; gate/up with its norm and
-SwiGLU; down as o. The lm_head takes the same product. Figures (the 8B step against "invariant"): docs/performance.md
-and benchmarks/results/2026-12-03b_h200_bulk.json, 2026-12-03c_h200_bulk_norms.json. What products "auto" picks
+SwiGLU; down as o. The lm_head takes the same product. Figures (the 8B step against "invariant"):
+docs/performance.md#d1 (the kernels), docs/performance.md#d2 (the norms folded in). What products "auto" picks
 where it runs (eaglekit.kernels.products.choose).
 
 The arithmetic of a row never depends on the rows beside it (the products' rows are the tensor cores' A rows, a
@@ -434,7 +434,7 @@ def pending_attention(q, k, v, kn, vn, base, block, first) -> torch.Tensor:
     slots first[0] + r, are read from there and written into k, v by the kernel. The op mutates the cache itself
     because an index_copy_ beside a custom op made inductor copy the whole cache each call. -> [T, H hd]. Why for a
     draft: cuDNN's SDPA does not split the keys, so a tree level at a few rows took about twice this kernel's time
-    (benchmarks/results/2026-12-03h_h200_draft_attention.json)."""
+    (docs/performance.md#d12)."""
     return pending_op()(q, k, v, kn, vn, base, block, first)
 
 

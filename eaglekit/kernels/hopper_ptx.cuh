@@ -33,7 +33,7 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 // a consumer warp is done reading a ring slot: the producer may refill it. The refill is a bulk copy (async proxy),
 // our reads plain loads (generic proxy): without the proxy fence ptxas may put the arrive before the last load has
 // returned and the copy overwrite it (wrong sums at 16 rows without it:
-// benchmarks/results/2026-12-03_h200_layer_probe.json)
+// docs/performance.md#d7)
 __device__ __forceinline__ void slot_release(uint64_t* bar, int lane) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncwarp();

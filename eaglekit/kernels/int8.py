@@ -4,15 +4,15 @@ Why: at batch 1 a draft step reads its whole layer and lm_head (the 8B shape's d
 reads a (5,1,6) cycle: ~1 ms on an H200, a quarter of the target's step). What the draft computes never reaches the
 output (the target verifies every token), only how many tokens it gets accepted; int8 rows with a float32 scale per
 row (symmetric, rounded to nearest) kept the demo pair's accept length within 0.3% on (5,1,6) and (5,4,8), as fp8
-e4m3 did; int4 in groups of 128 lost 5% (benchmarks/results/2026-12-02e_h200_draft_fp8.json).
+e4m3 did; int4 in groups of 128 lost 5% (docs/performance.md#d23).
 
 How: `Int8Linear` stands in for an nn.Linear (and for a fused [q; k; v] or [gate; up] weight: layers.product runs it).
 Its product is x @ (q * scale[:, None])^T: on a GPU in bf16/fp16 through eaglekit.kernels.invariant_gemm's kernel, the
 int8 tiles widened as they are read (`SCALED`), one row or many (configs: invariant_gemm.int8_rule); elsewhere F.linear
 over the widened weight (correct, not faster: the CPU demo's draft is small). On the H200 (8B shape, hopper target) it
-makes the (5,1,6) chain about a third faster than bf16 (benchmarks/results/2026-12-03e_h200_int8_draft.json,
-2026-12-03f_h200_int8_gemv_spread.json). Inductor's own one-row GEMV over the int8 weight (ONE_ROW "inductor": the cast
-and the scale fused into its reduction) read it slower than this kernel (same files)."""
+makes the (5,1,6) chain about a third faster than bf16 (docs/performance.md#d24). Inductor's own
+one-row GEMV over the int8 weight (ONE_ROW "inductor": the cast and the scale fused into its reduction) read it slower
+than this kernel (the same decision)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ as one of k rows of a verify tree: the attention half of bf16 losslessness (issu
 
 Why: SDPA picks other kernels and other key splits for 1 query row and for k, so a token verified in a tree rounds
 differently from the same token stepped alone; in bf16 that flips a greedy choice now and then
-(benchmarks/results/2026-12-01_h200_bf16.json). Batch-invariant products (eaglekit.kernels.invariant_gemm) are the other
+(docs/performance.md#d17). Batch-invariant products (eaglekit.kernels.invariant_gemm) are the other
 half.
 
 How: each (query row, KV head, part) is its own program, so rows never share a reduction. A row's visible keys are taken
@@ -111,7 +111,7 @@ def _build():
         block_m = max(16, triton.next_power_of_2(rep))
         # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
         # q, k_new and v_new are strided views of the q/k/v product's output in a verify (T > 1): the kernels take
-        # their strides, so no copy of them runs (three kernels a layer fewer: 2026-12-02_h200_attend_strides.json);
+        # their strides, so no copy of them runs (three kernels a layer fewer: docs/performance.md#d18);
         # only head_dim must be innermost and
         # v_new laid out as k_new (one set of strides for both)
         q = q if q.stride(-1) == 1 else q.contiguous()

@@ -5,7 +5,7 @@ Why it was built: at 1 row inductor emits GEMV kernels near copy bandwidth, but 
 GEMMs (a 6-row verify cost 1.21-1.24 steps where its bytes allow ~1.02), and cuBLAS picks other kernels (other
 reduction orders) for 1 row and for k rows, so in bf16 a token verified in a tree rounds differently from the same
 token stepped alone. Alone it is faster than cuBLAS at 6 rows in isolation, level inside the 8B verify and slower
-than inductor's GEMVs at 1 row (benchmarks/results/2026-12-01_h200_fast_v2.json), and bf16 still parts in the
+than inductor's GEMVs at 1 row (docs/performance.md#d13), and bf16 still parts in the
 attention. So it is the product half of products "invariant" (eaglekit.kernels.products.Invariant, with
 eaglekit.kernels.invariant_attention and .invariant_norm): bf16 output identical to the baseline.
 
@@ -92,7 +92,7 @@ def rope_config(cfg: tuple, head_dim: int) -> tuple | None:
 
 
 def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """The untuned config, from the H200 sweep (benchmarks/results/2026-12-01b_h200_smallm.json): one slice of K up
+    """The untuned config, from the H200 sweep (docs/performance.md#d14): one slice of K up
     to 8192, two beyond; 128 x 128 tiles for weights of 16384 rows or more."""
     if N >= 16384:
         return 128, 128, 1, 4, 4
@@ -103,7 +103,7 @@ def rule(N: int, K: int) -> tuple[int, int, int, int, int]:
 
 def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
     """The untuned config of an int8 weight, from the H200 sweep of the 8B draft's six weights
-    (benchmarks/results/2026-12-03f_h200_int8_gemv_spread.json): 256 columns of K a tile and three stages everywhere;
+    (docs/performance.md#d15): 256 columns of K a tile and three stages everywhere;
     weights of 16384 rows or
     more in 128-row tiles and one slice of K (gate/up 3.47, lm_head 3.66 TB/s of int8), the rest in 64-row tiles and
     K in four slices (2.7-2.9 TB/s; the 4096 x 4096 o 1.76), fewer slices where K does not split so."""
@@ -232,7 +232,7 @@ def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
         # `most` tiles without reading M: inside a compiled graph M may be symbolic (a prompt graph's, one for every
         # length), and reading it would hold the graph to one tile count, each new count compiling a graph of its own
         # (a draft's catch-up took 3-7 s on an H100 that way:
-        # benchmarks/results/2026-12-05h_h100_engine_gap_prompt_graphs_recompiling.json)
+        # docs/performance.md#d16)
         tiles = most
     else:
         tiles = min(most, 1 << max(0, (triton_cdiv(M, 16) - 1).bit_length()))

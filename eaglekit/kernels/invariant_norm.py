@@ -3,7 +3,7 @@
 Why: eager RMSNorm keeps a row's arithmetic whatever the row count, but inside torch.compile'd layers inductor generates
 one kernel per token count, with its own block and warp layout, so the sum of squares of a row is added in another order
 at 1 row and at k rows (compiled steps parted from the baseline with invariant products and attention alone:
-benchmarks/results/2026-12-01d_h200_invariant.json). This op is opaque to inductor's fusion and its layout depends on
+docs/performance.md#d19). This op is opaque to inductor's fusion and its layout depends on
 the width only. Used by products "invariant" (eaglekit.kernels.products.Invariant) on the GPU."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ order.
 
 Why it was written: in DeepSeek-V2-Lite's compiled decode step on an H200, inductor's fused gathers
 (eaglekit.models.moe.Experts.gather, `fused`) read the indexed expert weights at 61% (gate/up) and 31% (down) of copy
-bandwidth; the two took 1.39 of the step's 3.62 ms (benchmarks/results/2026-12-04e_h200_deepseek_step_kernels.txt).
+bandwidth; the two took 1.39 of the step's 3.62 ms (docs/performance.md#d33).
 No kernel in torch does an indexed grouped GEMV: torch._grouped_mm groups rows by expert (a prefill's shape), and at
 one token a row per expert leaves its tiles nearly empty (eaglekit.models.moe.Experts.grouped runs it so, opt-in, to
 be measured against this).

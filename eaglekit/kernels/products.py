@@ -270,9 +270,8 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
     if batched and rows is not None and rows > invariant_gemm.MAX_ROWS:
         # The batch-invariant kernels still run every forward they take (each plain step of up to MAX_ROWS rows, every
         # verify that fits), so a server with a draft takes the products a server without one takes: F.linear
-        # throughout made each plain step of the demo pair 2.2x slower on an H200 (0.94 ms against 0.43,
-        # benchmarks/results/2026-12-05a_h200_serve_phases.json; a draft that never pays served at 0.53x of no draft,
-        # 2026-12-05a_h200-serve-demo.json)
+        # throughout made each plain step of the demo pair 2.2x slower on an H200 (0.94 ms against 0.43), and a draft
+        # that never pays served at 0.53x of no draft (docs/performance.md#d20)
         return Choice("invariant", f"batched forwards of up to {rows} rows (serve): batch-invariant Triton kernels "
                                    f"for every forward of up to {invariant_gemm.MAX_ROWS} rows, F.linear for larger "
                                    f"verifies, whose tokens are not batch-invariant (keep --max-batch times the "

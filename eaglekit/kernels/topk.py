@@ -2,7 +2,7 @@
 
 Why: torch's softmax + top-k on the tree's [k, 32000] logits runs about ten kernels a level (a softmax, a radix select
 over several blocks with its counts and scans, a sort of the k found); these two take a quarter of that time on an
-H200 (benchmarks/results/2026-12-01j_h200_rope_and_picks.json). A level is two kernels:
+H200 (docs/performance.md#d27). A level is two kernels:
   1. each row is cut into chunks; a program takes one chunk: its top k by repeated max (k is small), its max m_c and
      its sum s_c of exp(x - m_c);
   2. a program per row merges the row's chunks: the top k of the chunks' candidates, and the row's softmax
@@ -34,7 +34,7 @@ def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
 def top1(logits: torch.Tensor) -> torch.Tensor:
     """A chain's pick, [..., Vd] -> [..., 1]: the top 1 of the softmax, taken as the argmax of the logits (softmax is
     monotone): one reduction kernel where softmax + top-k ran six (a fifth of their time on an H200:
-    benchmarks/results/2026-12-01j_h200_rope_and_picks.json). Between logits that tie exactly it may take
+    docs/performance.md#d28). Between logits that tie exactly it may take
     another than top-k took: both are drafts the target checks."""
     return logits.argmax(-1, keepdim=True)
 
@@ -43,7 +43,7 @@ def argmax(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """torch.argmax over the last dimension ([..., V] -> [...]: the first of equal maxima), in two stages where V is a
     multiple of `chunk`: each chunk's max and its first index, then the first chunk holding the largest. Why: the
     target's greedy pick over an 8B model's 128256 logits is one program walking the row in torch's one-stage
-    reduction, several times slower than two stages (benchmarks/results/2026-12-03b_h200_bulk.json)."""
+    reduction, several times slower than two stages (docs/performance.md#d29)."""
     V = logits.shape[-1]
     if V < 8 * chunk or V % chunk:
         return logits.argmax(-1)

@@ -239,8 +239,7 @@ class DeepSeekTarget(StaticCacheTarget):
         """How the routed experts run (eaglekit.models.moe.Experts.mode; `--experts`): None chooses per call;
         "triton" sends decode calls to eaglekit.kernels.moe_gemv (slower than inductor's gathers on an H200 and an
         H100); "grouped" runs a call's pairs as two grouped GEMMs (on an H100 the V2-Lite shape's step 4-7% slower than
-        the gathers, its (3,1,4) cycle 1.23x faster: benchmarks/results/2026-12-05i_h100_deepseek_experts.json,
-        ..._auto_cycle.json). Set before compile()."""
+        the gathers, its (3,1,4) cycle 1.23x faster: docs/performance.md#d33). Set before compile()."""
         from .moe import Experts
 
         if mode not in (None, "gather", "fused", "loop", "dense", "triton", "grouped"):

@@ -27,7 +27,7 @@ COMPILE_MAX_TOKENS = 64
 
 # cached calls of 2 to this many tokens on a GPU fold grouped query heads into query rows (sdpa_folded); 0: off.
 # One token a row stays with enable_gqa: folded, the 8B plain step at 64 rows took 11.2 ms against 10.6
-# (benchmarks/results/2026-12-04e_h200_batch_fold.json).
+# (docs/performance.md#d30).
 FOLD_GQA_MAX_TOKENS = 64
 
 
@@ -38,7 +38,7 @@ def sdpa_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: to
     each kv head once instead of once per query head, and a decode call's few tokens fill its query tiles rep times
     better. With enable_gqa, cuDNN's attention over 64 rows x 1024 slots took 57% of a batched 8B cycle on an H200;
     folded, that cycle ((3,1,4), 64 rows) went from 25.0 to 17.2 ms
-    (benchmarks/results/2026-12-04e_h200_batch_fold.json). The kernel's output may be strided: reshaped, not viewed."""
+    (docs/performance.md#d30). The kernel's output may be strided: reshaped, not viewed."""
     B, H, T, hd = q.shape
     Hkv = k.shape[1]
     rep = H // Hkv

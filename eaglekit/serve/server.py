@@ -110,7 +110,7 @@ def default_threads(device: str) -> int | None:
     region waits at its barrier for a worker the event loop took the core from. On the 2-core VM the shipped pair
     served 108 / 318 / 582 tok/s with one thread against 86 / 271 / 603 with two at concurrency 1 / 4 / 16, the draft
     166 / 358 / 586 against 133 / 332 / 625 (`python -m benchmarks run cpu-serve-demo --param threads=1` and `=2`,
-    benchmarks/results/2026-12-05h_cpu-serve-demo_threads*.json): interactive loads gain, a batch of 16 loses up to
+    docs/performance.md#d39): interactive loads gain, a batch of 16 loses up to
     12% (`--threads` serves it with all of them)."""
     import torch
 

@@ -2,9 +2,8 @@
 
 The residual stream's scale grows with depth and its mean direction drifts layer by layer, so matched against
 every layer of a target these statistics point at a layer per slot. They also move with the text: over text unlike
-the training text the demo draft's own target is one layer off at a slot (benchmarks/results/
-2026-12-05_cpu_feature_distance.json), so the doctor reports the match as evidence and decides nothing on it
-(eaglekit.doctor.identity). Training records, per capture slot,
+the training text the demo draft's own target is one layer off at a slot (docs/performance.md#d40), so the doctor
+reports the match as evidence and decides nothing on it (eaglekit.doctor.identity). Training records, per capture slot,
   rms     sqrt(mean f^2) over tokens and dims (the scale)
   mean    P @ mean_t(f)       a fixed random projection of the mean feature (SKETCH floats)
   second  mean_t((P f)^2)     the second moment along the same SKETCH directions
@@ -80,8 +79,8 @@ class FeatureSketch:
 
 # the scale weighs RMS_WEIGHT times more than the sketches, which vary more with the text's token mix; it varies
 # too: from the demo draft's training text to the doctor's probe texts the demo target's scale at a slot moves up
-# to ~4%, where one layer moves it 0.5-15% (the scale term is most of each distance in
-# benchmarks/results/2026-12-05_cpu_feature_distance.json)
+# to ~4%, where one layer moves it 0.5-15% (the scale term is most of each distance:
+# docs/performance.md#d41)
 RMS_WEIGHT = 20.0
 
 

@@ -3,13 +3,13 @@
 Why: the speed of a chain of n draft tokens is its accept length over its cycle time. A race of the chains on a
 sample small enough for ~10 s ranks them badly: acceptance varies so much between prompts, and between the start of
 a continuation and its later tokens, that the sample's accept lengths are not the run's (four demo runs raced to
-four different picks: benchmarks/results/2026-12-01_cpu_demo_chain_pick.json).
+four different picks: docs/performance.md#d35).
 
 How: (1) the target's greedy continuations of the prompts, batched; (2) one teacher-forced pass of the draft over
 them (eaglekit.train.ttt) gives, at each position p, the run r_p of a chain drafted from p that the target accepts,
 up to the longest chain. A greedy draft's first n tokens from p are the same whatever the chain's length, so a chain
 of n accepts min(r_p, n) there; walking each text cycle by cycle gives every chain's accept length on that text at
-once (within 1% of the measured ones on the demo: benchmarks/results/2026-12-02_cpu_amd_chainpick.json); (3) short
+once (within 1% of the measured ones on the demo: docs/performance.md#d35); (3) short
 generations time each chain's cycle against the target's own step, interleaved round by round (the step, then each
 chain, the order rotating), so a machine whose speed changes (other processes taking the cores) weighs on every
 candidate of a round alike: a chain's cost is the median over rounds of its cycle over the step of the same round.
@@ -241,7 +241,7 @@ def pick_threads(target, draft, prompt: list[int], counts: tuple[int, ...], roun
     (`rounds` timed, fewer where `budget_s` runs out; one at least).
     Why: on a 2-core machine where other processes hold the cores, two threads wait on each other at every
     parallel region (one of them is off its core), and a step costs 10-50x its quiet time; one thread does not
-    wait (benchmarks/results/2026-12-04_cpu_demo_under_load.json). The pair's speed follows the target's step, and
+    wait (docs/performance.md#d37). The pair's speed follows the target's step, and
     the speedup is measured against the target alone
     at the same count, so the count is chosen by the target's step (a faster one would flatter the draft).
     Leaves torch at the chosen count -> {"threads": n, "step_ms": {count: median ms}, "seconds": s}."""
