@@ -829,79 +829,32 @@ def cmd_serve(args) -> int:
     gives the ones in flight --drain-timeout seconds, ends the rest with a 503 (a stream: an error event, then
     [DONE]) and exits 0. Every option is checked before the model loads. EAGLE3_DEBUG=1 traces requests and
     cycles."""
+    from .options import ServeOptions
     from .serve.server import check_options, serve
 
     model = model_options(args)
     shape = tree_shape(args) if args.draft else None
-    capture = capture_override(args)
-    check_options(args.host, args.port, args.max_batch, args.max_queue, args.spec_max_batch, args.chat_template,
-                  args.drain_timeout, args.threads, args.max_body_mb, args.read_timeout, args.warm_up_span)
-    if args.synthetic_accept_length is not None:  # checked before anything loads, like every serve option
+    names = args.served_model_name or [getattr(args, "target_source", args.target)]  # a .gguf: its path as given
+    opts = ServeOptions.from_args(args, served_model_name=names)
+    check_options(opts)
+    if opts.synthetic_accept_length is not None:  # checked before anything loads, like every serve option
         from .decoding.accept import synthetic_rate
 
         if not args.draft:
             raise InputError("--synthetic-accept-length needs a draft to accept tokens of", fix="add --draft DIR",
                              code="E317")
-        synthetic_rate(args.synthetic_accept_length, shape.path_len - 1)
+        synthetic_rate(opts.synthetic_accept_length, shape.path_len - 1)
     check_folders(args.target, args.draft)
-    names = args.served_model_name or [getattr(args, "target_source", args.target)]  # a .gguf: its path as given
-    return serve(args.target, args.draft, args.host, args.port, args.max_batch, args.max_queue, shape,
-                 names, args.spec_max_batch, capture, args.allow_other_target, args.backend,
-                 args.device, None if args.dtype == "auto" else args.dtype, model.compile_mode,
-                 False if args.no_graphs else "auto", args.chat_template, args.drain_timeout, args.log_level,
-                 args.threads, model.products, model.draft_quant, args.max_body_mb, args.read_timeout,
-                 not args.no_adaptive, args.synthetic_accept_length, args.warm_up_span, args.profile,
-                 model.prompt_graphs, model.experts)
+    return serve(model, opts, shape)
 
 
 def _serve_args(p):
+    from .options import ServeOptions
+
     p.add_argument("--target", required=True,
                    help="target model folder (config.json, safetensors, tokenizer) or a .gguf file")
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port, 1..65535 (default 8000); 0: any free port, "
-                   "printed on stderr once listening")
-    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV is held for this many)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; beyond: 429")
-    p.add_argument("--spec-max-batch", type=int, default=None,
-                   help="above this many running requests decode without the draft (default: no cap, the adaptive "
-                        "policy decides per step; 0: never use the draft)")
-    p.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) accepted in the request's 'model' (default: the --target path as given)")
-    p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template for a target whose tokenizer has none: the path of a file, or the "
-                        "template text itself (as vLLM reads it: a value holding '{{' or '{%%' is the text)")
-    p.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="on SIGTERM, wait this many seconds (>= 0) for requests in flight; those still running then "
-                        "end with a 503 error (a stream: an error event, then [DONE])")
-    p.add_argument("--max-body-mb", type=float, default=4.0,
-                   help="largest request body in MiB (default 4; a 128k-token prompt is < 1 MiB): larger is a 413")
-    p.add_argument("--read-timeout", type=float, default=30.0,
-                   help="seconds a request's headers, then its body, may take to arrive (default 30): a stalled "
-                        "upload is dropped (408) instead of holding its socket")
-    p.add_argument("--no-graphs", action="store_true", help="GPU: run the cycle eagerly instead of CUDA graphs")
-    p.add_argument("--warm-up-span", type=int, default=1024, metavar="SLOTS",
-                   help="before listening, record every batch size's CUDA graphs and time the adaptive policy with "
-                        "caches of this many slots a row (prompt + max_tokens; default 1024), so that no request "
-                        "waits on a recording; a longer request grows the caches and records once more. 0: no "
-                        "warm-up (each batch size then records at its first step)")
-    p.add_argument("--profile", action="store_true",
-                   help="time each phase of the engine's steps (draft tree, verify, accept, cache update, host read, "
-                        "draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): /server_info's "
-                        "phase_profile gives the totals since the start, per step and as shares")
-    p.add_argument("--no-adaptive", action="store_true",
-                   help="run the whole tree on every step up to --spec-max-batch rows (default: each step runs the "
-                        "tree, a shallower one or a plain step by expected tokens/s, from the engine's timings and "
-                        "running acceptance)")
-    p.add_argument("--synthetic-accept-length", type=float, default=None, metavar="L",
-                   help="BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that "
-                        "gives accept length L (tokens per verify, bonus included), whatever the target says, to "
-                        "measure serving speed with random weights. Every response, /metrics and /server_info "
-                        "say so")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch, >= 1 (default on a CPU: one fewer than torch's choice, at least 1, "
-                        "leaving the server's event loop a core; on a shared CPU fewer is often faster)")
+    ServeOptions.add_args(p)  # (its own --threads: one fewer than torch's, for the event loop)
     add_tree(p)
     add_capture(p)
     add_runtime(p, threads=False)  # (its own --threads above: one fewer than torch's, for the event loop)

@@ -32,10 +32,12 @@ EXPERTS = ("auto", "grouped", "triton")  # --experts (eaglekit.models.moe.Expert
 COMPILE_FLAGS = ("compile", "no_compile", "prompt_graphs", "products", "draft_quant", "experts")
 
 
-def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None):
-    """A field with what its flag needs: help, bounds, choices, an explicit argparse type (list fields)."""
+def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None,
+        metavar=None, nargs=None):
+    """A field with what its flag needs: help, bounds, choices, an explicit argparse type (list fields), the value's
+    name in --help, argparse's nargs."""
     return field(default=default, metadata=dict(help=help, lo=lo, hi=hi, choices=choices, type=type, flag=flag,
-                                                 group=group))
+                                                 group=group, metavar=metavar, nargs=nargs))
 
 
 def flag_of(name: str, meta: dict | None = None) -> str:
@@ -84,6 +86,9 @@ class Options:
             kw: dict = dict(dest=f.name, default=default, help=text or None)
             if m.get("choices"):
                 kw["choices"] = m["choices"]
+            for k in ("metavar", "nargs"):
+                if m.get(k):
+                    kw[k] = m[k]
             if isinstance(f.default, bool):
                 kw["action"] = "store_true"
             elif m.get("type") == "append":
@@ -392,3 +397,57 @@ class DemoOptions(Options):
     prompt_file: str | None = opt(None, "another prompt file (JSONL or ---separated text)")
     repick: bool = opt(False, "pick the chain again instead of reusing this machine's cached pick (CPU)")
     pick_budget: float = opt(20.0, "seconds the CPU chain pick may take; what it measured by then decides", lo=2.0)
+
+
+# --- serving ----------------------------------------------------------------------------------------------
+MAX_BODY_MB = 4.0  # MiB: a 128k-token prompt is < 1 MiB of JSON (text or ids)
+READ_TIMEOUT_S = 30.0
+WARM_UP_SPAN = 1024
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+@dataclass
+class ServeOptions(Options):
+    """`eaglekit serve`: where it listens, how many requests it holds, the limits a request meets and the engine's
+    switches. Checked as a whole by eaglekit.serve.server.check_options (E108 naming the flag, E113-E116) before
+    anything loads; the model's side is ModelOptions'."""
+
+    host: str = opt("127.0.0.1", "address to bind (default 127.0.0.1: this machine only)")
+    port: int = opt(8000, "TCP port, 1..65535 (default 8000); 0: any free port, printed on stderr once listening")
+    max_batch: int = opt(8, "requests decoded together (KV is held for this many)")
+    max_queue: int = opt(64, "requests that may wait for a slot; beyond: 429")
+    spec_max_batch: int | None = opt(None, "above this many running requests decode without the draft (default: no "
+                                           "cap, the adaptive policy decides per step; 0: never use the draft)",
+                                     type=int)
+    served_model_name: list[str] | None = opt(None, "name(s) accepted in the request's 'model' (default: the --target "
+                                                    "path as given)", nargs="+")
+    chat_template: str | None = opt(None, "a Jinja chat template for a target whose tokenizer has none: the path of a "
+                                          "file, or the template text itself (as vLLM reads it: a value holding '{{' "
+                                          "or '{%%' is the text)")
+    drain_timeout: float = opt(120.0, "on SIGTERM, wait this many seconds (>= 0) for requests in flight; those still "
+                                      "running then end with a 503 error (a stream: an error event, then [DONE])")
+    max_body_mb: float = opt(MAX_BODY_MB, "largest request body in MiB (a 128k-token prompt is < 1 MiB): larger is "
+                                          "a 413")
+    read_timeout: float = opt(READ_TIMEOUT_S, "seconds a request's headers, then its body, may take to arrive: a "
+                                              "stalled upload is dropped (408) instead of holding its socket")
+    no_graphs: bool = opt(False, "GPU: run the cycle eagerly instead of CUDA graphs")
+    warm_up_span: int = opt(WARM_UP_SPAN, "before listening, record every batch size's CUDA graphs and time the "
+                                          "adaptive policy with caches of this many slots a row (prompt + "
+                                          "max_tokens), so that no request waits on a recording; a longer request "
+                                          "grows the caches and records once more. 0: no warm-up (each batch size "
+                                          "then records at its first step)", metavar="SLOTS")
+    profile: bool = opt(False, "time each phase of the engine's steps (draft tree, verify, accept, cache update, host "
+                               "read, draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): "
+                               "/server_info's phase_profile gives the totals since the start, per step and as shares")
+    no_adaptive: bool = opt(False, "run the whole tree on every step up to --spec-max-batch rows (default: each step "
+                                   "runs the tree, a shallower one or a plain step by expected tokens/s, from the "
+                                   "engine's timings and running acceptance)")
+    synthetic_accept_length: float | None = opt(
+        None, "BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that gives accept "
+        "length L (tokens per verify, bonus included), whatever the target says, to measure serving speed with random "
+        "weights. Every response, /metrics and /server_info say so", type=float, metavar="L")
+    log_level: str = opt("info", "uvicorn's log level", choices=LOG_LEVELS)
+    threads: int | None = opt(None, "CPU threads for torch, >= 1 (default on a CPU: one fewer than torch's choice, at "
+                                    "least 1, leaving the server's event loop a core; on a shared CPU fewer is often "
+                                    "faster)", type=int)
+

@@ -83,9 +83,11 @@ def _serve(engine, tok, context, max_batch, build_app=None):
 
     if build_app is None:
         from eaglekit.serve.app import build_app
+    from eaglekit.options import ServeOptions
 
     info = {"synthetic_acceptance": None if engine.synthetic is None else {"rate": engine.synthetic}}
-    app = build_app(engine, tok, ["bench"], context, max_batch, 1024, info=info, speculative=engine.draft is not None,
+    opts = ServeOptions(served_model_name=["bench"], max_batch=max_batch, max_queue=1024)
+    app = build_app(engine, tok, opts, context, info=info, speculative=engine.draft is not None,
                     positions=engine.shape.path_len - 1)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     th = threading.Thread(target=srv.run, daemon=True)

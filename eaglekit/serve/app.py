@@ -38,9 +38,10 @@ from starlette.requests import ClientDisconnect
 from ..decoding.sampling import SamplingParams
 from ..errors import EaglekitError
 from ..observe import trace
+from ..options import ServeOptions
 from ..tokenizer import encode
 from .detok import Detokenizer
-from .limits import MAX_BODY_MB, READ_TIMEOUT_S, PromptBound, read_body
+from .limits import PromptBound, read_body
 from .metrics import ServerMetrics
 from .protocol import ApiError, bad, chat_ids, from_eaglekit, parse_chat, parse_completion, parse_json
 from .scheduler import Handle, Scheduler
@@ -79,13 +80,18 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def build_app(engine, tokenizer, served: list[str], context: int, max_batch: int = 8, max_queue: int = 64,
-              chat_template: str | None = None, info: dict | None = None, drain_timeout: float = 120.0,
-              speculative: bool = False, positions: int = 0, vocab_size: int | None = None,
-              max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S) -> FastAPI:
-    """`engine`: a BatchEngine (or anything with its interface); `served`: the model names accepted in `model`
-    (the first is the one /v1/models lists first); `context`: the target's context length in tokens.
-    `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
+def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
+              info: dict | None = None, speculative: bool = False, positions: int = 0,
+              vocab_size: int | None = None) -> FastAPI:
+    """`engine`: a BatchEngine (or anything with its interface); `opts`: the server's options, of which the app reads
+    the model names accepted in `model` (served_model_name, the first listed first by /v1/models; required), the
+    batch and queue sizes, the drain timeout and the request limits; `context`: the target's context length in
+    tokens. `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
+    served, max_batch, max_queue, drain_timeout = opts.served_model_name, opts.max_batch, opts.max_queue, \
+        opts.drain_timeout
+    max_body_mb, read_timeout = opts.max_body_mb, opts.read_timeout
+    if not served:
+        raise ValueError("build_app: opts.served_model_name names no model")
     metrics = ServerMetrics(served[0], speculative, positions)
     # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
     synthetic = getattr(engine, "synthetic", None)

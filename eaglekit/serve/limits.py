@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import asyncio
 
+from ..options import MAX_BODY_MB, READ_TIMEOUT_S  # noqa: F401 -- (declared with the serve flags)
 from .protocol import ApiError
 
-MAX_BODY_MB = 4.0  # MiB: a 128k-token prompt is < 1 MiB of JSON (text or ids); see `eaglekit serve --help`
-READ_TIMEOUT_S = 30.0
 # past the limit the rest of the body is read and dropped (so that the client, still sending, reads the 413
 # instead of a reset connection), up to this many bytes; a larger declared body is refused at once
 DISCARD_CAP = 64 * 2**20

@@ -8,6 +8,7 @@ uvicorn closes the connections and the process exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import socket
@@ -15,11 +16,11 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .limits import MAX_BODY_MB, READ_TIMEOUT_S
+from ..options import MAX_BODY_MB, READ_TIMEOUT_S, WARM_UP_SPAN, ModelOptions, ServeOptions
 
-# cache slots per row that serve prepares before listening (`--warm-up-span`): a prompt plus its max_tokens up to this
-# never records a CUDA graph or times the policy inside a step; longer ones grow the caches (and record again) once
-WARM_UP_SPAN = 1024
+# WARM_UP_SPAN (options): cache slots per row that serve prepares before listening (`--warm-up-span`): a prompt plus
+# its max_tokens up to it never records a CUDA graph or times the policy inside a step; longer ones grow the caches
+# (and record again) once
 FLUSH_S = 10  # after the drain: time for the last responses (the 503s) to be written before uvicorn cancels
 
 
@@ -74,11 +75,12 @@ def check_port(host: str, port: int) -> None:
                              fix="pick another --port (0: any free port) or stop what holds this one") from None
 
 
-def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8, max_queue: int = 64,
-                  spec_max_batch: int | None = None, chat_template: str | None = None, drain_timeout: float = 120.0,
-                  threads: int | None = None, max_body_mb: float = MAX_BODY_MB,
-                  read_timeout: float = READ_TIMEOUT_S, warm_up_span: int = WARM_UP_SPAN) -> str | None:
+def check_options(o: ServeOptions) -> str | None:
     """Every serve option, before anything loads (E108 / E113-E116). Returns the chat template's text."""
+    max_batch, max_queue, spec_max_batch, threads = o.max_batch, o.max_queue, o.spec_max_batch, o.threads
+    drain_timeout, max_body_mb, read_timeout, warm_up_span = o.drain_timeout, o.max_body_mb, o.read_timeout, \
+        o.warm_up_span
+
     def need(ok, flag, value, rule, example):
         if not ok:
             raise InputError(f"{flag} {value!r} is not valid: it must be {rule}", fix=f"e.g. {flag} {example}",
@@ -99,8 +101,8 @@ def check_options(host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
          READ_TIMEOUT_S)
     need(isinstance(warm_up_span, int) and not isinstance(warm_up_span, bool) and warm_up_span >= 0,
          "--warm-up-span", warm_up_span, "a number of cache slots per row >= 0 (0: no warm-up)", WARM_UP_SPAN)
-    template = chat_template_text(chat_template) if chat_template else None
-    check_port(host, port)
+    template = chat_template_text(o.chat_template) if o.chat_template else None
+    check_port(o.host, o.port)
     return template
 
 
@@ -140,17 +142,11 @@ def _uvicorn_server(config, drain, announce: bool):
     return Server(config)
 
 
-def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          max_batch: int = 8, max_queue: int = 64, shape=None, served_model_name: list[str] | None = None,
-          spec_max_batch: int | None = None, capture=None, allow_other_target: bool = False, backend: str = "auto",
-          device: str = "auto", dtype: str | None = None, compile: str | bool = "auto", graphs="auto",
-          chat_template: str | None = None, drain_timeout: float = 120.0, log_level: str = "info",
-          threads: int | None = None, products: str = "auto", draft_quant: str | None = None,
-          max_body_mb: float = MAX_BODY_MB, read_timeout: float = READ_TIMEOUT_S, adaptive: bool = True,
-          synthetic_accept_length: float | None = None, warm_up_span: int = WARM_UP_SPAN,
-          profile: bool = False, prompt_graphs: bool = False, experts: str = "auto") -> int:
-    template = check_options(host, port, max_batch, max_queue, spec_max_batch, chat_template, drain_timeout,
-                             threads, max_body_mb, read_timeout, warm_up_span)
+def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
+    """`eaglekit serve`: the pair of `model` (its target, draft, backend, device, dtype, wiring and how it runs)
+    behind the API, served as `o` says; `shape`: the draft tree (None: TreeShape.make()'s)."""
+    template = check_options(o)
+    target_dir, draft_dir, max_batch = model.target, model.draft, o.max_batch
     import torch
     import uvicorn
 
@@ -163,7 +159,7 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     from .app import build_app
     from .limits import h11_protocol
 
-    threads = threads or default_threads(pick_device(device))
+    threads = o.threads or default_threads(pick_device(model.device))
     if threads:
         torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
     tok = load_tokenizer(target_dir)
@@ -171,28 +167,29 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
     # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
     # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
     # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
-    target, draft = load_pair(target_dir, draft_dir, backend, device, dtype,
-                              compile="off" if compile in ("auto", None) else compile, products=products,
-                              draft_quant=draft_quant, batched=max_batch > 1, prompt_graphs=prompt_graphs,
-                              experts=experts,
+    run = model.runtime
+    run["compile"] = "off" if run["compile"] == "auto" else run["compile"]
+    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device, model.dtype_name, **run,
+                              batched=max_batch > 1,
                               rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
     from ..distributed import current
 
     tp = current()
     # (under tensor parallelism every rank must take the same step: the policy's timings differ by rank)
-    adaptive = adaptive and (tp is None or tp.world == 1)
-    opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=spec_max_batch, capture=capture,
-                         allow_other_target=allow_other_target, graphs=graphs, adaptive=adaptive,
-                         synthetic_accept_length=synthetic_accept_length, profile=profile)
+    adaptive = not o.no_adaptive and (tp is None or tp.world == 1)
+    synthetic_accept_length = o.synthetic_accept_length
+    opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=o.spec_max_batch, capture=model.capture,
+                         allow_other_target=model.allow_other_target, graphs=False if o.no_graphs else "auto",
+                         adaptive=adaptive, synthetic_accept_length=synthetic_accept_length, profile=o.profile)
     engine = BatchEngine(target, draft, opts, tokenizer=tok)
     if engine.synthetic is not None:
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
               f"output is NOT the target's", file=sys.stderr, flush=True)
-    if warm_up_span and (tp is None or tp.world == 1):  # (the profile counts serving only: warm-up runs no phase)
+    if o.warm_up_span and (tp is None or tp.world == 1):  # (the profile counts serving only: warm-up runs no phase)
         # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
         # parallelism every rank would have to warm up in step: there the first requests still pay)
-        w = engine.warm_up(min(warm_up_span, target.info.max_position_embeddings), progress=True)
+        w = engine.warm_up(min(o.warm_up_span, target.info.max_position_embeddings), progress=True)
         said = (f"warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a row in "
                 f"{w['seconds']:.1f} s" if w["sizes"] else
                 "a one-sequence backend (one row, eager): nothing to warm up")
@@ -206,27 +203,26 @@ def serve(target_dir: str, draft_dir: str | None = None, host: str = "127.0.0.1"
             return follow(lockstep)
         engine = lockstep
     shape = getattr(engine, "shape", shape)
-    served = served_model_name or [target_dir]
+    served = o.served_model_name or [target_dir]
     info = {"version": f"eaglekit {__version__}", "model_path": str(target_dir),
             "draft_model_path": None if draft_dir is None else str(draft_dir),
             "speculative_algorithm": "EAGLE3" if draft is not None else None,
             "speculative_num_steps": shape.steps if draft is not None and shape else None,
             "speculative_eagle_topk": shape.topk if draft is not None and shape else None,
             "speculative_num_draft_tokens": shape.draft_tokens if draft is not None and shape else None,
-            "spec_max_batch": getattr(engine, "spec_max_batch", spec_max_batch),
+            "spec_max_batch": getattr(engine, "spec_max_batch", o.spec_max_batch),
             "adaptive_speculation": getattr(engine, "policy", None) is not None,
             "synthetic_acceptance": None if getattr(engine, "synthetic", None) is None else
             {"accept_length": synthetic_accept_length, "rate": engine.synthetic},
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads() if target.device.type == "cpu" else None,
             "tp_size": tp.world if tp is not None else 1}
-    app = build_app(engine, tok, served, target.info.max_position_embeddings, max_batch, max_queue, template, info,
-                    drain_timeout, speculative=draft is not None,
-                    positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size,
-                    max_body_mb=max_body_mb, read_timeout=read_timeout)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            http=h11_protocol(read_timeout), timeout_graceful_shutdown=FLUSH_S)
-    server = _uvicorn_server(config, app.state.drain, announce=port == 0)
+    app = build_app(engine, tok, dataclasses.replace(o, served_model_name=served), target.info.max_position_embeddings,
+                    template, info, speculative=draft is not None,
+                    positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size)
+    config = uvicorn.Config(app, host=o.host, port=o.port, log_level=o.log_level, lifespan="on",
+                            http=h11_protocol(o.read_timeout), timeout_graceful_shutdown=FLUSH_S)
+    server = _uvicorn_server(config, app.state.drain, announce=o.port == 0)
     # uvicorn drains open responses on SIGTERM, then re-raises the signal to the handler that was there before
     # it started; with the default handler the process would die by the signal after a clean drain
     drained = lambda sig, frame: None  # noqa: E731

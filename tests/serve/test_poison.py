@@ -65,6 +65,7 @@ def client(pair):
     from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.options import ServeOptions
     from eaglekit.pair import load_pair
     from eaglekit.serve.app import build_app
     from eaglekit.tokenizer import load_tokenizer
@@ -72,7 +73,8 @@ def client(pair):
     target, draft = load_pair(str(pair[0]), str(pair[1]), "ours", "cpu", "float32", batched=True)
     engine = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=MAX_BATCH),
                          tokenizer=load_tokenizer(str(pair[0])))
-    app = build_app(engine, load_tokenizer(str(pair[0])), ["m"], 512, MAX_BATCH, 32, vocab_size=96)
+    app = build_app(engine, load_tokenizer(str(pair[0])), ServeOptions(served_model_name=["m"], max_batch=MAX_BATCH,
+                                                                       max_queue=32), 512, vocab_size=96)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()

@@ -328,6 +328,7 @@ def test_a_one_row_server_takes_the_products_generate_takes(monkeypatch, max_bat
     the chooser then takes `hopper`, tests/kernels/test_products.py; its one-row batch has the Decoder's bits,
     tests/serve/test_gpu_batch.py); more rows load for batches (batch-invariant products)."""
     import eaglekit.pair
+    from eaglekit.options import ModelOptions, ServeOptions
     from eaglekit.serve.server import serve
 
     class Loaded(Exception):
@@ -341,7 +342,7 @@ def test_a_one_row_server_takes_the_products_generate_takes(monkeypatch, max_bat
 
     monkeypatch.setattr(eaglekit.pair, "load_pair", load_pair)
     with pytest.raises(Loaded):
-        serve(TARGET, DRAFT, max_batch=max_batch, device="cpu")
+        serve(ModelOptions(target=TARGET, draft=DRAFT, device="cpu"), ServeOptions(max_batch=max_batch))
     assert seen["batched"] is batched
 
 
@@ -556,9 +557,10 @@ class _Scripted:
 def test_a_failing_engine_step_is_a_500_and_the_server_keeps_serving(tok):
     import uvicorn
 
+    from eaglekit.options import ServeOptions
     from eaglekit.serve.app import build_app
 
-    app = build_app(_Scripted(), tok, ["m"], 2048, 1, 1)
+    app = build_app(_Scripted(), tok, ServeOptions(served_model_name=["m"], max_batch=1, max_queue=1), 2048)
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     th = threading.Thread(target=srv.run, daemon=True)

@@ -18,11 +18,13 @@ DEMO = Path(__file__).resolve().parents[2] / "eaglekit" / "assets" / "demo"
 def _serve(engine, tok, fn):
     import uvicorn
 
+    from eaglekit.options import ServeOptions
     from eaglekit.serve.app import build_app
 
     info = {"synthetic_acceptance": None if engine.synthetic is None else {"accept_length": 3.0,
                                                                             "rate": engine.synthetic}}
-    app = build_app(engine, tok, ["m"], 2048, 2, 4, info=info, speculative=True, positions=3)
+    app = build_app(engine, tok, ServeOptions(served_model_name=["m"], max_batch=2, max_queue=4), 2048, info=info,
+                    speculative=True, positions=3)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
