@@ -410,7 +410,7 @@ class BatchEngine:
             c.run("plain_commit")
         with ph("host_sync"):
             host = c.next[:len(self.rows)].tolist()
-        self.spec_stats["plain_steps"] += 1
+        self.stats.plain()
         if self.policy is not None:
             self.policy.observe_plain(self._padded(), time.perf_counter() - t0)
         for r, (s, tok) in enumerate(zip(self.rows, host)):

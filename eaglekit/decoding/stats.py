@@ -25,6 +25,10 @@ class EngineStats:
         self.spec["spec_cycles"] += 1
         self.spec["cycles_by_length"][length] += 1
 
+    def plain(self) -> None:
+        """A plain step ran (one token a row, no draft)."""
+        self.spec["plain_steps"] += 1
+
     def drafted(self, drafted: int, accepted: int) -> None:
         """One drafting row's verify: `drafted` draft tokens proposed, the first `accepted` of them taken."""
         st = self.spec
