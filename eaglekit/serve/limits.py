@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 
-from ..options import MAX_BODY_MB, READ_TIMEOUT_S  # noqa: F401 -- (declared with the serve flags)
 from .protocol import ApiError
 
 # past the limit the rest of the body is read and dropped (so that the client, still sending, reads the 413
