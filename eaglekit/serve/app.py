@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ..decoding.protocols import missing
 from ..decoding.sampling import SamplingParams
 from ..errors import EaglekitError
 from ..observe import trace
@@ -83,18 +84,22 @@ def _sse(obj) -> str:
 def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
               info: dict | None = None, speculative: bool = False, positions: int = 0,
               vocab_size: int | None = None) -> FastAPI:
-    """`engine`: a BatchEngine (or anything with its interface); `opts`: the server's options, of which the app reads
-    the model names accepted in `model` (served_model_name, the first listed first by /v1/models; required), the
-    batch and queue sizes, the drain timeout and the request limits; `context`: the target's context length in
-    tokens. `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
+    """`engine`: an Engine (eaglekit.decoding.protocols: a BatchEngine, a Lockstep); `opts`: the server's options, of
+    which the app reads the model names accepted in `model` (served_model_name, the first listed first by /v1/models;
+    required), the batch and queue sizes, the drain timeout and the request limits; `context`: the target's context
+    length in tokens. `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections
+    (eaglekit.serve.server)."""
     served, max_batch, max_queue, drain_timeout = opts.served_model_name, opts.max_batch, opts.max_queue, \
         opts.drain_timeout
     max_body_mb, read_timeout = opts.max_body_mb, opts.read_timeout
     if not served:
         raise ValueError("build_app: opts.served_model_name names no model")
+    if missing(engine):
+        raise TypeError(f"build_app: {type(engine).__name__} is not an engine (eaglekit.decoding.protocols.Engine): "
+                        f"it lacks {', '.join(missing(engine))}")
     metrics = ServerMetrics(served[0], speculative, positions)
     # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
-    synthetic = getattr(engine, "synthetic", None)
+    synthetic = engine.synthetic
     fingerprint = {"system_fingerprint": "eaglekit-synthetic-acceptance"} if synthetic is not None else {}
     metrics.synthetic.set(synthetic or 0.0)
     max_body = int(max_body_mb * 2**20)
@@ -164,9 +169,9 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def server_info():
-        s = dict(getattr(engine, "spec_stats", None) or {})
-        policy = getattr(engine, "policy", None)
-        profile = getattr(engine, "profile", None)  # (eaglekit serve --profile: each phase's time since the start)
+        s = dict(engine.spec_stats or {})
+        policy = engine.policy
+        phases = engine.profile()  # (eaglekit serve --profile: each phase's time since the start; else None)
         avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
         return {**(info or {}), "served_model_name": served[0], "max_batch": max_batch, "max_queue": max_queue,
                 "context_length": context,
@@ -175,7 +180,7 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
                                      "cancelled": sched.cancelled, "engine_steps": sched.steps,
                                      "engine_step_errors": sched.step_errors, "spec_stats": s,
                                      "spec_policy": policy.summary() if policy is not None else None,
-                                     "phase_profile": profile() if profile is not None else None}]}
+                                     "phase_profile": phases}]}
 
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)

@@ -30,7 +30,8 @@ IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
 class Lockstep:
-    """The engine interface of BatchEngine (reads pass through) whose state changes reach every rank."""
+    """An Engine (eaglekit.decoding.protocols) around a BatchEngine: reads pass through, and its state changes reach
+    every rank."""
 
     def __init__(self, engine):
         import torch.distributed as dist

@@ -261,6 +261,6 @@ class Scheduler:
             m.generation_tokens.inc(sum(len(ev.token_ids) for ev in events))
             m.running.set(eng.num_running)
             m.waiting.set(eng.num_waiting)
-            m.observe_spec(getattr(eng, "spec_stats", None))
+            m.observe_spec(eng.spec_stats)
             if events:
                 self._to_loop(self._deliver, events, t)

@@ -202,7 +202,7 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
         if tp.rank != 0:
             return follow(lockstep)
         engine = lockstep
-    shape = getattr(engine, "shape", shape)
+    shape = engine.shape
     served = o.served_model_name or [target_dir]
     info = {"version": f"eaglekit {__version__}", "model_path": str(target_dir),
             "draft_model_path": None if draft_dir is None else str(draft_dir),
@@ -210,9 +210,9 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
             "speculative_num_steps": shape.steps if draft is not None and shape else None,
             "speculative_eagle_topk": shape.topk if draft is not None and shape else None,
             "speculative_num_draft_tokens": shape.draft_tokens if draft is not None and shape else None,
-            "spec_max_batch": getattr(engine, "spec_max_batch", o.spec_max_batch),
-            "adaptive_speculation": getattr(engine, "policy", None) is not None,
-            "synthetic_acceptance": None if getattr(engine, "synthetic", None) is None else
+            "spec_max_batch": engine.spec_max_batch,
+            "adaptive_speculation": engine.policy is not None,
+            "synthetic_acceptance": None if engine.synthetic is None else
             {"accept_length": synthetic_accept_length, "rate": engine.synthetic},
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads() if target.device.type == "cpu" else None,

@@ -533,6 +533,11 @@ class _Scripted:
     def __init__(self):
         self.reqs, self.fail = [], True
         self.num_waiting, self.spec_stats = 0, None
+        self.synthetic = self.policy = self.shape = None
+        self.spec_max_batch = 0
+
+    def profile(self, since=None):
+        return None
 
     def validate(self, req):
         pass
