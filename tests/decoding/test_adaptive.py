@@ -394,7 +394,7 @@ def test_a_row_no_probe_can_reach_any_more_gives_up_its_draft_and_steps_quietly(
     after its end; then it gives its draft up, and its plain steps neither capture the target's features nor write
     the catch-up window (recorded: the quiet graph replays, eager: the plain step stops capturing). Output stays the
     target's."""
-    from test_batch import _eager_graphs
+    from test_engine import _eager_graphs
 
     from eaglekit.decoding import runner
     from eaglekit.decoding.phases import Cycle
@@ -457,7 +457,7 @@ class Alternate(SpecPolicy):
 def test_rows_keep_their_draft_through_plain_steps(llama, shape):
     """The draft's state follows plain steps (the catch-up): an exact draft accepts its whole path in every cycle
     that follows plain steps, exactly as in a run without them; without the catch-up it would not."""
-    from test_batch import RowOracle
+    from test_engine import RowOracle
 
     eng = BatchEngine(llama, None, EngineOptions(shape=TreeShape(*shape), max_batch=3))
     eng.draft = RowOracle(llama)
@@ -533,7 +533,7 @@ def test_every_mix_of_draft_lengths_decodes_the_targets_output(llama, shape, see
     """Greedy output of rows whose steps draw their draft length at random (the tree, its shallower versions and
     plain steps) equals the target's own greedy output, for a random draft and for an exact one; the exact draft
     accepts each cycle's whole path, whatever its length."""
-    from test_batch import RowOracle
+    from test_engine import RowOracle
 
     ts = TreeShape(*shape)
     prompts = [[1, 5, 9, 14], [1, 33, 2, 8, 70, 4], [1, 50]]
