@@ -48,24 +48,41 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
         if fp:
             return fp
     h = hashlib.sha256()
+    found = hash_tokenizer_files(folder, h)
+    tmpl = config_chat_template(folder)
+    if tmpl:
+        h.update(json.dumps(tmpl).encode())
+    for name in CHAT_TEMPLATE_FILES:
+        if (folder / name).is_file():
+            h.update((folder / name).read_bytes())
+    return h.hexdigest()[:16] if found else None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def hash_tokenizer_files(folder: Path, h) -> bool:
+    """Feed `h` (a hashlib object) each tokenizer file of `folder`, name then bytes, in TOKENIZER_FILES' order: the
+    one reading behind tokenizer_fingerprint and the training record's digests. -> whether any file was found."""
     found = False
-    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+    for name in TOKENIZER_FILES:
         f = folder / name
         if f.is_file():
             h.update(name.encode() + f.read_bytes())
             found = True
+    return found
+
+
+def config_chat_template(folder: Path):
+    """tokenizer_config.json's chat_template (None where the file, the field or valid JSON is missing)."""
     cfg = folder / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            tmpl = json.loads(cfg.read_text()).get("chat_template")
-        except json.JSONDecodeError:
-            tmpl = None
-        if tmpl:
-            h.update(json.dumps(tmpl).encode())
-    for name in ("chat_template.jinja", "chat_template.json"):
-        if (folder / name).is_file():
-            h.update((folder / name).read_bytes())
-    return h.hexdigest()[:16] if found else None
+    if not cfg.is_file():
+        return None
+    try:
+        return json.loads(cfg.read_text()).get("chat_template")
+    except json.JSONDecodeError:
+        return None
 
 
 def encode(tokenizer, text: str, chat: bool = False) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import GenerationError
+from ..errors import EaglekitError, GenerationError
 from .sampling import SamplingParams
 from .stops import Emitter
 
@@ -63,8 +63,6 @@ class Seq:
         """The failure that ended this row, as its event reports it (a coded error keeps its code)."""
         if self.exc is None:
             return None
-        from ..errors import EaglekitError
-
         return str(self.exc).split("\n")[0] if isinstance(self.exc, EaglekitError) else \
             f"[E311] {type(self.exc).__name__}: {self.exc}"
 

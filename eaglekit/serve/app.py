@@ -94,9 +94,10 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
     max_body_mb, read_timeout = opts.max_body_mb, opts.read_timeout
     if not served:
         raise ValueError("build_app: opts.served_model_name names no model")
-    if missing(engine):
+    lacks = missing(engine)
+    if lacks:
         raise TypeError(f"build_app: {type(engine).__name__} is not an engine (eaglekit.decoding.protocols.Engine): "
-                        f"it lacks {', '.join(missing(engine))}")
+                        f"it lacks {', '.join(lacks)}")
     metrics = ServerMetrics(served[0], speculative, positions)
     # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
     synthetic = engine.synthetic

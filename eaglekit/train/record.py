@@ -73,21 +73,13 @@ def function_fields(folder) -> dict:
 def tokenizer_digests(target_dir) -> dict:
     """The target folder's tokenizer files and chat template, digested apart (eaglekit.tokenizer's fingerprint
     hashes both together): the doctor says which of the two changed."""
+    from ..tokenizer import CHAT_TEMPLATE_FILES, config_chat_template, hash_tokenizer_files
+
     folder = Path(target_dir)
     h = hashlib.sha256()
-    found = False
-    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
-        if (folder / name).is_file():
-            h.update(name.encode() + (folder / name).read_bytes())
-            found = True
-    tmpl = None
-    cfg = folder / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            tmpl = json.loads(cfg.read_text()).get("chat_template")
-        except json.JSONDecodeError:
-            tmpl = None
-    for name in ("chat_template.jinja", "chat_template.json"):
+    found = hash_tokenizer_files(folder, h)
+    tmpl = config_chat_template(folder)
+    for name in CHAT_TEMPLATE_FILES:
         if (folder / name).is_file():
             tmpl = (tmpl or "") + (folder / name).read_text(errors="replace")
     return {"tokenizer": h.hexdigest()[:16] if found else None, "chat_template": digest(tmpl) if tmpl else None}
@@ -104,23 +96,10 @@ def measure(target, draft, seqs: list[list[int]], capture, steps: int = STEPS, c
     """Per sequence, the accepted run (leading correct steps of a chain of `steps`) at each position, teacher-forced
     along the sequence, as a string ('.' where the position does not count). The doctor's probe (Probe._runs)
     reads the same runs from the same function, teacher_forced_hits."""
-    from .data import Example, pad_batch
-    from .ttt import TargetBatch, teacher_forced_hits
+    from .ttt import accepted_runs
 
-    dev, lm = target.device, target.lm_head_weight()
-    hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
-    out = []
-    for i in range(0, len(seqs), chunk):
-        part = seqs[i:i + chunk]
-        ids, _, valid = pad_batch([Example(s, [1] * len(s)) for s in part])
-        ids, valid = ids.to(dev), valid.to(dev)
-        hidden, feats = target.features(ids, valid.long(), capture)
-        b = TargetBatch(feats, ids, valid.long(), valid, hidden)
-        correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot.to(dev), steps))
-        runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T]
-        for j, s in enumerate(part):
-            out.append("".join(str(int(r)) if c else "." for r, c in zip(runs[j, :len(s)], counted[j, 0, :len(s)])))
-    return out
+    return ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted))
+            for runs, counted in accepted_runs(target, draft, seqs, capture, steps, chunk)]
 
 
 def summary(runs: list[str], steps: int) -> dict:

@@ -113,3 +113,27 @@ def simulated_accept_length(acc: list[float]) -> float:
         run *= a
         out += run
     return out
+
+
+@torch.inference_mode()
+def accepted_runs(target, draft, seqs: list[list[int]], capture, steps: int, chunk: int = 8):
+    """Teacher-forced along each sequence, `chunk` sequences a forward: per sequence (runs, counted), both [len]:
+    runs[p] = the leading correct steps of a chain of `steps` drafted from position p (0 where not counted),
+    counted[p] = whether position p has `steps` tokens after it to check. The training record, the doctor's record
+    check and the CPU chain pick read acceptance from this one function."""
+    from .data import Example, pad_batch
+
+    dev, lm = target.device, target.lm_head_weight()
+    hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)).to(dev)
+    out = []
+    for i in range(0, len(seqs), chunk):
+        part = seqs[i:i + chunk]
+        ids, _, valid = pad_batch([Example(s, [1] * len(s)) for s in part])
+        ids, valid = ids.to(dev), valid.to(dev)
+        hidden, feats = target.features(ids, valid.long(), capture)
+        b = TargetBatch(feats, ids, valid.long(), valid, hidden)
+        correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
+        runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
+        out += [(runs[j, :len(s)], counted[j, 0, :len(s)]) for j, s in enumerate(part)]
+    return out
+

@@ -73,21 +73,9 @@ class Progress:
 def accepted_runs(target, draft, texts: list[list[int]], capture, steps: int, chunk: int = 8) -> list[torch.Tensor]:
     """Per text (the target's own greedy text): r [len] with r[p] = how many tokens of a chain of `steps` drafted
     from position p the target accepts (0 where nothing is counted: the text's last positions)."""
-    from ..train.data import Example, pad_batch
-    from ..train.ttt import TargetBatch, teacher_forced_hits
+    from ..train.ttt import accepted_runs as runs_of
 
-    dev, lm = target.device, target.lm_head_weight()
-    hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
-    out = []
-    for i in range(0, len(texts), chunk):
-        part = texts[i:i + chunk]
-        ids, _, valid = pad_batch([Example(t, [1] * len(t)) for t in part])
-        ids, valid = ids.to(dev), valid.to(dev)
-        hidden, feats = target.features(ids, valid.long(), capture)
-        correct, _ = teacher_forced_hits(draft, TargetBatch(feats, ids, valid.long(), valid, hidden), lm, hot, steps)
-        runs = torch.cumprod(correct.long(), 1).sum(1).cpu()  # leading correct steps [B, T] (correct: counted too)
-        out += [runs[j, :len(t)] for j, t in enumerate(part)]
-    return out
+    return [runs for runs, _ in runs_of(target, draft, texts, capture, steps, chunk)]
 
 
 def accept_lengths(runs: list[torch.Tensor], starts: list[int], chains) -> dict[int, float]:

@@ -7,7 +7,6 @@ import pytest
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.models import load_target
-from eaglekit.train.data import write_examples
 from eaglekit.train.record import (
     MAX_SEQUENCES,
     RECORD_FILE,
@@ -19,13 +18,9 @@ from eaglekit.train.record import (
 
 
 def _data(model_dirs, path, n=24):
-    from eaglekit.train.regen import regenerate
+    from test_train import _regen_file  # (the same regenerated file the training tests train on)
 
-    t = load_target(model_dirs["llama"])
-    prompts = [[3 + (i * 7 + j) % 90 for j in range(6)] for i in range(n)]
-    write_examples(path, regenerate(t, prompts, 18, batch_size=8, temperature=0.9, greedy_share=0.5, seed=1,
-                                    progress=False))
-    return path
+    return _regen_file(model_dirs, path, n)
 
 
 @pytest.fixture(scope="module")
