@@ -31,8 +31,9 @@ def _pair(p, ctx):
 
         if p.get("threads"):
             torch.set_num_threads(p["threads"])
-        tdir, ddir = smollm2_paths(draft=p.get("draft"))
-        t, d = load_pair(tdir, ddir, device="cpu", dtype="float32", compile="off")
+        tdir, ddir = smollm2_paths(target=p.get("target"), draft=p.get("draft"))
+        t, d = load_pair(tdir, ddir, device=p.get("device") or "cpu", dtype=p.get("dtype") or "float32",
+                         compile="off")
         ctx["smollm2"] = (tdir, ddir, t, d, load_tokenizer(tdir))
     return ctx["smollm2"]
 
@@ -46,7 +47,8 @@ def _prompts(tok, per_category: int) -> tuple[list[str], list[list[int]]]:
 
 @case("smollm2-accept", "the real pair's accept length and per-position acceptance per held-out category, at chains "
       "(3,1,4), (5,1,6) and the tree (5,4,8); every output checked identical to the target alone",
-      defaults={"per_category": 2, "max_new_tokens": 96, "threads": None, "draft": None},
+      defaults={"per_category": 2, "max_new_tokens": 96, "threads": None, "draft": None, "target": None,
+                "device": "cpu", "dtype": "float32"},
       quick={"per_category": 1, "max_new_tokens": 32})
 def smollm2_accept(p, ctx):
     from eaglekit.train.recipe_smollm2 import SHAPES, eval_prompts, evaluate_by_category
@@ -87,7 +89,7 @@ def _llama_cpp_generate(llm, ids: list[int], n: int) -> float:
 @case("smollm2-speed", "batch-1 tok/s on the real pair's held-out prompts: eaglekit's target alone and with its "
       "draft, transformers generate on the same weights, llama.cpp on the Q4_1 GGUF and on an F16 GGUF of it",
       defaults={"per_category": 1, "max_new_tokens": 96, "rounds": 2, "steps": 5, "topk": 1, "draft_tokens": 6,
-                "threads": None, "draft": None,
+                "threads": None, "draft": None, "target": None, "device": "cpu", "dtype": "float32",
                 "engines": "eaglekit,eaglekit_draft,transformers,llamacpp_q4_1,llamacpp_f16"},
       quick={"per_category": 1, "max_new_tokens": 32, "rounds": 1})
 def smollm2_speed(p, ctx):
@@ -121,14 +123,17 @@ def smollm2_speed(p, ctx):
     if "transformers" in engines:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
+        dev = torch.device(p["device"] or "cpu")
+        hf = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=t.dtype).to(dev).eval()
 
         def hf_run(i):
-            x = torch.tensor([ids[i]])
+            x = torch.tensor([ids[i]], device=dev)
             t0 = time.perf_counter()
             with torch.no_grad():
                 hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=counts[i], min_new_tokens=counts[i],
                             do_sample=False, pad_token_id=0)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
             return time.perf_counter() - t0
         runners["transformers"] = hf_run
     gguf_files = {}
@@ -287,3 +292,8 @@ def smollm2_doctor(p, ctx):
 suite("cpu-smollm2", "the real pair (SmolLM2-135M-Instruct + its draft) on this machine: acceptance per category, "
       "batch-1 tok/s beside transformers and llama.cpp, acceptance against context length, the doctor's verdicts",
       ["smollm2-accept", "smollm2-speed", "smollm2-context", "smollm2-doctor"])
+suite("gpu-smollm2", "the real pair on one GPU in bf16: acceptance per category and batch-1 tok/s beside transformers "
+      "(llama.cpp is the CPU peer: cpu-smollm2)",
+      [("smollm2-accept", {"device": "cuda", "dtype": "bfloat16", "per_category": 1}),
+       ("smollm2-speed", {"device": "cuda", "dtype": "bfloat16", "engines": "eaglekit,eaglekit_draft,transformers",
+                          "rounds": 3})], needs="cuda")

@@ -208,12 +208,13 @@ def stage_draft(out: Path, target, tok, p: dict, device: str, log) -> dict:
     log(f"draft vocabulary coverage of the training answers by size: {cover}")
     draft, hot, coverage = prepare_draft(target, counts, spec, p["draft_vocab"])
     cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
-                      lr=p["draft_lr"], warmup=0.03, save_every=max(min(p["draft_steps"] // 8, 500), 2),
+                      lr=p["draft_lr"], warmup=0.03, save_every=max(min(p["draft_steps"] // 8, 200), 2),
                       ttt_length=p["ttt"], time_budget_s=p["draft_budget"])
     log(f"draft: {len(train_idx)} training sequences, {sum(len(examples[i].input_ids) for i in train_idx)} tokens; "
         f"{len(held_idx)} held out")
-    res = train_draft(draft, Indexed(OnlineSource(target, examples, spec), train_idx), target.lm_head_weight(), hot,
-                      cfg, device, eval_indices=held_idx, progress=True)
+    source = Indexed(OnlineSource(target, examples, spec), train_idx, [len(e.input_ids) for e in examples],
+                     p["draft_batch"])
+    res = train_draft(draft, source, target.lm_head_weight(), hot, cfg, device, eval_indices=held_idx, progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
     from .record import MAX_SEQUENCES, record_draft
 

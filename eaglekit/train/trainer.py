@@ -234,11 +234,33 @@ def _record(stats, step: int, lr: float, gnorm, samples_seen: int, cfg: "TrainCo
             "acc": [round(a, 4) for a in acc], "lr": lr, "grad_norm": float(gnorm), "samples_seen": samples_seen}
 
 
+@contextmanager
+def _tf32(device):
+    """float32 matmuls on TF32 tensor cores while training on a CUDA device, restored afterwards. An online source
+    runs the float32 target's forward each step (features and the full-vocabulary logits): in IEEE float32 that is
+    the larger part of a step; the draft itself already runs under bf16 autocast. Training tolerates TF32's 10-bit
+    mantissa; decoding never runs under it (its greedy output is held to the target's exactly)."""
+    if not str(device).startswith("cuda"):
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
 def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: TrainConfig, device,
                 eval_indices=None, progress: bool = True) -> dict:
     """Train `draft` in place on `source` (online or offline batches). Returns the final metrics.
     The parts: resume (_resume), schedule (loop.lr_at, loop.StepBudget), step (_step, DDP across ranks),
-    checkpoint (_save), evaluation (evaluate_ttt)."""
+    checkpoint (_save), evaluation (evaluate_ttt); float32 matmuls on TF32 on a GPU (_tf32)."""
+    with _tf32(device):
+        return _train(draft, source, lm_head_w, hot, cfg, device, eval_indices, progress)
+
+
+def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices, progress: bool) -> dict:
     from .fingerprint import FeatureSketch
     from .loop import StepBudget, data_parallel, lr_at
 
