@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.draft import new_draft
@@ -354,3 +356,28 @@ def test_training_on_a_full_disk_says_what_ran_out_and_keeps_the_checkpoint(mode
         assert not list(disk.rglob(".*.tmp"))
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=300), st.integers(1, 9), st.integers(1, 5),
+       st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None)
+def test_length_grouped_batches_keep_every_sample_once_and_sort_each_window(lengths, batch, window, seed):
+    from eaglekit.train.loop import length_grouped
+
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    out = length_grouped(order, lengths, batch, g, window)
+    assert sorted(out) == list(range(len(lengths)))  # a permutation: each sample once an epoch
+    span = batch * window
+    full = sum(len(order[s:s + span]) // batch for s in range(0, len(order), span)) * batch
+    # every full batch comes from one window of the shuffled order, sorted there: its samples are neighbours in
+    # that window's length order, so no sample of the window is strictly between a batch's shortest and longest
+    # (the windows' short remainders follow the full batches, in the epoch's last steps)
+    for k in range(0, full, batch):
+        b = out[k:k + batch]
+        w = next(s for s in range(0, len(order), batch * window) if b[0] in order[s:s + batch * window])
+        win = order[w:w + batch * window]
+        assert set(b) <= set(win)
+        lo, hi = min(lengths[i] for i in b), max(lengths[i] for i in b)
+        inside = sum(1 for i in win if lo < lengths[i] < hi and i not in b)
+        assert inside == 0
