@@ -22,10 +22,14 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import EaglekitError, InputError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 ENV_DEFAULTS = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
 ALLREDUCE = ("auto", "nccl", "symm")
@@ -52,7 +56,7 @@ class TPGroup:
     allreduce: str = "gloo"  # gloo | nccl | symm (what the row-parallel layers use)
     lm_head: str = "auto"  # auto | vocab | replicated (see pick_lm_head)
     note: str = ""
-    pg: object = None
+    pg: ProcessGroup | None = None  # the process group of a launch of more than one rank (init_tp)
     _symm: list = field(default_factory=list)
     _symm_dtype: torch.dtype | None = None
     _flip: int = 0
@@ -75,6 +79,7 @@ class TPGroup:
             # the previous one (the op's own end barrier makes this belt and braces)
             buf = self._symm[self._flip].view(-1)[: x.numel()].view(x.shape)
             self._flip ^= 1
+            assert self.pg is not None  # (setup_symm made the buffers over the group's process group)
             if self._copy_op:
                 return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x, "sum", self.pg.group_name)
             buf.copy_(x)  # older torch: stage the input in the symmetric buffer ourselves
@@ -141,6 +146,8 @@ class TPGroup:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
+            assert self.pg is not None  # (symmetric memory is set up for the ranks of a launch: init_tp's group)
+
             if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)
@@ -201,7 +208,7 @@ def init_tp(tp: int | None = None, device: str = "auto", allreduce: str = "auto"
     if world > 1:
         import torch.distributed as dist
 
-        kw = {"device_id": dev} if cuda else {}
+        kw: dict[str, Any] = {"device_id": dev} if cuda else {}
         try:
             if not dist.is_initialized():
                 dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
@@ -365,6 +372,7 @@ def enter_cli(args, argv: list[str] | None) -> int | None:
     if world == 1 and (tp is None or tp == 1):
         return None
     if world == 1:
+        assert tp is not None  # (world 1 without --tp returned above)
         if tp < 1:
             raise InputError(f"--tp must be >= 1, got {tp}", fix="e.g. --tp 2", code="E108")
         return launch(tp, list(sys.argv[1:] if argv is None else argv))

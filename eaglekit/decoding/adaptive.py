@@ -145,7 +145,9 @@ class SpecPolicy:
             return 0, "first plain step at this batch size: timing it"
         # gain() and best() from one reading of the figures (this runs before every step: host time per step)
         tokens = self.per_row(drafting)
-        best, rate = self._best(rows, tokens)  # (the longest length is timed here)
+        picked = self._best(rows, tokens)
+        assert picked is not None  # (the longest length is timed here)
+        best, rate = picked
         g = rate * plain
         for j in self.lengths:
             # a cycle costs at least a plain step (its verify holds the step's row and more), so a length whose

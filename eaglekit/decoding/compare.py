@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..observe.metrics import GenerationMetrics, aggregate, rounded
 from .decoder import Decoder, GenerationResult
@@ -102,7 +103,7 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
     t0 = time.perf_counter()
     if prompts and warmup:
         n = min(max_new_tokens, warmup)
-        runs = [("the draft's cycle", {}), ("the target alone", {"baseline": True})]
+        runs: list[tuple[str, dict[str, Any]]] = [("the draft's cycle", {}), ("the target alone", {"baseline": True})]
         if rows > 1:  # the one-row baseline records its own CUDA graph
             runs.append(("the one-row baseline", {"baseline": True, "baseline_rows": 1}))
         # a first run on a GPU compiles and records for a minute or more: say so, and show each run

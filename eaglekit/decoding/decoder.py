@@ -22,7 +22,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..draft import check_pair
-from ..draft.base import Draft
+from ..draft.model import Eagle3Draft
 from ..errors import EaglekitError, GenerationError
 from ..models.base import Target
 from ..observe import trace
@@ -64,7 +64,7 @@ class Decoder:
     static target). `baseline_rows`: the baseline step's rows (resolve_baseline_rows). `draft` and `capture` may be
     set after construction (tests hand in doubles this way): the engine follows them."""
 
-    def __init__(self, target: Target, draft: Draft | None = None, shape: TreeShape | None = None,
+    def __init__(self, target: Target, draft: Eagle3Draft | None = None, shape: TreeShape | None = None,
                  capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
                  graphs: bool | str = "auto", profile_ranges: bool = False, baseline_rows: int | str = "auto"):
         self.target, self.draft = target, draft

@@ -404,6 +404,7 @@ class BatchEngine:
         t0 = time.perf_counter()
         with ph("decode"):
             c.run("plain")
+            assert c.plogits is not None  # (the plain step made them)
             for b, s in enumerate(self.rows):
                 if not s.req.sampling.greedy:
                     self._guard(s, _sample_into, c.next, b, c.plogits[b], s)

@@ -18,7 +18,7 @@ from ..kernels.compiling import twin
 from .accept import accept_greedy_rows, accept_sampling, accept_synthetic_rows
 from .sampling import probs, sample
 from .state import CATCH_UP, BatchState, Setup
-from .tree import TreeShape, expand_rows, tree_row
+from .tree import Tree, TreeShape, expand_rows, tree_row
 
 
 def emitted_rows(tokens, depths, path, n, bonus):
@@ -42,8 +42,16 @@ class Cycle:
 
     SPEC = ("draft_tree", "verify", "accept", "cache_update", "draft_extend")
 
+    # each phase's output for the next (None before the phase first runs)
+    tree: Tree | None
+    logits: torch.Tensor | None
+    feats: torch.Tensor | None
+    plogits: torch.Tensor | None
+    pfeats: torch.Tensor | None
+
     def __init__(self, setup: Setup, st: BatchState, B: int, S: int, Sd: int, shape: TreeShape, quiet: bool = False):
         self.setup, self.st, self.B, self.S, self.Sd, self.shape = setup, st, B, S, Sd, shape
+        assert st.tk is not None  # (the row allocator makes the caches before any cycle)
         self.tk = st.tk.rows(0, B)
         self.dk = st.dk.rows(0, B) if st.dk is not None else None
         self.root, self.active, self.use_draft = st.root[:B], st.active[:B], st.use_draft[:B]
@@ -72,10 +80,12 @@ class Cycle:
 
     # --- speculative phases ----------------------------------------------------------------------
     def draft_tree(self):
+        assert self.h is not None and self.dl is not None  # (a speculative cycle runs with the draft's per-row state)
         self.tree = expand_rows(self.setup.draft, self.dk, self.h, self.dl, self.root, self.shape, self.Sd)
 
     def verify(self):
         t = self.tree
+        assert t is not None  # (draft_tree ran)
         self.logits, self.feats = self.setup.target.forward_rows(self.tk, t.tokens, t.depths, t.mask, self.S,
                                                                  self.setup.capture)
 
@@ -94,6 +104,7 @@ class Cycle:
         `accept`, before `cache_update`; on the host, outside the recorded graphs), or without its draft one token
         sampled from its root's logits."""
         P = self.shape.path_len
+        assert self.tree is not None and self.logits is not None  # (verify ran)
         if drafting:
             path, n, bonus = accept_sampling(tree_row(self.tree, b), self.logits[b], P, sp, gen)
         else:
@@ -109,11 +120,15 @@ class Cycle:
             self.tk.length += self.neff
         else:
             self.tk.keep(self.path, self.neff)
+        assert self.tree is not None  # (draft_tree ran)
         em, out = self._emit(self.tree.tokens, self.tree.depths, self.path, self.n, self.bonus)
         self.emitted.copy_(em)
         self.out.copy_(out)
 
     def draft_extend(self):
+        # (a speculative cycle runs with the draft and its per-row state; verify captured the features)
+        assert self.setup.draft is not None and self.dk is not None and self.h is not None and self.dl is not None
+        assert self.feats is not None
         F = self.feats.shape[-1]
         feats = self.feats if self.chain else self.feats.gather(1, self.path[:, :, None].expand(
             self.B, self.path.shape[1], F))
@@ -127,6 +142,9 @@ class Cycle:
         slots: the longest row's; one eager draft forward for all of them), so the tree cycle starts from each row's
         current token. The window is empty after it."""
         st, B = self.st, self.B
+        # (rows catch up only with the draft: its cache and per-row tensors are made)
+        assert self.setup.draft is not None and st.dk is not None and st.h is not None and st.dl is not None
+        assert st.lag_feats is not None and st.lag_ids is not None and st.lag_n is not None
         n = st.lag_n[:B] * self.use_draft
         h, dl = self.setup.draft.extend_rows(st.dk.rows(0, B), st.lag_feats[:B, :m], st.lag_ids[:B, :m], n, self.Sd)
         moved = (n > 0)[:, None]
@@ -152,6 +170,7 @@ class Cycle:
         self.tk.length += self.active.long()  # the one pending token is in place: commit it
         st = self.st
         if self.pfeats is not None and st.lag_feats is not None:  # the draft's input for this token, for its catch-up
+            assert st.lag_ids is not None and st.lag_n is not None  # (made with lag_feats)
             B, F = self.B, self.pfeats.shape[-1]
             at = st.lag_n[:B].clamp(max=CATCH_UP - 1)[:, None]
             st.lag_feats[:B].scatter_(1, at[:, :, None].expand(B, 1, F), self.pfeats.to(st.lag_feats.dtype))
@@ -166,6 +185,7 @@ class Cycle:
         write the same pending slots past the lengths, which the next real step overwrites)."""
         moving = [self.tk.length, self.root]
         if self.dk is not None:
+            assert self.h is not None and self.dl is not None  # (made with the draft's cache)
             moving += [self.dk.length, self.h, self.dl]
         if self.st.lag_n is not None:
             moving.append(self.st.lag_n)

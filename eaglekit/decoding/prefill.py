@@ -39,6 +39,7 @@ class Prefiller:
         st, dev, target = self.st, self.st.device, self.setup.target
         ids = torch.as_tensor(s.req.prompt_ids, dtype=torch.long, device=dev)
         T = ids.numel()
+        assert st.tk is not None  # (the row allocator makes the caches before any prefill)
         kv = st.tk.rows(r, r + 1)
         kv.length.zero_()
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
@@ -46,6 +47,7 @@ class Prefiller:
         logits, feats = target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture,
                                             last=True)
         if feats is not None:  # (one host read a prompt)
+            assert capture is not None  # (the target captures features only at a capture spec)
             try:
                 check_finite(feats[0], capture, target.info.hidden_size)
             except FeatureError:
@@ -62,6 +64,8 @@ class Prefiller:
         st.root[r] = tok
         st.active[r] = True
         if with_draft:
+            # (a row drafts only with the draft, whose cache and per-row state the allocator made)
+            assert self.setup.draft is not None and st.dk is not None and st.h is not None and st.dl is not None
             dk = st.dk.rows(r, r + 1)
             dk.length.zero_()
             nxt = torch.cat([ids[1:], tok.view(1)])[None]
@@ -82,6 +86,7 @@ class Prefiller:
         past a length."""
         self.cold = False
         st, dev, draft = self.st, self.st.device, self.setup.draft
+        assert st.tk is not None  # (warm-up follows the allocator's first sizing)
         kv, dk = st.tk.rows(r, r + 1), (st.dk.rows(r, r + 1) if st.dk is not None else None)
         extend = dk is not None and getattr(draft, "compiled_prompt", None) is not None
         with trace.paused():
@@ -92,6 +97,7 @@ class Prefiller:
                 _, feats = self.setup.target.forward_rows(kv, ids, ids, causal, T,
                                                           self.setup.capture if extend else None, last=True)
                 if extend:
+                    assert dk is not None and draft is not None  # (`extend` says so)
                     dk.length.zero_()
                     draft.extend_rows(dk, feats, ids, torch.full((1,), T, dtype=torch.long, device=dev), T)
         kv.length.zero_()

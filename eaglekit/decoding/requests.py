@@ -31,7 +31,8 @@ class Event:
     error: str | None = None  # stop_reason "error": this request's own per-row work failed; it alone was ended
 
 
-REASON = {"eos": "stop", "stop_string": "stop", "length": "length"}  # Emitter.reason -> Event.stop_reason
+# Emitter.reason -> Event.stop_reason
+REASON: dict[str | None, str] = {"eos": "stop", "stop_string": "stop", "length": "length"}
 
 
 def seeded(sp: SamplingParams) -> bool:
@@ -49,7 +50,8 @@ class Seq:
         self.length = 0  # committed target (== draft) entries, host copy
         self.use_draft = False
         self.new: list[int] = []  # tokens emitted this step
-        self.accepted = self.drafted = None
+        self.accepted: int | None = None  # (this step's, as Event's)
+        self.drafted: int | None = None
         self.lag = 0  # plain tokens the draft has not seen yet (in the engine's catch-up window)
         self.trail: list[tuple[int, int]] | None = None  # set to a list: each cycle's (accepted, tree depth) kept
         self.exc: BaseException | None = None  # where this row's own work failed (BatchEngine._guard): it ends alone

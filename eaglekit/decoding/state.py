@@ -10,10 +10,12 @@ tokens a row). Setup holds the models and the two numbers fixed for an engine's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from ..capture import CaptureSpec
+from ..models.base import TargetInfo
 from .adaptive import LONGEST_PROBE
 
 # Plain tokens a row may go without its draft and still catch up (a window of captured features per row: 1024 x 3
@@ -22,13 +24,61 @@ from .adaptive import LONGEST_PROBE
 CATCH_UP = LONGEST_PROBE + 16
 
 
+class RowCache(Protocol):
+    """A cache of one row per sequence with a committed length per row (`length`, a [B] device tensor):
+    models.layers.RowKV, models.mla.RowLatent, the one-row adapter's decoding.one_row._OneRow."""
+
+    length: torch.Tensor
+
+    def rows(self, lo: int, hi: int) -> RowCache: ...
+
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None: ...
+
+    def move(self, src: int, dst: int, upto: int | None = None) -> None: ...
+
+    def grown(self, span: int) -> RowCache: ...
+
+
+class RowTarget(Protocol):
+    """The target as the phases drive it: its row interface (models.base.Target, or decoding.one_row's adapter)."""
+
+    @property
+    def info(self) -> TargetInfo: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def row_cache(self, batch: int, span: int) -> RowCache: ...
+
+    def forward_rows(self, kv: RowCache, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
+                     capture: CaptureSpec | None = None, last: bool = False): ...
+
+
+class RowDraft(Protocol):
+    """The draft as the phases drive it: its row interface (draft.model.Eagle3Draft, or decoding.one_row's adapter;
+    decoding.tree.expand_rows reads the tree calls)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def draft_vocab_size(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def row_cache(self, batch: int, span: int) -> RowCache: ...
+
+    def extend_rows(self, kv: RowCache, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int): ...
+
+
 @dataclass
 class Setup:
     """What the phases run with. `draft` and `capture` may change after the engine is built (tests hand in doubles
     that way: the engine's own attributes write through to here); the phases read them at each call."""
 
-    target: object
-    draft: object | None = None
+    target: RowTarget
+    draft: RowDraft | None = None
     capture: CaptureSpec | None = None
     synthetic: float | None = None  # acceptance replaced at this per-position rate (benchmarks only, never lossless)
     plain_rows: int = 1  # rows of the plain step's target forward (its token is row 0: decoding.phases.Cycle.plain)
@@ -41,13 +91,18 @@ class BatchState:
     def __init__(self, max_batch: int, device: torch.device):
         self.max_batch, self.device = max_batch, device
         B, dev = max_batch, device
-        self.tk = self.dk = None
+        self.tk: RowCache | None = None
+        self.dk: RowCache | None = None
         self.S = 0  # cache span (slots per row)
         self.root = torch.zeros(B, dtype=torch.long, device=dev)
         self.active = torch.zeros(B, dtype=torch.bool, device=dev)
         self.use_draft = torch.zeros(B, dtype=torch.bool, device=dev)
-        self.h = self.dl = None  # the draft's last hidden and logits per row (made with the caches)
-        self.lag_feats = self.lag_ids = self.lag_n = None  # the catch-up window (made with the caches)
+        # the draft's last hidden and logits per row, and the catch-up window: made with the caches where a draft is
+        self.h: torch.Tensor | None = None
+        self.dl: torch.Tensor | None = None
+        self.lag_feats: torch.Tensor | None = None
+        self.lag_ids: torch.Tensor | None = None
+        self.lag_n: torch.Tensor | None = None
 
     def make(self, setup: Setup, S: int, draft_span: int) -> None:
         """Fresh caches of span S (the draft's `draft_span`) and the draft's per-row tensors."""
@@ -55,6 +110,7 @@ class BatchState:
         self.tk = target.row_cache(B, S)
         self.dk = draft.row_cache(B, draft_span) if draft is not None else None
         if draft is not None:
+            assert setup.capture is not None  # a draft runs on the target's captured features
             self.h = torch.zeros(B, draft.hidden_size, dtype=draft.dtype, device=dev)
             self.dl = torch.zeros(B, draft.draft_vocab_size, dtype=torch.float32, device=dev)
             F = target.info.hidden_size * len(setup.capture.after_layers)
@@ -66,14 +122,19 @@ class BatchState:
     def grow(self, S: int, draft_span: int) -> None:
         """The caches at a longer span, their entries kept (the catch-up window is per row, not per slot: it
         survives the growth as it is)."""
+        assert self.tk is not None  # (growth follows `make`)
         self.tk = self.tk.grown(S)
         self.dk = self.dk.grown(draft_span) if self.dk is not None else None
         self.S = S
 
     def move_row(self, src: int, dst: int, upto: int, draft_upto: int) -> None:
         """Row src's state into row dst: its cache entries below `upto` (the draft's below `draft_upto`)."""
+        assert self.tk is not None  # (a row runs only after `make`)
         self.tk.move(src, dst, upto)
         if self.dk is not None:
+            # (made with the draft's cache)
+            assert (self.h is not None and self.dl is not None and self.lag_feats is not None
+                    and self.lag_ids is not None and self.lag_n is not None)
             self.dk.move(src, dst, draft_upto)
             self.h[dst] = self.h[src]
             self.dl[dst] = self.dl[src]
@@ -86,14 +147,17 @@ class BatchState:
     def clear_row(self, r: int) -> None:
         self.active[r] = False
         self.use_draft[r] = False
+        assert self.tk is not None  # (a row runs only after `make`)
         self.tk.length[r] = 0
         if self.dk is not None:
+            assert self.lag_n is not None  # (made with the draft's cache)
             self.dk.length[r] = 0
             self.lag_n[r] = 0
 
     def stand(self, B: int, at: int) -> None:
         """Rows [0, B) standing at length `at`, active and drafting (warm-up's timings: shapes and lengths matter,
         not values)."""
+        assert self.tk is not None  # (rows stand only after `make`)
         self.tk.length[:B] = at
         self.active[:B] = True
         if self.dk is not None:
@@ -102,9 +166,11 @@ class BatchState:
 
     def idle(self) -> None:
         """Back to no row running."""
+        assert self.tk is not None  # (rows run only after `make`)
         self.tk.length.zero_()
         self.active.zero_()
         self.use_draft.zero_()
         if self.dk is not None:
+            assert self.lag_n is not None  # (made with the draft's cache)
             self.dk.length.zero_()
             self.lag_n.zero_()

@@ -3,6 +3,8 @@ profiler's phase times (observe.profile.Profiler: CUDA events on a GPU), with th
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..observe.profile import Profiler
 
 
@@ -13,7 +15,7 @@ class EngineStats:
     (`ranges`: torch.profiler / NVTX ranges too)."""
 
     def __init__(self, positions: int, lengths, profile: bool, device, ranges: bool = False):
-        self.spec = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+        self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                      "accepted_per_pos": [0] * positions, "spec_cycles": 0, "plain_steps": 0,
                      "switches_to_plain": 0, "switches_to_spec": 0,
                      "cycles_by_length": {j: 0 for j in sorted(lengths)}}

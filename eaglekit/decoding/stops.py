@@ -127,7 +127,8 @@ class Emitter:
             taken += 1
             if int(t) in self.eos:
                 self.reason = "eos"
-            elif self._matcher is not None and self._matcher.feed(self._stream.push((t,))) is not None:
+            elif (self._matcher is not None and self._stream is not None  # (both made with the stop strings)
+                  and self._matcher.feed(self._stream.push((t,))) is not None):
                 self.reason = "stop_string"
             elif len(self.tokens) >= self.max_new_tokens:
                 self.reason = "length"

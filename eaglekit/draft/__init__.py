@@ -8,6 +8,7 @@ import torch
 from ..capture import CaptureSpec
 from ..errors import ContractError
 from ..models.base import Target
+from ..models.config import RopeConfig
 from .base import Draft
 from .checkpoint import load_draft, save_draft, t2d_from_d2t, vocab_map_sha
 from .model import DraftConfig, Eagle3Draft
@@ -108,7 +109,7 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
         draft_vocab_size=draft_vocab_size or t.vocab_size,
         target_hidden_size=t.hidden_size if H != t.hidden_size else None,
         rms_norm_eps=tc.rms_norm_eps if tc else 1e-6,
-        rope=rope or (tc.rope if tc else None) or DraftConfig.__dataclass_fields__["rope"].default_factory(),
+        rope=rope or (tc.rope if tc else None) or RopeConfig(),  # (DraftConfig's default)
         max_position_embeddings=t.max_position_embeddings,
         capture=capture or CaptureSpec.default(t.num_layers),
         target_fingerprint=t.fingerprint,

@@ -21,9 +21,13 @@ from ..kernels import topk
 
 class Draft(ABC):
     span: int = 0  # cache slots a sequence may use: committed entries + one tree's pending ones
-    # True where the draft implements the row interface (row_cache, extend_rows, step_rows: eaglekit.decoding.engine);
-    # a draft without it decodes one sequence at a time (the engine's one-row adapter, eaglekit.decoding.one_row)
-    batched: bool = False
+
+    @property
+    def batched(self) -> bool:
+        """True where the draft implements the row interface (row_cache, extend_rows, step_rows:
+        eaglekit.decoding.engine); a draft without it decodes one sequence at a time (the engine's one-row adapter,
+        eaglekit.decoding.one_row)."""
+        return False
 
     # --- what the engine sizes its persistent state with ---------------------------------------------
     @property
@@ -65,10 +69,10 @@ class Draft(ABC):
 
     @abstractmethod
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor):
+             mask: torch.Tensor | None, pending: tuple[torch.Tensor, torch.Tensor] | None = None, widen: bool = True):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32)."""
+        logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
 
     def takes_pending(self, cols: int) -> bool:
         """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then trees and
@@ -117,5 +121,5 @@ class Draft(ABC):
             h, logits = step(h, self.to_target_ids(tok), slot, mask)
             tok = topk.top1(logits)[0]
             toks.append(tok)
-        toks = torch.cat(toks)
-        return toks if root is None else torch.cat([root.view(1), self.to_target_ids(toks)])
+        chain = torch.cat(toks)
+        return chain if root is None else torch.cat([root.view(1), self.to_target_ids(chain)])

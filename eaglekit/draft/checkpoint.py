@@ -35,6 +35,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -158,7 +159,7 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
     if c.capture is not None:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.capture.after_layers),
                                "use_aux_hidden_state": True}
-        block = {"version": __version__, "capture": c.capture.to_dict()}
+        block: dict[str, Any] = {"version": __version__, "capture": c.capture.to_dict()}
         if c.target_fingerprint:
             block["target"] = {"fingerprint": c.target_fingerprint, "vocab_size": c.target_vocab_size,
                                "num_layers": c.target_num_layers}
@@ -370,6 +371,7 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
             fix="declare the options the draft was trained with in config.json (" + ", ".join(OPTIONS)
             + ", attention_bias)", code="E218")
     load_state_dict_into(draft, tensors, folder, dtype=dtype, device=device)
+    assert cfg.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
     draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded
     draft.embed_tokens.weight.requires_grad_(False)
     draft.source_format = fmt

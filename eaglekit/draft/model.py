@@ -17,6 +17,8 @@ Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -92,6 +94,7 @@ class DraftLayer(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
         H = c.hidden_size
+        assert c.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
         self.norm_before_residual = c.norm_before_residual
         self.self_attn = Attention(2 * H, c.num_heads, c.num_kv_heads, c.head_dim, H,
                                    qkv_bias=c.attention_bias, o_bias=c.attention_bias)
@@ -120,8 +123,19 @@ def _narrowed(layer, span: int) -> tuple:
 
 
 class Eagle3Draft(nn.Module, Draft):
+    d2t: torch.Tensor  # buffers (register_buffer)
+    t2d: torch.Tensor
+    # the compiled graphs (compile(), compile_prompts()); None: eager
+    compiled_layer: Callable[..., Any] | None
+    compiled_whole: Callable[..., Any] | None
+    compiled_chain: Callable[..., Any] | None
+    compiled_tree: Callable[..., Any] | None
+    compiled_prompt: Callable[..., Any] | None
+    source_folder: Path  # the folder it was read from (set by load_draft; absent otherwise)
+
     def __init__(self, c: DraftConfig):
         super().__init__()
+        assert c.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
         self.config = c
         H = c.hidden_size
         self.embed_tokens = nn.Embedding(c.vocab_size, H)
@@ -139,12 +153,13 @@ class Eagle3Draft(nn.Module, Draft):
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
-        self.source_format = None  # the FolderFormat it was read from (set by load_draft)
+        # the checkpoint.FolderFormat it was read from (set by load_draft; typed here without importing the reader)
+        self.source_format: object | None = None
         self.compiled_layer = self.compiled_whole = self.compiled_chain = self.compiled_tree = None  # by compile()
         self.compiled_prompt = None  # by compile_prompts()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
-        self.quantized = None  # "int8" after quantize()
-        self._one = None  # a chain step's pending block [[True]] (made by set_attention)
+        self.quantized: str | None = None  # "int8" after quantize()
+        self._one: torch.Tensor | None = None  # a chain step's pending block [[True]] (made by set_attention)
         self._top = None  # the compiled tree's pick: topk.probs_op() on a GPU, None (torch's) elsewhere (grow_tree)
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
@@ -267,9 +282,11 @@ class Eagle3Draft(nn.Module, Draft):
 
     @property
     def committed(self) -> torch.Tensor:
+        assert self.cache is not None  # (a sequence is read after `reset`)
         return self.cache.length
 
     def storage_key(self) -> tuple:
+        assert self.cache is not None  # (a sequence is read after `reset`)
         return (self.span, self.cache.uid)
 
     def reset(self, span: int) -> None:
@@ -311,11 +328,13 @@ class Eagle3Draft(nn.Module, Draft):
                 [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
         int8.quantize_linears(self, names)
         if attn.qkv_weight is not None:
-            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused([attn.q_proj, attn.k_proj,
-                                                                                   attn.v_proj])
+            # the projections become Int8Linear modules (the call interface of the nn.Linear they replace)
+            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused(  # type: ignore[assignment]
+                [attn.q_proj, attn.k_proj, attn.v_proj])
             attn.qkv_bias = None  # (in the fused Int8Linear)
         if mlp.gate_up_weight is not None:
-            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused([mlp.gate_proj, mlp.up_proj])
+            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused(  # type: ignore[assignment]  # (as above)
+                [mlp.gate_proj, mlp.up_proj])
         self.quantized = mode
         self.set_products(None)
 
@@ -331,6 +350,7 @@ class Eagle3Draft(nn.Module, Draft):
         if kind not in ("sdpa", "hopper"):
             raise InputError(f"draft attention {kind!r} is not sdpa or hopper", code="E108", fix="pass sdpa or hopper")
         c, p = self.config, self.norm.weight
+        assert c.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
         on = kind == "hopper" and c.sliding_window is None and hopper.draft_reason(
             c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
         if on:  # the op and its kernels made now, not at a first call that a CUDA graph's capture may be recording
@@ -400,6 +420,7 @@ class Eagle3Draft(nn.Module, Draft):
         hidden [H] and logits [Vd] of entry n - 1, which seed the next tree."""
         E = next_ids.numel()
         dev = self.device
+        assert self.cache is not None  # (a sequence is extended after `reset`)
         m = self.cache.length
         if n is None:
             n = torch.full((), E, dtype=torch.long, device=dev)
@@ -424,6 +445,7 @@ class Eagle3Draft(nn.Module, Draft):
             if pending is None:
                 raise ValueError("Eagle3Draft.step: no mask, and no pending form this draft's attention takes")
             mask = self._unread_mask(ids.shape[0])[0]
+        assert self.cache is not None  # (a sequence steps after `reset`)
         h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
                             from_target=False, pending=pending)
         return h[0], logits[0].float() if widen else logits[0]
@@ -444,12 +466,14 @@ class Eagle3Draft(nn.Module, Draft):
         the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
         if not self._runs_compiled(self.compiled_chain):
             return super().chain(h_last, logits_last, steps, root)
+        assert self.cache is not None  # (a sequence walks after `reset`)
         return self._compiled_chain(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps, root)
 
     def _compiled_chain(self, layer, m, span: int, h_last, logits_last, steps: int, root):
         """The compiled chain over one sequence's cache layer (k, v) [1, Hkv, S_max, hd] with m committed entries."""
         cols = torch.arange(span, device=logits_last.device)
         kv = span_dynamic(cols, layer)  # the span symbolic (cols stands for a mask's last dimension)
+        assert self.compiled_chain is not None  # (_runs_compiled said so)
         return self.compiled_chain(self, h_last.view(1, -1), logits_last, m, cols, kv, steps, root)
 
     def _chain_steps(self, h, logits_last, m, cols, kv, steps: int, root=None):
@@ -473,6 +497,7 @@ class Eagle3Draft(nn.Module, Draft):
         where the chain would not be compiled either."""
         if not self._runs_compiled(self.compiled_tree):
             return None
+        assert self.cache is not None  # (a sequence walks after `reset`)
         return self._compiled_tree(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root, frame,
                                    steps, n_sel)
 
@@ -489,6 +514,7 @@ class Eagle3Draft(nn.Module, Draft):
         self._top = self._pick_op(logits_last, frame[1].numel())
         cols = torch.arange(span, device=logits_last.device)
         kv = span_dynamic(cols, layer)  # the span symbolic, as in the chain
+        assert self.compiled_tree is not None  # (_runs_compiled said so)
         return self.compiled_tree(self, h_last, logits_last, root, m, cols, kv, frame, steps, n_sel)
 
     def _tree_steps(self, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):

@@ -16,6 +16,8 @@ than this kernel (the same decision)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 
@@ -40,6 +42,10 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Int8Linear(nn.Module):
     """An nn.Linear whose weight is int8 rows and a float32 scale per row (buffers `qweight`, `scale`)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -89,10 +95,12 @@ def quantize_linears(module: nn.Module, names: list[str]) -> None:
 def fused(parts: list[nn.Module]) -> tuple[Int8Linear, list[Int8Linear]]:
     """One Int8Linear over the parts' rows (their order) and each part again as a view of it: per-row scales make
     quantizing the concatenation the same as concatenating the quantized parts."""
-    whole = Int8Linear(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]),
-                       None if parts[0].bias is None else torch.cat([p.bias for p in parts]))
-    views, i = [], 0
-    for p in parts:
+    q = cast("list[Int8Linear]", parts)  # (quantize_linears made each part an Int8Linear)
+    whole = Int8Linear(torch.cat([p.qweight for p in q]), torch.cat([p.scale for p in q]),
+                       None if q[0].bias is None else torch.cat([cast(torch.Tensor, p.bias) for p in q]))
+    views: list[Int8Linear] = []
+    i = 0
+    for p in q:
         views.append(whole.rows(i, i + p.out_features))
         i += p.out_features
     return whole, views

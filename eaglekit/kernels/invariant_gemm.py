@@ -181,11 +181,11 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
         copies = max(2, -(-600_000_000 // (N * K * 2)))  # > 10x an H200's L2
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         x = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
-        times = {"cublas": graph_ms(lambda i: F.linear(x, ws[i]), copies)}
+        times: dict[str | tuple[int, ...], float] = {"cublas": graph_ms(lambda i: F.linear(x, ws[i]), copies)}
         for cfg in GRID:
             if K % (cfg[1] * cfg[2]) == 0 and K // cfg[2] >= cfg[1]:
                 times[cfg] = graph_ms(lambda i, c=cfg: run(x, ws[i], c), copies)
-        best = min(times, key=times.get)
+        best = min(times, key=times.__getitem__)
         found[f"{N}x{K}"] = "cublas" if best == "cublas" else list(best)
         gb = N * K * 2 / 1e9
         report.append({"N": N, "K": K, "rows": rows, "best": found[f"{N}x{K}"], "best_tb_s": gb / times[best],
@@ -217,7 +217,7 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tiles_for(M: int, block_n: int, most: int | None = None) -> tuple[int, int]:
+def tiles_for(M: int, block_n: int, most: int | str | None = None) -> tuple[int, int]:
     """(16-row tiles a program takes, its column block) for M rows under a config of column block `block_n`, with at
     most `most` (default SHARED_TILES) tiles a program: the fewest of 1, 2, 4 covering M's tiles (`most` inside a
     compiled graph, which must not read M), and the column block narrowed as many times (not below 16, tl.dot's
@@ -273,7 +273,7 @@ def plan(x, w, b=None, enabled=True, exact=False, residual=None, gated=False) ->
         return None
     if b is not None and (gated or residual is not None):
         return None
-    return config(*w.shape, exact, int8=w.dtype == torch.int8)
+    return config(w.shape[0], w.shape[1], exact, int8=w.dtype == torch.int8)
 
 
 def folds_rope(x, w, b, head_dim: int) -> bool:
@@ -362,10 +362,12 @@ def _build(name: str):
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
                        exact: bool, scale: Optional[torch.Tensor]) -> torch.Tensor:
-        cfg = config(*w.shape, exact, int8=scale is not None)
+        cfg = config(w.shape[0], w.shape[1], exact, int8=scale is not None)
+        assert cfg is not None  # (the op runs only where plan() found a config for this weight)
         rope = (cos, sin, rope_cols) if cos is not None else None
-        if rope is not None:
+        if cos is not None:  # (rope is not None)
             cfg = rope_config(cfg, cos.shape[-1])
+            assert cfg is not None  # (linear() refuses a rotary the product cannot do: _rotates)
         return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, rope, scale)
 
     return SimpleNamespace(op=small_m_linear, run=run)

@@ -193,7 +193,7 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     # (no inference_mode here: the cache that reset() allocates must stay a normal tensor)
     target.reset(prompt.numel() + (reps + 1) * len(candidates) * 2 + rows + 8)  # each step commits 1, writes rows
     target.prefill(prompt)
-    times = {kind: {1: [], rows: []} for kind in candidates}
+    times: dict[str, dict[int, list[float]]] = {kind: {1: [], rows: []} for kind in candidates}
     # one untimed round first (oneDNN builds its kernels per shape on first use), then the candidates alternate
     # round by round, so a machine that slows down or speeds up midway weighs on both alike (a fresh process timing
     # one candidate after the other picked F.linear 1 time in 8 on a noisy 2-core VM where oneDNN is ~20% faster)
@@ -300,8 +300,8 @@ def check_kind(kind: str, target, device) -> tuple[str, str] | None:
                 "leave out --prompt-graphs, or use --products aten")
     if kind in ("invariant", "hopper") and not (str(device).startswith("cuda") and invariant_gemm.HAVE_TRITON):
         return f"{kind} is a GPU kernel (Triton)", "use it with --device cuda and triton installed"
-    if kind == "hopper" and hopper_reason(target) is not None:
-        return hopper_reason(target), "use --products invariant (the same guarantee, Triton kernels)"
+    if kind == "hopper" and (why := hopper_reason(target)) is not None:
+        return why, "use --products invariant (the same guarantee, Triton kernels)"
     return None
 
 

@@ -75,10 +75,11 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     if backend == "ours" and deepseek:
         from .deepseek import DeepSeekTarget
 
-        target = DeepSeekTarget.from_folder(folder, device, dt)
+        target: Target = DeepSeekTarget.from_folder(folder, device, dt)
     elif backend == "tp":
         from .tp import TPLlamaTarget
 
+        assert tp is not None  # (backend "tp" is set only inside a tensor-parallel launch)
         target = TPLlamaTarget.from_folder(folder, tp, dt, tp.lm_head)
     elif backend == "ours":
         from .llama import LlamaTarget

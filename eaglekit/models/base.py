@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -51,6 +53,9 @@ class Target(ABC):
     info: TargetInfo
     device: torch.device
     dtype: torch.dtype
+    # set by models.load_target (absent on a target built otherwise): the folder and its tokenizer's fingerprint
+    folder: Path
+    tokenizer_fingerprint: str | None
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
     static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (recordable in CUDA graphs)
     # which decoder serves this target, for reports (generate --json's metrics.backend): "ours" (the Llama family),
@@ -59,6 +64,7 @@ class Target(ABC):
 
     def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:
+            assert capture is not None  # (features are captured only at a capture spec)
             trace.record("target.capture", feats, layers=list(capture.after_layers),
                          hidden=self.info.hidden_size, tokens=T)
 
@@ -118,6 +124,7 @@ class Target(ABC):
         self._advance(T)
         self._trace(feats, T, capture)
         if feats is not None:
+            assert capture is not None  # (features are captured only at a capture spec)
             check_finite(feats, capture, self.info.hidden_size)
         return logits, feats
 
@@ -176,21 +183,37 @@ class Target(ABC):
     @abstractmethod
     def lm_head_weight(self) -> torch.Tensor: ...
 
-    # Whether a decode row's bits are independent of the rows computed with it (batch-invariant products and
-    # attention): then one row agrees with a verify's row and greedy output is the same bits at any batch.
-    batch_invariant = False
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a decode row's bits are independent of the rows computed with it (batch-invariant products and
+        attention): then one row agrees with a verify's row and greedy output is the same bits at any batch."""
+        return False
 
-    # Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles it
-    # before its first prefill counts (decoding.prefill.Prefiller.warm)
-    compiled_prompts = False
+    @property
+    def compiled_prompts(self) -> bool:
+        """Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles
+        it before its first prefill counts (decoding.prefill.Prefiller.warm)."""
+        return False
 
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...
 
 
+class SequenceCache(Protocol):
+    """One sequence's static cache (layers.KVCache, mla.LatentCache): its committed length (a 0-d device tensor),
+    `keep`, and a `uid` per allocation."""
+
+    length: torch.Tensor
+    uid: int
+
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None: ...
+
+
 class StaticCacheTarget(Target):
     """A target over one static cache of its own (`self.cache`: a committed `length` tensor, `keep`, a `uid`) and
     the span its last reset gave (`self.span`): eaglekit's Llama-family and DeepSeek-family decoders."""
+
+    cache: SequenceCache | None  # None before the first reset
 
     @property
     def length(self) -> int:
@@ -198,16 +221,20 @@ class StaticCacheTarget(Target):
 
     @property
     def committed(self) -> torch.Tensor:
+        assert self.cache is not None  # (a sequence is read after `reset`)
         return self.cache.length
 
     def storage_key(self) -> tuple:
+        assert self.cache is not None  # (a sequence is read after `reset`)
         return (self.span, self.cache.uid)
 
     def _advance(self, n: int) -> None:
+        assert self.cache is not None  # (a sequence advances after `reset`)
         self.cache.length += n
 
     @torch.inference_mode()
     def keep(self, path, n, in_place: bool = False) -> None:
+        assert self.cache is not None  # (a sequence commits after `reset`)
         if in_place:  # a chain: the accepted entries already sit at slots length .. length + n - 1
             self.cache.length += n
         else:

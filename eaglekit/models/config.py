@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
 from ..io import check_folder_json, read_json
@@ -62,7 +63,7 @@ def config_fingerprint(raw: dict) -> str:
     """A short hash of what shapes a target (not its weights' values), the same whichever backend or
     transformers version wrote or reads the config. A draft records it; a draft made for another target
     is refused. (The weights' own hash goes in the feature manifest.)"""
-    d = {k: raw.get(k) for k in _FINGERPRINT_KEYS if raw.get(k) is not None}
+    d: dict[str, Any] = {k: raw.get(k) for k in _FINGERPRINT_KEYS if raw.get(k) is not None}
     if "num_attention_heads" in d and "hidden_size" in d:  # fill the defaults older writers leave out
         d.setdefault("num_key_value_heads", d["num_attention_heads"])
         d.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
@@ -101,7 +102,7 @@ def rope_from(raw: dict) -> RopeConfig:
 
 def rope_json(rope: RopeConfig) -> dict:
     """The config.json fields (v4 spelling, read by every engine) that describe `rope`."""
-    out = {"rope_theta": rope.theta}
+    out: dict[str, Any] = {"rope_theta": rope.theta}
     if rope.kind != "default":
         out["rope_scaling"] = {"rope_type": rope.kind, "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
                                "high_freq_factor": rope.high_freq_factor,

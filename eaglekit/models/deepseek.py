@@ -113,7 +113,8 @@ def convert_checkpoint(tensors: dict[str, torch.Tensor], c: DeepSeekConfig, fold
     """A checkpoint's tensors -> this module's state dict: per-expert weights stacked (gate_up_proj = [gate; up]
     per expert), layers past num_hidden_layers (multi-token prediction) dropped. Tensors already stacked (as
     transformers 5 holds them) pass as they are."""
-    out, experts = {}, {}
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # layer prefix -> expert -> its weights by name
     for k, v in tensors.items():
         m = _LAYER.match(k)
         if m and int(m.group(1)) >= c.num_layers:

@@ -87,6 +87,8 @@ def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 class Rotary(nn.Module):
     """cos / sin for arbitrary (tree) positions, computed per call: T is small, no table to outgrow."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, head_dim: int, rope: RopeConfig):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope), persistent=False)
@@ -118,12 +120,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, out_dim, bias=o_bias)
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
         else:
             self.q_norm = self.k_norm = None
-        self.qkv_weight = self.qkv_bias = None  # set by fuse(): one matmul instead of three
+        # set by fuse(): one matmul instead of three (an int8.Int8Linear after a draft's quantize())
+        self.qkv_weight: torch.Tensor | nn.Module | None = None
+        self.qkv_bias: torch.Tensor | None = None
         self.products = None  # a policy of eaglekit.kernels.products (set_products); None: F.linear
         # the decode attention for calls that pass `pending` (a draft's): an op as
         # eaglekit.kernels.hopper.pending_attention (hopper.pending_op(), set by Eagle3Draft.set_attention); None: SDPA
@@ -225,7 +231,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
-        self.gate_up_weight = None  # set by fuse()
+        self.gate_up_weight: torch.Tensor | nn.Module | None = None  # set by fuse() (as qkv_weight)
         self.products = None  # see Attention.products
 
     def fuse(self) -> None:

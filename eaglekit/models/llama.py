@@ -6,7 +6,9 @@ The residual stream after any layer can be captured (CaptureSpec.after_layers); 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -244,7 +246,7 @@ class LlamaTarget(StaticCacheTarget):
 
     def fuse(self) -> None:
         """Fused q/k/v and gate/up projections for inference (same memory, fewer kernels)."""
-        for layer in self.net.model.layers:
+        for layer in cast(Iterable[DecoderLayer], self.net.model.layers):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 

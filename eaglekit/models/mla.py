@@ -36,6 +36,8 @@ ABSORB_MAX_TOKENS = 64
 class MLARotary(nn.Module):
     """cos / sin [.., T, rope_dim / 2] for arbitrary (tree) positions, YaRN's attention factor folded in."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, c: DeepSeekConfig):
         super().__init__()
         inv, att = mla_inv_freq(c.qk_rope_head_dim, c.rope)

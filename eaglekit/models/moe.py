@@ -67,6 +67,8 @@ class Router(nn.Module):
     """transformers' DeepseekV3TopkRouter / DeepseekV2TopkRouter: weight [E, D] (float32), and for sigmoid
     scoring e_score_correction_bias [E] (float32)."""
 
+    e_score_correction_bias: torch.Tensor | None  # a buffer under sigmoid scoring, else None
+
     def __init__(self, c: DeepSeekConfig):
         super().__init__()
         self.c = c
@@ -91,6 +93,7 @@ class Router(nn.Module):
         logits = F.linear(h.float(), self.weight.float())
         if c.scoring == "sigmoid":
             scores = logits.sigmoid()
+            assert self.e_score_correction_bias is not None  # (a buffer under sigmoid scoring)
             choice = scores + self.e_score_correction_bias
             if c.n_group > 1:
                 keep = self._group_mask(choice, lambda g: g.topk(2, dim=-1)[0].sum(dim=-1))

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -137,7 +138,8 @@ def read_shards(folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup
     from safetensors import SafetensorError, safe_open
 
     files = _weight_files(folder)
-    state, handles = {}, {}
+    state: dict[str, torch.Tensor] = {}
+    handles: dict[Path, Any] = {}  # file -> its safe_open handle
     try:
         for name, p in net.state_dict(keep_vars=True).items():
             src = name
@@ -182,7 +184,9 @@ class TPLlamaTarget(LlamaTarget):
         group.setup_symm(128 * cfg.hidden_size, dtype)
 
     @classmethod
-    def from_folder(cls, folder, group: TPGroup, dtype=torch.float32, lm_head: str = "auto") -> "TPLlamaTarget":
+    # a rank loads on its group's device, not on a device of the caller's choosing
+    def from_folder(  # type: ignore[override]
+            cls, folder, group: TPGroup, dtype=torch.float32, lm_head: str = "auto") -> "TPLlamaTarget":
         folder = Path(folder)
         cfg = load_target_config(folder)
         vp = pick_lm_head(lm_head, cfg.vocab_size, cfg.hidden_size, group.world, group.device,
