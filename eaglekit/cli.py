@@ -181,6 +181,7 @@ def cmd_generate(args) -> int:
     else:
         res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
     m = res.metrics
+    assert res.text is not None  # decoded with a tokenizer
     text = cut_at_stop(res.text, decode.stop) if res.stop_reason == "stop_string" else res.text
     if args.json:
         metrics = m.to_dict()
@@ -271,6 +272,7 @@ def cmd_sweep(args) -> int:
     no_overlap(args.out, "--out", {"--target": model.target, "--draft": model.draft,
                                    "--prompt-file": args.prompt_file})
     check_folders(model.target, model.draft)
+    assert model.target is not None  # --target is required
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
@@ -361,9 +363,10 @@ def cmd_doctor(args) -> int:
         return 2
     # the same finding can reach the report twice (a refused pair is found by the checks and again when the
     # trace's decoder refuses it): each is listed once
-    seen: set = set()
-    res["findings"] = [f for f in res.get("findings", ())
-                       if (k := (f.get("code"), f.get("message"))) not in seen and not seen.add(k)]
+    unique: dict[tuple, dict] = {}
+    for f in res.get("findings", ()):
+        unique.setdefault((f.get("code"), f.get("message")), f)
+    res["findings"] = list(unique.values())
     for f in res["findings"]:  # ... and named once in the verdict
         item = f"; [{f.get('code')}] {f.get('message')}" + (f" (fix: {f['fix']})" if f.get("fix") else "")
         v = res.get("verdict") or ""
@@ -442,6 +445,7 @@ def cmd_export(args) -> int:
     no_overlap(args.out, "the output folder", {"--draft": args.draft, "--target": args.target})
     check_folders(args.target, args.draft)
     target, draft = load_pair(args.target, args.draft, args.backend, "cpu", "float32")
+    assert draft is not None  # --draft is required
     from .draft import check_pair
 
     draft.config.capture = check_pair(draft, target, capture_override(args), args.allow_other_target)
@@ -843,6 +847,7 @@ def cmd_serve(args) -> int:
         if not args.draft:
             raise InputError("--synthetic-accept-length needs a draft to accept tokens of", fix="add --draft DIR",
                              code="E317")
+        assert shape is not None  # made above when there is a draft
         synthetic_rate(opts.synthetic_accept_length, shape.path_len - 1)
     check_folders(args.target, args.draft)
     return serve(model, opts, shape)

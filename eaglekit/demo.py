@@ -100,7 +100,7 @@ def processor_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     import platform
 
-    info = {}
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():  # Linux; elsewhere the platform's word
             key, _, value = line.partition(":")
@@ -198,6 +198,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
         categories = [r["category"] for r in rows]
         ids = [encode(tok, r["prompt"], chat=True) for r in rows]
     else:
+        assert pfile is not None  # demo_paths gives the file or raises
         ids = [encode(tok, t) for t in read_prompts(pfile)[:n_prompts]]
     threads_pick = None
     if pick_threads_here and ids:

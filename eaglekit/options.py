@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .capture import CaptureSpec
 from .errors import InputError
@@ -50,6 +51,9 @@ def _bad(name, value, rule, fix, meta=None):
 
 class Options:
     """Base of every option dataclass: flags out of the fields, objects out of the flags, one check."""
+
+    if TYPE_CHECKING:  # every subclass is a dataclass: what dataclasses.fields() reads
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def __post_init__(self):
         for f in fields(self):

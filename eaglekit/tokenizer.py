@@ -107,7 +107,7 @@ def read_prompts(path: str | Path) -> list[str]:
     if path.suffix == ".jsonl":  # streamed, a line at a time (io.iter_lines)
         from .io import iter_jsonl
 
-        out = []
+        out: list[str] = []
         for n, obj in iter_jsonl(path):
             p = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
             if not isinstance(p, str):
@@ -115,7 +115,8 @@ def read_prompts(path: str | Path) -> list[str]:
                                  fix='write lines like {"prompt": "..."}')
             out.append(p)
     else:
-        out, cur = [], []
+        out = []
+        cur: list[str] = []
         for line in read_utf8(path, "prompt file").split("\n"):
             if line.strip() == "---":
                 out.append("\n".join(cur))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..capture import CaptureSpec
 from ..errors import EaglekitError, InputError
@@ -48,6 +49,9 @@ from .probe import (
 from .recorded import acceptance_findings, static_findings
 from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
 from .vocab import mapping_is_wrong, vocab_evidence
+
+if TYPE_CHECKING:
+    from ..draft.checkpoint import FolderFormat
 
 # kept for callers that compare wirings by mean acceptance (the engine doctor's reference wiring)
 MARGIN = 0.01
@@ -95,7 +99,8 @@ def _probe_prompts(target_dir, prompt_file, n, vocab):
     return prompts[:n], source
 
 
-_FORMAT = {}  # the folder format of the draft being diagnosed, for the fixes (set by diagnose)
+# the folder format of the draft being diagnosed, for the fixes (set by diagnose)
+_FORMAT: dict[str, FolderFormat | None] = {}
 
 
 def _fix(layers: list[int]) -> str:
@@ -144,8 +149,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         target_dir = getattr(target, "folder", None) or target_dir  # a .gguf: the folder made from it
         H, n_layers = target.info.hidden_size, target.info.num_layers
         # what ran, for the report's pair section: the products are chosen once the draft has loaded
-        pair = {"target_backend": target.backend, "device": str(target.device),
-                "dtype": str(target.dtype).removeprefix("torch."), "products": None}
+        pair: dict[str, object] = {"target_backend": target.backend, "device": str(target.device),
+                                   "dtype": str(target.dtype).removeprefix("torch."), "products": None}
         draft_dir = Path(draft_dir)
         if not (draft_dir / "config.json").is_file():
             raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
@@ -225,7 +230,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
             _stage(bar, f"probe: {p.positions} positions")
             rows = p.rows()
             ran = [r for r in rows if r.per_position]
-            if max(r.per_position[0] for r in ran) < DEAD:
+            if max(_position1(r) for r in ran) < DEAD:
                 return True
             return all(r.decided for r in ran if r.diff is not None)
 
@@ -273,8 +278,10 @@ class _Context:
 def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float,
               pair: dict | None = None) -> DoctorReport:
     ctx = ctx or _Context()
-    seen: set = set()  # a refusal met twice (the pair check, then the decoder's) is one finding
-    findings = [f for f in findings if (f.code, f.message) not in seen and not seen.add((f.code, f.message))]
+    unique: dict[tuple, Finding] = {}  # a refusal met twice (the pair check, then the decoder's) is one finding
+    for f in findings:
+        unique.setdefault((f.code, f.message), f)
+    findings = list(unique.values())
     ran = [r for r in ctx.rows if r.per_position]
     decide: list[str] = []
     vocab_known = _vocab_findings(findings, ctx, bool(ran), decide)
@@ -344,7 +351,7 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
         return True
     if ctx.reference is not None:
         conf = next(r for r in ran if r.wiring == "configured")
-        findings.append(reference_check(conf.per_position[0], conf.positions or ctx.positions, ctx.reference))
+        findings.append(reference_check(_position1(conf), conf.positions or ctx.positions, ctx.reference))
         return True
     if any(f.code in ("E208", "E215", "E282") for f in findings):
         return True
@@ -358,6 +365,24 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
                             ": whether this is that target, or a same-shape one with other weights, could not be "
                             "checked", DECIDE_TARGET))
     return False
+
+
+def _position1(r: WiringRow) -> float:
+    """Position-1 acceptance of a row that ran (every such row has its per_position)."""
+    assert r.per_position is not None
+    return r.per_position[0]
+
+
+def _diff(r: WiringRow) -> float:
+    """`diff` of a row compared with the configured one (such a row has diff, se and z)."""
+    assert r.diff is not None
+    return r.diff
+
+
+def _z(r: WiringRow) -> float:
+    """`z` of a row compared with the configured one."""
+    assert r.z is not None
+    return r.z
 
 
 def _pm(r: WiringRow) -> str:
@@ -382,11 +407,11 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     conf = next(r for r in ran if r.wiring == "configured")
     layers = list(base.after_layers)
     N = ctx.positions
-    p1 = conf.per_position[0]
+    p1 = _position1(conf)
     al = conf.decoded_accept_length if conf.decoded_accept_length is not None else conf.accept_length
     where = f"{N} positions, {len(ctx.rounds)} round{'s' if len(ctx.rounds) != 1 else ''}"
     out: list[Finding] = []
-    best_p1 = max(r.per_position[0] for r in ran)
+    best_p1 = max(_position1(r) for r in ran)
     if best_p1 < DEAD:
         vocab = [f for f in findings if f.code in _VOCAB_FAULTS]
         if vocab:
@@ -400,7 +425,7 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
                            "made for it", {"best_position1": best_p1, "positions": N}))
         return msg, out, True, []
     others = [r for r in ran if r.diff is not None]
-    better = sorted((r for r in others if r.decided and r.diff < 0), key=lambda r: r.diff)
+    better = sorted((r for r in others if r.decided and _diff(r) < 0), key=_diff)
     undecided = [r for r in others if not r.decided]
     if better:
         b = better[0]
@@ -410,7 +435,7 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
             k = off.pop()
             note = f"the configured ids are {abs(k)} layer{'s' if abs(k) > 1 else ''} {'high' if k > 0 else 'low'}"
         msg = (f"the {ctx.label} accepts {p1:.0%} at position 1 (accept length {al:.2f}); after_layers "
-               f"{b.after_layers} ({b.wiring}) accepts {b.per_position[0]:.0%} (accept length {b.accept_length:.2f}), "
+               f"{b.after_layers} ({b.wiring}) accepts {_position1(b):.0%} (accept length {b.accept_length:.2f}), "
                f"the {ctx.label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {where}): "
                f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else ""))
         out.append(Finding("E290", "error", msg, _fix(b.after_layers),
@@ -426,7 +451,7 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     head = (f"the {ctx.label} (after_layers {layers}) accepts {p1:.0%} at position 1 (teacher-forced), accept length "
             f"{al:.2f}")
     if not undecided:
-        worst = min(others, key=lambda r: r.z) if others else None
+        worst = min(others, key=_z) if others else None
         lead = (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
                 f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
                 f"(z {worst.z:.1f}, {where})") if worst else ""

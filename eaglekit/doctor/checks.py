@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from ..capture import CaptureSpec
 from ..models.config import read_json
@@ -71,7 +72,8 @@ def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
     sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if sglang and any("SGLang" in k for k in declared) and sglang[0] != 1:
         # eaglekit reads these ids as written ("output of layer"); SGLang's reading depends on its release
-        out.append(Finding("W302", "warning", sglang_rule_reading(CaptureSpec.from_output_of(sglang)),
+        # (a first id other than 1: the releases read them apart, so there is a reading to name)
+        out.append(Finding("W302", "warning", cast(str, sglang_rule_reading(CaptureSpec.from_output_of(sglang))),
                            "serve the draft with an SGLang release that always adds +1, or check which layers your "
                            "release captures for these ids", {"ids": list(sglang)}))
     return out
@@ -99,6 +101,7 @@ def capture_width_finding(folder: Path, hidden: int, num_layers: int):
     k, layers = fc.shape[1] // hidden, list(fmt.capture.after_layers)
     ids = ids_in(layers, convention_of(fmt))
     extra = " (the embedding output among them)" if -1 in layers else ""
+    fit: list[int] | None
     fit = [i for i in layers if i != -1]
     if len(fit) != k:
         default = list(CaptureSpec.default(num_layers).after_layers)

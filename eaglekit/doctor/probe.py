@@ -235,6 +235,7 @@ class Probe:
                             per_position=[round(a, 4) for a in acc], positions=n,
                             mean_run=round(float(sum(r.sum() for r in runs)) / max(n, 1), 4))
             if conf_runs is not None and name != "configured":
+                assert conf_hit is not None  # computed with conf_runs
                 diff, se = paired_difference(conf_runs, runs)
                 hit = [s.outcome[name][0][0][s.outcome[name][1][0]] for s in self.seqs]
                 row.diff, row.se = round(diff, 4), round(se, 4)
@@ -269,7 +270,8 @@ def grow(probe: Probe, prompts: list[list[int]], n_prompts: int, max_new: int, b
          settled, bar=None) -> list[dict]:
     """Rounds: the first n_prompts prompts; then, while `settled(probe)` is False and the next round (estimated from
     the last) fits the budget, the next n_prompts prompts, then longer continuations of all of them."""
-    rounds, used = [], 0
+    rounds: list[dict] = []
+    used = 0
     last = None
     while True:
         t = time.time()

@@ -10,6 +10,8 @@ wrong wiring or another target lowers how often the proposal is right, not which
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 
 MIN_PROPOSALS = 3  # a draft id counts once the target chose one token at this many of its proposals
@@ -63,6 +65,6 @@ def vocab_evidence(pairs: list[tuple[torch.Tensor, torch.Tensor]], hot: torch.Te
             "lift": round(float(lift.median()), 2), "positions": int(j.numel()), "examples": ex}
 
 
-def mapping_is_wrong(ev: dict | None) -> bool:
+def mapping_is_wrong(ev: dict | None) -> TypeGuard[dict]:
     return bool(ev and ev.get("wrong") is not None and ev["wrong"] >= WRONG_SHARE and ev.get("lift", 0) >= MIN_LIFT
                 and ev["share_usual"] >= 2 * ev["share_mapped"] + 0.05)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class Case:
     fault: str  # what is seeded, in words
     expect: str  # fault | clean | cannot_tell
     codes: tuple[str, ...] = ()  # a fault's acceptable codes (any one of them is the right cause)
-    build: Callable = None  # (Pairs, out: Path) -> (target_dir, draft_dir, doctor kwargs)
+    build: Callable | None = None  # (Pairs, out: Path) -> (target_dir, draft_dir, doctor kwargs)
     engine: bool = True  # also run through the engine doctor
     quick: bool = False  # refused before the probe: cheap enough for the default test tier
     issue_row: str | None = None  # the row of issue 43's table it re-runs
@@ -443,6 +444,7 @@ def run_case(case: Case, pairs: Pairs, out: Path, runner) -> dict:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     t0 = time.time()
+    assert case.build is not None  # every case seeds its fault with one
     target, draft, kw = case.build(pairs, work)
     try:
         res = runner(target, draft, **kw)
@@ -465,7 +467,7 @@ def run_case(case: Case, pairs: Pairs, out: Path, runner) -> dict:
 
 
 def confusion(rows: list[dict]) -> dict:
-    table = {o: 0 for o in OUTCOMES}
+    table: dict[str, Any] = {o: 0 for o in OUTCOMES}  # counts per outcome, then the shares
     for r in rows:
         table[r["outcome"]] += 1
     n = len(rows)

@@ -165,7 +165,7 @@ def _crash_cause(doctor: dict) -> tuple[str, str] | None:
 def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft, cmp: dict | None,
                     error: EaglekitError | None, k: int) -> tuple[list[dict], str | None]:
     """Findings of the engine comparison, and a verdict sentence when it found a fault."""
-    out = []
+    out: list[dict] = []
     if error is None and cmp is None:  # eaglekit refused the pair: the static findings carry the cause
         return out, None
     from ..interop.formats import read_folder
@@ -208,6 +208,7 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
                        "T) and run the doctor on the export; if that runs, compare the two config.json files")
         out.append(_finding("E293", "error", cause, fix))
         return out, cause
+    assert cmp is not None  # error is None here, and the first return took both None
     conf = cmp["engine_config"]
     resolved = conf.get("after_layers")
     if conf.get("fc_in") is not None and fc_in is not None and conf["fc_in"] != fc_in:
@@ -324,7 +325,8 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
         draft = None
     prompts, _ = _probe_prompts(target_dir, prompt_file, n_prompts, target.info.vocab_size)
     vdtype = str(target.dtype).replace("torch.", "")
-    engine = {"name": "vllm", "python": python, "chain": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    engine: dict = {"name": "vllm", "python": python, "chain": k, "prompts": len(prompts),
+                    "max_new_tokens": max_new_tokens}
     cmp, err = None, None
     try:
         v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new_tokens, target.info.eos_token_ids, vdtype)
@@ -432,7 +434,9 @@ def _record_as_vllm_runs(res: dict, target, draft, draft_dir, target_dir, resolv
 
     static = [Finding(f["code"], f["severity"], f["message"], f.get("fix"), f.get("evidence") or {})
               for f in res["findings"]]
-    again = acceptance_findings(read_record(draft_dir), target, draft, CaptureSpec(tuple(resolved)), target_dir,
+    record = read_record(draft_dir)
+    assert record is not None  # E223, I311 and I312 come from measuring the record again
+    again = acceptance_findings(record, target, draft, CaptureSpec(tuple(resolved)), target_dir,
                                 static)
     kept = [f for f in res["findings"] if f["code"] not in ("E223", "I311", "I312")]
     for f in again:

@@ -31,10 +31,22 @@ from __future__ import annotations
 import functools
 import json
 import os
+from typing import Any, TypedDict
 
 ENGINE = "vllm"
 _done = False
-_state = {"cycle": 0, "next": 0, "dummy": 0, "from_target": False, "layers": None, "config": {}}
+
+
+class _State(TypedDict):
+    cycle: int  # the cycle the draft work belongs to (the last target forward's)
+    next: int  # the cycle the next target forward opens
+    dummy: int  # nesting depth of dummy runs (tracing is off while > 0)
+    from_target: bool  # the next draft forward starts from the target's projected features
+    layers: list[int] | None  # the after_layers the target collects at, once vLLM resolved them
+    config: dict[str, Any]  # what vLLM resolved, as the engine.config records give it
+
+
+_state: _State = {"cycle": 0, "next": 0, "dummy": 0, "from_target": False, "layers": None, "config": {}}
 
 
 def _on() -> bool:
@@ -176,6 +188,7 @@ def _trace_capture(model, aux: list) -> None:
 
     feats = torch.cat(aux, dim=-1)
     layers = [i - 1 for i in getattr(model, "aux_hidden_state_layers", ())] or _state["layers"]
+    assert layers is not None  # aux is collected only at layers set by _set_aux_hidden_state_layers, which records them
     per_layer = []
     for i, h in zip(layers, aux):
         s = trace.stats(h)

@@ -143,6 +143,7 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
         emb = (to == "specforge" or _own_embedding(draft, target)) if with_embedding is None else with_embedding
         save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "midlayer."), metadata={"format": "pt"})
         atomic_write_json(out / "config.json", config_to_json(c, dname))
+        assert c.capture is not None  # the draft's own, else the target's default (E130 above)
         w = sglang_rule_warning(c.capture)
         if w:
             warnings.append(w)

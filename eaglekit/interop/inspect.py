@@ -39,6 +39,7 @@ def inspect_folder(folder, target=None) -> dict:
     spec = fmt.capture
     defaulted = spec is None and n_layers is not None
     if defaulted:
+        assert n_layers is not None  # part of `defaulted`
         spec = CaptureSpec.default(n_layers)
     if spec is not None:
         out["after_layers"] = list(spec.after_layers)

@@ -21,7 +21,7 @@ class Profiler:
         self.ranges = ranges
         self.cuda = self.enabled and torch.device(device).type == "cuda"
         self._cpu: dict[str, float] = {}
-        self._events: list[tuple[str, object, object]] = []
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def phase(self, name: str):
         if not self.enabled:

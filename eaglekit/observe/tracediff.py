@@ -63,7 +63,7 @@ def _shape(r) -> list[int]:
 
 def _first(records) -> dict:
     """(cycle, point) -> the first record there; engine.config records are kept apart."""
-    out = {}
+    out: dict[tuple[int, str], dict] = {}
     for r in records:
         if r["point"] in ORDER:
             out.setdefault((int(r["cycle"]), r["point"]), r)

@@ -301,6 +301,7 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
 
     def completion_ids(raw: bytes):  # prep thread
         p = parse_completion(parse_json(raw), served)
+        assert p.prompt is not None  # parse_completion sets it or raises
         if isinstance(p.prompt, str):
             bound.check(p.prompt, "prompt")
             ids = encode(tokenizer, p.prompt)
@@ -312,6 +313,7 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
 
     def chat_prompt_ids(raw: bytes):  # prep thread
         p = parse_chat(parse_json(raw), served)
+        assert p.messages is not None  # parse_chat sets them or raises
         bound.check("".join(m["content"] for m in p.messages), "messages")
         return p, chat_ids(tokenizer, p.messages, chat_template)
 

@@ -28,6 +28,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -125,7 +126,7 @@ def spec_figures(before: dict, after: dict) -> dict | None:
 
 def parse_sse(lines) -> list[dict | str]:
     """SSE `data:` payloads in order: parsed JSON chunks, and the string "[DONE]" at the end."""
-    out = []
+    out: list[dict | str] = []
     for line in lines:
         line = line.strip()
         if not line.startswith("data:"):
@@ -201,6 +202,7 @@ async def one_request(client: httpx.AsyncClient, path: str, body: dict) -> Reque
                 for chunk in parse_sse([line]):
                     if chunk == "[DONE]":
                         continue
+                    chunk = cast(dict, chunk)  # the other payloads of an OpenAI stream are JSON objects
                     if chunk.get("usage"):
                         usage = chunk["usage"]
                     if not chunk_text(chunk):
@@ -209,6 +211,7 @@ async def one_request(client: httpx.AsyncClient, path: str, body: dict) -> Reque
                     if ttft is None:
                         ttft = now - t0
                     else:
+                        assert last is not None  # set with the first token
                         itl.append(now - last)
                     last = now
                     chunks += 1
@@ -284,7 +287,7 @@ async def run_level(client: httpx.AsyncClient, opts: BenchOptions, model: str, p
     rate = opts.request_rate if math.isfinite(opts.request_rate) else "inf"
     out = {"concurrency": concurrency, "request_rate": rate, **summarize(results, duration)}
     out["spec_decode"] = (spec_figures(before or {}, after) if after else None) or sglang_figures(sg)
-    if (sg or {}).get("synthetic_acceptance"):  # eaglekit's benchmark mode: the figures are not a real draft's
+    if sg and sg.get("synthetic_acceptance"):  # eaglekit's benchmark mode: the figures are not a real draft's
         out["synthetic_acceptance"] = sg["synthetic_acceptance"]
     return out
 

@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import cast
 
 
 def request(port: int, path: str, body: bytes | None = None, method: str = "POST", timeout: float = 60.0,
@@ -34,7 +35,7 @@ def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 30.
     """Send `head` (request line and headers) and `body` on a raw socket, read until the server closes or
     `timeout`: {"status", "body" (JSON or text), "closed" (the server closed the connection), "seconds"}."""
     t0 = time.perf_counter()
-    out = {"status": None, "body": None, "closed": False, "send_error": None}
+    out: dict[str, object] = {"status": None, "body": None, "closed": False, "send_error": None}
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         try:
             s.sendall(head + body)
@@ -71,6 +72,10 @@ def post_head(path: str, length: int | None, chunked: bool = False) -> bytes:
 class StreamTimer(threading.Thread):
     """A streamed completion (ignore_eos, greedy) whose chunk arrival times are recorded; `stop` ends it early
     (the client goes away)."""
+
+    times: list[float]  # perf_counter() at each chunk's arrival
+    events: list[str]  # each chunk's payload, after "data: "
+    error: str | None
 
     def __init__(self, port: int, model: str, max_tokens: int = 400, prompt: str = "import os"):
         super().__init__(daemon=True)
@@ -237,6 +242,7 @@ def drain_past_timeout(port: int, model: str, terminate, wait_exit, max_tokens: 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         status, info = request(port, "/server_info", method="GET")
+        info = cast(dict, info)  # /server_info answers JSON
         if len(st.events) >= 2 and info["internal_states"][0]["num_running"] >= 2:
             break
         time.sleep(0.05)

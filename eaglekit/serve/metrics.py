@@ -15,6 +15,8 @@ Each server owns its registry (no process-global state), so several apps can liv
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 disable_created_metrics()  # as vLLM does: no `_created` series beside each counter and histogram
@@ -74,8 +76,10 @@ class ServerMetrics:
         self.synthetic = Gauge("eaglekit:synthetic_acceptance_rate", "Benchmark mode: the per-position rate at "
                                "which draft tokens are accepted regardless of the target (0: off, output is the "
                                "target's).", L, registry=r).labels(*lv)
-        self._last = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [],
-                      "switches_to_spec": 0, "switches_to_plain": 0, "plain_steps": 0, "spec_cycles": 0}
+        # the engine's cumulative spec_stats at the last observe_spec: counts, a per-position list, a by-length dict
+        self._last: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                      "accepted_per_pos": [], "switches_to_spec": 0, "switches_to_plain": 0,
+                                      "plain_steps": 0, "spec_cycles": 0}
 
     def reject(self, reason: str) -> None:
         """A request refused before the engine saw it: bad_request (400) or queue_full (429)."""

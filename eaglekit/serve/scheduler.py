@@ -129,6 +129,7 @@ class Scheduler:
                     h.first = t
                     m.ttft.observe(t - h.arrival)
                 else:
+                    assert h.last is not None  # set with the first token
                     m.itl.observe(t - h.last)
                 h.last = t
                 h.tokens += len(ev.token_ids)
@@ -181,6 +182,7 @@ class Scheduler:
             self._cv.notify()
 
     def _to_loop(self, fn, *args) -> None:
+        assert self.loop is not None  # start() sets it before the engine thread runs
         try:
             self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: the process is exiting

@@ -14,9 +14,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..options import MAX_BODY_MB, READ_TIMEOUT_S, WARM_UP_SPAN, ModelOptions, ServeOptions
+
+if TYPE_CHECKING:
+    from .lockstep import Lockstep
 
 # WARM_UP_SPAN (options): cache slots per row that serve prepares before listening (`--warm-up-span`): a prompt plus
 # its max_tokens up to it never records a CUDA graph or times the policy inside a step; longer ones grow the caches
@@ -162,6 +166,7 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
     threads = o.threads or default_threads(pick_device(model.device))
     if threads:
         torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
+    assert target_dir is not None  # serving needs a target (--target is required)
     tok = load_tokenizer(target_dir)
     # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
     # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
@@ -181,7 +186,7 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
     opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=o.spec_max_batch, capture=model.capture,
                          allow_other_target=model.allow_other_target, graphs=False if o.no_graphs else "auto",
                          adaptive=adaptive, synthetic_accept_length=synthetic_accept_length, profile=o.profile)
-    engine = BatchEngine(target, draft, opts, tokenizer=tok)
+    engine: BatchEngine | Lockstep = BatchEngine(target, draft, opts, tokenizer=tok)
     if engine.synthetic is not None:
         print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
               f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "

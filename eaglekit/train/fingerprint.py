@@ -15,6 +15,7 @@ its probe text and reports the nearest layer to each slot.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ class FeatureSketch:
         def r(x):
             return float(f"{x:.5g}")
 
-        out = {"version": VERSION, "sketch": SKETCH, "seed": SEED, "tokens": self.n, "slots": []}
+        out: dict[str, Any] = {"version": VERSION, "sketch": SKETCH, "seed": SEED, "tokens": self.n, "slots": []}
         for i in range(self.slots):
             s = self.slot(i)
             out["slots"].append({"rms": r(s["rms"]), "mean": [r(x) for x in s["mean"]],
@@ -185,7 +186,7 @@ def weights_fingerprint(folder) -> dict | None:
     h = hashlib.sha256()
     sample = torch.zeros(WEIGHT_SAMPLE, dtype=torch.float64)
     n = 0
-    names: list[tuple[str, object]] = []
+    names: list[tuple[str, safe_open]] = []
     handles = [safe_open(str(f), "pt") for f in files]
     for f in handles:
         names += [(k, f) for k in f.keys()]  # noqa: SIM118 (a safetensors handle, not a dict)

@@ -39,8 +39,8 @@ class StepBudget:
         self.budget_s = budget_s if start == 0 else None
         self.cuda, self.first, self.last = cuda, first, last
         self.t0 = time.time()
-        self.t_first = None
-        self.per_step = None
+        self.t_first: float | None = None
+        self.per_step: float | None = None
 
     def check(self, step: int, total: int, cap: int) -> int | None:
         """Call before each step; returns the new total at step `last`, else None."""
@@ -51,6 +51,7 @@ class StepBudget:
         if step == self.first:
             self.t_first = time.time()
             return None
+        assert self.t_first is not None  # step `first` comes before step `last`: the run starts at step 0
         self.per_step = (time.time() - self.t_first) / (self.last - self.first)
         return max(min(cap, int((self.budget_s - (self.t_first - self.t0)) / self.per_step)), step + 1)
 

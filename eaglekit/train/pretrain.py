@@ -53,7 +53,9 @@ def save_target_folder(net: LlamaModel, raw_cfg: dict, folder, dtype=torch.bfloa
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).cpu() for k, v in net.state_dict().items()
              if not (raw_cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
-    shards, cur, size = [], {}, 0
+    shards: list[dict[str, torch.Tensor]] = []
+    cur: dict[str, torch.Tensor] = {}
+    size = 0
     for k in sorted(state):
         nbytes = state[k].numel() * state[k].element_size()
         if cur and size + nbytes > max_shard_bytes:
@@ -128,13 +130,15 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
 
     bar = tqdm(total=total, initial=start, desc="pretrain", dynamic_ncols=True)
     t0, history = time.time(), []
-    best = (float("inf"), None, 0)  # held-out loss, weights, step: the model kept is the best one seen
+    # held-out loss, weights, step: the model kept is the best one seen
+    best: tuple[float, dict[str, torch.Tensor] | None, int] = (float("inf"), None, 0)
     step = start
     budget = StepBudget(cfg.time_budget_s, start, amp, 10, 40)
     while step < total:
         fitted = budget.check(step, total, cfg.max_steps)
         if fitted is not None:
             total, per = fitted, budget.per_step
+            assert per is not None  # check() sets it when it fits the total
             bar.total = total
             log(f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
                 f"{total} steps fit the {cfg.time_budget_s:.0f}s budget")

@@ -49,7 +49,7 @@ def check_disjoint(train: list[dict], heldout: list[dict], n: int) -> list[tuple
     for h in heldout:
         for g in ngrams(h["prompt"], n):
             index.setdefault(g, []).append(h["id"])
-    hits = []
+    hits: list[tuple[str, str]] = []
     for t in train:
         found = {hid for g in ngrams(t["prompt"], n) for hid in index.get(g, ())}
         hits.extend((t["id"], hid) for hid in sorted(found))

@@ -22,13 +22,14 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..io import atomic_write_bytes, atomic_write_json
 from ..observe.metrics import fmt
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     # what the shipped pair was trained with (one H200)
     "gpu": dict(vocab=8192, hidden=256, layers=12, heads=4, kv_heads=2, inter=768, seq_len=512, batch=128,
                 lr=3e-3, pre_steps=6000, pre_budget=150, prompts=16384, prompt_len=64, gen_len=192,
@@ -76,7 +77,7 @@ def stage_corpus(out: Path, p: dict, stdlib: str | Path | None = None) -> dict:
     else:  # another interpreter's library: its VERSION file if present, else the folder's name
         vf = root / "VERSION"
         version = vf.read_text().strip() if vf.is_file() else root.name
-    info = {"python": version, "stdlib_root": str(root.resolve())}
+    info: dict[str, object] = {"python": version, "stdlib_root": str(root.resolve())}
     for k, names in split.items():
         h = hashlib.sha256()
         size = 0

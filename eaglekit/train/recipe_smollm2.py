@@ -52,7 +52,7 @@ PRESETS = {
 # of the recipe with no budget writes the rest (a machine lent for minutes still returns a trained draft)
 
 
-def apply_settings(preset: dict, settings: list[str]) -> dict:
+def apply_settings(preset: dict, settings: list[str] | None) -> dict:
     """`--set KEY=VALUE` over a preset: KEY one of its settings, VALUE parsed as JSON (so 3, 0.5, null) or kept as
     text. An unknown key is an InputError naming the known ones."""
     from ..errors import InputError

@@ -92,6 +92,7 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
         store = FeatureStore(features)
         capture = capture or store.capture
     target, capture = _target(target_dir, model.backend, device, model.dtype_name, capture)
+    src: FeatureStore | OnlineSource
     if features is not None:
         src = FeatureStore(features, target.info, capture)
         train_idx, held_idx = heldout_split(src.n, heldout, cfg.seed)
@@ -138,6 +139,7 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
                          "decode)", code="E130")
     target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name,
                               **model.runtime)
+    assert draft is not None  # eval runs a draft: draft_dir is required
     spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}
     tok = load_tokenizer(target_dir, required=False)

@@ -299,6 +299,7 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
             total = fitted
             if bar is not None:
                 bar.total = total
+            assert budget.per_step is not None  # check() sets it when it fits the total
             if rank == 0:
                 print(f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {total} steps fit the "
                       f"{cfg.time_budget_s:.0f}s budget", flush=True)

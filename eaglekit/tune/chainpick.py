@@ -110,7 +110,9 @@ def model_accept_lengths(target, draft, prompts: list[list[int]], max_new_tokens
     from ..train.regen import greedy_texts
 
     capture, eos = check_pair(draft, target), tuple(target.info.eos_token_ids)
-    runs, starts, last = [], [], 0.0
+    runs: list[torch.Tensor] = []
+    starts: list[int] = []
+    last = 0.0
     slices = spread(prompts, SLICE)
     if slices:  # the first slice in two halves: a loaded machine past its share after the first stops there
         head = slices[0]
@@ -161,18 +163,20 @@ def cycle_ratios(target, draft, prompts: list[list[int]], chains, clock: Progres
         t0 = clock.elapsed
         p = prompts[r % len(prompts)]
         k = r % len(order)
-        got = {}
+        got: dict[int | None, float | None] = {}
         for n in order[k:] + order[:k]:
             clock.say(f"timing round {r + 1}, {'the target alone' if n is None else f'chain {n}'}")
             dec = first if n is None else decs[n]
             got[n] = _per_step(dec.generate(p, tokens, baseline=n is None).metrics, n is None)
         last = clock.elapsed - t0
-        if not got[None]:
+        step = got[None]
+        if not step:
             continue
-        steps.append(got[None])
+        steps.append(step)
         for n in chains:
-            if got[n]:
-                ratios[n].append(got[n] / got[None])
+            cycle = got[n]
+            if cycle:
+                ratios[n].append(cycle / step)
     return ratios, steps
 
 
@@ -247,7 +251,7 @@ def pick_threads(target, draft, prompt: list[int], counts: tuple[int, ...], roun
     ms = {c: round(statistics.median(v) * 1e3, 3) for c, v in times.items() if v}
     first = counts[0]
     # another count only where it is clearly faster (10%): the quiet machine's figures keep the default
-    best = min(ms, key=ms.get) if ms else first
+    best = min(ms, key=ms.__getitem__) if ms else first
     if ms.get(first) is not None and ms[best] > 0.9 * ms[first]:
         best = first
     torch.set_num_threads(best)

@@ -51,7 +51,7 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
                               fix="with topk > 1, draft tokens must lie in 2 .. 1 + topk + (steps-1) * topk^2")
     # warm-up: a short generation first (allocations, CUDA-graph recording) outside the timings
     base = decode_set(Decoder(target), prompts, max_new_tokens, sp, baseline=True, warmup=WARMUP_TOKENS).metrics
-    rows = []
+    rows: list[dict] = []
     it = todo
     if progress:
         from tqdm import tqdm
