@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target
 from .options import PRODUCTS, resolve_device
+
+if TYPE_CHECKING:
+    from .kernels.products import Choice
 
 
 def pick_device(name: str | None = "auto") -> str:
@@ -118,7 +123,7 @@ def set_draft_precision(target, draft, device, draft_quant: str | None = None) -
 
 
 def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,
-                      rows: int | None = None) -> None:
+                      rows: int | None = None) -> Choice:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair). The kind that runs and
     why are kept on the target as `products_choice` (eaglekit.kernels.products.Choice): `--json`, the demo's table
     and the doctor report them."""
@@ -149,13 +154,14 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         choice = Choice(products, "asked for (--products)")
     target.products_choice = choice
     if choice.kind is None:  # F.linear; compiled layers: inductor does the products its own way
-        return
+        return choice
     if draft is not None and hasattr(draft, "set_products"):
         # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
         draft.set_products(choice.kind if choice.kind in CPU_KINDS else None)
     if draft is not None and hasattr(draft, "set_attention"):
         # with the hopper kernels built for the target, the draft's decode attention takes theirs where its heads fit
         draft.set_attention("hopper" if choice.kind == "hopper" else "sdpa")
+    return choice
 
 
 def compiled(target) -> bool:

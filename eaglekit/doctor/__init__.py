@@ -135,7 +135,7 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
     from ..draft.checkpoint import vocab_map_sha
     from ..models import load_target
     from ..observe import trace
-    from ..observe.metrics import aggregate
+    from ..observe.metrics import aggregate, rounded
     from ..pair import set_pair_products
     from ..train.fingerprint import match, usable
     from ..train.record import read_record
@@ -179,8 +179,8 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
                 f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
                 f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
         draft.fuse()
-        set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products here (load_pair's)
-        pair["products"] = {"kind": target.products_choice.kind, "reason": target.products_choice.reason}
+        choice = set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products (load_pair's)
+        pair["products"] = {"kind": choice.kind, "reason": choice.reason}
         configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
         _, problems = pair_problems(draft, target, configured)
         findings += [Finding.of(p) for p in problems]
@@ -248,8 +248,9 @@ def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_n
         _stage(bar, "decoding")
         dec = Decoder(target, draft, shape, capture=base, allow_other_target=True)
         conf = next(r for r in ctx.rows if r.wiring == "configured")
-        conf.decoded_accept_length = round(aggregate([dec.generate(p, max_new_tokens).metrics
-                                                      for p in prompts[:min(3, n_prompts)]]).accept_length, 4)
+        # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
+        conf.decoded_accept_length = rounded(aggregate([dec.generate(p, max_new_tokens).metrics
+                                                        for p in prompts[:min(3, n_prompts)]]).accept_length, 4)
         return _conclude(findings, base, ctx, t0, pair)
     finally:
         if bar is not None:

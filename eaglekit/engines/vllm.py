@@ -346,7 +346,8 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
             resolved = v["config"].get("after_layers")
             try:
                 same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
-                                           CaptureSpec(tuple(resolved)) if resolved else draft.config.capture)
+                                           CaptureSpec(tuple(resolved)) if resolved
+                                           else draft.config.capture or CaptureSpec.default(target.info.num_layers))
             except EaglekitError as e:  # eaglekit refuses the pair (E217, E208 ...): a fault the findings name
                 engine["eaglekit_refused"] = f"[{e.code}] {e.message}"
                 same = None
