@@ -3,10 +3,10 @@ processes of its own, first with an empty inductor cache (a first run on a fresh
 run left (a second run).
 
 Variants:
-- `default`: `eaglekit demo` as shipped (decode layers compiled with eaglekit.kernels.compiling.DECODE_OPTIONS);
+- `default`: `eaglekit demo` as shipped (decode layers compiled with eaglekit.kernels.compiling.decode_options: the
+  demo target's layers, hidden 256, untuned since D43);
 - `no_cd`: the same with DECODE_OPTIONS emptied (inductor's defaults: no coordinate-descent tuning, which benchmarks
-  config variants of every Triton kernel while it compiles; chosen for the 8B shape's step, where it bought 4.79 ->
-  4.36-4.49 ms, benchmarks/results/2026-12-01_h200_fast_v2.json);
+  config variants of every Triton kernel while it compiles; kept for layers of hidden 2048 and up, D21);
 - `prompt_graphs`: `--prompt-graphs` (prompts through one compiled graph for every length);
 - `no_cd_prompt_graphs`: both.
 

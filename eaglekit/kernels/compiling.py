@@ -15,8 +15,19 @@ from pathlib import Path
 
 import torch
 
-# inductor options for the decode-time layers, chosen on the H200 (docs/performance.md#d21)
+# inductor options for the decode-time layers of a large model, chosen on the H200 (docs/performance.md#d21)
 DECODE_OPTIONS: dict = {"coordinate_descent_tuning": True}
+# Coordinate-descent tuning times config variants of every Triton kernel while it compiles. On the 8B shape's layer
+# (hidden 4096) it buys ~7% of the step (D21); on the demo target's (hidden 256) it buys nothing measurable and more
+# than doubles a fresh machine's warm-up (D43). So a layer is tuned from this width up, and the small bookkeeping
+# kernels between layers (twin) never are.
+TUNE_MIN_HIDDEN = 2048
+
+
+def decode_options(hidden: int | None) -> dict:
+    """The inductor options for a decode-time layer of width `hidden` (None: a bookkeeping function, not a layer):
+    DECODE_OPTIONS from TUNE_MIN_HIDDEN up, inductor's defaults below it."""
+    return dict(DECODE_OPTIONS) if hidden is not None and hidden >= TUNE_MIN_HIDDEN else {}
 
 
 def cache_dir() -> Path:
@@ -48,15 +59,16 @@ def op_name(name: str, *sources, extra: str = "") -> str:
     return f"eaglekit::{name}_{h.hexdigest()[:12]}"
 
 
-def compile_decode(fn, options: dict | None = None):
+def compile_decode(fn, options: dict | None = None, hidden: int | None = None):
     """`fn` compiled for fixed shapes: one graph per token count; its callers pass the span dimensions through
     span_dynamic, so generations of other lengths reuse it instead of compiling again. `options` overrides
-    DECODE_OPTIONS ({} = inductor's defaults)."""
+    decode_options(hidden) ({} = inductor's defaults); `hidden`: the width of the layer `fn` runs (None: not a
+    layer)."""
     cache_dir()
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)  # one graph per token count
-    return torch.compile(fn, dynamic=False, options=DECODE_OPTIONS if options is None else options)
+    return torch.compile(fn, dynamic=False, options=decode_options(hidden) if options is None else options)
 
 
 def compile_prompt(fn):

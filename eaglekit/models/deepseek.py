@@ -223,7 +223,7 @@ class DeepSeekTarget(StaticCacheTarget):
         graphs). Compiled, a token's experts run as fused gathers of the stacked weights (eaglekit.models.moe)."""
         from ..kernels.compiling import compile_decode
 
-        self.net.compiled_layer = compile_decode(DeepSeekLayer.forward, options)
+        self.net.compiled_layer = compile_decode(DeepSeekLayer.forward, options, self.config.hidden_size)
 
     def compile_prompts(self, on: bool = True) -> None:
         """Prompts through one graph of the layer compiled for every length (compiling.compile_prompt; the routed

@@ -209,10 +209,11 @@ class LlamaTarget(StaticCacheTarget):
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared
         by every layer; the engine then records the compiled kernels in its CUDA graphs). GPU only.
-        `options`: inductor options (None: eaglekit.kernels.compiling.DECODE_OPTIONS). Prompts: compile_prompts."""
+        `options`: inductor options (None: eaglekit.kernels.compiling.decode_options, by the layer's width). Prompts:
+        compile_prompts."""
         from ..kernels.compiling import compile_decode
 
-        self.net.compiled_layer = compile_decode(DecoderLayer.forward, options)
+        self.net.compiled_layer = compile_decode(DecoderLayer.forward, options, self.cfg.hidden_size)
 
     def compile_prompts(self, on: bool = True) -> None:
         """Prompts through one graph of the layer compiled for every length (compiling.compile_prompt), or (off)
