@@ -32,11 +32,7 @@ if [ "${PHASE:-1}" = 1 ]; then
   mkdir -p /tmp/run && [ -f .ggr/regen.tar.gz ] && tar xzf .ggr/regen.tar.gz -C /tmp/run
   nvidia-smi -L
 fi
-# a batch of 32 conversations of 2,048 tokens with a 7-step unroll over 8,192 draft tokens needs ~60 GB at its peak:
-# on a card of less than ~100 GB the conversations are cut at 1,536 tokens
-mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-sets=(); [ "${mem:-0}" -lt 100000 ] && sets+=(--set draft_max_len=1536)
-for kv in ${SETTINGS:-}; do sets+=(--set "$kv"); done
+sets=(); for kv in ${SETTINGS:-}; do sets+=(--set "$kv"); done
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 recipe() { python3 -m eaglekit recipe smollm2 --out /tmp/run --preset gpu --target /tmp/smol.gguf --device cuda \
            "${sets[@]}" "$@" 2>&1 | tee -a "$OUT/recipe.log"; }

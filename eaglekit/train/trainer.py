@@ -294,7 +294,9 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     last = {}
     step, samples_seen = start, run.samples_seen
     while step < total:
-        fitted = budget.check(step, total, total)
+        fitted = budget.check(step, total, run.total)
+        if fitted is not None and world > 1:  # each rank timed its own steps: all take rank 0's fit, or they hang
+            fitted, budget.again = _from_rank0(fitted, budget.again, device)
         if fitted is not None:
             total = fitted
             if bar is not None:
@@ -341,6 +343,14 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     if eval_indices and rank == 0:
         result["heldout"] = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
     return result
+
+
+def _from_rank0(total: int, again: int | None, device) -> tuple[int, int | None]:
+    import torch.distributed as dist
+
+    t = torch.tensor([total, -1 if again is None else again], dtype=torch.long, device=device)
+    dist.broadcast(t, 0)
+    return int(t[0]), (None if int(t[1]) < 0 else int(t[1]))
 
 
 def _diverged(step: int, rec: dict, lr: float, saved: int, out: Path, what: str):

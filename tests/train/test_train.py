@@ -381,3 +381,41 @@ def test_length_grouped_batches_keep_every_sample_once_and_sort_each_window(leng
         lo, hi = min(lengths[i] for i in b), max(lengths[i] for i in b)
         inside = sum(1 for i in win if lo < lengths[i] < hi and i not in b)
         assert inside == 0
+
+
+def test_step_budget_fits_again_once_the_steps_are_warm(monkeypatch):
+    """Slow first steps (new shapes meeting the allocator) must not fix the total: the second fit, from the steps
+    after `last`, gives the count the budget holds at the warm rate, and a later step fits nothing."""
+    from eaglekit.train import loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop.time, "time", lambda: now[0])
+    b = loop.StepBudget(100.0, 0, False, first=10, last=30)
+    total, step = 10_000, 0
+    fits = []
+    while step < total:
+        got = b.check(step, total, 10_000)
+        if got is not None:
+            fits.append((step, got))
+            total = got
+        now[0] += 0.5 if step < 30 else 0.1  # 0.5 s a step while cold, 0.1 s once warm
+        step += 1
+    (s1, t1), (s2, t2) = fits
+    assert s1 == 30 and t1 == 30 + int((100 - 15) / 0.5)  # 200: what the cold rate promised
+    # at step 120, 24 s spent: the 76 s left hold 760 steps at the warm rate (float rounding: one either way)
+    assert s2 == max(t1 // 10, 120) and abs(t2 - (120 + 760)) <= 1
+    assert abs(now[0] - 100) < 0.2  # the run ends at its budget
+
+
+def test_step_budget_keeps_the_asked_steps_as_its_ceiling(monkeypatch):
+    from eaglekit.train import loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop.time, "time", lambda: now[0])
+    b = loop.StepBudget(1000.0, 0, False, first=10, last=30)
+    for step in range(31):
+        got = b.check(step, 500, 500)
+        now[0] += 0.1
+    assert got == 500 and b.again is not None
+    now[0] += 0.1 * (b.again - 31)
+    assert b.check(b.again, 500, 500) == 500  # a budget that holds more never raises the count past --max-steps
