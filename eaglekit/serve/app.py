@@ -81,199 +81,81 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
-              info: dict | None = None, speculative: bool = False, positions: int = 0,
-              vocab_size: int | None = None) -> FastAPI:
-    """`engine`: an Engine (eaglekit.decoding.protocols: a BatchEngine, a Lockstep); `opts`: the server's options, of
-    which the app reads the model names accepted in `model` (served_model_name, the first listed first by /v1/models;
-    required), the batch and queue sizes, the drain timeout and the request limits; `context`: the target's context
-    length in tokens. `app.state.drain()` is what SIGTERM runs before uvicorn closes the connections
-    (eaglekit.serve.server)."""
-    served, max_batch, max_queue, drain_timeout = opts.served_model_name, opts.max_batch, opts.max_queue, \
-        opts.drain_timeout
-    max_body_mb, read_timeout = opts.max_body_mb, opts.read_timeout
-    if not served:
-        raise ValueError("build_app: opts.served_model_name names no model")
-    lacks = missing(engine)
-    if lacks:
-        raise TypeError(f"build_app: {type(engine).__name__} is not an engine (eaglekit.decoding.protocols.Engine): "
-                        f"it lacks {', '.join(lacks)}")
-    metrics = ServerMetrics(served[0], speculative, positions)
-    # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
-    synthetic = engine.synthetic
-    fingerprint = {"system_fingerprint": "eaglekit-synthetic-acceptance"} if synthetic is not None else {}
-    metrics.synthetic.set(synthetic or 0.0)
-    max_body = int(max_body_mb * 2**20)
-    bound = PromptBound(tokenizer, context)
-    # two pools: a long tokenization in `prep` must not delay the detokenization of running streams in `text`
-    prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="eaglekit-prep")
-    text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eaglekit-text")
+class _Exchange:
+    """One request's answer as it is built: its id, the head every chunk carries, the detokenizer, and the usage,
+    spec_decode and finish_reason fields read from its Handle at the end."""
 
-    async def in_prep(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(prep, fn, *args)
+    def __init__(self, app: "ServeApp", p, prompt_ids: list[int], chat: bool, h: Handle):
+        self.app, self.p, self.prompt_ids, self.chat, self.h = app, p, prompt_ids, chat, h
+        self.detok = Detokenizer(app.tokenizer, p.stop)
+        self.created = int(time.time())
+        self.head = {"id": h.rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": self.created, "model": p.model, **app.fingerprint}
 
-    def finished(h: Handle) -> None:
-        _trace("serve.request.done", rid=h.rid, reason=h.stop_reason, completion_tokens=h.tokens,
-               accept_length=None if h.accept_length is None else round(h.accept_length, 4))
+    async def push(self, ids, final: bool) -> str:
+        """On the loop up to INLINE_DETOK_TOKENS (module docstring), else in the text pool."""
+        if self.detok.window + len(ids) <= INLINE_DETOK_TOKENS:
+            return self.detok.push(ids, final)
+        return await asyncio.get_running_loop().run_in_executor(self.app.text_pool, self.detok.push, ids, final)
 
-    sched = Scheduler(engine, metrics, max_batch, max_queue, on_finish=finished)
-    started = int(time.time())
+    def usage(self) -> dict:
+        n = len(self.prompt_ids)
+        return {"prompt_tokens": n, "completion_tokens": self.h.tokens, "total_tokens": n + self.h.tokens}
 
-    @asynccontextmanager
-    async def lifespan(app):
-        sched.start()
-        yield
-        await sched.drain(drain_timeout)  # no-op after app.state.drain (SIGTERM); the end of a test's server
-        await sched.close()
-        prep.shutdown(wait=False, cancel_futures=True)
-        text_pool.shutdown(wait=False, cancel_futures=True)
+    def spec(self) -> dict | None:
+        h = self.h
+        if h.drafts == 0:
+            return None
+        assert h.accept_length is not None  # a request that drafted has verified
+        return {"accept_length": round(h.accept_length, 4), "num_drafts": h.drafts,
+                "num_draft_tokens": h.draft_tokens, "num_accepted_tokens": h.accepted}
 
-    app = FastAPI(title="eaglekit", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics, app.state.engine = sched, metrics, engine
-    app.state.drain = lambda: sched.drain(drain_timeout)
+    def finish_reason(self) -> str:
+        return "length" if self.h.stop_reason == "length" else "stop"
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request, e: ApiError):
-        if e.status in (400, 408, 413):
-            metrics.reject({400: "bad_request", 408: "timeout", 413: "too_large"}[e.status])
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    def choice(self, text: str, fr: str | None, final: bool) -> dict:
+        """A choice of a chunk (`final` False) or of the whole answer."""
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr}
+        if final:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": fr}
+        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": fr}
 
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(request, e):
-        return Response(status_code=499)  # the client left mid-upload: nobody reads this, nothing to log
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, e):
-        return JSONResponse(ApiError(e.status_code, str(e.detail), code=str(e.status_code)).body(),
-                            status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _bug(request, e):
-        return JSONResponse(ApiError(500, f"internal error: {e!r}", code="internal_error").body(), status_code=500)
-
-    # --- plain routes --------------------------------------------------------------------------------
-    @app.get("/health")
-    async def health():
-        if not sched.alive:
-            raise ApiError(503, "the engine thread is not running", code="engine_down")
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": started, "owned_by": "eaglekit",
-                                            "root": served[0], "max_model_len": context} for name in served]}
-
-    @app.get("/metrics")
-    async def prom():
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    async def server_info():
-        s = dict(engine.spec_stats or {})
-        policy = engine.policy
-        phases = engine.profile()  # (eaglekit serve --profile: each phase's time since the start; else None)
-        avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
-        return {**(info or {}), "served_model_name": served[0], "max_batch": max_batch, "max_queue": max_queue,
-                "context_length": context,
-                "internal_states": [{"avg_spec_accept_length": avg, "num_running": engine.num_running,
-                                     "num_waiting": engine.num_waiting, "in_flight": len(sched.handles),
-                                     "cancelled": sched.cancelled, "engine_steps": sched.steps,
-                                     "engine_step_errors": sched.step_errors, "spec_stats": s,
-                                     "spec_policy": policy.summary() if policy is not None else None,
-                                     "phase_profile": phases}]}
-
-    app.get("/server_info")(server_info)
-    app.get("/get_server_info")(server_info)
-
-    # --- generation ----------------------------------------------------------------------------------
-    def make_request(p, prompt_ids: list[int], default_max: int, rid: str):
-        from ..decoding.engine import Request
-
-        max_tokens = p.max_tokens if p.max_tokens is not None else default_max
-        if len(prompt_ids) >= context:  # no room for one new token, whatever max_tokens says
-            raise bad(f"the prompt is {len(prompt_ids)} tokens, {len(prompt_ids) - context + 1} more than the "
-                      f"model's context of {context} tokens leaves for it (one token is kept for the answer); "
-                      f"shorten it", "messages" if p.messages is not None else "prompt", "context_length_exceeded")
-        if len(prompt_ids) + max_tokens > context:
-            raise bad(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
-                      f"context of {context} tokens", "max_tokens" if p.max_tokens is not None else "prompt",
-                      "context_length_exceeded")
+    async def chunks(self):
+        """The SSE stream: a role chunk (chat), a chunk per step with text, the usage chunk if asked, [DONE]."""
+        p, h = self.p, self.h
         try:
-            sp = SamplingParams(p.temperature, p.top_p, p.top_k, p.seed)
-            req = Request(rid=rid, prompt_ids=prompt_ids, max_new_tokens=max_tokens, sampling=sp,
-                          stop_strings=p.stop, eos_ids=() if p.ignore_eos else None)
-            engine.validate(req)
-        except EaglekitError as e:
-            raise from_eaglekit(e) from None
-        return req
+            if self.chat:
+                yield _sse({**self.head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}]})
+            async for ev in h:
+                text = await self.push(ev.token_ids, ev.finished)
+                fr = self.finish_reason() if ev.finished else None
+                if not text and fr is None:
+                    continue  # a character still incomplete, or text held back for a stop string
+                body = {**self.head, "choices": [self.choice(text, fr, False)]}
+                if p.include_usage:
+                    body["usage"] = None
+                if fr is not None:
+                    body["spec_decode"] = self.spec()
+                yield _sse(body)
+                if ev.finished:
+                    break
+            if p.include_usage:
+                yield _sse({**self.head, "choices": [], "usage": self.usage(), "spec_decode": self.spec()})
+        except ApiError as e:
+            yield _sse(e.body())
+        yield "data: [DONE]\n\n"
 
-    async def run(request: Request, p, prompt_ids: list[int], chat: bool):
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        remaining = max(context - len(prompt_ids), 1)
-        req = make_request(p, prompt_ids, remaining if chat else min(16, remaining), rid)
-        h = sched.submit(req)
-        _trace("serve.request", rid=rid, prompt_tokens=len(prompt_ids), max_tokens=req.max_new_tokens,
-               temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, stop=list(p.stop), stream=p.stream)
-        detok = Detokenizer(tokenizer, p.stop)
-        loop = asyncio.get_running_loop()
-
-        async def push(ids, final):  # on the loop up to INLINE_DETOK_TOKENS (module docstring), else off it
-            if detok.window + len(ids) <= INLINE_DETOK_TOKENS:
-                return detok.push(ids, final)
-            return await loop.run_in_executor(text_pool, detok.push, ids, final)
-
-        created = int(time.time())
-        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": p.model, **fingerprint}
-
-        def usage(h):
-            return {"prompt_tokens": len(prompt_ids), "completion_tokens": h.tokens,
-                    "total_tokens": len(prompt_ids) + h.tokens}
-
-        def spec(h):
-            if h.drafts == 0:
-                return None
-            return {"accept_length": round(h.accept_length, 4), "num_drafts": h.drafts,
-                    "num_draft_tokens": h.draft_tokens, "num_accepted_tokens": h.accepted}
-
-        def finish_reason(h):
-            return "length" if h.stop_reason == "length" else "stop"
-
-        if p.stream:
-            async def chunks():
-                try:
-                    if chat:
-                        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}]})
-                    async for ev in h:
-                        text = await push(ev.token_ids, ev.finished)
-                        fr = finish_reason(h) if ev.finished else None
-                        if not text and fr is None:
-                            continue  # a character still incomplete, or text held back for a stop string
-                        choice = ({"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
-                                   "finish_reason": fr} if chat else
-                                  {"index": 0, "text": text, "logprobs": None, "finish_reason": fr})
-                        body = {**head, "choices": [choice]}
-                        if p.include_usage:
-                            body["usage"] = None
-                        if fr is not None:
-                            body["spec_decode"] = spec(h)
-                        yield _sse(body)
-                        if ev.finished:
-                            break
-                    if p.include_usage:
-                        yield _sse({**head, "choices": [], "usage": usage(h), "spec_decode": spec(h)})
-                except ApiError as e:
-                    yield _sse(e.body())
-                yield "data: [DONE]\n\n"
-
-            return _SSE(chunks(), h)
+    async def whole(self, request: Request):
+        """The non-streamed answer, or a 499 when the client goes away first (the request is cancelled then)."""
+        h = self.h
 
         async def collect():
             text = []
             async for ev in h:
-                text.append(await push(ev.token_ids, ev.finished))
+                text.append(await self.push(ev.token_ids, ev.finished))
                 if ev.finished:
                     break
             return "".join(text)
@@ -292,39 +174,192 @@ def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template
             h.cancel()  # no-op when finished; frees the slot when the client went away
         if work not in done:
             return Response(status_code=499)  # nobody is listening
-        text = work.result()
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": finish_reason(h)} if chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(h)})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": p.model, **fingerprint, "choices": [choice], "usage": usage(h), "spec_decode": spec(h)}
+        return {"id": h.rid, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
+                "model": self.p.model, **self.app.fingerprint,
+                "choices": [self.choice(work.result(), self.finish_reason(), True)], "usage": self.usage(),
+                "spec_decode": self.spec()}
 
-    def completion_ids(raw: bytes):  # prep thread
-        p = parse_completion(parse_json(raw), served)
+
+class ServeApp:
+    """The routes over one Scheduler. `engine`: an Engine (eaglekit.decoding.protocols: a BatchEngine, a Lockstep);
+    `opts`: the server's options, of which the app reads the model names accepted in `model` (served_model_name, the
+    first listed first by /v1/models; required), the batch and queue sizes, the drain timeout and the request limits;
+    `context`: the target's context length in tokens. `.app` is the FastAPI application; `app.state.drain()` is what
+    SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
+
+    def __init__(self, engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
+                 info: dict | None = None, speculative: bool = False, positions: int = 0,
+                 vocab_size: int | None = None):
+        if not opts.served_model_name:
+            raise ValueError("build_app: opts.served_model_name names no model")
+        lacks = missing(engine)
+        if lacks:
+            raise TypeError(f"build_app: {type(engine).__name__} is not an engine "
+                            f"(eaglekit.decoding.protocols.Engine): it lacks {', '.join(lacks)}")
+        self.engine, self.tokenizer, self.opts, self.context = engine, tokenizer, opts, context
+        self.served: list[str] = list(opts.served_model_name)
+        self.chat_template, self.info, self.vocab_size = chat_template, info, vocab_size
+        self.metrics = ServerMetrics(self.served[0], speculative, positions)
+        # benchmark mode: every response names it (OpenAI's system_fingerprint), as /server_info and /metrics do
+        synthetic = engine.synthetic
+        self.fingerprint = {"system_fingerprint": "eaglekit-synthetic-acceptance"} if synthetic is not None else {}
+        self.metrics.synthetic.set(synthetic or 0.0)
+        self.max_body = int(opts.max_body_mb * 2**20)
+        self.bound = PromptBound(tokenizer, context)
+        # two pools: a long tokenization in `prep` must not delay the detokenization of running streams in `text`
+        self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="eaglekit-prep")
+        self.text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eaglekit-text")
+        self.sched = Scheduler(engine, self.metrics, opts.max_batch, opts.max_queue, on_finish=self._finished)
+        self.started = int(time.time())
+        self.app = self._routes(FastAPI(title="eaglekit", lifespan=self._lifespan))
+
+    @staticmethod
+    def _finished(h: Handle) -> None:
+        _trace("serve.request.done", rid=h.rid, reason=h.stop_reason, completion_tokens=h.tokens,
+               accept_length=None if h.accept_length is None else round(h.accept_length, 4))
+
+    @asynccontextmanager
+    async def _lifespan(self, app):
+        self.sched.start()
+        yield
+        await self.sched.drain(self.opts.drain_timeout)  # no-op after app.state.drain (SIGTERM); a test's server's end
+        await self.sched.close()
+        self.prep.shutdown(wait=False, cancel_futures=True)
+        self.text_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _routes(self, app: FastAPI) -> FastAPI:
+        app.state.scheduler, app.state.metrics, app.state.engine = self.sched, self.metrics, self.engine
+        app.state.drain = lambda: self.sched.drain(self.opts.drain_timeout)
+        app.exception_handler(ApiError)(self._api_error)
+        app.exception_handler(ClientDisconnect)(self._gone)
+        app.exception_handler(StarletteHTTPException)(self._http_error)
+        app.exception_handler(Exception)(self._bug)
+        app.get("/health")(self.health)
+        app.get("/v1/models")(self.models)
+        app.get("/metrics")(self.prom)
+        app.get("/server_info")(self.server_info)
+        app.get("/get_server_info")(self.server_info)
+        app.post("/v1/completions")(self.completions)
+        app.post("/v1/chat/completions")(self.chat_completions)
+        return app
+
+    # --- refusals ------------------------------------------------------------------------------------
+    async def _api_error(self, request, e: ApiError):
+        if e.status in (400, 408, 413):
+            self.metrics.reject({400: "bad_request", 408: "timeout", 413: "too_large"}[e.status])
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    async def _gone(self, request, e):
+        return Response(status_code=499)  # the client left mid-upload: nobody reads this, nothing to log
+
+    async def _http_error(self, request, e):
+        return JSONResponse(ApiError(e.status_code, str(e.detail), code=str(e.status_code)).body(),
+                            status_code=e.status_code)
+
+    async def _bug(self, request, e):
+        return JSONResponse(ApiError(500, f"internal error: {e!r}", code="internal_error").body(), status_code=500)
+
+    # --- plain routes --------------------------------------------------------------------------------
+    async def health(self):
+        if not self.sched.alive:
+            raise ApiError(503, "the engine thread is not running", code="engine_down")
+        return {"status": "ok"}
+
+    async def models(self):
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.started,
+                                            "owned_by": "eaglekit", "root": self.served[0],
+                                            "max_model_len": self.context} for name in self.served]}
+
+    async def prom(self):
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def server_info(self):
+        engine, sched = self.engine, self.sched
+        s = dict(engine.spec_stats or {})
+        policy = engine.policy
+        phases = engine.profile()  # (eaglekit serve --profile: each phase's time since the start; else None)
+        avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
+        return {**(self.info or {}), "served_model_name": self.served[0], "max_batch": self.opts.max_batch,
+                "max_queue": self.opts.max_queue, "context_length": self.context,
+                "internal_states": [{"avg_spec_accept_length": avg, "num_running": engine.num_running,
+                                     "num_waiting": engine.num_waiting, "in_flight": len(sched.handles),
+                                     "cancelled": sched.cancelled, "engine_steps": sched.steps,
+                                     "engine_step_errors": sched.step_errors, "spec_stats": s,
+                                     "spec_policy": policy.summary() if policy is not None else None,
+                                     "phase_profile": phases}]}
+
+    # --- generation ----------------------------------------------------------------------------------
+    async def completions(self, request: Request):
+        p, ids = await self._in_prep(self._completion_ids, await self._body(request))
+        return await self._run(request, p, ids, chat=False)
+
+    async def chat_completions(self, request: Request):
+        p, ids = await self._in_prep(self._chat_prompt_ids, await self._body(request))
+        return await self._run(request, p, ids, chat=True)
+
+    async def _body(self, request: Request) -> bytes:
+        return await read_body(request, self.max_body, self.opts.read_timeout)
+
+    async def _in_prep(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def _completion_ids(self, raw: bytes):  # prep thread
+        p = parse_completion(parse_json(raw), self.served)
         assert p.prompt is not None  # parse_completion sets it or raises
         if isinstance(p.prompt, str):
-            bound.check(p.prompt, "prompt")
-            ids = encode(tokenizer, p.prompt)
+            self.bound.check(p.prompt, "prompt")
+            ids = encode(self.tokenizer, p.prompt)
         else:
             ids = list(p.prompt)
-        if vocab_size is not None and not all(0 <= i < vocab_size for i in ids):
-            raise bad(f"prompt token ids must lie in 0..{vocab_size - 1}", "prompt", "invalid_token_id")
+        if self.vocab_size is not None and not all(0 <= i < self.vocab_size for i in ids):
+            raise bad(f"prompt token ids must lie in 0..{self.vocab_size - 1}", "prompt", "invalid_token_id")
         return p, ids
 
-    def chat_prompt_ids(raw: bytes):  # prep thread
-        p = parse_chat(parse_json(raw), served)
+    def _chat_prompt_ids(self, raw: bytes):  # prep thread
+        p = parse_chat(parse_json(raw), self.served)
         assert p.messages is not None  # parse_chat sets them or raises
-        bound.check("".join(m["content"] for m in p.messages), "messages")
-        return p, chat_ids(tokenizer, p.messages, chat_template)
+        self.bound.check("".join(m["content"] for m in p.messages), "messages")
+        return p, chat_ids(self.tokenizer, p.messages, self.chat_template)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        p, ids = await in_prep(completion_ids, await read_body(request, max_body, read_timeout))
-        return await run(request, p, ids, chat=False)
+    def _make_request(self, p, prompt_ids: list[int], default_max: int, rid: str):
+        from ..decoding.engine import Request
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        p, ids = await in_prep(chat_prompt_ids, await read_body(request, max_body, read_timeout))
-        return await run(request, p, ids, chat=True)
+        context = self.context
+        max_tokens = p.max_tokens if p.max_tokens is not None else default_max
+        if len(prompt_ids) >= context:  # no room for one new token, whatever max_tokens says
+            raise bad(f"the prompt is {len(prompt_ids)} tokens, {len(prompt_ids) - context + 1} more than the "
+                      f"model's context of {context} tokens leaves for it (one token is kept for the answer); "
+                      f"shorten it", "messages" if p.messages is not None else "prompt", "context_length_exceeded")
+        if len(prompt_ids) + max_tokens > context:
+            raise bad(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+                      f"context of {context} tokens", "max_tokens" if p.max_tokens is not None else "prompt",
+                      "context_length_exceeded")
+        try:
+            sp = SamplingParams(p.temperature, p.top_p, p.top_k, p.seed)
+            req = Request(rid=rid, prompt_ids=prompt_ids, max_new_tokens=max_tokens, sampling=sp,
+                          stop_strings=p.stop, eos_ids=() if p.ignore_eos else None)
+            self.engine.validate(req)
+        except EaglekitError as e:
+            raise from_eaglekit(e) from None
+        return req
 
-    return app
+    async def _run(self, request: Request, p, prompt_ids: list[int], chat: bool):
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        remaining = max(self.context - len(prompt_ids), 1)
+        req = self._make_request(p, prompt_ids, remaining if chat else min(16, remaining), rid)
+        h = self.sched.submit(req)
+        _trace("serve.request", rid=rid, prompt_tokens=len(prompt_ids), max_tokens=req.max_new_tokens,
+               temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, stop=list(p.stop), stream=p.stream)
+        x = _Exchange(self, p, prompt_ids, chat, h)
+        if p.stream:
+            return _SSE(x.chunks(), h)
+        return await x.whole(request)
+
+
+def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
+              info: dict | None = None, speculative: bool = False, positions: int = 0,
+              vocab_size: int | None = None) -> FastAPI:
+    """The FastAPI application of a ServeApp (which says what each argument is)."""
+    return ServeApp(engine, tokenizer, opts, context, chat_template, info, speculative, positions, vocab_size).app
