@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..options import MAX_BODY_MB, READ_TIMEOUT_S, WARM_UP_SPAN, ModelOptions, ServeOptions
 
 if TYPE_CHECKING:
+    from ..decoding.engine import BatchEngine
     from .lockstep import Lockstep
 
 # WARM_UP_SPAN (options): cache slots per row that serve prepares before listening (`--warm-up-span`): a prompt plus
@@ -150,55 +151,12 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
     """`eaglekit serve`: the pair of `model` (its target, draft, backend, device, dtype, wiring and how it runs)
     behind the API, served as `o` says; `shape`: the draft tree (None: TreeShape.make()'s)."""
     template = check_options(o)
-    target_dir, draft_dir, max_batch = model.target, model.draft, o.max_batch
-    import torch
-    import uvicorn
-
-    from .. import __version__
-    from ..decoding.config import EngineOptions
-    from ..decoding.engine import BatchEngine
-    from ..decoding.tree import TreeShape
-    from ..pair import load_pair, pick_device
-    from ..tokenizer import load_tokenizer
-    from .app import build_app
-    from .limits import h11_protocol
-
-    threads = o.threads or default_threads(pick_device(model.device))
-    if threads:
-        torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
-    assert target_dir is not None  # serving needs a target (--target is required)
-    tok = load_tokenizer(target_dir)
-    # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
-    # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
-    # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
-    # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
-    run = model.runtime
-    run["compile"] = "off" if run["compile"] == "auto" else run["compile"]
-    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device, model.dtype_name, **run,
-                              batched=max_batch > 1,
-                              rows=max_batch * ((shape or TreeShape.make()).draft_tokens if draft_dir else 1))
     from ..distributed import current
+    from .app import build_app
 
+    tok, target, draft = _load(model, o, shape)
     tp = current()
-    # (under tensor parallelism every rank must take the same step: the policy's timings differ by rank)
-    adaptive = not o.no_adaptive and (tp is None or tp.world == 1)
-    synthetic_accept_length = o.synthetic_accept_length
-    opts = EngineOptions(shape=shape, max_batch=max_batch, spec_max_batch=o.spec_max_batch, capture=model.capture,
-                         allow_other_target=model.allow_other_target, graphs=False if o.no_graphs else "auto",
-                         adaptive=adaptive, synthetic_accept_length=synthetic_accept_length, profile=o.profile)
-    engine: BatchEngine | Lockstep = BatchEngine(target, draft, opts, tokenizer=tok)
-    if engine.synthetic is not None:
-        print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
-              f"{engine.synthetic:.4f} (accept length {synthetic_accept_length}) whatever the target says; the "
-              f"output is NOT the target's", file=sys.stderr, flush=True)
-    if o.warm_up_span and (tp is None or tp.world == 1):  # (the profile counts serving only: warm-up runs no phase)
-        # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
-        # parallelism every rank would have to warm up in step: there the first requests still pay)
-        w = engine.warm_up(min(o.warm_up_span, target.info.max_position_embeddings), progress=True)
-        said = (f"warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a row in "
-                f"{w['seconds']:.1f} s" if w["sizes"] else
-                "a one-sequence backend (one row, eager): nothing to warm up")
-        print(f"eaglekit serve: {said}", file=sys.stderr, flush=True)
+    engine: BatchEngine | Lockstep = _engine(target, draft, tok, model, o, shape, tp)
     lockstep = None
     if tp is not None and tp.world > 1:  # --tp N / torchrun: rank 0 serves, the others decode in lockstep
         from .lockstep import Lockstep, follow
@@ -208,23 +166,102 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
             return follow(lockstep)
         engine = lockstep
     shape = engine.shape
-    served = o.served_model_name or [target_dir]
-    info = {"version": f"eaglekit {__version__}", "model_path": str(target_dir),
-            "draft_model_path": None if draft_dir is None else str(draft_dir),
+    positions = shape.steps if draft is not None and shape else 0
+    assert model.target is not None  # _load refuses a model without one
+    served = o.served_model_name or [model.target]
+    app = build_app(engine, tok, dataclasses.replace(o, served_model_name=served), target.info.max_position_embeddings,
+                    template, _info(model, o, target, draft, engine, tp), speculative=draft is not None,
+                    positions=positions, vocab_size=target.info.vocab_size)
+    try:
+        _run(app, o)
+    finally:
+        if lockstep is not None:
+            lockstep.close()
+    print("eaglekit serve: drained and stopped", file=sys.stderr)
+    return 0
+
+
+def _load(model: ModelOptions, o: ServeOptions, shape):
+    """(tokenizer, target, draft) as `eaglekit serve` loads them, torch's thread count set first."""
+    import torch
+
+    from ..decoding.tree import TreeShape
+    from ..pair import load_pair, pick_device
+    from ..tokenizer import load_tokenizer
+
+    threads = o.threads or default_threads(pick_device(model.device))
+    if threads:
+        torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
+    assert model.target is not None  # serving needs a target (--target is required)
+    tok = load_tokenizer(model.target)
+    # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
+    # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
+    # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
+    # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
+    run = model.runtime
+    run["compile"] = "off" if run["compile"] == "auto" else run["compile"]
+    rows = o.max_batch * ((shape or TreeShape.make()).draft_tokens if model.draft else 1)
+    target, draft = load_pair(model.target, model.draft, model.backend, model.device, model.dtype_name, **run,
+                              batched=o.max_batch > 1, rows=rows)
+    return tok, target, draft
+
+
+def _engine(target, draft, tok, model: ModelOptions, o: ServeOptions, shape, tp) -> BatchEngine:
+    """The BatchEngine `o` asks for, warmed up (one process; under tensor parallelism the first requests pay)."""
+    from ..decoding.config import EngineOptions
+    from ..decoding.engine import BatchEngine
+
+    # (under tensor parallelism every rank must take the same step: the policy's timings differ by rank)
+    alone = tp is None or tp.world == 1
+    opts = EngineOptions(shape=shape, max_batch=o.max_batch, spec_max_batch=o.spec_max_batch, capture=model.capture,
+                         allow_other_target=model.allow_other_target, graphs=False if o.no_graphs else "auto",
+                         adaptive=not o.no_adaptive and alone, synthetic_accept_length=o.synthetic_accept_length,
+                         profile=o.profile)
+    engine = BatchEngine(target, draft, opts, tokenizer=tok)
+    if engine.synthetic is not None:
+        print(f"eaglekit serve: SYNTHETIC ACCEPTANCE (benchmark mode): each draft position accepted at rate "
+              f"{engine.synthetic:.4f} (accept length {o.synthetic_accept_length}) whatever the target says; the "
+              f"output is NOT the target's", file=sys.stderr, flush=True)
+    if o.warm_up_span and alone:  # (the profile counts serving only: warm-up runs no phase)
+        # every padded batch size's graphs and policy timings now, before a request waits on them (under tensor
+        # parallelism every rank would have to warm up in step: there the first requests still pay)
+        w = engine.warm_up(min(o.warm_up_span, target.info.max_position_embeddings), progress=True)
+        said = (f"warmed up batch sizes {', '.join(map(str, w['sizes']))} at {w['span']} cache slots a row in "
+                f"{w['seconds']:.1f} s" if w["sizes"] else
+                "a one-sequence backend (one row, eager): nothing to warm up")
+        print(f"eaglekit serve: {said}", file=sys.stderr, flush=True)
+    return engine
+
+
+def _info(model: ModelOptions, o: ServeOptions, target, draft, engine: BatchEngine | Lockstep, tp) -> dict:
+    """/server_info's description of the server (SGLang's field names)."""
+    import torch
+
+    from .. import __version__
+
+    shape = engine.shape
+    spec = draft is not None and shape
+    return {"version": f"eaglekit {__version__}", "model_path": str(model.target),
+            "draft_model_path": None if model.draft is None else str(model.draft),
             "speculative_algorithm": "EAGLE3" if draft is not None else None,
-            "speculative_num_steps": shape.steps if draft is not None and shape else None,
-            "speculative_eagle_topk": shape.topk if draft is not None and shape else None,
-            "speculative_num_draft_tokens": shape.draft_tokens if draft is not None and shape else None,
+            "speculative_num_steps": shape.steps if spec else None,
+            "speculative_eagle_topk": shape.topk if spec else None,
+            "speculative_num_draft_tokens": shape.draft_tokens if spec else None,
             "spec_max_batch": engine.spec_max_batch,
             "adaptive_speculation": engine.policy is not None,
             "synthetic_acceptance": None if engine.synthetic is None else
-            {"accept_length": synthetic_accept_length, "rate": engine.synthetic},
+            {"accept_length": o.synthetic_accept_length, "rate": engine.synthetic},
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads() if target.device.type == "cpu" else None,
             "tp_size": tp.world if tp is not None else 1}
-    app = build_app(engine, tok, dataclasses.replace(o, served_model_name=served), target.info.max_position_embeddings,
-                    template, info, speculative=draft is not None,
-                    positions=shape.steps if draft is not None and shape else 0, vocab_size=target.info.vocab_size)
+
+
+def _run(app, o: ServeOptions) -> None:
+    """uvicorn over `app` until SIGTERM or SIGINT, the open responses drained first."""
+    import uvicorn
+
+    from .limits import h11_protocol
+
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level=o.log_level, lifespan="on",
                             http=h11_protocol(o.read_timeout), timeout_graceful_shutdown=FLUSH_S)
     server = _uvicorn_server(config, app.state.drain, announce=o.port == 0)
@@ -233,10 +270,4 @@ def serve(model: ModelOptions, o: ServeOptions, shape=None) -> int:
     drained = lambda sig, frame: None  # noqa: E731
     signal.signal(signal.SIGTERM, drained)
     signal.signal(signal.SIGINT, drained)
-    try:
-        server.run()
-    finally:
-        if lockstep is not None:
-            lockstep.close()
-    print("eaglekit serve: drained and stopped", file=sys.stderr)
-    return 0
+    server.run()
