@@ -174,6 +174,36 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     load_start = _load_average()
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    tdir, ddir, tgt, drf, ids, categories, threads_pick = _load_demo(target, draft, opts, model, cpu)
+    shape, picked = _demo_shape(decode, opts, tgt, drf, tdir, ddir, ids, progress)
+    dec = Decoder(tgt, drf, shape)
+    choice = getattr(tgt, "products_choice", None)  # (set by load_pair or set_pair_products: what ran, and why)
+    cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
+    res = {**cmp.summary(),
+           "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
+                    "picked": picked},
+           "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
+           "threads_pick": threads_pick,
+           "compiled": compiled(tgt), "prompt_graphs": getattr(tgt, "compiled_prompts", False),
+           "products": getattr(tgt, "products", "aten"),
+           "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+           "backend": getattr(tgt, "backend", None),
+           "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
+           "draft_precision": getattr(drf, "precision", None),
+           "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
+           "pair": opts.pair, "per_prompt": cmp.rows()}
+    if categories:
+        res["accept_length_by_category"] = by_category(categories, res["per_prompt"])
+        for row, cat in zip(res["per_prompt"], categories):
+            row["category"] = cat
+    if picked is not None:
+        res["pick_check"] = check_pick(picked, res)
+    return res
+
+
+def _load_demo(target, draft, opts: DemoOptions, model: ModelOptions, cpu: bool):
+    """-> (target dir, draft dir, target, draft, prompt ids, their categories (the chat pair's), the thread pick):
+    the pair loaded with its products and compile mode settled after the thread count is."""
     categories: list[str] = []
     n_prompts = opts.prompts or (SMOLLM2_PROMPTS if opts.pair == "smollm2" else 32)
     if opts.pair == "smollm2":
@@ -207,45 +237,25 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
         compile_pair(tgt, drf)
     if defer:
         set_pair_products(tgt, drf, "auto", tgt.device)
-    picked = None
+    return tdir, ddir, tgt, drf, ids, categories, threads_pick
+
+
+def _demo_shape(decode: DecodeOptions, opts: DemoOptions, tgt, drf, tdir, ddir, ids, progress: bool):
+    """-> (the tree, the CPU chain pick or None): the tree asked for; on a CPU the chain picked here (or this
+    machine's cached pick); on a GPU DEFAULT_SHAPE."""
     if decode.tree_given:
-        shape = decode.shape()
-    elif tgt.device.type == "cpu":
-        key = pick_key(tgt, tdir, ddir, ids, decode.max_new_tokens)
-        picked = None if opts.repick else chainpick.cached_pick(key)
-        if picked is not None:
-            picked.update(cached=True, cache_file=str(chainpick.cache_file()))
-        else:
-            _, picked = pick_chain(tgt, drf, ids, decode.max_new_tokens, budget_s=opts.pick_budget,
-                                   progress=progress)
-            path = chainpick.remember_pick(key, picked)
-            picked.update(cached=False, cache_file=str(path) if path else None)
-        shape = TreeShape.make(picked["chain"], 1)
-    else:
-        shape = TreeShape.make(*DEFAULT_SHAPE)
-    dec = Decoder(tgt, drf, shape)
-    choice = getattr(tgt, "products_choice", None)  # (set by load_pair or set_pair_products: what ran, and why)
-    cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
-    res = {**cmp.summary(),
-           "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
-                    "picked": picked},
-           "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
-           "threads_pick": threads_pick,
-           "compiled": compiled(tgt), "prompt_graphs": getattr(tgt, "compiled_prompts", False),
-           "products": getattr(tgt, "products", "aten"),
-           "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-           "backend": getattr(tgt, "backend", None),
-           "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
-           "draft_precision": getattr(drf, "precision", None),
-           "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
-           "pair": opts.pair, "per_prompt": cmp.rows()}
-    if categories:
-        res["accept_length_by_category"] = by_category(categories, res["per_prompt"])
-        for row, cat in zip(res["per_prompt"], categories):
-            row["category"] = cat
+        return decode.shape(), None
+    if tgt.device.type != "cpu":
+        return TreeShape.make(*DEFAULT_SHAPE), None
+    key = pick_key(tgt, tdir, ddir, ids, decode.max_new_tokens)
+    picked = None if opts.repick else chainpick.cached_pick(key)
     if picked is not None:
-        res["pick_check"] = check_pick(picked, res)
-    return res
+        picked.update(cached=True, cache_file=str(chainpick.cache_file()))
+    else:
+        _, picked = pick_chain(tgt, drf, ids, decode.max_new_tokens, budget_s=opts.pick_budget, progress=progress)
+        path = chainpick.remember_pick(key, picked)
+        picked.update(cached=False, cache_file=str(path) if path else None)
+    return TreeShape.make(picked["chain"], 1), picked
 
 
 def print_demo(res: dict) -> None:
@@ -255,34 +265,8 @@ def print_demo(res: dict) -> None:
     c = Console()
     tr = res["tree"]
     picked = tr.get("picked")
-    how = ""
-    if picked and picked.get("cached"):
-        how = (f" (this machine's pick, from its cache {picked.get('cache_file')}, made {picked.get('picked_at')} "
-               f"in {picked['seconds']:.0f} s; --repick to pick again)")
-    elif picked:
-        how = (f" (picked on this machine in {picked['seconds']:.0f} s of a {picked['budget_s']:.0f} s budget: "
-               f"accept lengths from {picked['model_prompts']}/{picked['prompts']} prompts, {picked['rounds']} "
-               f"timing rounds; predicted speedup of chains "
-               + ", ".join(f"{x['steps']} {x['speedup']:.2f}x" for x in picked["candidates"])
-               + " = their accept lengths on these prompts over their cycles in target steps)")
-    tp = res.get("threads_pick")
-    threads = f"{res['threads']} thread{'s' if res['threads'] != 1 else ''}"
-    if tp and len(tp["step_ms"]) > 1:
-        threads += (" (the faster target step here now: "
-                    + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items()) + ")")
     choice = res.get("products_choice")
-    pp = res.get("products_pick")
-    # the products kind goes on its own line below the table, with the chooser's reason (a result without the
-    # choice, as older JSON, says the kind here)
-    prod = "" if choice else f"; products: {res.get('products', 'aten')}" + (
-        " (the faster here; ms for a step + a 6-row verify: "
-        + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
-    if res.get("draft_quant"):
-        prod += f"; draft weights {res['draft_quant']}"
-    pair = "SmolLM2-135M-Instruct + its EAGLE-3 draft, " if res.get("pair") == "smollm2" else ""
-    t = Table(title=f"eaglekit demo: {pair}{res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
-                    f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
-                    f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
+    t = Table(title=_demo_title(res))
     t.add_column("")
     t.add_column("target alone", justify="right")
     t.add_column("with EAGLE-3", justify="right")
@@ -302,19 +286,7 @@ def print_demo(res: dict) -> None:
         t.add_row(f"accept length, {cat} ({v['prompts']} prompt{'s' if v['prompts'] != 1 else ''})", "",
                   fmt(v["accept_length"]))
     if picked:
-        chk = res.get("pick_check") or {}
-        t.add_row("chain picked", "", f"{tr['steps']} draft tokens"
-                  + (" (cached)" if picked.get("cached") else f" (picked in {picked['seconds']:.0f} s)"))
-        t.add_row("why", "", picked.get("why", ""))
-        if chk.get("predicted_speedup"):
-            t.add_row("tokens/s predicted by the pick", f"{chk['predicted_baseline_tokens_per_s']:.1f}",
-                      f"{chk['predicted_tokens_per_s']:.1f}")
-            t.add_row("speedup predicted by the pick", "", f"{chk['predicted_speedup']:.2f}x")
-            verdict = f"{chk['achieved_over_predicted']:.0%} of the prediction"
-            if chk["far_below"]:
-                verdict = (f"FAR BELOW: {verdict} (the machine's load changed under the run, or the cached pick was "
-                           "made under another: --repick)")
-            t.add_row("speedup achieved against predicted", "", verdict)
+        _pick_rows(t, res, picked)
     if "warm_up_s" in res:
         how = "compiled layers" if res.get("compiled") else "uncompiled layers"
         if res.get("prompt_graphs"):
@@ -329,3 +301,54 @@ def print_demo(res: dict) -> None:
         from .observe.report import products_line
 
         c.print(products_line(choice), markup=False, highlight=False)
+
+
+def _demo_title(res: dict) -> str:
+    """The demo table's title: the pair, the prompts, the machine, the threads (and their pick), the tree (and how it
+    was picked), and the products where the result carries no chooser's choice."""
+    tr = res["tree"]
+    picked = tr.get("picked")
+    how = ""
+    if picked and picked.get("cached"):
+        how = (f" (this machine's pick, from its cache {picked.get('cache_file')}, made {picked.get('picked_at')} "
+               f"in {picked['seconds']:.0f} s; --repick to pick again)")
+    elif picked:
+        how = (f" (picked on this machine in {picked['seconds']:.0f} s of a {picked['budget_s']:.0f} s budget: "
+               f"accept lengths from {picked['model_prompts']}/{picked['prompts']} prompts, {picked['rounds']} "
+               f"timing rounds; predicted speedup of chains "
+               + ", ".join(f"{x['steps']} {x['speedup']:.2f}x" for x in picked["candidates"])
+               + " = their accept lengths on these prompts over their cycles in target steps)")
+    tp = res.get("threads_pick")
+    threads = f"{res['threads']} thread{'s' if res['threads'] != 1 else ''}"
+    if tp and len(tp["step_ms"]) > 1:
+        threads += (" (the faster target step here now: "
+                    + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items()) + ")")
+    pp = res.get("products_pick")
+    # the products kind goes on its own line below the table, with the chooser's reason (a result without the
+    # choice, as older JSON, says the kind here)
+    prod = "" if res.get("products_choice") else f"; products: {res.get('products', 'aten')}" + (
+        " (the faster here; ms for a step + a 6-row verify: "
+        + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
+    if res.get("draft_quant"):
+        prod += f"; draft weights {res['draft_quant']}"
+    pair = "SmolLM2-135M-Instruct + its EAGLE-3 draft, " if res.get("pair") == "smollm2" else ""
+    return (f"eaglekit demo: {pair}{res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
+            f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
+            f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
+
+
+def _pick_rows(t, res: dict, picked: dict) -> None:
+    """The CPU chain pick's rows: what was picked and why, and what it predicted against what the run achieved."""
+    chk = res.get("pick_check") or {}
+    t.add_row("chain picked", "", f"{res['tree']['steps']} draft tokens"
+              + (" (cached)" if picked.get("cached") else f" (picked in {picked['seconds']:.0f} s)"))
+    t.add_row("why", "", picked.get("why", ""))
+    if chk.get("predicted_speedup"):
+        t.add_row("tokens/s predicted by the pick", f"{chk['predicted_baseline_tokens_per_s']:.1f}",
+                  f"{chk['predicted_tokens_per_s']:.1f}")
+        t.add_row("speedup predicted by the pick", "", f"{chk['predicted_speedup']:.2f}x")
+        verdict = f"{chk['achieved_over_predicted']:.0%} of the prediction"
+        if chk["far_below"]:
+            verdict = (f"FAR BELOW: {verdict} (the machine's load changed under the run, or the cached pick was "
+                       "made under another: --repick)")
+        t.add_row("speedup achieved against predicted", "", verdict)
