@@ -261,7 +261,6 @@ def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: 
 
 
 def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices, progress: bool) -> dict:
-    from .fingerprint import FeatureSketch
     from .loop import StepBudget, data_parallel, lr_at
 
     world, rank = dist_info()
@@ -270,12 +269,7 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     log_path = out / "train_log.jsonl"
     global_batch = cfg.batch_size * world
     steps_per_epoch = max(source.n // global_batch, 1)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    C = draft.config.num_captures
-    sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
-    run = RunState(total=cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1))
-    run = _resume(draft, opt, hot, sketch, ckpt, log_path, run, device, rank, cfg)
+    params, opt, sketch, run = _start(draft, hot, cfg, steps_per_epoch, device, rank)
     saved = run.step  # the step of the last good checkpoint (0: none yet)
     start, total = run.step, run.total
     if rank == 0:
@@ -294,17 +288,11 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     last = {}
     step, samples_seen = start, run.samples_seen
     while step < total:
-        fitted = budget.check(step, total, run.total)
-        if fitted is not None and world > 1:  # each rank timed its own steps: all take rank 0's fit, or they hang
-            fitted, budget.again = _from_rank0(fitted, budget.again, device)
+        fitted = _fit(budget, step, total, run.total, world, rank, device)
         if fitted is not None:
             total = fitted
             if bar is not None:
                 bar.total = total
-            assert budget.per_step is not None  # check() sets it when it fits the total
-            if rank == 0:
-                print(f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {total} steps fit the "
-                      f"{cfg.time_budget_s:.0f}s budget", flush=True)
         epoch, j = divmod(step, steps_per_epoch)
         if epoch not in order_cache:
             order_cache = {epoch: _epoch_order(source, epoch, cfg.seed)}
@@ -321,9 +309,9 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
             append_line(log_path, strict_json(last if finite else {**last, "diverged": True}))
         if not finite:  # every rank sees the same all-reduced stats: all stop here
             _diverged(step, last, lr, saved, out, "the loss" if not math.isfinite(last["loss"]) else "the gradient")
-            if bar is not None:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc=" ".join(f"{a:.2f}" for a in last["acc"][:4]))
-                bar.update(1)
+        if bar is not None:
+            bar.set_postfix(loss=f"{last['loss']:.3f}", acc=" ".join(f"{a:.2f}" for a in last["acc"][:4]))
+            bar.update(1)
         done = step + 1 == total
         if (step + 1) % cfg.save_every == 0 or done:
             if not all(bool(torch.isfinite(p).all()) for p in draft.parameters()):  # a step that overflowed them
@@ -343,6 +331,32 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     if eval_indices and rank == 0:
         result["heldout"] = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
     return result
+
+
+def _start(draft, hot, cfg: TrainConfig, steps_per_epoch: int, device, rank: int):
+    """-> (trained parameters, optimizer, feature sketch, RunState): fresh, or restored from the checkpoint."""
+    from .fingerprint import FeatureSketch
+
+    out = Path(cfg.out)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    C = draft.config.num_captures
+    sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
+    run = RunState(total=cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1))
+    run = _resume(draft, opt, hot, sketch, out / "checkpoint" / "state.pt", out / "train_log.jsonl", run, device,
+                  rank, cfg)
+    return params, opt, sketch, run
+
+
+def _fit(budget, step: int, total: int, cap: int, world: int, rank: int, device) -> int | None:
+    """The step count the time budget fits at this step (loop.StepBudget), the same on every rank; else None."""
+    fitted = budget.check(step, total, cap)
+    if fitted is not None and world > 1:  # each rank timed its own steps: all take rank 0's fit, or they hang
+        fitted, budget.again = _from_rank0(fitted, budget.again, device)
+    if fitted is not None and rank == 0:
+        print(f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {fitted} steps fit the "
+              f"{budget.budget_s:.0f}s budget", flush=True)
+    return fitted
 
 
 def _from_rank0(total: int, again: int | None, device) -> tuple[int, int | None]:
