@@ -36,7 +36,7 @@ class StepBudget:
     `again` (a tenth of that total, at least 4 x `last`) from the steps since `last`, so the cosine schedule always
     completes. The second fit is there because the early steps are not a fair sample: with length-grouped batches
     each new padded length meets the allocator and the kernels for the first time (an H100 timed 561 ms a step over
-    steps 10-30 and then ran ~190 ms a step: a 650 s budget fitted 1,133 steps that took ~250 s). Only for a run
+    steps 10-30 and then ran 160-200 ms a step: a 650 s budget fitted 1,133 steps that took ~250 s). Only for a run
     that starts at step 0 (a resumed run keeps its fitted total)."""
 
     def __init__(self, budget_s: float | None, start: int, cuda: bool, first: int = 10, last: int = 30):

@@ -32,10 +32,11 @@ from ..observe.metrics import fmt
 
 PRESETS = {
     # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~6 s each on an H100) and 128 six-turn
-    # conversations (~1 minute) regenerated, training for `draft_budget` seconds (~0.19 s a step of 32 length-grouped
-    # sequences on a warm H100: ~4,000 steps; the shipped draft had 2,900 and was still learning, docs/training.md),
-    # a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set). Conversations are cut at 1,536
-    # tokens: a batch of 32 at 2,048 with the 7-step unroll over 8,192 draft tokens peaks near an H100's 80 GB
+    # conversations (~1 minute) regenerated, training for `draft_budget` seconds (0.16-0.20 s a step of 32
+    # length-grouped sequences on a warm H100: ~4,000 steps; the shipped draft had 2,900 and was still learning,
+    # docs/training.md), a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set). Conversations
+    # are cut at 1,536 tokens: a batch of 32 at 2,048 with the 7-step unroll over 8,192 draft tokens peaks near an
+    # H100's 80 GB
     "gpu": dict(prompts=None, samples=3, temperature=0.7, gen_len=256, regen_batch=256, long_convs=128,
                 long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
                 draft_budget=780, draft_max_len=1536, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None),
