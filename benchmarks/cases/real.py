@@ -87,7 +87,8 @@ def _llama_cpp_generate(llm, ids: list[int], n: int) -> float:
 
 
 @case("smollm2-speed", "batch-1 tok/s on the real pair's held-out prompts: eaglekit's target alone and with its "
-      "draft, transformers generate on the same weights, llama.cpp on the Q4_1 GGUF and on an F16 GGUF of it",
+      "draft (float32 as loaded, and in bfloat16 with engines eaglekit_bf16,eaglekit_bf16_draft), transformers "
+      "generate on the same weights, llama.cpp on the Q4_1 GGUF and on an F16 GGUF of it",
       defaults={"per_category": 1, "max_new_tokens": 96, "rounds": 2, "steps": 5, "topk": 1, "draft_tokens": 6,
                 "threads": None, "draft": None, "target": None, "device": "cpu", "dtype": "float32",
                 "engines": "eaglekit,eaglekit_draft,transformers,llamacpp_q4_1,llamacpp_f16"},
@@ -120,6 +121,23 @@ def smollm2_speed(p, ctx):
             identical.append(r.token_ids == base[i].token_ids[:counts[i]])
             return r.metrics.elapsed_s
         runners["eaglekit_draft"] = with_draft
+    if {"eaglekit_bf16", "eaglekit_bf16_draft"} & set(engines):
+        # the same pair in bfloat16 (half the bytes a step; a CPU with AVX512-BF16 or AMX multiplies it natively):
+        # its greedy output is the bf16 target's own, checked against that target alone, for the same token counts
+        from eaglekit.pair import load_pair
+
+        tb, db = load_pair(tdir, _pair(p, ctx)[1], device=p.get("device") or "cpu", dtype="bfloat16",
+                           compile="off")
+        dec16 = Decoder(tb, db, TreeShape.make(p["steps"], p["topk"], p["draft_tokens"]))
+        base16 = [dec16.generate(x, counts[i], baseline=True) for i, x in enumerate(ids)]
+        if "eaglekit_bf16" in engines:
+            runners["eaglekit_bf16"] = lambda i: dec16.generate(ids[i], counts[i], baseline=True).metrics.elapsed_s
+        if "eaglekit_bf16_draft" in engines:
+            def with_draft16(i):
+                r = dec16.generate(ids[i], counts[i])
+                identical.append(r.token_ids == base16[i].token_ids)
+                return r.metrics.elapsed_s
+            runners["eaglekit_bf16_draft"] = with_draft16
     if "transformers" in engines:
         from transformers import AutoModelForCausalLM
 
@@ -160,8 +178,12 @@ def smollm2_speed(p, ctx):
     for k in rates:
         if k != "eaglekit" and "eaglekit" in med:
             metrics[f"ratio_{k}_over_eaglekit"] = value(med[k] / med["eaglekit"], "x")
-        if k not in ("eaglekit", "eaglekit_draft") and "eaglekit_draft" in med:
-            metrics[f"eaglekit_draft_over_{k}"] = value(med["eaglekit_draft"] / med[k], "x")
+        for mine in ("eaglekit_draft", "eaglekit_bf16_draft"):  # eaglekit with its draft over each peer
+            if not k.startswith("eaglekit") and mine in med:
+                metrics[f"{mine}_over_{k}"] = value(med[mine] / med[k], "x")
+    if "eaglekit_bf16" in med and "eaglekit_bf16_draft" in med:
+        metrics["ratio_eaglekit_bf16_draft_over_eaglekit_bf16"] = value(med["eaglekit_bf16_draft"] /
+                                                                        med["eaglekit_bf16"], "x")
     return {"metrics": metrics,
             "identity": {"greedy_output_equals_target": all(identical) if identical else None,
                          "prompts_identical": sum(identical), "prompts_decoded": len(identical)},
@@ -292,6 +314,10 @@ def smollm2_doctor(p, ctx):
 suite("cpu-smollm2", "the real pair (SmolLM2-135M-Instruct + its draft) on this machine: acceptance per category, "
       "batch-1 tok/s beside transformers and llama.cpp, acceptance against context length, the doctor's verdicts",
       ["smollm2-accept", "smollm2-speed", "smollm2-context", "smollm2-doctor"])
+suite("cpu-smollm2-speed", "the real pair's batch-1 tok/s only: eaglekit in float32 and bfloat16, alone and with its "
+      "draft, beside transformers and llama.cpp (Q4_1, F16), side by side in one run (~8 minutes, 2 cores)",
+      [("smollm2-speed", {"engines": "eaglekit,eaglekit_draft,eaglekit_bf16,eaglekit_bf16_draft,transformers,"
+                                     "llamacpp_q4_1,llamacpp_f16"})])
 suite("gpu-smollm2", "the real pair on one GPU in bf16: acceptance per category and batch-1 tok/s beside transformers "
       "(llama.cpp is the CPU peer: cpu-smollm2)",
       [("smollm2-accept", {"device": "cuda", "dtype": "bfloat16", "per_category": 1}),
