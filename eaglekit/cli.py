@@ -15,6 +15,7 @@ from .options import (
     DOCTOR_DEVICE,
     DecodeOptions,
     DemoOptions,
+    DoctorOptions,
     EvalOptions,
     ExtractOptions,
     ModelOptions,
@@ -324,7 +325,9 @@ def cmd_doctor(args) -> int:
     from .observe.report import doctor_report
 
     try:
-        model, decode, _ = model_options(args), decode_options(args), PromptSetOptions.from_args(args)
+        model, decode = model_options(args), decode_options(args)
+        # no bar with --engine: the engine doctor's stages after the probe (the vLLM run) do not report to it
+        opts = DoctorOptions.from_args(args, progress=not (args.no_progress or args.engine))
         if args.prompt_file:
             from .io import need_file
 
@@ -343,15 +346,9 @@ def cmd_doctor(args) -> int:
         if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
             from .engines.vllm import run_engine_doctor
 
-            res = run_engine_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
-                                    model.capture, model.backend, model.device_name, model.dtype_name, args.steps,
-                                    args.engine_python, time_budget=args.time_budget,
-                                    reference_acceptance=args.reference_acceptance)
+            res = run_engine_doctor(model, opts, args.steps, args.engine_python)
         else:
-            res = run_doctor(model.target, model.draft, args.prompt_file, args.prompts, decode.max_new_tokens,
-                             model.capture, model.backend, model.device_name, model.dtype_name,
-                             time_budget=args.time_budget, progress=not args.no_progress,
-                             reference_acceptance=args.reference_acceptance)
+            res = run_doctor(model, opts)
     except EaglekitError as e:
         if args.json:  # the report's shape (eaglekit.doctor.report), with nothing probed
             print(json.dumps({"status": "could_not_run", "exit_code": 2, "decide": [],
@@ -397,22 +394,16 @@ def cmd_doctor(args) -> int:
 def _doctor_args(p):
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--prompt-file", help="probe prompts (default: the target's demo prompts or built-in ones)")
-    PromptSetOptions.add_args(p, prompts=12)
-    DecodeOptions.add_args(p, only=("max_new_tokens",), max_new_tokens=64)
+    DoctorOptions.add_args(p, only=("prompt_file", "prompts", "max_new_tokens"))
     p.add_argument("--json", action="store_true", help='one object: {"verdict", "findings", "probe", ...}')
     ModelOptions.add_args(p, only=("capture_layers",))
-    p.add_argument("--time-budget", type=float, default=45.0,
-                   help="seconds: the probe grows (more prompts, longer continuations) until it can tell the wirings "
-                        "apart or this much time has passed (default 45)")
+    DoctorOptions.add_args(p, only=("time_budget",))
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--record", action="store_true",
                    help="for a pair you trust (a draft made elsewhere): measure it on the probe prompts and write its "
                         "training record (eaglekit_record.json) into the draft folder, which later runs of the doctor "
                         "compare with; no verdict")
-    p.add_argument("--reference-acceptance", type=float, default=None,
-                   help="position-1 acceptance the doctor measured for this draft on its own target: for a draft that "
-                        "records no target fingerprint, what tells whether this is that target")
+    DoctorOptions.add_args(p, only=("reference_acceptance",))
     add_runtime(p, device=DOCTOR_DEVICE)
     add_tp(p)
     p.add_argument("--engine", choices=["vllm"], default=None,

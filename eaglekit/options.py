@@ -323,9 +323,35 @@ class DecodeOptions(Options):
 
 @dataclass
 class PromptSetOptions(Options):
-    """How many prompts of a prompt file a command decodes (sweep, doctor; the demo's are DemoOptions')."""
+    """How many prompts of a prompt file a command decodes (sweep; the doctor's are DoctorOptions', the demo's
+    DemoOptions')."""
 
     prompts: int = opt(8, "how many prompts of the file", lo=1)
+
+
+# --- the doctor -------------------------------------------------------------------------------------------
+# default time budget of a doctor run: the clean demo pair settles in its first round, well inside it (the help of
+# --time-budget states it as 45)
+DOCTOR_TIME_BUDGET_S = 45.0
+
+
+@dataclass
+class DoctorOptions(Options):
+    """`eaglekit doctor` (and `--engine vllm`): the probe's prompts and their length, how long the probe may grow,
+    what tells the draft's target, the progress bar. The pair's side is ModelOptions' (the doctor's --device default:
+    DOCTOR_DEVICE). time_budget and reference_acceptance have no lower or upper bound: their flags take any finite
+    number (a budget of 0 or less is one probe round)."""
+
+    prompt_file: str | None = opt(None, "probe prompts (default: the target's demo prompts or built-in ones)")
+    prompts: int = opt(12, "how many prompts of the file", lo=1)
+    max_new_tokens: int = opt(64, "most new tokens per prompt", lo=0)
+    time_budget: float = opt(DOCTOR_TIME_BUDGET_S, "seconds: the probe grows (more prompts, longer continuations) "
+                                                   "until it can tell the wirings apart or this much time has passed "
+                                                   "(default 45)")
+    reference_acceptance: float | None = opt(
+        None, "position-1 acceptance the doctor measured for this draft on its own target: for a draft that records "
+        "no target fingerprint, what tells whether this is that target")
+    progress: bool = opt(False, "a progress bar on stderr (the CLI's default; --no-progress turns it off)")
 
 
 # --- training-side commands -------------------------------------------------------------------------------

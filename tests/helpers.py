@@ -240,3 +240,13 @@ def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: t.step
     with torch.no_grad():
         want = ref(torch.cat([prefix, tokens[keep], nxt])[None]).logits[0, -1]
     torch.testing.assert_close(lg, want.float(), rtol=tol, atol=tol)
+
+
+def doctor_args(target, draft, capture=None, **opts):
+    """(ModelOptions, DoctorOptions) of a doctor run, as `eaglekit doctor` builds them (device cpu, the doctor's
+    default): `capture` a CaptureSpec, the wiring served instead of the draft's own; `opts` DoctorOptions' fields."""
+    from eaglekit.options import DOCTOR_DEVICE, DoctorOptions, ModelOptions
+
+    layers = None if capture is None else ",".join(map(str, capture.after_layers))
+    return (ModelOptions(target=target, draft=draft, device=DOCTOR_DEVICE, capture_layers=layers),
+            DoctorOptions(**opts))

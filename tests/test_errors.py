@@ -230,7 +230,7 @@ def test_device_auto_means_the_same_in_every_command(model_dirs, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, **k: seen.setdefault("device", a[7]) and
+    monkeypatch.setattr(eaglekit.doctor, "run_doctor", lambda *a, **k: seen.setdefault("device", a[0].device_name) and
                         {"fault": False, "verdict": "", "findings": [], "probe": []})
     t = str(model_dirs["llama"])
     main(["doctor", "--target", t, "--draft", t, "--device", "auto", "--json"])

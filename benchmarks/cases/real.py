@@ -276,6 +276,7 @@ def smollm2_doctor(p, ctx):
     from eaglekit.doctor.zoo import Case, _copy, _edit_weights, outcome, roll_d2t, set_ids, third_party
     from eaglekit.draft import load_draft
     from eaglekit.interop.export import export
+    from eaglekit.options import DOCTOR_DEVICE, DoctorOptions, ModelOptions
 
     tdir, ddir, t, _, _ = _pair(p, ctx)
     n = t.info.num_layers
@@ -286,6 +287,7 @@ def smollm2_doctor(p, ctx):
              ("ids-reversed", "fault", ("E290",), lambda d: set_ids(d, ins[::-1])),
              ("d2t-rolled", "fault", ("E222",), lambda d: third_party(_edit_weights(d, roll_d2t)))]
     rows, metrics = [], {}
+    opts = DoctorOptions(prompts=p["prompts"], max_new_tokens=p["doctor_new_tokens"], time_budget=p["time_budget"])
     with tempfile.TemporaryDirectory() as tmp:
         vllm = Path(tmp) / "vllm"
         export(load_draft(ddir, embed_weight=t.embed_weight()), vllm, "vllm", target=t)
@@ -294,8 +296,7 @@ def smollm2_doctor(p, ctx):
             if edit is not None:
                 edit(d)
             t0 = time.time()
-            res = run_doctor(tdir, d, n_prompts=p["prompts"], max_new_tokens=p["doctor_new_tokens"],
-                             time_budget=p["time_budget"])
+            res = run_doctor(ModelOptions(target=tdir, draft=d, device=DOCTOR_DEVICE), opts)
             got = outcome(Case(name, "llama", name, expect, codes), res)
             errors = [f for f in res.get("findings") or [] if f["severity"] == "error"]
             rows.append({"case": name, "expect": expect, "expect_codes": list(codes), "status": res.get("status"),

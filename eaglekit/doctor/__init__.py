@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..capture import CaptureSpec
 from ..errors import EaglekitError, InputError
+from ..options import DOCTOR_TIME_BUDGET_S, DoctorOptions, ModelOptions
 from .checks import capture_width_finding, folder_findings, recorded_fingerprint
 from .fixes import ids_fix, unsorted_note
-from .identity import DECIDE_TARGET, reference_check, weights_check
+from .identity import DECIDE_TARGET, Identity, reference_check, weights_check
 from .probe import (
     GENERIC_PROMPTS,
     Probe,
@@ -52,13 +54,15 @@ from .vocab import mapping_is_wrong, vocab_evidence
 
 if TYPE_CHECKING:
     from ..draft.checkpoint import FolderFormat
+    from ..draft.model import Eagle3Draft
+    from ..models.base import Target
 
 # kept for callers that compare wirings by mean acceptance (the engine doctor's reference wiring)
 MARGIN = 0.01
 # position-1 acceptance under which a draft "accepts nothing": a trained draft of its target is far above it
 DEAD = 0.05
-# default time budget of a run: the clean demo pair settles in its first round, well inside it
-TIME_BUDGET_S = 45.0
+# the default time budget of a run (options.DOCTOR_TIME_BUDGET_S), under the name the tests and benchmarks import
+TIME_BUDGET_S = DOCTOR_TIME_BUDGET_S
 
 __all__ = [
     "EXIT",
@@ -99,7 +103,7 @@ def _probe_prompts(target_dir, prompt_file, n, vocab):
     return prompts[:n], source
 
 
-# the folder format of the draft being diagnosed, for the fixes (set by diagnose)
+# the folder format of the draft being diagnosed, for the fixes (set by _load)
 _FORMAT: dict[str, FolderFormat | None] = {}
 
 
@@ -121,140 +125,220 @@ def _stage(bar, text: str) -> None:
         bar.refresh()
 
 
-def diagnose(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
-             capture: CaptureSpec | None = None, backend="auto", device="cpu", dtype=None, shape=None,
-             time_budget: float = TIME_BUDGET_S, progress: bool = False,
-             reference_acceptance: float | None = None) -> DoctorReport:
-    """`capture`: the wiring you serve with, if not the one the draft declares (the story's server added
-    the embedding to the captures). `time_budget`: seconds after which the probe stops growing.
-    `reference_acceptance`: the configured wiring's position-1 acceptance measured on the draft's own target (the
-    doctor's teacher-forced figure there): for a draft that records no target, what tells its target."""
-    from ..decoding.decoder import Decoder
+def diagnose(model: ModelOptions, opts: DoctorOptions | None = None, shape=None) -> DoctorReport:
+    """`model`: the pair (target, draft) and how it loads (backend, device, dtype); its `capture_layers`: the wiring
+    you serve with, if not the one the draft declares (the story's server added the embedding to the captures). Its
+    other fields are not read: the doctor chooses the products itself. `opts`: the probe's prompts and their length,
+    `time_budget` (seconds after which the probe stops growing), `reference_acceptance` (the configured wiring's
+    position-1 acceptance measured on the draft's own target, the doctor's teacher-forced figure there: for a draft
+    that records no target, what tells its target) and the progress bar; None: DoctorOptions()."""
     from ..decoding.tree import TreeShape
-    from ..draft import load_draft, pair_problems
-    from ..draft.checkpoint import vocab_map_sha
-    from ..models import load_target
-    from ..observe import trace
-    from ..observe.metrics import aggregate, rounded
-    from ..pair import set_pair_products
-    from ..train.fingerprint import match, usable
-    from ..train.record import read_record
 
+    opts = opts or DoctorOptions()
+    device = model.device_name  # a bad --device is refused before the bar starts
     t0 = time.time()
-    bar = _bar(progress)
+    bar = _bar(opts.progress)
     try:
         shape = shape or TreeShape(3, 1, 4)
-        _stage(bar, "loading the target")
-        target = load_target(target_dir, backend=backend, device=device, dtype=dtype)  # failure: exit 2
-        target_dir = getattr(target, "folder", None) or target_dir  # a .gguf: the folder made from it
-        H, n_layers = target.info.hidden_size, target.info.num_layers
-        # what ran, for the report's pair section: the products are chosen once the draft has loaded
-        pair: dict[str, object] = {"target_backend": target.backend, "device": str(target.device),
-                                   "dtype": str(target.dtype).removeprefix("torch."), "products": None}
-        draft_dir = Path(draft_dir)
-        if not (draft_dir / "config.json").is_file():
-            raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
-        findings = folder_findings(draft_dir, n_layers)
-        _FORMAT.clear()
-        _stage(bar, "loading the draft")
-        try:
-            draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
-        except EaglekitError as e:
-            width = capture_width_finding(draft_dir, H, n_layers) if e.code == "E107" else None
-            if width is not None:  # the cause; the loader's refusal of the fc's shape is its symptom, kept as evidence
-                width.evidence["loader"] = f"[{e.code}] {e.message}"
-                findings.append(width)
-            else:
-                findings.append(Finding.of(e))
-            return _conclude(findings, None, None, t0, pair)
-        _FORMAT["fmt"] = getattr(draft, "source_format", None)
-        record = read_record(draft_dir)  # what the draft accepted at training, and with what (recorded.py)
-        identity = weights_check(draft.config, target_dir, record)
-        findings += identity.findings
-        if draft.config.max_position_embeddings < target.info.max_position_embeddings:
-            findings.append(Finding(
-                "W283", "warning", f"the draft's max_position_embeddings is {draft.config.max_position_embeddings}, "
-                f"the target's {target.info.max_position_embeddings}: past the draft's length its rope positions are "
-                f"ones it never saw, and acceptance collapses on long inputs",
-                f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
-                f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
-        draft.fuse()
-        choice = set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products (load_pair's)
-        pair["products"] = {"kind": choice.kind, "reason": choice.reason}
-        configured = capture or draft.config.capture or CaptureSpec.default(n_layers)
-        _, problems = pair_problems(draft, target, configured)
-        findings += [Finding.of(p) for p in problems]
-        if record is not None:
-            findings += static_findings(record, draft_dir, draft, target_dir, findings)
-
-        def fits(spec):
-            return (spec is not None and spec.width(H) == draft.fc.in_features
-                    and all(-1 <= i < n_layers for i in spec.after_layers))
-
-        # the probe needs a wiring of the width the fc was trained on; a refused one is replaced by the draft's own
-        base = next((s for s in (configured, draft.config.capture, CaptureSpec.default(n_layers)) if fits(s)), None)
-        if base is not None and base != configured:
-            findings.append(Finding("I304", "info", f"the configured wiring cannot run, so the probe starts from "
-                                    f"after_layers {list(base.after_layers)}"))
-        prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
+        run = _load(model, device, bar)
+        if run.draft is None:  # the loader refused the draft: the findings say why
+            return _conclude(run.findings, None, None, t0, run.pair)
+        identity, configured = _check_pair(run, model.capture)
+        base = _probe_base(run, configured)
+        prompts, source = probe_prompts(run.target_dir, opts.prompt_file, run.target.info.vocab_size)
         ctx = _Context(source=source, label="configured wiring" if base == configured else "draft's declared wiring")
-        ctx.identity, ctx.reference = identity, reference_acceptance
-        ctx.vocab_recorded = bool(draft.config.vocab_map_sha) or bool(
-            record and record.get("d2t_sha256") == vocab_map_sha(draft.d2t))
-        ctx.budget = time_budget
+        ctx.identity, ctx.reference = identity, opts.reference_acceptance
+        ctx.vocab_recorded = _vocab_recorded(run)
+        ctx.budget = opts.time_budget
         if base is None:
-            return _conclude(findings, None, ctx, t0, pair)
+            return _conclude(run.findings, None, ctx, t0, run.pair)
         _stage(bar, "trace and profile")
-        sink: list = []
-        trace.configure(enabled=True, steps=2, sink=sink, stream=open("/dev/null", "w"))
-        try:
-            dec = Decoder(target, draft, shape, capture=base, allow_other_target=True, profile=True)
-            ctx.profile = {k: round(v * 1e3, 3) for k, v in dec.generate(prompts[0], 16).metrics.phases.items()}
-        except EaglekitError as e:
-            findings.append(Finding.of(e))
-            return _conclude(findings, None, ctx, t0, pair)
-        finally:
-            trace.configure(enabled=False)
-        ctx.trace = [{k: r.get(k) for k in ("cycle", "point", "shape", "dtype", "layers", "mean", "std", "absmax",
-                                            "nan", "inf")} for r in sink
-                     if r["point"] in ("target.capture", "draft.input.features", "draft.input.fc", "draft.concat")]
-
-        probe = Probe(target, draft, base, shape.steps)
-        recorded = recorded_fingerprint(draft_dir)
-        fp_ok = usable(recorded) and len(recorded["slots"]) == base.num_captures
-
-        def fingerprint():
-            return match(recorded, probe.sketch, list(range(-1, n_layers))) if fp_ok else None
-
-        def settled(p: Probe) -> bool:
-            _stage(bar, f"probe: {p.positions} positions")
-            rows = p.rows()
-            ran = [r for r in rows if r.per_position]
-            if max(_position1(r) for r in ran) < DEAD:
-                return True
-            return all(r.decided for r in ran if r.diff is not None)
-
-        _stage(bar, "probe")
-        t_probe = time.time()
-        ctx.rounds = grow(probe, prompts, n_prompts, max_new_tokens, time_budget, t0, settled, bar)
-        ctx.probe_seconds = time.time() - t_probe
-        ctx.rows = probe.rows()
-        ctx.fingerprint = fingerprint()
-        ctx.positions = probe.positions
-        ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
-        if record is not None:
+        if not _trace_and_profile(run, base, shape, prompts[0], ctx):
+            return _conclude(run.findings, None, ctx, t0, run.pair)
+        _probe(run, base, shape, prompts, opts, ctx, t0, bar)
+        if run.record is not None:
             _stage(bar, "the training record's sample")
-            findings += acceptance_findings(record, target, draft, base, target_dir, findings)
+            run.findings += acceptance_findings(run.record, run.target, run.draft, base, run.target_dir, run.findings)
         _stage(bar, "decoding")
-        dec = Decoder(target, draft, shape, capture=base, allow_other_target=True)
-        conf = next(r for r in ctx.rows if r.wiring == "configured")
-        # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
-        conf.decoded_accept_length = rounded(aggregate([dec.generate(p, max_new_tokens).metrics
-                                                        for p in prompts[:min(3, n_prompts)]]).accept_length, 4)
-        return _conclude(findings, base, ctx, t0, pair)
+        _decode(run, base, shape, prompts, opts, ctx)
+        return _conclude(run.findings, base, ctx, t0, run.pair)
     finally:
         if bar is not None:
             bar.close()
+
+
+@dataclass
+class _Loaded:
+    """The pair as diagnose loaded it, and the findings so far: one list, each stage adds to it."""
+
+    target: Target
+    target_dir: str | Path  # a .gguf target: the folder made from it
+    draft_dir: Path
+    findings: list[Finding]
+    pair: dict[str, object]  # what ran, for the report's pair section
+    draft: Eagle3Draft | None = None  # None: the loader refused the draft
+    record: dict | None = None  # the draft's training record (recorded.py), where the folder has one
+
+    @property
+    def loaded_draft(self) -> Eagle3Draft:
+        assert self.draft is not None  # every stage after _load runs on a draft that loaded
+        return self.draft
+
+
+def _load(model: ModelOptions, device: str, bar) -> _Loaded:
+    """The target, the checks of the draft's folder, then the draft. A draft the loader refuses is a finding (and
+    `draft` None): for a capture whose width the fc refuses, the capture is the cause and the refusal its symptom,
+    kept as evidence."""
+    from ..draft import load_draft
+    from ..models import load_target
+
+    assert model.target is not None and model.draft is not None  # --target and --draft are required
+    _stage(bar, "loading the target")
+    target = load_target(model.target, backend=model.backend, device=device, dtype=model.dtype_name)  # failure: exit 2
+    target_dir = getattr(target, "folder", None) or model.target  # a .gguf: the folder made from it
+    # what ran, for the report's pair section: the products are chosen once the draft has loaded
+    pair: dict[str, object] = {"target_backend": target.backend, "device": str(target.device),
+                               "dtype": str(target.dtype).removeprefix("torch."), "products": None}
+    draft_dir = Path(model.draft)
+    if not (draft_dir / "config.json").is_file():
+        raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
+    H, n_layers = target.info.hidden_size, target.info.num_layers
+    run = _Loaded(target, target_dir, draft_dir, folder_findings(draft_dir, n_layers), pair)
+    _FORMAT.clear()
+    _stage(bar, "loading the draft")
+    try:
+        run.draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
+    except EaglekitError as e:
+        width = capture_width_finding(draft_dir, H, n_layers) if e.code == "E107" else None
+        if width is not None:
+            width.evidence["loader"] = f"[{e.code}] {e.message}"
+            run.findings.append(width)
+        else:
+            run.findings.append(Finding.of(e))
+        return run
+    _FORMAT["fmt"] = getattr(run.draft, "source_format", None)
+    return run
+
+
+def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, CaptureSpec]:
+    """The static findings of a loaded pair: which target the draft records, its length against the target's, the
+    pair's contract under the configured wiring, and the training record's fields; the products chosen on the way.
+    -> (the draft's target as far as it records it, the configured wiring)."""
+    from ..draft import pair_problems
+    from ..pair import set_pair_products
+    from ..train.record import read_record
+
+    target, draft, findings = run.target, run.loaded_draft, run.findings
+    run.record = read_record(run.draft_dir)  # what the draft accepted at training, and with what (recorded.py)
+    identity = weights_check(draft.config, run.target_dir, run.record)
+    findings += identity.findings
+    if draft.config.max_position_embeddings < target.info.max_position_embeddings:
+        findings.append(Finding(
+            "W283", "warning", f"the draft's max_position_embeddings is {draft.config.max_position_embeddings}, "
+            f"the target's {target.info.max_position_embeddings}: past the draft's length its rope positions are "
+            f"ones it never saw, and acceptance collapses on long inputs",
+            f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
+            f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
+    draft.fuse()
+    choice = set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products (load_pair's)
+    run.pair["products"] = {"kind": choice.kind, "reason": choice.reason}
+    configured = capture or draft.config.capture or CaptureSpec.default(target.info.num_layers)
+    _, problems = pair_problems(draft, target, configured)
+    findings += [Finding.of(p) for p in problems]
+    if run.record is not None:
+        findings += static_findings(run.record, run.draft_dir, draft, run.target_dir, findings)
+    return identity, configured
+
+
+def _probe_base(run: _Loaded, configured: CaptureSpec) -> CaptureSpec | None:
+    """The wiring the probe starts from: the probe needs one of the width the fc was trained on, so a refused
+    configured wiring is replaced by the draft's own, else the default (I304 says so). None: none of them fits."""
+    draft, H, n_layers = run.loaded_draft, run.target.info.hidden_size, run.target.info.num_layers
+
+    def fits(spec):
+        return (spec is not None and spec.width(H) == draft.fc.in_features
+                and all(-1 <= i < n_layers for i in spec.after_layers))
+
+    base = next((s for s in (configured, draft.config.capture, CaptureSpec.default(n_layers)) if fits(s)), None)
+    if base is not None and base != configured:
+        run.findings.append(Finding("I304", "info", f"the configured wiring cannot run, so the probe starts from "
+                                    f"after_layers {list(base.after_layers)}"))
+    return base
+
+
+def _vocab_recorded(run: _Loaded) -> bool:
+    """Whether the draft's d2t is the one recorded with it (its config's hash, or the training record's)."""
+    from ..draft.checkpoint import vocab_map_sha
+
+    draft = run.loaded_draft
+    return bool(draft.config.vocab_map_sha) or bool(
+        run.record and run.record.get("d2t_sha256") == vocab_map_sha(draft.d2t))
+
+
+def _trace_and_profile(run: _Loaded, base: CaptureSpec, shape, prompt: list[int], ctx: _Context) -> bool:
+    """`prompt` decoded under `base` for 16 tokens, profiled, its first two cycles traced: the phases (ms) and the
+    trace rows at the capture points into ctx. -> False where the decoder refuses the pair (the refusal is then a
+    finding)."""
+    from ..decoding.decoder import Decoder
+    from ..observe import trace
+
+    sink: list = []
+    trace.configure(enabled=True, steps=2, sink=sink, stream=open("/dev/null", "w"))
+    try:
+        dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True, profile=True)
+        ctx.profile = {k: round(v * 1e3, 3) for k, v in dec.generate(prompt, 16).metrics.phases.items()}
+    except EaglekitError as e:
+        run.findings.append(Finding.of(e))
+        return False
+    finally:
+        trace.configure(enabled=False)
+    ctx.trace = [{k: r.get(k) for k in ("cycle", "point", "shape", "dtype", "layers", "mean", "std", "absmax",
+                                        "nan", "inf")} for r in sink
+                 if r["point"] in ("target.capture", "draft.input.features", "draft.input.fc", "draft.concat")]
+    return True
+
+
+def _probe(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions, ctx: _Context,
+           t0: float, bar) -> None:
+    """The probe under `base` and its alternatives, grown until every comparison is decided, the draft is shown to
+    accept nothing, or the time budget (counted from t0) ends; its rows, the fingerprint's naming of the layers and
+    the vocabulary evidence into ctx."""
+    from ..train.fingerprint import match, usable
+
+    n_layers = run.target.info.num_layers
+    probe = Probe(run.target, run.loaded_draft, base, shape.steps)
+    recorded = recorded_fingerprint(run.draft_dir)
+    fp_ok = usable(recorded) and len(recorded["slots"]) == base.num_captures
+
+    def settled(p: Probe) -> bool:
+        _stage(bar, f"probe: {p.positions} positions")
+        rows = p.rows()
+        ran = [r for r in rows if r.per_position]
+        if max(_position1(r) for r in ran) < DEAD:
+            return True
+        return all(r.decided for r in ran if r.diff is not None)
+
+    _stage(bar, "probe")
+    t_probe = time.time()
+    ctx.rounds = grow(probe, prompts, opts.prompts, opts.max_new_tokens, opts.time_budget, t0, settled, bar)
+    ctx.probe_seconds = time.time() - t_probe
+    ctx.rows = probe.rows()
+    ctx.fingerprint = match(recorded, probe.sketch, list(range(-1, n_layers))) if fp_ok else None
+    ctx.positions = probe.positions
+    ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
+
+
+def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions,
+            ctx: _Context) -> None:
+    """The configured row's accept length decoded (not teacher-forced) over the first three prompts."""
+    from ..decoding.decoder import Decoder
+    from ..observe.metrics import aggregate, rounded
+
+    dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
+    conf = next(r for r in ctx.rows if r.wiring == "configured")
+    # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
+    conf.decoded_accept_length = rounded(aggregate([dec.generate(p, opts.max_new_tokens).metrics
+                                                    for p in prompts[:min(3, opts.prompts)]]).accept_length, 4)
 
 
 class _Context:
@@ -465,10 +549,6 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     return f"{head}; {msg}", out, False, [f"for the wiring: {longer}"]
 
 
-def run_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
-               capture: CaptureSpec | None = None, backend="auto", device="cpu", dtype=None, shape=None,
-               time_budget: float = TIME_BUDGET_S, progress: bool = False,
-               reference_acceptance: float | None = None) -> dict:
+def run_doctor(model: ModelOptions, opts: DoctorOptions | None = None, shape=None) -> dict:
     """The report as JSON (the shape `eaglekit doctor --json` prints)."""
-    return diagnose(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
-                    shape, time_budget, progress, reference_acceptance).to_json()
+    return diagnose(model, opts, shape).to_json()

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ..options import DOCTOR_DEVICE, DoctorOptions, ModelOptions
+
 OUTCOMES = ("right", "wrong cause", "cannot tell", "false clean", "false alarm")
 
 
@@ -41,7 +43,7 @@ class Case:
     fault: str  # what is seeded, in words
     expect: str  # fault | clean | cannot_tell
     codes: tuple[str, ...] = ()  # a fault's acceptable codes (any one of them is the right cause)
-    build: Callable | None = None  # (Pairs, out: Path) -> (target_dir, draft_dir, doctor kwargs)
+    build: Callable | None = None  # (Pairs, out: Path) -> (target_dir, draft_dir, other ModelOptions fields)
     engine: bool = True  # also run through the engine doctor
     quick: bool = False  # refused before the probe: cheap enough for the default test tier
     issue_row: str | None = None  # the row of issue 43's table it re-runs
@@ -436,7 +438,8 @@ def outcome(case: Case, res: dict, engine: bool = False) -> str:
 
 
 def run_case(case: Case, pairs: Pairs, out: Path, runner) -> dict:
-    """One case: seed it, run `runner(target, draft, **kwargs)` (a doctor's JSON), score it."""
+    """One case: seed it, run `runner(model)` on its ModelOptions (device cpu, the doctor's), score the JSON it
+    returns."""
     from ..errors import EaglekitError
 
     work = out / case.name
@@ -447,7 +450,7 @@ def run_case(case: Case, pairs: Pairs, out: Path, runner) -> dict:
     assert case.build is not None  # every case seeds its fault with one
     target, draft, kw = case.build(pairs, work)
     try:
-        res = runner(target, draft, **kw)
+        res = runner(ModelOptions(target=target, draft=draft, device=DOCTOR_DEVICE, **kw))
     except EaglekitError as e:  # the doctor could not run: exit 2, never a verdict
         res = {"status": "could_not_run", "exit_code": 2, "fault": False, "verdict": f"could not run: {e}",
                "findings": [{"code": e.code, "severity": "error", "message": e.message}]}
@@ -502,10 +505,10 @@ def run_zoo(runner, out: Path, only=None, quick: bool = False, engine: bool = Fa
     return rows
 
 
-def doctor_runner(**opts):
+def doctor_runner(opts: DoctorOptions | None = None):
     from . import run_doctor
 
-    return lambda target, draft, **kw: run_doctor(target, draft, **{**opts, **kw})
+    return lambda model: run_doctor(model, opts)
 
 
 def main(argv=None, runner=None, title="eaglekit doctor") -> int:
@@ -518,7 +521,7 @@ def main(argv=None, runner=None, title="eaglekit doctor") -> int:
     args = ap.parse_args(argv)
     engine = runner is not None
     if runner is None:
-        runner = doctor_runner(**({"time_budget": args.time_budget} if args.time_budget is not None else {}))
+        runner = doctor_runner(DoctorOptions(time_budget=args.time_budget) if args.time_budget is not None else None)
     t0 = time.time()
     rows = run_zoo(runner, Path(args.out), args.only.split(",") if args.only else None, args.quick, engine)
     print_table(rows, f"{title}: fault zoo, {len(rows)} cases, {time.time() - t0:.0f} s")

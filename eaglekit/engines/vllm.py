@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..capture import CaptureSpec
 from ..errors import EaglekitError, InputError
+from ..options import DoctorOptions, ModelOptions
 
 # acceptance is deterministic under greedy decoding; what remains is float rounding flipping an argmax now and
 # then (fp32 on a CPU: none seen on the demo pair). Mean per-position acceptance, absolute.
@@ -165,9 +166,8 @@ def _crash_cause(doctor: dict) -> tuple[str, str] | None:
 def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft, cmp: dict | None,
                     error: EaglekitError | None, k: int) -> tuple[list[dict], str | None]:
     """Findings of the engine comparison, and a verdict sentence when it found a fault."""
-    out: list[dict] = []
     if error is None and cmp is None:  # eaglekit refused the pair: the static findings carry the cause
-        return out, None
+        return [], None
     from ..interop.formats import read_folder
 
     try:
@@ -179,36 +179,48 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
         "eagle_aux_hidden_state_layer_ids")
     fc_in = draft.fc.in_features if draft is not None else _fc_width(draft_dir)
     if error is not None:
-        cause = (error.message if error.message.startswith("vLLM ran") else
-                 f"vLLM could not run the pair ({error.message.split(': ', 1)[-1]})")
-        fix = None
-        if ids and fc_in and len(ids) * hidden != fc_in:
-            extra = " (id 0 is the embedding output)" if 0 in ids else ""
-            cause += (f"; the cause visible in the folder: its config lists {len(ids)} aux layer ids {list(ids)}"
-                      f"{extra}, so vLLM captures {len(ids)} x {hidden} = {len(ids) * hidden} features, but the "
-                      f"draft's fc was trained on {fc_in} = {fc_in // hidden} x {hidden}")
-            good = draft.config.capture if draft is not None and draft.config.capture and \
-                draft.config.capture.width(hidden) == fc_in else None
-            ref = _reference_wiring(doctor, good)
-            if ref is None and 0 in ids and (len(ids) - 1) * hidden == fc_in:
-                ref = tuple(i - 1 for i in ids if i != 0)  # the capture without the embedding fits the fc
-            if ref is not None:
-                fix = _ids_fix(ref, fmt)
-            else:
-                fix = f"list exactly {fc_in // hidden} ids, the layers the draft was trained on"
-        else:
-            static = _crash_cause(doctor)
-            if static is not None:
-                cause += f"; {static[0]}"
-                fix = static[1]
-            else:
-                cause += ("; no static check of eaglekit explains it (the folder passes them): the folder uses a field "
-                          "or layout this vLLM reads otherwise")
-                fix = ("re-export the draft in the layout vLLM reads (eaglekit export OUT --to vllm --draft D --target "
-                       "T) and run the doctor on the export; if that runs, compare the two config.json files")
-        out.append(_finding("E293", "error", cause, fix))
-        return out, cause
+        cause, fix = _engine_crash(doctor, error, ids, fc_in, hidden, draft, fmt)
+        return [_finding("E293", "error", cause, fix)], cause
     assert cmp is not None  # error is None here, and the first return took both None
+    out = _function_findings(cmp, fc_in, draft)
+    verdict = _wiring_verdict(cmp, ids, k)
+    if verdict is not None:
+        out.append(_finding("E291", "error", verdict, _ids_fix(cmp["reference"]["after_layers"], fmt)))
+    return out, verdict
+
+
+def _engine_crash(doctor: dict, error: EaglekitError, ids, fc_in: int | None, hidden: int, draft, fmt
+                  ) -> tuple[str, str]:
+    """E293's cause and fix where vLLM refused or crashed on the pair: the config's aux ids where their width is not
+    the fc's, else the first static error of the folder and pair checks, else a field vLLM reads otherwise."""
+    cause = (error.message if error.message.startswith("vLLM ran") else
+             f"vLLM could not run the pair ({error.message.split(': ', 1)[-1]})")
+    if ids and fc_in and len(ids) * hidden != fc_in:
+        extra = " (id 0 is the embedding output)" if 0 in ids else ""
+        cause += (f"; the cause visible in the folder: its config lists {len(ids)} aux layer ids {list(ids)}"
+                  f"{extra}, so vLLM captures {len(ids)} x {hidden} = {len(ids) * hidden} features, but the "
+                  f"draft's fc was trained on {fc_in} = {fc_in // hidden} x {hidden}")
+        good = draft.config.capture if draft is not None and draft.config.capture and \
+            draft.config.capture.width(hidden) == fc_in else None
+        ref = _reference_wiring(doctor, good)
+        if ref is None and 0 in ids and (len(ids) - 1) * hidden == fc_in:
+            ref = tuple(i - 1 for i in ids if i != 0)  # the capture without the embedding fits the fc
+        if ref is not None:
+            return cause, _ids_fix(ref, fmt)
+        return cause, f"list exactly {fc_in // hidden} ids, the layers the draft was trained on"
+    static = _crash_cause(doctor)
+    if static is not None:
+        return cause + f"; {static[0]}", static[1]
+    cause += ("; no static check of eaglekit explains it (the folder passes them): the folder uses a field "
+              "or layout this vLLM reads otherwise")
+    return cause, ("re-export the draft in the layout vLLM reads (eaglekit export OUT --to vllm --draft D --target "
+                   "T) and run the doctor on the export; if that runs, compare the two config.json files")
+
+
+def _function_findings(cmp: dict, fc_in: int | None, draft) -> list[dict]:
+    """Where vLLM computes another draft function than eaglekit under the same wiring: the fc's width (E294), the
+    vocabulary mapping (E295), the acceptance or the outputs (E292)."""
+    out: list[dict] = []
     conf = cmp["engine_config"]
     resolved = conf.get("after_layers")
     if conf.get("fc_in") is not None and fc_in is not None and conf["fc_in"] != fc_in:
@@ -238,30 +250,37 @@ def engine_findings(doctor: dict, draft_dir, num_layers: int, hidden: int, draft
                             + json.dumps({x: conf.get(x) for x in ("fc_in", "norm_before_fc", "fc_norm",
                                                                    "norm_before_residual", "draft_vocab_size")}),
                             "check the draft's norm options and d2t against what vLLM reports"))
+    return out
+
+
+def _wiring_verdict(cmp: dict, ids, k: int) -> str | None:
+    """E291's verdict where vLLM captures other layers than the draft was trained on (cmp's `reference`); None
+    where it captures those."""
+    conf, v = cmp["engine_config"], cmp["vllm"]
+    resolved = conf.get("after_layers")
     ref = cmp.get("reference")
-    verdict = None
-    if ref is not None and resolved is not None and list(ref["after_layers"]) != list(resolved):
-        # the engine captures other layers than the draft was trained on: a fault whatever the size of the gap on
-        # these few prompts (the teacher-forced probe, over every position, is what says which wiring is right)
-        gap = _mean(ref["per_position"]) - _mean(v["per_position"])
-        given = conf.get("aux_layer_ids")
-        verdict = (f"inside vLLM the draft accepts {_pp(v['per_position'])} per position (accept length "
-                   f"{v['accept_length']:.4f}, chain of {k}), {gap:+.4f} below what it accepts fed the layers it was "
-                   f"trained on ({_pp(ref['per_position'])}, accept length {ref['accept_length']:.4f}): vLLM resolved "
-                   f"aux layer ids {given} ({conf.get('ids_source', '')}; read as 'input of layer i') = after_layers "
-                   f"{resolved}, the draft was trained at after_layers {list(ref['after_layers'])} = vLLM ids "
-                   f"{[i + 1 for i in ref['after_layers']]}")
-        if given and list(given) != sorted(set(given)):
-            verdict += f"; vLLM sorts and de-duplicates the ids ({list(given)} -> {sorted(set(given))})"
-        if ids and len(ids) == len(ref["after_layers"]):
-            off = {a - (b + 1) for a, b in zip(ids, ref["after_layers"])}
-            if off == {-1}:
-                verdict += ("; the config's ids are one layer low: they look written in the 'output of layer' "
-                            "convention (SGLang config ids, SpecForge) where vLLM reads 'input of layer'")
-            elif off == {1}:
-                verdict += "; the config's ids are one layer high"
-        out.append(_finding("E291", "error", verdict, _ids_fix(ref["after_layers"], fmt)))
-    return out, verdict
+    if ref is None or resolved is None or list(ref["after_layers"]) == list(resolved):
+        return None
+    # the engine captures other layers than the draft was trained on: a fault whatever the size of the gap on
+    # these few prompts (the teacher-forced probe, over every position, is what says which wiring is right)
+    gap = _mean(ref["per_position"]) - _mean(v["per_position"])
+    given = conf.get("aux_layer_ids")
+    verdict = (f"inside vLLM the draft accepts {_pp(v['per_position'])} per position (accept length "
+               f"{v['accept_length']:.4f}, chain of {k}), {gap:+.4f} below what it accepts fed the layers it was "
+               f"trained on ({_pp(ref['per_position'])}, accept length {ref['accept_length']:.4f}): vLLM resolved "
+               f"aux layer ids {given} ({conf.get('ids_source', '')}; read as 'input of layer i') = after_layers "
+               f"{resolved}, the draft was trained at after_layers {list(ref['after_layers'])} = vLLM ids "
+               f"{[i + 1 for i in ref['after_layers']]}")
+    if given and list(given) != sorted(set(given)):
+        verdict += f"; vLLM sorts and de-duplicates the ids ({list(given)} -> {sorted(set(given))})"
+    if ids and len(ids) == len(ref["after_layers"]):
+        off = {a - (b + 1) for a, b in zip(ids, ref["after_layers"])}
+        if off == {-1}:
+            verdict += ("; the config's ids are one layer low: they look written in the 'output of layer' "
+                        "convention (SGLang config ids, SpecForge) where vLLM reads 'input of layer'")
+        elif off == {1}:
+            verdict += "; the config's ids are one layer high"
+    return verdict
 
 
 def _fc_width(draft_dir) -> int | None:
@@ -293,81 +312,102 @@ def _reference_wiring(doctor: dict, fallback: CaptureSpec | None):
     return tuple(fallback.after_layers) if fallback is not None else None
 
 
-def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 12, max_new_tokens: int = 64,
-                      capture=None, backend="auto", device="cpu", dtype=None, k: int = 3,
-                      python: str | None = None, time_budget: float | None = None,
-                      reference_acceptance: float | None = None) -> dict:
+def run_engine_doctor(model: ModelOptions, opts: DoctorOptions | None = None, k: int = 3,
+                      python: str | None = None) -> dict:
     """`eaglekit doctor --engine vllm`: the doctor's own report (checks, trace, probe) extended with the engine run.
-    Same JSON shape as `doctor`, plus an `engine` object; `fault` covers both."""
+    Same JSON shape as `doctor`, plus an `engine` object; `fault` covers both. `model` and `opts` as for
+    eaglekit.doctor.run_doctor (None: DoctorOptions()); `k`: the chain's length; `python`: one that imports vLLM
+    (engine_python)."""
     from ..decoding.tree import TreeShape
     from ..doctor import _probe_prompts, run_doctor
     from ..draft import load_draft
     from ..models import load_target
 
+    assert model.target is not None and model.draft is not None  # --target and --draft are required
+    opts = opts or DoctorOptions()
+    device = model.device_name  # a bad --device is refused before vLLM's python is looked for
     python = engine_python(python)  # before anything slow: exit 2 at once without vLLM
     t0 = time.time()
-    from ..doctor import TIME_BUDGET_S
-
-    res = run_doctor(target_dir, draft_dir, prompt_file, n_prompts, max_new_tokens, capture, backend, device, dtype,
-                     shape=TreeShape.make(k, 1, k + 1),
-                     time_budget=TIME_BUDGET_S if time_budget is None else time_budget,
-                     reference_acceptance=reference_acceptance)
+    res = run_doctor(model, opts, shape=TreeShape.make(k, 1, k + 1))
     if res["status"] == "could_not_run":  # a file of the pair cannot be read: nothing to hand to vLLM either
         return res
     res["eaglekit_alone"] = {k: res.get(k) for k in ("status", "exit_code", "verdict", "decide")}
     res["eaglekit_alone"]["findings"] = [dict(f) for f in res["findings"]]
-    target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
-    target_dir = getattr(target, "folder", None) or target_dir  # a .gguf: vLLM is handed the folder made from it
-    H = target.info.hidden_size
+    target = load_target(model.target, backend=model.backend, device=device, dtype=model.dtype_name)
+    target_dir = getattr(target, "folder", None) or model.target  # a .gguf: vLLM is handed the folder made from it
     try:
-        draft = load_draft(draft_dir, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
+        draft = load_draft(model.draft, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
     except EaglekitError:
         draft = None
-    prompts, _ = _probe_prompts(target_dir, prompt_file, n_prompts, target.info.vocab_size)
-    vdtype = str(target.dtype).replace("torch.", "")
+    prompts, _ = _probe_prompts(target_dir, opts.prompt_file, opts.prompts, target.info.vocab_size)
     engine: dict = {"name": "vllm", "python": python, "chain": k, "prompts": len(prompts),
-                    "max_new_tokens": max_new_tokens}
-    cmp, err = None, None
+                    "max_new_tokens": opts.max_new_tokens}
+    v, err = _run_in_vllm(python, target, target_dir, model.draft, prompts, k, opts.max_new_tokens, engine)
+    cmp = None
+    if v is not None:
+        cmp, err = _against_eaglekit(res, v, engine, target, draft, prompts, k, opts.max_new_tokens)
+    found, text = engine_findings(res, model.draft, target.info.num_layers, target.info.hidden_size, draft, cmp,
+                                  err, k)
+    if cmp is not None and _sorted_by_vllm(res, cmp["engine_config"].get("after_layers")):
+        _record_as_vllm_runs(res, target, draft, model.draft, target_dir, cmp["engine_config"]["after_layers"])
+    res["findings"] += found
+    res["engine"] = engine
+    _engine_verdict(res, found, text, cmp, engine, k)
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+def _run_in_vllm(python: str, target, target_dir, draft_dir, prompts: list[list[int]], k: int, max_new: int,
+                 engine: dict) -> tuple[dict | None, EaglekitError | None]:
+    """The pair in vLLM, in the target's dtype. -> (run_vllm's result, None), or (None, the error) where vLLM
+    refused, crashed or timed out (E171, E172: the engine report's `error`)."""
+    vdtype = str(target.dtype).replace("torch.", "")
     try:
-        v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new_tokens, target.info.eos_token_ids, vdtype)
+        return run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, vdtype), None
     except EaglekitError as e:
         if e.code not in ("E171", "E172"):
             raise
-        v, err = None, e
         engine["error"] = e.message
-    if v is not None:
-        va = vllm_acceptance(v["counters"], k)
-        engine.update({"vllm_version": v.get("vllm_version"), "vllm_seconds": v["seconds"], "resolved": v["config"],
-                       "vllm_acceptance": _strip(va)})
-        if draft is None:  # vLLM ran what eaglekit refuses: report vLLM's figures, the cause comes from the folder
-            err = EaglekitError(f"vLLM ran the draft (acceptance per position {_pp(va['per_position'])}, accept "
-                                f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E171")
-        else:
-            resolved = v["config"].get("after_layers")
-            try:
-                same = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens,
-                                           CaptureSpec(tuple(resolved)) if resolved
-                                           else draft.config.capture or CaptureSpec.default(target.info.num_layers))
-            except EaglekitError as e:  # eaglekit refuses the pair (E217, E208 ...): a fault the findings name
-                engine["eaglekit_refused"] = f"[{e.code}] {e.message}"
-                same = None
-        if draft is not None and same is not None:
-            va["outputs"] = v["outputs"]
-            cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
-                   "identical_outputs": va["outputs"] == same["outputs"]}
-            ref = _reference_wiring(res, draft.config.capture)
-            if ref is not None and resolved is not None and list(ref) != list(resolved) and \
-                    CaptureSpec(ref).width(H) == draft.fc.in_features:
-                cmp["reference"] = eaglekit_acceptance(target, draft, prompts, k, max_new_tokens, CaptureSpec(ref))
-            engine.update({"eaglekit_acceptance_same_wiring": _strip(same),
-                           "identical_outputs": cmp["identical_outputs"]})
-            if "reference" in cmp:
-                engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
-    found, text = engine_findings(res, draft_dir, target.info.num_layers, H, draft, cmp, err, k)
-    if cmp is not None and _sorted_by_vllm(res, cmp["engine_config"].get("after_layers")):
-        _record_as_vllm_runs(res, target, draft, draft_dir, target_dir, cmp["engine_config"]["after_layers"])
-    res["findings"] += found
-    res["engine"] = engine
+        return None, e
+
+
+def _against_eaglekit(res: dict, v: dict, engine: dict, target, draft, prompts: list[list[int]], k: int,
+                      max_new: int) -> tuple[dict | None, EaglekitError | None]:
+    """vLLM's acceptance against eaglekit's on the same prompts, under the wiring vLLM resolved and, where it is
+    another, the one the draft was trained on; the figures into `engine`. -> (the comparison, None); (None, E171)
+    where vLLM ran a draft eaglekit refuses to load; (None, None) where eaglekit refuses the pair."""
+    va = vllm_acceptance(v["counters"], k)
+    engine.update({"vllm_version": v.get("vllm_version"), "vllm_seconds": v["seconds"], "resolved": v["config"],
+                   "vllm_acceptance": _strip(va)})
+    if draft is None:  # vLLM ran what eaglekit refuses: report vLLM's figures, the cause comes from the folder
+        return None, EaglekitError(f"vLLM ran the draft (acceptance per position {_pp(va['per_position'])}, accept "
+                                   f"length {va['accept_length']:.4f}) although eaglekit refuses it", code="E171")
+    resolved = v["config"].get("after_layers")
+    try:
+        same = eaglekit_acceptance(target, draft, prompts, k, max_new,
+                                   CaptureSpec(tuple(resolved)) if resolved
+                                   else draft.config.capture or CaptureSpec.default(target.info.num_layers))
+    except EaglekitError as e:  # eaglekit refuses the pair (E217, E208 ...): a fault the findings name
+        engine["eaglekit_refused"] = f"[{e.code}] {e.message}"
+        return None, None
+    va["outputs"] = v["outputs"]
+    cmp = {"vllm": va, "eaglekit": same, "engine_config": v["config"],
+           "identical_outputs": va["outputs"] == same["outputs"]}
+    ref = _reference_wiring(res, draft.config.capture)
+    if ref is not None and resolved is not None and list(ref) != list(resolved) and \
+            CaptureSpec(ref).width(target.info.hidden_size) == draft.fc.in_features:
+        cmp["reference"] = eaglekit_acceptance(target, draft, prompts, k, max_new, CaptureSpec(ref))
+    engine.update({"eaglekit_acceptance_same_wiring": _strip(same), "identical_outputs": cmp["identical_outputs"]})
+    if "reference" in cmp:
+        engine["eaglekit_acceptance_reference_wiring"] = _strip(cmp["reference"])
+    return cmp, None
+
+
+def _engine_verdict(res: dict, found: list[dict], text: str | None, cmp: dict | None, engine: dict, k: int) -> None:
+    """The verdict, status and exit code of the doctor and the engine run together: a fault of either is a fault;
+    conclusive where the comparison ran and nothing is left undecided."""
+    from ..doctor.report import EXIT, status_of
+
     errors = [f for f in found if f["severity"] == "error"]
     static_errors = [f for f in res["findings"] if f["severity"] == "error" and f not in errors]
     undecided = [f for f in res["findings"] if f["code"] in _UNDECIDED]
@@ -384,8 +424,6 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
         res["verdict"] = (f"engine vLLM ran the pair (acceptance per position "
                           f"{_pp(engine['vllm_acceptance']['per_position'])}); eaglekit refuses it: "
                           f"{engine['eaglekit_refused']}. eaglekit alone: {res['verdict']}")
-    from ..doctor.report import EXIT, status_of
-
     res["fault"] = bool(errors or static_errors)
     res["conclusive"] = res["fault"] or (cmp is not None and not undecided)
     res["status"] = status_of(res["fault"], res["conclusive"])
@@ -396,8 +434,6 @@ def run_engine_doctor(target_dir, draft_dir, prompt_file=None, n_prompts: int = 
             res["decide"] = ["a vLLM run that completes and a pair eaglekit runs, to compare"]
     if res["status"] != "cannot_tell":
         res["decide"] = []
-    res["seconds"] = round(time.time() - t0, 1)
-    return res
 
 
 # the findings that leave a verdict undecided: the probe could not tell the wirings apart (W280), nothing tells
@@ -499,9 +535,10 @@ def zoo_main(argv=None) -> int:
     known, rest = ap.parse_known_args(argv)
     python = engine_python(known.engine_python)
 
-    def runner(target, draft, **kw):
-        return run_engine_doctor(target, draft, n_prompts=known.prompts, max_new_tokens=known.max_new_tokens,
-                                 python=python, time_budget=known.budget, **kw)
+    opts = DoctorOptions(prompts=known.prompts, max_new_tokens=known.max_new_tokens, time_budget=known.budget)
+
+    def runner(model: ModelOptions) -> dict:
+        return run_engine_doctor(model, opts, python=python)
 
     return main(rest, runner=runner, title="eaglekit doctor --engine vllm")
 

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from folders import write_specforge_folder
+from helpers import doctor_args
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
@@ -18,7 +19,7 @@ from eaglekit.doctor import run_doctor
 TARGET = ASSETS / "target"
 # two prompts, one round: the probe does not grow (two prompts cannot decide, so under the default budget it would
 # run a second round, 1-2 s more a test for nothing these tests check; test_progress_is_printed lets it grow)
-QUICK = dict(n_prompts=2, max_new_tokens=16, time_budget=0)
+QUICK = dict(prompts=2, max_new_tokens=16, time_budget=0)
 # a verdict that rests on the probe's evidence: the probe grows until it settles, never cut short by the clock (the
 # default 45 s counts from the start, loading included: a machine 3-4x slower than a quiet one stopped the built-in
 # prompts' probe after one round of the two it needs). The demo pair settles within 1-2 rounds, ~5-15 s a round.
@@ -49,7 +50,7 @@ def _codes(res):
 
 @pytest.fixture(scope="module")
 def clean():
-    return run_doctor(TARGET, ASSETS / "draft", **SETTLE)
+    return run_doctor(*doctor_args(TARGET, ASSETS / "draft", **SETTLE))
 
 
 def test_correct_pair_gets_a_clean_bill(clean):
@@ -71,7 +72,7 @@ def extra_embedding():
     """The report with the embedding captured too (fault 1), read by two tests."""
     from eaglekit.doctor import diagnose
 
-    return diagnose(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK)
+    return diagnose(*doctor_args(TARGET, ASSETS / "draft", capture=CaptureSpec((-1, 1, 5, 8)), **QUICK))
 
 
 def test_fault1_extra_embedding_capture_is_refused_with_the_numbers(extra_embedding):
@@ -97,7 +98,7 @@ def shifted(tmp_path_factory):
                 cfg["eaglekit"]["capture"]["after_layers"] = ids
 
             _edit_config(d, shift)
-            reports[delta] = run_doctor(TARGET, d, **SETTLE)
+            reports[delta] = run_doctor(*doctor_args(TARGET, d, **SETTLE))
         return reports[delta]
 
     return report
@@ -118,7 +119,7 @@ def test_fault3_missing_ids_are_warned_and_the_default_probed(tmp_path):
         cfg["eaglekit"].pop("capture")
 
     _edit_config(d, drop)
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert "W301" in _codes(res)
     assert res["probe"][0]["after_layers"] == [1, 5, 8]  # the engines' default, which this draft was trained on
 
@@ -126,14 +127,14 @@ def test_fault3_missing_ids_are_warned_and_the_default_probed(tmp_path):
 def test_fault4_missing_d2t_is_refused(tmp_path):
     d = _copy(tmp_path)
     _edit_weights(d, lambda w: (w.pop("d2t"), w.pop("t2d")))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["fault"] and "E210" in _codes(res)
 
 
 def test_fault5_d2t_as_absolute_ids_is_refused(tmp_path):
     d = _copy(tmp_path)
     _edit_weights(d, lambda w: w.__setitem__("d2t", w["d2t"] + torch.arange(w["d2t"].numel())))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["fault"] and "E207" in _codes(res)
 
 
@@ -148,33 +149,33 @@ def test_fault6_vocab_mapping_regenerated_after_training_is_refused(tmp_path):
         w["t2d"] = t2d
 
     _edit_weights(d, remap)
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["fault"] and "E217" in _codes(res)
 
 
 def test_fault7_draft_for_another_target_and_fault9_other_tokenizer(tmp_path):
     d = _copy(tmp_path)
     _edit_config(d, lambda c: c["eaglekit"]["target"].update(fingerprint="0123456789abcdef"))
-    assert "E208" in _codes(run_doctor(TARGET, d, **QUICK))
+    assert "E208" in _codes(run_doctor(*doctor_args(TARGET, d, **QUICK)))
     d2 = _copy(tmp_path, "tok")
     _edit_config(d2, lambda c: c["eaglekit"]["target"].update(tokenizer="fedcba9876543210"))
-    res = run_doctor(TARGET, d2, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d2, **QUICK))
     assert res["fault"] and "E215" in _codes(res)
 
 
 def test_fault8_undeclared_target_hidden_size(tmp_path):
     write_specforge_folder(tmp_path / "h", H=128, Ht=128, heads=2, kv=1, vocab=8192, dvocab=64, layer_ids=(1, 5, 8))
-    res = run_doctor(TARGET, tmp_path / "h", **QUICK)
+    res = run_doctor(*doctor_args(TARGET, tmp_path / "h", **QUICK))
     assert res["fault"] and "E203" in _codes(res)
     write_specforge_folder(tmp_path / "h2", H=256, Ht=512, heads=4, kv=2, vocab=8192, dvocab=64, layer_ids=(1, 5, 8))
-    res = run_doctor(TARGET, tmp_path / "h2", **QUICK)
+    res = run_doctor(*doctor_args(TARGET, tmp_path / "h2", **QUICK))
     assert res["fault"] and "E204" in _codes(res)
 
 
 def test_fault10_norm_option_dropped_from_the_config_is_refused(tmp_path):
     d = _copy(tmp_path)
     _edit_weights(d, lambda w: w.__setitem__("fc_norm.weight", torch.ones(768, dtype=torch.bfloat16)))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["fault"] and "E218" in _codes(res) and "norm_before_fc" in res["verdict"]
 
 
@@ -182,14 +183,14 @@ def test_fault10_norm_option_dropped_from_the_config_is_refused(tmp_path):
 @pytest.mark.parametrize("layers", [(11,), pytest.param(tuple(range(12)), marks=pytest.mark.slow)],
                          ids=["last-layer-only", "all-layers"])
 def test_fault11_wrong_number_of_captures_is_refused(layers):
-    res = run_doctor(TARGET, ASSETS / "draft", capture=CaptureSpec(layers), **QUICK)
+    res = run_doctor(*doctor_args(TARGET, ASSETS / "draft", capture=CaptureSpec(layers), **QUICK))
     assert res["fault"] and "E202" in _codes(res)
 
 
 def test_conflicting_declarations_are_flagged(tmp_path):
     d = _copy(tmp_path)
     _edit_config(d, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 5, 8]))  # vLLM key: input-of
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert "E219" in _codes(res)
 
 
@@ -257,7 +258,7 @@ def test_a_small_probe_that_cannot_tell_says_so(tmp_path):
         cfg["eaglekit"]["capture"]["after_layers"] = [2, 6, 9]
 
     _edit_config(_no_training_record(d), shift)  # the probe alone (the record would tell: tests/doctor/test_record.py)
-    res = run_doctor(TARGET, d, n_prompts=2, max_new_tokens=8, time_budget=0)
+    res = run_doctor(*doctor_args(TARGET, d, prompts=2, max_new_tokens=8, time_budget=0))
     assert "no wiring fault found" not in res["verdict"]
     assert not res["conclusive"] and "cannot tell these wirings apart on this probe" in res["verdict"]
     assert "W280" in _codes(res)
@@ -272,7 +273,7 @@ def test_the_probe_grows_until_it_can_tell(tmp_path):
     it (W281), so the verdict is "cannot tell", naming what decides it."""
     d = _copy(tmp_path)
     _no_record_of_the_target(d)
-    res = run_doctor(TARGET, d, n_prompts=4, max_new_tokens=32, time_budget=900)
+    res = run_doctor(*doctor_args(TARGET, d, prompts=4, max_new_tokens=32, time_budget=900))
     assert len(res["rounds"]) > 1 and res["rounds"][-1]["positions"] > res["rounds"][0]["positions"]
     assert all(r["z"] >= 3 for r in res["probe"] if r["wiring"] != "configured")
     assert not res["fault"] and "no wiring fault found" in res["verdict"]
@@ -285,14 +286,15 @@ def test_an_untrained_draft_is_a_finding(tmp_path):
 
     t = load_target(TARGET)
     save_draft(new_draft(t, capture=CaptureSpec((1, 5, 8)), draft_vocab_size=4096, seed=1), tmp_path / "u")
-    res = run_doctor(TARGET, tmp_path / "u", **QUICK)
+    res = run_doctor(*doctor_args(TARGET, tmp_path / "u", **QUICK))
     assert res["fault"] and "E282" in _codes(res) and "untrained" in res["verdict"]
 
 
 def test_two_sequences_decide_nothing(tmp_path):
     """Two prompts: a clustered standard error from two sequences is no basis for a verdict (it called the true
     wiring a fault at z -19 before the guard)."""
-    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)  # one round (time_budget 0): the probe may not grow
+    # one round (time_budget 0): the probe may not grow
+    res = run_doctor(*doctor_args(TARGET, ASSETS / "draft", **QUICK))
     assert len(res["rounds"]) == 1 and res["rounds"][0]["sequences"] == 2
     assert not res["fault"] and not any(r.get("decided") for r in res["probe"])
 
@@ -300,7 +302,7 @@ def test_two_sequences_decide_nothing(tmp_path):
 def test_missing_t2d_is_an_info_finding(tmp_path, clean):
     d = _copy(tmp_path)
     _edit_weights(d, lambda w: w.pop("t2d"))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert "I305" in _codes(res) and not res["fault"]
     assert "I305" not in _codes(clean)  # the same folder with its t2d
 
@@ -322,12 +324,12 @@ def test_the_feature_statistics_decide_nothing_over_other_text(tmp_path):
     and the weights record."""
     target = tmp_path / "t"
     shutil.copytree(TARGET, target)
-    res = run_doctor(target, ASSETS / "draft", **SETTLE)
+    res = run_doctor(*doctor_args(target, ASSETS / "draft", **SETTLE))
     assert res["probe_prompts"] == "built-in prompts"
     assert not res["fault"] and {"I308", "I306"} <= _codes(res), res["verdict"]
     d = _no_training_record(_copy(tmp_path))
     _edit_config(d, lambda c: c["eaglekit"]["target"].pop("weights"))  # the features, not the weights, recorded
-    res = run_doctor(target, d, **SETTLE)
+    res = run_doctor(*doctor_args(target, d, **SETTLE))
     assert res["status"] == "cannot_tell" and "W281" in _codes(res), res["verdict"]
 
 
@@ -344,7 +346,7 @@ def test_the_fingerprint_names_the_trained_layers_of_a_shifted_draft(shifted, de
 
 def test_progress_is_printed(capsys):
     # QUICK's size under the default budget: the probe grows (the default tier's one test that lets it)
-    run_doctor(TARGET, ASSETS / "draft", progress=True, n_prompts=2, max_new_tokens=16)
+    run_doctor(*doctor_args(TARGET, ASSETS / "draft", progress=True, prompts=2, max_new_tokens=16))
     assert "doctor" in capsys.readouterr().err
 
 
@@ -371,7 +373,7 @@ def test_export_records_the_target_weights_and_the_doctor_compares_them(tmp_path
                  str(TARGET)]) == 0
     rec = json.loads((tmp_path / "v" / "config.json").read_text())["eaglekit"]["target"]["weights"]
     assert rec["sha256"] and len(rec["sample"]) == 64
-    res = run_doctor(perturb_target(TARGET, tmp_path / "p", scale=0.05), tmp_path / "v", **QUICK)
+    res = run_doctor(*doctor_args(perturb_target(TARGET, tmp_path / "p", scale=0.05), tmp_path / "v", **QUICK))
     assert res["status"] == "fault" and "E220" in _codes(res)
     f = next(f for f in res["findings"] if f["code"] == "E220")
     assert 0.02 < f["evidence"]["distance"] < 0.1 and "differ by" in f["message"]
@@ -382,7 +384,7 @@ def test_a_third_party_draft_is_never_clean(tmp_path):
     tell, with what decides it."""
     d = _no_training_record(_copy(tmp_path))
     _edit_config(d, lambda c: c.pop("eaglekit"))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["status"] == "cannot_tell" and res["exit_code"] == 3 and "W281" in _codes(res)
     assert any("--reference-acceptance" in x for x in res["decide"])
 
@@ -404,7 +406,7 @@ def test_an_extra_capture_in_a_vllm_folder_names_the_ids_to_write(tmp_path):
 
     assert main(["export", str(tmp_path / "v"), "--draft", str(ASSETS / "draft"), "--to", "vllm", "--target",
                  str(TARGET)]) == 0
-    res = run_doctor(TARGET, set_ids(tmp_path / "v", [0, 2, 6, 9]), **QUICK)
+    res = run_doctor(*doctor_args(TARGET, set_ids(tmp_path / "v", [0, 2, 6, 9]), **QUICK))
     f = next(f for f in res["findings"] if f["code"] == "E202")
     assert "[0, 2, 6, 9] (the embedding output among them)" in f["message"]
     assert "eagle_aux_hidden_state_layer_ids = [2, 6, 9]" in f["fix"]
@@ -439,7 +441,7 @@ def test_e293_always_ends_with_a_cause_and_a_fix(tmp_path):
 
 # --- what ran, and the exit status as the doctor's own verdict in both forms (issues 41 item 3, 44 item 6) -------
 def test_the_report_names_the_products_and_why(capsys):
-    res = run_doctor(TARGET, ASSETS / "draft", **QUICK)
+    res = run_doctor(*doctor_args(TARGET, ASSETS / "draft", **QUICK))
     pair = res["pair"]
     assert pair["target_backend"] == "ours" and pair["device"] == "cpu" and pair["dtype"] == "float32"
     # on a CPU the chooser times aten against onednn here, and says so

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+from helpers import doctor_args
 from safetensors.torch import load_file, save_file
 
 from eaglekit.capture import CaptureSpec
@@ -19,7 +20,7 @@ from eaglekit.models import load_target
 from eaglekit.train.record import RECORD_FILE, loaded_as_doctor, read_record
 
 TARGET = ASSETS / "target"
-QUICK = dict(n_prompts=2, max_new_tokens=16, time_budget=0)
+QUICK = dict(prompts=2, max_new_tokens=16, time_budget=0)
 CAPTURE = CaptureSpec((1, 5, 8))
 
 
@@ -57,7 +58,7 @@ def test_the_shipped_demo_draft_carries_its_record():
 
 
 def test_the_right_pair_accepts_what_it_accepted_at_training(tmp_path):
-    res = run_doctor(TARGET, _draft(tmp_path), **QUICK)
+    res = run_doctor(*doctor_args(TARGET, _draft(tmp_path), **QUICK))
     assert "I311" in _codes(res) and not _codes(res) & {"E223", "E224", "E217", "E215"}, res["verdict"]
     i311 = next(f for f in res["findings"] if f["code"] == "I311")
     assert i311["evidence"]["drop"] == 0 and "where it accepted" in i311["message"]
@@ -66,7 +67,7 @@ def test_the_right_pair_accepts_what_it_accepted_at_training(tmp_path):
 @pytest.mark.slow
 def test_a_flipped_norm_is_named_with_its_fix_and_its_drop_measured(tmp_path):
     d = _edit_config(_draft(tmp_path), lambda c: c.update(norm_before_residual=True))
-    res = run_doctor(TARGET, d, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, **QUICK))
     assert res["status"] == "fault", res["verdict"]
     e224 = next(f for f in res["findings"] if f["code"] == "E224")
     assert e224["evidence"] == {"field": "norm_before_residual", "recorded": False, "now": True}
@@ -114,5 +115,5 @@ def test_doctor_record_writes_a_record_for_a_draft_made_elsewhere(tmp_path, caps
     out = json.loads(capsys.readouterr().out)
     rec = read_record(d)
     assert out["written_by"] == rec["written_by"] == "eaglekit doctor --record" and rec["acceptance"]["positions"] > 0
-    res = run_doctor(TARGET, d, prompt_file=prompts, **QUICK)
+    res = run_doctor(*doctor_args(TARGET, d, prompt_file=prompts, **QUICK))
     assert {"I311", "I308"} <= _codes(res)  # the record's weights fingerprint tells the target (no eaglekit block)

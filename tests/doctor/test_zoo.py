@@ -7,12 +7,13 @@ import pytest
 
 from eaglekit.doctor import run_doctor
 from eaglekit.doctor.zoo import CASES, OUTCOMES, Pairs, confusion, outcome, run_case
+from eaglekit.options import DoctorOptions
 
-QUICK = {"n_prompts": 2, "max_new_tokens": 8, "time_budget": 0}
+QUICK = DoctorOptions(prompts=2, max_new_tokens=8, time_budget=0)
 
 
-def _quick_runner(target, draft, **kw):
-    return run_doctor(target, draft, **{**QUICK, **kw})
+def _quick_runner(model):
+    return run_doctor(model, QUICK)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import pytest
 
 from eaglekit.doctor.zoo import CASES, Pairs, confusion, print_table, run_case
 from eaglekit.engines.vllm import run_engine_doctor
+from eaglekit.options import DoctorOptions
 
 pytestmark = pytest.mark.engine
 
@@ -16,8 +17,8 @@ NAMES = ("clean", "ids+1-vllm", "ids-reversed", "d2t-rolled", "d2t-rolled-hash",
 def test_the_engine_doctor_never_calls_a_fault_clean(vllm_python, tmp_path_factory):
     pairs = Pairs(tmp_path_factory.mktemp("zoo_pairs"))
 
-    def runner(target, draft, **kw):
-        return run_engine_doctor(target, draft, n_prompts=8, max_new_tokens=32, python=vllm_python, **kw)
+    def runner(model):
+        return run_engine_doctor(model, DoctorOptions(prompts=8, max_new_tokens=32), python=vllm_python)
 
     rows = [run_case(c, pairs, tmp_path_factory.mktemp(c.name), runner) for c in CASES if c.name in NAMES]
     print_table(rows, "eaglekit doctor --engine vllm")

@@ -274,6 +274,8 @@ def test_export_and_the_doctor_take_the_demo_target_as_a_gguf(tmp_path, capsys):
     byte-level tokenizer fingerprint) differ from the folder's: E215 says so, and --allow-other-target passes it."""
     from pathlib import Path
 
+    from helpers import doctor_args
+
     import eaglekit
     from eaglekit.cli import main
     from eaglekit.doctor import run_doctor
@@ -284,7 +286,7 @@ def test_export_and_the_doctor_take_the_demo_target_as_a_gguf(tmp_path, capsys):
     export = ["export", str(tmp_path / "v"), "--draft", str(demo / "draft"), "--to", "vllm", "--target", str(f)]
     assert main(export) == 2 and "[E215]" in capsys.readouterr().err
     assert main([*export, "--allow-other-target"]) == 0
-    res = run_doctor(f, demo / "draft", n_prompts=2, max_new_tokens=16, time_budget=0)
+    res = run_doctor(*doctor_args(f, demo / "draft", prompts=2, max_new_tokens=16, time_budget=0))
     codes = {x["code"] for x in res["findings"]}
     assert "I308" in codes and "E220" not in codes and "E215" in codes, codes
 
