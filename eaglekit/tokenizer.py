@@ -37,16 +37,12 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
     a GGUF gives the hash of the file's tokenizer metadata (eaglekit.gguf.gguf_tokenizer_fingerprint)."""
     import hashlib
 
-    from .gguf import MARKER, resolve_target
+    from .gguf import resolve_target
 
     folder = Path(resolve_target(folder))
-    if (folder / MARKER).is_file():
-        try:
-            fp = json.loads((folder / MARKER).read_text()).get("tokenizer_fingerprint")
-        except (json.JSONDecodeError, AttributeError):
-            fp = None
-        if fp:
-            return fp
+    fp = gguf_tokenizer_of(folder)
+    if fp:
+        return fp
     h = hashlib.sha256()
     found = hash_tokenizer_files(folder, h)
     tmpl = config_chat_template(folder)
@@ -60,6 +56,21 @@ def tokenizer_fingerprint(folder: str | Path) -> str | None:
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def gguf_tokenizer_of(folder: Path) -> str | None:
+    """For a folder materialized from a GGUF (eaglekit.gguf), the hash of the file's tokenizer metadata, else None.
+    Such a folder's tokenizer files are written by the transformers release that materialized it, and releases write
+    the same tokenizer in different bytes: a digest of those files would move between two machines that read one
+    GGUF (a draft trained beside transformers 5.17 was called another tokenizer's beside 5.25)."""
+    from .gguf import MARKER
+
+    if not (folder / MARKER).is_file():
+        return None
+    try:
+        return json.loads((folder / MARKER).read_text()).get("tokenizer_fingerprint") or None
+    except (json.JSONDecodeError, AttributeError):
+        return None
 
 
 def hash_tokenizer_files(folder: Path, h) -> bool:

@@ -72,17 +72,21 @@ def function_fields(folder) -> dict:
 
 def tokenizer_digests(target_dir) -> dict:
     """The target folder's tokenizer files and chat template, digested apart (eaglekit.tokenizer's fingerprint
-    hashes both together): the doctor says which of the two changed."""
-    from ..tokenizer import CHAT_TEMPLATE_FILES, config_chat_template, hash_tokenizer_files
+    hashes both together): the doctor says which of the two changed. A folder materialized from a GGUF gives the
+    GGUF's tokenizer metadata hash for the tokenizer (eaglekit.tokenizer.gguf_tokenizer_of: its files' bytes depend
+    on the transformers release that wrote them)."""
+    from ..tokenizer import CHAT_TEMPLATE_FILES, config_chat_template, gguf_tokenizer_of, hash_tokenizer_files
 
     folder = Path(target_dir)
     h = hashlib.sha256()
+    gguf = gguf_tokenizer_of(folder)
     found = hash_tokenizer_files(folder, h)
     tmpl = config_chat_template(folder)
     for name in CHAT_TEMPLATE_FILES:
         if (folder / name).is_file():
             tmpl = (tmpl or "") + (folder / name).read_text(errors="replace")
-    return {"tokenizer": h.hexdigest()[:16] if found else None, "chat_template": digest(tmpl) if tmpl else None}
+    return {"tokenizer": gguf or (h.hexdigest()[:16] if found else None),
+            "chat_template": digest(tmpl) if tmpl else None}
 
 
 def sample_of(seqs: list[list[int]]) -> list[list[int]]:

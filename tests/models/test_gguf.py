@@ -308,3 +308,25 @@ def test_the_tokenizer_fingerprint_of_a_gguf_is_its_metadatas(model_dirs, tmp_pa
     (other / "tokenizer_config.json").write_text(json.dumps(cfg))
     (other / "chat_template.jinja").unlink(missing_ok=True)
     assert tokenizer_fingerprint(write_gguf(other, tmp_path / "b.gguf")) != fp
+
+
+def test_the_training_records_tokenizer_digest_of_a_gguf_is_its_metadatas(model_dirs, tmp_path):
+    """The digest a draft's training record keeps (and the doctor's E215 compares) is the GGUF's metadata hash too:
+    a draft trained on one machine and checked on another, whose transformers writes the materialized folder's
+    tokenizer.json in other bytes, is not called another tokenizer's."""
+    from eaglekit.tokenizer import tokenizer_fingerprint
+    from eaglekit.train.record import tokenizer_digests
+
+    a = write_gguf(model_dirs["llama"], tmp_path / "a.gguf")
+    folder = resolve_target(a)
+    before = tokenizer_digests(folder)
+    assert before["tokenizer"] == tokenizer_fingerprint(a)
+    tj = folder / "tokenizer.json"
+    tj.write_text(json.dumps(json.loads(tj.read_text()), indent=1))  # the same tokenizer in other bytes
+    assert tokenizer_digests(folder) == before
+    # a plain folder's digest still reads its files: another tokenizer.json is another tokenizer
+    plain = tmp_path / "plain"
+    shutil.copytree(model_dirs["llama"], plain)
+    d = tokenizer_digests(plain)
+    (plain / "tokenizer.json").write_text((plain / "tokenizer.json").read_text() + "\n")
+    assert tokenizer_digests(plain)["tokenizer"] != d["tokenizer"]
