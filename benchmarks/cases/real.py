@@ -102,7 +102,7 @@ def smollm2_speed(p, ctx):
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.models.gguf import find_smollm2, retype_gguf
 
-    tdir, _, t, d, tok = _pair(p, ctx)
+    tdir, ddir, t, d, tok = _pair(p, ctx)
     threads = torch.get_num_threads()
     cats, ids = _prompts(tok, p["per_category"])
     engines = [e for e in str(p["engines"]).split(",") if e] if isinstance(p["engines"], str) else list(p["engines"])
@@ -126,7 +126,7 @@ def smollm2_speed(p, ctx):
         # its greedy output is the bf16 target's own, checked against that target alone, for the same token counts
         from eaglekit.pair import load_pair
 
-        tb, db = load_pair(tdir, _pair(p, ctx)[1], device=p.get("device") or "cpu", dtype="bfloat16",
+        tb, db = load_pair(tdir, ddir, device=p.get("device") or "cpu", dtype="bfloat16",
                            compile="off")
         dec16 = Decoder(tb, db, TreeShape.make(p["steps"], p["topk"], p["draft_tokens"]))
         base16 = [dec16.generate(x, counts[i], baseline=True) for i, x in enumerate(ids)]

@@ -78,15 +78,15 @@ def tokenizer_digests(target_dir) -> dict:
     from ..tokenizer import CHAT_TEMPLATE_FILES, config_chat_template, gguf_tokenizer_of, hash_tokenizer_files
 
     folder = Path(target_dir)
-    h = hashlib.sha256()
-    gguf = gguf_tokenizer_of(folder)
-    found = hash_tokenizer_files(folder, h)
+    tokenizer = gguf_tokenizer_of(folder)
+    if tokenizer is None:  # (a GGUF's folder: its tokenizer files are not read, megabytes the digest would ignore)
+        h = hashlib.sha256()
+        tokenizer = h.hexdigest()[:16] if hash_tokenizer_files(folder, h) else None
     tmpl = config_chat_template(folder)
     for name in CHAT_TEMPLATE_FILES:
         if (folder / name).is_file():
             tmpl = (tmpl or "") + (folder / name).read_text(errors="replace")
-    return {"tokenizer": gguf or (h.hexdigest()[:16] if found else None),
-            "chat_template": digest(tmpl) if tmpl else None}
+    return {"tokenizer": tokenizer, "chat_template": digest(tmpl) if tmpl else None}
 
 
 def sample_of(seqs: list[list[int]]) -> list[list[int]]:
