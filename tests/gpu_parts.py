@@ -65,10 +65,12 @@ PARTS = {
     4: ("the bf16 pair: speculative output equals the one-row baseline", [
         f"{GPU}::test_bf16_chains_equal_the_verify_shaped_baseline",
         f"{GPU}::test_invariant_bf16_speculative_equals_the_one_row_baseline",
+    ]),
+    5: ("the bf16 pair's one-row batch, and DeepSeek's experts modes", [
         f"{GPU}::test_one_row_batch_equals_the_one_row_baseline_through_the_drafts_own_walk",
         "tests/models/test_deepseek.py::test_speculative_decoding_with_each_experts_mode_on_the_gpu",
     ]),
-    5: ("prompts through the prompt graphs (--prompt-graphs)", [
+    6: ("prompts through the prompt graphs (--prompt-graphs)", [
         f"{GPU}::test_prompt_graphs_decode_what_eager_prompts_do",
         "tests/models/test_deepseek.py::test_prompt_graphs_on_the_gpu",
     ]),
