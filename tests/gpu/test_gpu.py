@@ -586,8 +586,10 @@ def test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded():
         for n in range(N):
             assert torch.equal(ex.grouped(x[n:n + 1], idx[n:n + 1], w[n:n + 1])[0], y[n]), n
         # compiled, inductor fuses the activation and the weighted sum (other roundings than eager's): compiled
-        # against compiled, a token alone against the same token among the others, and the graph against the op
-        fn = compile_decode(lambda a, i, ww: ex.grouped(a, i, ww))
+        # against compiled, a token alone against the same token among the others, and the graph against the op.
+        # Compiled as a DeepSeek layer of this width compiles it (hidden=D: tuned, D43); inductor's untuned configs
+        # for 1 and 6 tokens reduce in other orders, and a token alone then differs from itself among the others
+        fn = compile_decode(lambda a, i, ww: ex.grouped(a, i, ww), hidden=D)
         yc = fn(x, idx, w)
         assert (yc.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
         for n in range(N):
