@@ -6,12 +6,13 @@ what it does as class attributes (no flag is read by name elsewhere):
 
     kind        attention  batch_invariant  layer_kernels   where
     aten        no         no               no              anywhere: F.linear, said explicitly
-    onednn      no         yes (per row)    no              CPU: weights prepacked for oneDNN's linear
+    onednn      no         float32 only     no              CPU: weights prepacked for oneDNN's linear
     invariant   yes        yes              no              CUDA + Triton, bf16/fp16
     hopper      yes        yes              yes             sm_90 + nvcc, bf16, the shapes eaglekit.kernels.hopper takes
 
-- onednn: on the CPUs measured a 6-row product costs a fraction of F.linear's (which takes slow paths for small M),
-  and one row's result does not depend on how many rows come with it.
+- onednn: on the CPUs measured a 6-row product costs a fraction of F.linear's (which takes slow paths for small M).
+  In float32 one row's result does not depend on how many rows come with it; in bf16 it does (the real pair's bf16
+  draft output equalled the plain bf16 decode on 13 of 21 prompts), so bf16 on a CPU is fast, not lossless.
 - invariant: every product of a decode call through eaglekit.kernels.invariant_gemm from one row on, the decode
   attention through .invariant_attention and the norms through .invariant_norm: a row's bits do not depend on the
   rows beside it, so bf16 speculative output is identical to the bf16 plain decode's.
@@ -125,17 +126,19 @@ class OneDNN(Aten):
     product that needs gradients falls back to F.linear: a stale pack is never used."""
 
     name = "onednn"
-    batch_invariant = True
     compiles_any_length = False  # inductor lowers a packed weight's product for fixed sizes only
 
     def __init__(self, weights):
         self.packed: dict[int, tuple] = {}
+        # row-invariant only where every packed weight is float32 (see the module docstring)
+        self.batch_invariant = True
         with torch.no_grad():
             for w in weights:
                 if (id(w) not in self.packed and w.device.type == "cpu" and w.dim() == 2
                         and w.dtype in (torch.float32, torch.bfloat16)):
                     self.packed[id(w)] = (weakref.ref(w), w._version,
                                           torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+                    self.batch_invariant = self.batch_invariant and w.dtype == torch.float32
 
     def linear(self, x, w, b=None):
         e = self.packed.get(id(w))

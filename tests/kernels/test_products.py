@@ -36,6 +36,20 @@ def test_onednn_products_match_f_linear_and_fall_back_when_they_must():
     assert v.grad is not None
 
 
+@needs_onednn
+def test_onednn_claims_row_invariance_in_float32_only():
+    """A row's float32 product is the same bits alone and among five others; bf16 packs make no such claim (oneDNN's
+    bf16 kernels round a row by the block it falls in), so the decoder never takes a bf16 CPU run as lossless."""
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(256, 576, generator=g), torch.randn(6, 576, generator=g)
+    p = OneDNN([w])
+    assert p.batch_invariant
+    many = p.linear(x, w)
+    assert all(torch.equal(p.linear(x[i:i + 1], w)[0], many[i]) for i in range(6))
+    assert not OneDNN([w.bfloat16()]).batch_invariant
+    assert not OneDNN([w, w.bfloat16()]).batch_invariant
+
+
 def test_pick_cpu_times_both_paths_and_sets_the_faster():
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
     assert t.products == "aten" and t.net.products.name == "aten"
