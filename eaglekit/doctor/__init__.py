@@ -48,7 +48,8 @@ from .probe import (
     probe_prompts,
     wirings,
 )
-from .recorded import acceptance_findings, static_findings
+from .recorded import REC, acceptance_findings, settles_wiring, static_findings
+from .recorded import SOURCE as RECORD_SOURCE
 from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
 from .vocab import mapping_is_wrong, vocab_evidence
 
@@ -155,10 +156,12 @@ def diagnose(model: ModelOptions, opts: DoctorOptions | None = None, shape=None)
         _stage(bar, "trace and profile")
         if not _trace_and_profile(run, base, shape, prompts[0], ctx):
             return _conclude(run.findings, None, ctx, t0, run.pair)
-        _probe(run, base, shape, prompts, opts, ctx, t0, bar)
-        if run.record is not None:
+        if run.record is not None:  # first: a record that settles the wiring shortens the probe to one round
             _stage(bar, "the training record's sample")
-            run.findings += acceptance_findings(run.record, run.target, run.draft, base, run.target_dir, run.findings)
+            run.findings += acceptance_findings(run.record, run.target, run.loaded_draft, base, run.target_dir,
+                                                run.findings, fix_ids=_fix)
+            ctx.wiring_by_record = settles_wiring(run.findings)
+        _probe(run, base, shape, prompts, opts, ctx, t0, bar)
         _stage(bar, "decoding")
         _decode(run, base, shape, prompts, opts, ctx)
         return _conclude(run.findings, base, ctx, t0, run.pair)
@@ -312,10 +315,18 @@ def _probe(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opt
 
     def settled(p: Probe) -> bool:
         _stage(bar, f"probe: {p.positions} positions")
+        if ctx.wiring_by_record:
+            return True
         rows = p.rows()
         ran = [r for r in rows if r.per_position]
         if max(_position1(r) for r in ran) < DEAD:
-            return True
+            # a draft that accepts nothing: untrained, another target's, or a d2t pointing its rows elsewhere; the
+            # last shows on the vocabulary evidence alone, so without a recorded d2t the probe grows until it has
+            # enough (vocab.MIN_IDS ids) or the budget ends
+            if ctx.vocab_recorded:
+                return True
+            ev = vocab_evidence(p.vocab_pairs, p.hot)
+            return ev is None or ev.get("wrong") is not None
         return all(r.decided for r in ran if r.diff is not None)
 
     _stage(bar, "probe")
@@ -358,6 +369,7 @@ class _Context:
         self.vocab_recorded = False
         self.probe_seconds = 0.0
         self.budget = TIME_BUDGET_S
+        self.wiring_by_record = False  # the training record's sample settled the wiring (recorded.settles_wiring)
 
 
 def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float,
@@ -375,6 +387,7 @@ def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context |
         probe_text, extra, shown, more = _probe_verdict(ran, base, ctx, findings)
         findings += extra
         decide += more
+        shown = shown or ctx.wiring_by_record
         target_known = _identity_findings(findings, ctx, ran, decide)
     else:
         target_known = True  # nothing ran: the verdict is the refusal (a fault) or "no probe could run"
@@ -386,8 +399,9 @@ def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context |
     fault = bool(errors)
     conclusive = fault or (shown and target_known and vocab_known)
     if errors:
-        text = "; ".join(f"[{f.code}] {f.message}" + (f" (fix: {f.fix})" if f.fix and f.code not in ("E290", "E281")
-                                                      else "") for f in errors if f.code not in ("E290", "E281"))
+        # the probe's own E290 / E281 are in probe_text; the training record's E290 is not
+        text = "; ".join(f"[{f.code}] {f.message}" + (f" (fix: {f.fix})" if f.fix and not _in_probe_text(f) else "")
+                         for f in errors if not _in_probe_text(f))
         text = (text + ". Probe: " if text else "") + probe_text
     elif not conclusive:
         why = [f.message for f in findings if f.code in ("W281", "W285")]
@@ -450,6 +464,10 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
                             ": whether this is that target, or a same-shape one with other weights, could not be "
                             "checked", DECIDE_TARGET))
     return False
+
+
+def _in_probe_text(f: Finding) -> bool:
+    return f.code in ("E290", "E281") and f.evidence.get("source") != RECORD_SOURCE
 
 
 def _position1(r: WiringRow) -> float:
@@ -535,6 +553,8 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
                            {"slots": ctx.fingerprint}))
     head = (f"the {ctx.label} (after_layers {layers}) accepts {p1:.0%} at position 1 (teacher-forced), accept length "
             f"{al:.2f}")
+    if any(f.code == "E290" and f.evidence.get("source") == RECORD_SOURCE for f in findings):
+        return f"{head}; the training record's sample names the wiring the draft was trained on (above)", out, True, []
     if not undecided:
         worst = min(others, key=_z) if others else None
         lead = (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
@@ -542,6 +562,13 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
                 f"(z {worst.z:.1f}, {where})") if worst else ""
         return f"{head}{lead}; no wiring fault found", out, True, []
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
+    if ctx.wiring_by_record:
+        rec = next(f for f in findings if f.code == "I311")
+        msg = (f"the wiring is the one the draft was trained on ({REC}), and on its recorded sample the draft accepts "
+               f"what it accepted at training ({rec.message.split(' (', 1)[0].removeprefix('the draft ')}); "
+               f"the probe's first round does not tell {ties} apart from it ({where}), and needs not: the record "
+               f"names the trained wiring")
+        return f"{head}; {msg}; no wiring fault found", out, True, []
     longer = _longer(ctx, undecided)
     msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {layers}) minus {ties}, in "
            f"accepted tokens per position over {where} (|z| < {Z:.0f}); the probe stopped at its time budget")

@@ -7,12 +7,17 @@ but an engine honours. The probe cannot see them (it varies the wiring only); th
 1. static, before the probe (`static_findings`): each function field of the config against the recorded value
    (E224, the field named with the value to restore), the d2t against the recorded digest (E217), the target's
    tokenizer and chat template against the recorded digests (E215);
-2. after the probe (`acceptance_findings`): the draft measured again on the recorded sample, with the recorded chain,
-   under the configured wiring, by the same function that wrote the record (eaglekit.train.record.measure), and
-   compared position by position with the recorded runs (paired_difference: the standard error clustered by
-   sequence). A drop larger than Z standard errors and than DROP is E223, "accepts X where it accepted Y at
+2. before the probe (`acceptance_findings`): the draft measured again on the recorded sample, with the recorded
+   chain, under the configured wiring, by the same function that wrote the record (eaglekit.train.record.measure),
+   and compared position by position with the recorded runs (paired_difference: the standard error clustered by
+   sequence). Where the capture moved since training and the sample measured under the recorded capture accepts as
+   at training and more than as configured (by Z standard errors), that is a wiring fault (E290, the recorded ids
+   as the fix). Any other drop larger than Z standard errors and than DROP is E223, "accepts X where it accepted Y at
    training", followed by what changed since training; within it, I311; a run in another dtype or with other
-   products whose acceptance holds is a note (I312), not a fault.
+   products whose acceptance holds is a note (I312), not a fault. A record that settles the wiring (I311 with the
+   capture unchanged, or its E290: `settles_wiring`) ends the probe after its first round: on the same positions
+   the probe's alternatives are told apart only by their distance from the trained wiring, which the record
+   already names.
 """
 
 from __future__ import annotations
@@ -118,20 +123,74 @@ def _paired(rec_runs: list[str], now_runs: list[str]):
     return a, b
 
 
-def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list[Finding]) -> list[Finding]:
-    """The draft measured again on the recorded sample and compared with the record."""
+def _compared(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float, float, float, float, int]:
+    """-> (a's accept length, b's, a minus b in accepted tokens per position, its standard error, z, positions)."""
+    N = sum(x.numel() for x in a)
+    diff, se = paired_difference(a, b)
+    was, is_ = 1 + float(sum(x.sum() for x in a)) / N, 1 + float(sum(y.sum() for y in b)) / N
+    z = diff / se if se > 0 else (0.0 if diff == 0 else 99.0)
+    return was, is_, diff, se, z, N
+
+
+def _dropped(diff: float, se: float) -> bool:
+    return diff > max(Z * se, DROP)
+
+
+def settles_wiring(findings: list[Finding]) -> bool:
+    """Whether the training record's sample settled the wiring: the configured one is the one trained and accepts as
+    at training (I311 with the capture unchanged), or the trained one accepts as at training where the configured
+    one does not (E290 from the record)."""
+    return any((f.code == "I311" and f.evidence.get("capture_unchanged")) or
+               (f.code == "E290" and f.evidence.get("source") == SOURCE) for f in findings)
+
+
+SOURCE = "training record"
+
+
+def _wiring_finding(rec: dict, target, draft, seqs: list[list[int]], steps: int, now: list[str], base,
+                    fix_ids) -> Finding | None:
+    """Where the capture moved since training: the sample measured again under the recorded capture. If that accepts
+    as at training and the configured wiring accepts less than it on the same positions by Z standard errors, the
+    wiring is the cause (E290, the fix in the folder's convention); else None. Both runs are this run (one dtype, one
+    set of products), so unlike the drop against the record no DROP floor applies: the probe decides its wirings by
+    the same Z alone."""
+    from ..capture import CaptureSpec
+    from ..train.record import measure
+
+    cap = (rec.get("config") or {}).get("capture")
+    if cap is None or list(base.after_layers) == list(cap):
+        return None
+    trained = CaptureSpec(tuple(cap))
+    if not all(-1 <= i < target.info.num_layers for i in trained.after_layers):
+        return None
+    then = measure(target, draft, seqs, trained, steps)
+    holds = _compared(*_paired(rec["runs"], then))
+    was, is_, diff, se, z, N = _compared(*_paired(then, now))
+    if _dropped(holds[2], holds[3]) or not diff > Z * se:
+        return None
+    msg = (f"the draft was trained on after_layers {list(cap)} ({REC}) and is configured with "
+           f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
+           f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
+           f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position (z {0.0 - z + 0.0:.1f}, teacher-forced, "
+           f"chain of {steps}, {N} positions)")
+    return Finding("E290", "error", msg, fix_ids(list(cap)),
+                   {"configured": list(base.after_layers), "best": list(cap), "diff": round(-diff, 4),
+                    "se": round(se, 4), "z": round(-z, 2), "positions": N, "source": SOURCE})
+
+
+def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list[Finding],
+                        fix_ids=None) -> list[Finding]:
+    """The draft measured again on the recorded sample and compared with the record. `fix_ids(after_layers)`: the
+    fix for a wiring fault in the folder's convention (None: no wiring verdict from the record)."""
     from ..train.record import measure
 
     steps = int(rec.get("steps") or 3)
     seqs = (rec.get("sample") or {}).get("sequences") or []
     now = measure(target, draft, seqs, base, steps)
     a, b = _paired(rec["runs"], now)
-    N = sum(x.numel() for x in a)
-    if N == 0:
+    if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
-    diff, se = paired_difference(a, b)
-    was, is_ = 1 + float(sum(x.sum() for x in a)) / N, 1 + float(sum(y.sum() for y in b)) / N
-    z = diff / se if se > 0 else (0.0 if diff == 0 else 99.0)
+    was, is_, diff, se, z, N = _compared(a, b)
     moved = changes(rec, target, target_dir, base)
     fields = [f for f in static if f.code in ("E224", "E217", "E215")]
     ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
@@ -139,7 +198,11 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
           "written_by": rec.get("written_by")}
     where = (f"teacher-forced accept length, chain of {steps}, on the {len(a)} sequences it was recorded on "
              f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
-    if diff > max(Z * se, DROP):
+    wiring = (_wiring_finding(rec, target, draft, seqs, steps, now, base, fix_ids)
+              if not fields and fix_ids is not None else None)
+    if wiring is not None:
+        return [wiring]
+    if _dropped(diff, se):
         label = {"E217": "the d2t", "E215": "the tokenizer / chat template"}
         named = [f"{f.evidence.get('field') or label[f.code]} ({f.code})" for f in fields]
         since = "; ".join(moved + ([f"config and files: {', '.join(named)}"] if named else []))
@@ -152,6 +215,8 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
                         f"({where}). Changed since training: " + (since or "nothing the record holds (config "
                         "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
                         "products): the cause is outside it"), fix, ev)]
+    cap = (rec.get("config") or {}).get("capture")
+    ev["capture_unchanged"] = cap is not None and list(base.after_layers) == list(cap) and not fields
     out = [Finding("I311", "info", f"the draft accepts {is_:.2f} where it accepted {was:.2f} at training ({where}): "
                    f"within the interval (a drop counts past {Z:.0f} standard errors and {DROP} tokens)", None, ev)]
     run = [m for m in moved if m.startswith(("the target's dtype", "the products"))]

@@ -195,8 +195,10 @@ def test_conflicting_declarations_are_flagged(tmp_path):
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):
-    # two prompts and no time to grow: the probe cannot tell, exit 3, never clean
-    assert main(["doctor", "--target", str(TARGET), "--draft", str(ASSETS / "draft"), "--prompts", "2",
+    # two prompts and no time to grow, and no training record to settle the wiring: the probe cannot tell, exit 3,
+    # never clean (with its record the shipped draft is clean on the same probe: tests/doctor/test_record.py)
+    bare = _no_training_record(_copy(tmp_path))
+    assert main(["doctor", "--target", str(TARGET), "--draft", str(bare), "--prompts", "2",
                  "--max-new-tokens", "16", "--time-budget", "0", "--json"]) == 3
     res = json.loads(capsys.readouterr().out)
     assert {"verdict", "findings", "probe", "status", "exit_code", "decide"} <= res.keys()

@@ -1,5 +1,7 @@
 """The doctor against the draft's training record (eaglekit.doctor.recorded): the right pair matches it; a function
-field changed since training is named with its fix (E224); a drop beyond the interval is E223 with what changed; a d2t
+field changed since training is named with its fix (E224); a capture moved since training whose drop the recorded
+capture undoes is a wiring fault (E290) and settles the wiring, as a capture unchanged whose acceptance holds does; any
+other drop beyond the interval is E223 with what changed; a d2t
 or chat template other than recorded is E217 / E215; another dtype whose acceptance holds is a note (I312);
 `doctor --record` writes a record for a draft made elsewhere. The demo pair, its record cut to a few sequences."""
 
@@ -58,10 +60,29 @@ def test_the_shipped_demo_draft_carries_its_record():
 
 
 def test_the_right_pair_accepts_what_it_accepted_at_training(tmp_path):
-    res = run_doctor(*doctor_args(TARGET, _draft(tmp_path), **QUICK))
+    res = run_doctor(*doctor_args(TARGET, _draft(tmp_path), **dict(QUICK, time_budget=60)))
     assert "I311" in _codes(res) and not _codes(res) & {"E223", "E224", "E217", "E215"}, res["verdict"]
     i311 = next(f for f in res["findings"] if f["code"] == "I311")
     assert i311["evidence"]["drop"] == 0 and "where it accepted" in i311["message"]
+    assert i311["evidence"]["capture_unchanged"]
+    # the record settles the wiring: the verdict is conclusive after the probe's first round, whatever its budget
+    assert res["status"] == "clean" and len(res["rounds"]) == 1, res["verdict"]
+
+
+def test_a_capture_moved_since_training_is_the_wiring_fault_the_record_names(tmp_path, target):
+    d = _draft(tmp_path, keep=24)
+    rec = read_record(d)
+    draft = loaded_as_doctor(target, d)
+    low = CaptureSpec((0, 4, 7))  # ids one low (SpecForge's 'output of' ids read as eaglekit's)
+    (found,) = acceptance_findings(rec, target, draft, low, TARGET, [], fix_ids=lambda ids: f"ids {ids}")
+    assert found.code == "E290" and found.fix == "ids [1, 5, 8]", found.message
+    ev = found.evidence
+    assert ev["source"] == "training record" and ev["best"] == [1, 5, 8] and ev["configured"] == [0, 4, 7]
+    assert ev["diff"] < 0 and ev["z"] < -3 and "trained on after_layers [1, 5, 8]" in found.message
+    # where the recorded capture does not give the recorded acceptance back either, the cause is elsewhere (E223)
+    rec["runs"] = ["".join("." if c == "." else "3" for c in r) for r in rec["runs"]]
+    (other,) = acceptance_findings(rec, target, draft, low, TARGET, [], fix_ids=lambda ids: f"ids {ids}")
+    assert other.code == "E223" and "the capture: after_layers [0, 4, 7] now, [1, 5, 8] at training" in other.message
 
 
 @pytest.mark.slow
