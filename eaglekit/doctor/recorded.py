@@ -147,28 +147,30 @@ def settles_wiring(findings: list[Finding]) -> bool:
 SOURCE = "training record"
 
 
-def _wiring_finding(rec: dict, target, draft, seqs: list[list[int]], steps: int, now: list[str], base,
+def _trained_capture(rec: dict, target, base):
+    """The recorded capture where it differs from `base` and the target has its layers, else None."""
+    from ..capture import CaptureSpec
+
+    cap = (rec.get("config") or {}).get("capture")
+    if cap is None or list(base.after_layers) == list(cap):
+        return None
+    trained = CaptureSpec(tuple(cap))
+    return trained if all(-1 <= i < target.info.num_layers for i in trained.after_layers) else None
+
+
+def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[str], base,
                     fix_ids) -> Finding | None:
     """Where the capture moved since training: the sample measured again under the recorded capture. If that accepts
     as at training and the configured wiring accepts less than it on the same positions by Z standard errors, the
     wiring is the cause (E290, the fix in the folder's convention); else None. Both runs are this run (one dtype, one
     set of products), so unlike the drop against the record no DROP floor applies: the probe decides its wirings by
     the same Z alone."""
-    from ..capture import CaptureSpec
-    from ..train.record import measure
-
-    cap = (rec.get("config") or {}).get("capture")
-    if cap is None or list(base.after_layers) == list(cap):
-        return None
-    trained = CaptureSpec(tuple(cap))
-    if not all(-1 <= i < target.info.num_layers for i in trained.after_layers):
-        return None
-    then = measure(target, draft, seqs, trained, steps)
+    cap = list(trained.after_layers)
     holds = _compared(*_paired(rec["runs"], then))
     was, is_, diff, se, z, N = _compared(*_paired(then, now))
     if _dropped(holds[2], holds[3]) or not diff > Z * se:
         return None
-    msg = (f"the draft was trained on after_layers {list(cap)} ({REC}) and is configured with "
+    msg = (f"the draft was trained on after_layers {cap} ({REC}) and is configured with "
            f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
            f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
            f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position (z {0.0 - z + 0.0:.1f}, teacher-forced, "
@@ -182,24 +184,25 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
                         fix_ids=None) -> list[Finding]:
     """The draft measured again on the recorded sample and compared with the record. `fix_ids(after_layers)`: the
     fix for a wiring fault in the folder's convention (None: no wiring verdict from the record)."""
-    from ..train.record import measure
+    from ..train.record import measure_each
 
     steps = int(rec.get("steps") or 3)
     seqs = (rec.get("sample") or {}).get("sequences") or []
-    now = measure(target, draft, seqs, base, steps)
+    fields = [f for f in static if f.code in ("E224", "E217", "E215")]
+    # where the capture moved, the recorded one is measured in the same target pass (a wiring verdict needs both)
+    trained = _trained_capture(rec, target, base) if not fields and fix_ids is not None else None
+    now, *then = measure_each(target, draft, seqs, [base] + ([trained] if trained is not None else []), steps)
     a, b = _paired(rec["runs"], now)
     if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
     was, is_, diff, se, z, N = _compared(a, b)
     moved = changes(rec, target, target_dir, base)
-    fields = [f for f in static if f.code in ("E224", "E217", "E215")]
     ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
           "z": round(z, 2), "positions": N, "sequences": len(a), "steps": steps, "changed": moved,
           "written_by": rec.get("written_by")}
     where = (f"teacher-forced accept length, chain of {steps}, on the {len(a)} sequences it was recorded on "
              f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
-    wiring = (_wiring_finding(rec, target, draft, seqs, steps, now, base, fix_ids)
-              if not fields and fix_ids is not None else None)
+    wiring = _wiring_finding(rec, trained, steps, now, then[0], base, fix_ids) if trained is not None else None
     if wiring is not None:
         return [wiring]
     if _dropped(diff, se):

@@ -100,10 +100,16 @@ def measure(target, draft, seqs: list[list[int]], capture, steps: int = STEPS, c
     """Per sequence, the accepted run (leading correct steps of a chain of `steps`) at each position, teacher-forced
     along the sequence, as a string ('.' where the position does not count). The doctor's probe (Probe._runs)
     reads the same runs from the same function, teacher_forced_hits."""
-    from .ttt import accepted_runs
+    return measure_each(target, draft, seqs, [capture], steps, chunk)[0]
 
-    return ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted))
-            for runs, counted in accepted_runs(target, draft, seqs, capture, steps, chunk)]
+
+def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: int = STEPS,
+                 chunk: int = 8) -> list[list[str]]:
+    """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each)."""
+    from .ttt import accepted_runs_each
+
+    return [["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted in per]
+            for per in accepted_runs_each(target, draft, seqs, captures, steps, chunk)]
 
 
 def summary(runs: list[str], steps: int) -> dict:

@@ -121,19 +121,33 @@ def accepted_runs(target, draft, seqs: list[list[int]], capture, steps: int, chu
     runs[p] = the leading correct steps of a chain of `steps` drafted from position p (0 where not counted),
     counted[p] = whether position p has `steps` tokens after it to check. The training record, the doctor's record
     check and the CPU chain pick read acceptance from this one function."""
+    return accepted_runs_each(target, draft, seqs, [capture], steps, chunk)[0]
+
+
+def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8):
+    """accepted_runs under each of `captures` (CaptureSpecs), one target forward a chunk for all of them: the target
+    captures the union of their layers once and each wiring's features are sliced from it (the target's forward,
+    not the draft's, is most of the cost). -> one list per capture, as accepted_runs returns."""
+    from ..capture import CaptureSpec
     from .data import Example, pad_batch
 
     dev, lm = target.device, target.lm_head_weight()
     hot = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)).to(dev)
-    out = []
+    union = sorted({i for c in captures for i in c.after_layers})
+    H = target.info.hidden_size
+    slot = {layer: n for n, layer in enumerate(union)}
+    out: list[list] = [[] for _ in captures]
     for i in range(0, len(seqs), chunk):
         part = seqs[i:i + chunk]
         ids, _, valid = pad_batch([Example(s, [1] * len(s)) for s in part])
         ids, valid = ids.to(dev), valid.to(dev)
-        hidden, feats = target.features(ids, valid.long(), capture)
-        b = TargetBatch(feats, ids, valid.long(), valid, hidden)
-        correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
-        runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
-        out += [(runs[j, :len(s)], counted[j, 0, :len(s)]) for j, s in enumerate(part)]
+        hidden, feats = target.features(ids, valid.long(), CaptureSpec(tuple(union)))
+        for c, runs_c in zip(captures, out):
+            idx = torch.cat([torch.arange(slot[layer] * H, (slot[layer] + 1) * H, device=feats.device)
+                             for layer in c.after_layers])
+            b = TargetBatch(feats.index_select(-1, idx), ids, valid.long(), valid, hidden)
+            correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
+            runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
+            runs_c += [(runs[j, :len(s)], counted[j, 0, :len(s)]) for j, s in enumerate(part)]
     return out
 

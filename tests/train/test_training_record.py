@@ -13,6 +13,7 @@ from eaglekit.train.record import (
     function_fields,
     loaded_as_doctor,
     measure,
+    measure_each,
     read_record,
 )
 
@@ -54,6 +55,19 @@ def test_train_writes_a_record_that_reads_back_and_measures_again_the_same(model
     again = measure(t, loaded_as_doctor(t, draft_dir), seqs, CaptureSpec(tuple(rec["config"]["capture"])),
                     rec["steps"])
     assert again == rec["runs"]
+
+
+def test_measuring_several_wirings_in_one_target_pass_equals_measuring_each(model_dirs, trained):
+    """measure_each captures the union of the wirings' layers once and slices each wiring's features from it: the
+    same runs as a target pass per wiring, for a reversed and an overlapping wiring too."""
+    draft_dir, _ = trained
+    rec = read_record(draft_dir)
+    t = load_target(model_dirs["llama"])
+    d = loaded_as_doctor(t, draft_dir)
+    seqs = rec["sample"]["sequences"][:4]
+    cap = tuple(rec["config"]["capture"])
+    wirings = [CaptureSpec(cap), CaptureSpec(cap[::-1]), CaptureSpec(tuple(max(i - 1, -1) for i in cap))]
+    assert measure_each(t, d, seqs, wirings, rec["steps"]) == [measure(t, d, seqs, w, rec["steps"]) for w in wirings]
 
 
 def test_eval_data_writes_the_record_and_export_carries_it(model_dirs, trained, tmp_path):
