@@ -189,12 +189,12 @@ def cmd_generate(args) -> int:
         keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
                                                  if m.speculative else [])
         # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
-        choice = getattr(target, "products_choice", None)
-        served = {"backend": getattr(target, "backend", None),
+        choice = target.products_choice
+        served = {"backend": target.backend,
                   "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-                  "draft_precision": getattr(draft, "precision", None),
-                  "prompt_graphs": getattr(target, "compiled_prompts", False),
-                  "experts": getattr(target, "experts", None)}
+                  "draft_precision": draft.precision if draft is not None else None,
+                  "prompt_graphs": target.compiled_prompts,
+                  "experts": target.experts}
         out = {"text": text, "token_ids": res.token_ids,
                "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
                "stop_reason": res.stop_reason}
@@ -467,6 +467,7 @@ def _export_args(p):
     p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
     add_capture(p)
     ModelOptions.add_args(p, only=("backend", "threads"))  # (it runs the pair on the CPU: the fingerprints)
+    p.set_defaults(device="cpu")  # (no --device: the pair runs on the CPU, the device its threads are chosen for)
 
 
 cmd_export.add_args = _export_args
@@ -829,7 +830,7 @@ def cmd_serve(args) -> int:
 
     model = model_options(args)
     shape = tree_shape(args) if args.draft else None
-    names = args.served_model_name or [getattr(args, "target_source", args.target)]  # a .gguf: its path as given
+    names = args.served_model_name or [args.target_source or args.target]  # a .gguf: its path as given
     opts = ServeOptions.from_args(args, served_model_name=names)
     check_options(opts)
     if opts.synthetic_accept_length is not None:  # checked before anything loads, like every serve option
@@ -948,6 +949,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="eaglekit", description="EAGLE-3 speculative decoding toolkit")
     parser.add_argument("--version", action="version", version=f"eaglekit {__version__}")
+    # what main and resolve_target_arg read of any command: its function (None: no command given), its --target (None
+    # for a command without one) and the path that --target gave (resolve_target_arg; None until it runs)
+    parser.set_defaults(func=None, target=None, target_source=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (fn, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=(fn.__doc__ or help_).strip())
@@ -959,7 +963,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_target_arg(args) -> None:
     """--target FILE.gguf (or a folder holding one GGUF) becomes the folder eaglekit.gguf materializes from it, once,
     before any command reads it; `target_source` keeps the path as given (serve's default model name)."""
-    given = getattr(args, "target", None)
+    given = args.target
     if isinstance(given, str):
         from .gguf import resolve_target
 
@@ -970,7 +974,7 @@ def resolve_target_arg(args) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if not args.func:
         parser.print_help()
         return 2
     try:
@@ -980,7 +984,7 @@ def main(argv=None) -> int:
         if "threads" in vars(args) and args.command not in ("serve", "demo"):
             from .options import apply_threads
 
-            apply_threads(args.threads, getattr(args, "device", None) or "cpu")
+            apply_threads(args.threads, args.device)
         if args.command in ("generate", "eval", "doctor", "serve"):
             from .distributed import enter_cli, shutdown
 

@@ -133,7 +133,7 @@ def pick_key(tgt, tdir, ddir, ids, max_new_tokens: int) -> dict:
     """What the chain pick depends on (chainpick.cache_key hashes it): the processor and its cores, torch, the
     dtype, the products and the thread count, the pair's bytes, the prompts' ids and the length."""
     return {"processor": processor_name(tgt.device), "cores": os.cpu_count(), "torch": torch.__version__,
-            "dtype": str(tgt.dtype), "products": getattr(tgt, "products", "aten"), "threads": torch.get_num_threads(),
+            "dtype": str(tgt.dtype), "products": tgt.products, "threads": torch.get_num_threads(),
             "pair": pair_hash(tdir, ddir), "prompts": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
             "max_new_tokens": max_new_tokens, "chains": list(chainpick.CHAINS)}
 
@@ -177,19 +177,19 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     tdir, ddir, tgt, drf, ids, categories, threads_pick = _load_demo(target, draft, opts, model, cpu)
     shape, picked = _demo_shape(decode, opts, tgt, drf, tdir, ddir, ids, progress)
     dec = Decoder(tgt, drf, shape)
-    choice = getattr(tgt, "products_choice", None)  # (set by load_pair or set_pair_products: what ran, and why)
+    choice = tgt.products_choice  # (set by load_pair or set_pair_products: what ran, and why)
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
     res = {**cmp.summary(),
            "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
                     "picked": picked},
            "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
            "threads_pick": threads_pick,
-           "compiled": compiled(tgt), "prompt_graphs": getattr(tgt, "compiled_prompts", False),
-           "products": getattr(tgt, "products", "aten"),
+           "compiled": compiled(tgt), "prompt_graphs": tgt.compiled_prompts,
+           "products": tgt.products,
            "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-           "backend": getattr(tgt, "backend", None),
-           "products_pick": getattr(tgt, "products_pick", None), "draft_quant": getattr(drf, "quantized", None),
-           "draft_precision": getattr(drf, "precision", None),
+           "backend": tgt.backend,
+           "products_pick": tgt.products_pick, "draft_quant": drf.quantized if drf is not None else None,
+           "draft_precision": drf.precision if drf is not None else None,
            "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
            "pair": opts.pair, "per_prompt": cmp.rows()}
     if categories:

@@ -366,8 +366,9 @@ def _forward_signals(rank0: subprocess.Popen) -> None:
 
 def enter_cli(args, argv: list[str] | None) -> int | None:
     """For the TP commands: spawn `--tp N` ranks (returns their exit status), or, inside a torchrun launch,
-    join the group and silence ranks > 0 (returns None: run the command)."""
-    tp = getattr(args, "tp", None)
+    join the group and silence ranks > 0 (returns None: run the command). `args`: a command's with the options of
+    cli.add_tp and --device (generate, eval, doctor, serve)."""
+    tp = args.tp
     world = env_world()[0]
     if world == 1 and (tp is None or tp == 1):
         return None
@@ -376,9 +377,8 @@ def enter_cli(args, argv: list[str] | None) -> int | None:
         if tp < 1:
             raise InputError(f"--tp must be >= 1, got {tp}", fix="e.g. --tp 2", code="E108")
         return launch(tp, list(sys.argv[1:] if argv is None else argv))
-    dev = getattr(args, "device", "auto")
-    group = init_tp(tp, "auto" if dev in (None, "auto") else dev, getattr(args, "tp_allreduce", "auto"),
-                    getattr(args, "tp_timeout", 120.0), getattr(args, "tp_lm_head", "auto"))
+    dev = args.device
+    group = init_tp(tp, "auto" if dev in (None, "auto") else dev, args.tp_allreduce, args.tp_timeout, args.tp_lm_head)
     group.agree("the command line", " ".join(sys.argv[1:] if argv is None else argv))
     silence_other_ranks()
     return None

@@ -488,7 +488,7 @@ def _write_tokenizer(src: Path, out: Path, meta: dict) -> bool:
         raise InputError(f"the tokenizer in {src} cannot be converted by transformers {_version('transformers')} "
                          f"({type(e).__name__}: {e})",
                          code="E109", fix="pass token ids, or convert the model to a Hugging Face folder") from None
-    if meta.get("tokenizer.chat_template") and not getattr(tok, "chat_template", None):
+    if meta.get("tokenizer.chat_template") and not tok.chat_template:  # (every transformers tokenizer has the field)
         tok.chat_template = meta["tokenizer.chat_template"]  # a transformers release that does not carry it over
     tok.save_pretrained(str(out))
     return True

@@ -104,7 +104,8 @@ class Options:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, **over):
-        kw = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        given = vars(ns)  # (a command declares some of the fields: the others keep their defaults)
+        kw = {f.name: given[f.name] for f in fields(cls) if f.name in given}
         kw.update(over)
         return cls(**kw)
 

@@ -22,10 +22,7 @@ def pick_device(name: str | None = "auto") -> str:
 
 def compile_pair(target: Target, draft: Eagle3Draft | None) -> None:
     """torch.compile the target's and the draft's decode calls (traced at their first call: a caller may set the
-    products or the thread count before it)."""
-    if not hasattr(target, "compile"):
-        raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
-                         fix="leave out --compile for transformers-backed targets")
+    products or the thread count before it). A target without `compiles` refuses it (E108)."""
     target.compile()
     if draft is not None:
         draft.compile()
@@ -68,14 +65,14 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     set_experts(target, experts)
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
-        compile = str(device).startswith("cuda") and hasattr(target, "compile") and getattr(target, "tp", None) is None
+        compile = str(device).startswith("cuda") and target.compiles and target.tp is None
     elif compile not in (True, False, "on", "off"):
         raise InputError(f"compile={compile!r} is not one of auto, on, off", fix="pass auto, on or off", code="E108")
     if compile in (True, "on"):
         compile_pair(target, draft)
     if prompt_graphs:
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
-        if not hasattr(target, "compile_prompts") or getattr(target, "tp", None) is not None:
+        if not target.compiles or target.tp is not None:
             raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
                              code="E108", fix="leave out --prompt-graphs for this target")
         target.compile_prompts()
@@ -92,10 +89,10 @@ def set_experts(target, experts: str = "auto") -> None:
     if experts not in EXPERTS:
         raise InputError(f"experts={experts!r} is not one of {', '.join(EXPERTS)}", code="E108",
                          fix=f"pass one of {', '.join(EXPERTS)}")
-    if not hasattr(target, "set_experts"):
+    if target.experts is None:  # a dense target
         if experts != "auto":
             raise InputError(f"--experts {experts} applies to mixture-of-experts targets (the DeepSeek family); this "
-                             f"target ({getattr(target, 'backend', None) or type(target).__name__}) has none",
+                             f"target ({target.backend or type(target).__name__}) has none",
                              code="E108", fix="leave out --experts for this target")
         return
     target.set_experts(None if experts == "auto" else experts)
@@ -108,8 +105,8 @@ def auto_draft_quant(target, draft, device) -> str:
     docs/performance.md#d24); as stored elsewhere (a CPU draft is too small to
     gain). The output is the target's either way."""
     gpu = str(device).startswith("cuda")
-    half = getattr(target, "dtype", None) in (torch.bfloat16, torch.float16)
-    return "int8" if gpu and half and hasattr(draft, "quantize") else "none"
+    half = target.dtype in (torch.bfloat16, torch.float16)
+    return "int8" if gpu and half and draft.quantizes else "none"
 
 
 def set_draft_precision(target, draft, device, draft_quant: str | None = None) -> None:
@@ -155,10 +152,9 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     target.products_choice = choice
     if choice.kind is None:  # F.linear; compiled layers: inductor does the products its own way
         return choice
-    if draft is not None and hasattr(draft, "set_products"):
+    if draft is not None:
         # the draft's arithmetic never reaches the output: it keeps the fast products when the target is invariant
         draft.set_products(choice.kind if choice.kind in CPU_KINDS else None)
-    if draft is not None and hasattr(draft, "set_attention"):
         # with the hopper kernels built for the target, the draft's decode attention takes theirs where its heads fit
         draft.set_attention("hopper" if choice.kind == "hopper" else "sdpa")
     return choice

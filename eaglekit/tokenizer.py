@@ -96,16 +96,27 @@ def config_chat_template(folder: Path):
         return None
 
 
+def chat_template_of(tokenizer) -> str | None:
+    """The tokenizer's chat template, or None where it has none (a tokenizer object without the field, as a plain
+    tokenizers.Tokenizer or a test's stand-in, has none): the one read of it for --chat, chat data and the server."""
+    return getattr(tokenizer, "chat_template", None)
+
+
+def token_ids(out) -> list[int]:
+    """The ids of apply_chat_template(tokenize=True): a list, or a BatchEncoding / dict holding them as input_ids
+    (transformers' releases differ)."""
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return list(out)
+
+
 def encode(tokenizer, text: str, chat: bool = False) -> list[int]:
     if chat:
-        if not getattr(tokenizer, "chat_template", None):
+        if not chat_template_of(tokenizer):
             raise InputError("--chat was given but the tokenizer has no chat template",
                              fix="leave out --chat, or add a chat_template to tokenizer_config.json", code="E109")
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
+        return token_ids(tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                       add_generation_prompt=True, tokenize=True))
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 

@@ -39,7 +39,7 @@ class _OneRow:
     def sync(self) -> None:
         """Bring the owner's committed entries level with the engine's `length` (see the module docstring)."""
         want, have = int(self.length[0]), self._count()
-        same_span = getattr(self.owner, "span", self.span) == self.span
+        same_span = self.owner.span == self.span
         if want == have and same_span:
             return
         if want == 0:  # a new sequence in this row (or another engine used the backend in between)
@@ -47,7 +47,7 @@ class _OneRow:
             return
         if want < have or not same_span:
             raise RuntimeError(f"the backend's sequence changed under its one-row cache ({have} entries, span "
-                               f"{getattr(self.owner, 'span', None)}; the row expects {want}, span {self.span}): "
+                               f"{self.owner.span}; the row expects {want}, span {self.span}): "
                                "another engine used it mid-sequence")
         d = want - have
         self.owner.keep(torch.arange(d, device=self.length.device), torch.tensor(d, device=self.length.device),
@@ -144,11 +144,11 @@ def one_row(target, draft, max_batch: int):
     """-> (target, draft, whether either is adapted) as the engine drives them: a backend without the row interface
     behind its one-row adapter (at max_batch 1; more rows are refused with E308)."""
     adapted = False
-    if not getattr(target, "batched", False):
+    if not target.batched:
         if max_batch != 1:
             target.row_cache(max_batch, 0)  # the backend's own refusal, naming the fix
         target, adapted = OneRowTarget(target), True
-    if draft is not None and not (getattr(draft, "batched", True) and hasattr(draft, "extend_rows")):
+    if draft is not None and not draft.batched:  # (Draft.batched: the row interface, extend_rows with it)
         if max_batch != 1:
             _refuse(draft, max_batch)
         draft, adapted = OneRowDraft(draft), True

@@ -75,7 +75,7 @@ class Cycle:
         # a chain's accepted path is each row's first n nodes: its KV entries and features are already in path order
         self.chain = shape.topk == 1
         # the accept's and the emit's ~25 small operations: compiled (a few kernels) where the draft is
-        compiled = getattr(setup.draft, "compiled_layer", None) is not None
+        compiled = setup.draft is not None and setup.draft.compiled_layer is not None
         self._accept, self._emit = twin(accept_greedy_rows, compiled), twin(emitted_rows, compiled)
 
     # --- speculative phases ----------------------------------------------------------------------

@@ -23,8 +23,8 @@ class Prefiller:
         self.setup, self.st, self.strict = setup, st, strict
         # a prompt graph compiled for every length (compile_prompts()) still compiles at its first call: `warm`
         # makes that call at warm-up or before the first prefill
-        self.cold = (getattr(setup.target, "compiled_prompts", False)
-                     or getattr(setup.draft, "compiled_prompt", None) is not None)
+        self.cold = (setup.target.compiled_prompts
+                     or (setup.draft is not None and setup.draft.compiled_prompt is not None))
 
     def warm_span(self) -> int:
         """The slots a row needs for `warm`'s longest call while it is still due (else 1)."""
@@ -88,7 +88,7 @@ class Prefiller:
         st, dev, draft = self.st, self.st.device, self.setup.draft
         assert st.tk is not None  # (warm-up follows the allocator's first sizing)
         kv, dk = st.tk.rows(r, r + 1), (st.dk.rows(r, r + 1) if st.dk is not None else None)
-        extend = dk is not None and getattr(draft, "compiled_prompt", None) is not None
+        extend = dk is not None and draft is not None and draft.compiled_prompt is not None
         with trace.paused():
             for T in (2, COMPILE_MAX_TOKENS + 1):
                 ids = torch.arange(T, device=dev)[None]

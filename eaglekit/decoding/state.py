@@ -9,8 +9,9 @@ tokens a row). Setup holds the models and the two numbers fixed for an engine's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -48,6 +49,9 @@ class RowTarget(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
 
+    @property
+    def compiled_prompts(self) -> bool: ...  # prompts run through one graph compiled for every length (Target's)
+
     def row_cache(self, batch: int, span: int) -> RowCache: ...
 
     def forward_rows(self, kv: RowCache, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
@@ -67,9 +71,24 @@ class RowDraft(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
 
+    # the compiled graphs (Draft's; None: eager): the decode layer, and the prompt graph for every length
+    @property
+    def compiled_layer(self) -> Callable[..., Any] | None: ...
+
+    @property
+    def compiled_prompt(self) -> Callable[..., Any] | None: ...
+
     def row_cache(self, batch: int, span: int) -> RowCache: ...
 
     def extend_rows(self, kv: RowCache, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int): ...
+
+    # a chain / a tree for the rows the draft's own way (a one-row walk: Eagle3Draft's, the one-row adapter's), or None
+    # where it has none for these rows (then decoding.tree walks them over step_rows)
+    def chain_rows(self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int, root: torch.Tensor,
+                   span: int) -> torch.Tensor | None: ...
+
+    def tree_rows(self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
+                  frame: tuple, steps: int, n_sel: int, span: int) -> tuple | None: ...
 
 
 @dataclass

@@ -98,7 +98,7 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
     frame = _tree_frame(K, P, dev)
     grown = draft.grow_tree(h_last, logits_last, root_token, frame, shape.steps, n_sel)
     if grown is None:
-        ops = _bookkeeping(getattr(draft, "compiled_layer", None) is not None)
+        ops = _bookkeeping(draft.compiled_layer is not None)
         m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
         cols = torch.arange(draft.span, device=dev)  # the span's slots (the frontier derives its masks from them)
         if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
@@ -184,8 +184,7 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
     """`_chain` for B rows (see expand_rows): the same trees as `_tree_rows` for topk = 1, with fewer operations."""
     dev, B = logits_last.device, root.shape[0]
     D = steps + 1
-    own = getattr(draft, "chain_rows", None)
-    tokens = own(kv, h_last, logits_last, steps, root, span) if own is not None else None
+    tokens = draft.chain_rows(kv, h_last, logits_last, steps, root, span)
     if tokens is not None:  # one row, compiled: the one-sequence chain's graph (Eagle3Draft.chain_rows)
         parents, depths, mask = _chain_frame(steps, dev)
         return Tree(tokens=tokens, parents=parents[None], depths=depths[None], mask=mask[None])
@@ -212,12 +211,11 @@ def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root:
     """The general batched expansion (expand_rows sends chains to `_chain_rows`)."""
     K, dev = shape.topk, logits_last.device
     B = root.shape[0]
-    own = getattr(draft, "tree_rows", None)
-    if own is not None:  # one row, compiled: the one-sequence tree's graph (Eagle3Draft.tree_rows)
-        frame = _tree_frame(K, max((shape.steps - 1) * K, 1), dev)
-        grown = own(kv, h_last, logits_last, root, frame, shape.steps, shape.draft_tokens - 1, span)
-        if grown is not None:
-            return Tree(*grown)
+    # the draft's own tree where it has one (Eagle3Draft.tree_rows: one row, its one-sequence graph); else walked here
+    frame = _tree_frame(K, max((shape.steps - 1) * K, 1), dev)
+    grown = draft.tree_rows(kv, h_last, logits_last, root, frame, shape.steps, shape.draft_tokens - 1, span)
+    if grown is not None:
+        return Tree(*grown)
     m = kv.length  # [B]
     top_p, top_i = top_probs(logits_last, K)  # [B, K]
     cand_scores, cand_tokens = [top_p], [top_i]

@@ -198,7 +198,7 @@ def _load(model: ModelOptions, device: str, bar) -> _Loaded:
     assert model.target is not None and model.draft is not None  # --target and --draft are required
     _stage(bar, "loading the target")
     target = load_target(model.target, backend=model.backend, device=device, dtype=model.dtype_name)  # failure: exit 2
-    target_dir = getattr(target, "folder", None) or model.target  # a .gguf: the folder made from it
+    target_dir = target.folder or model.target  # a .gguf: the folder made from it
     # what ran, for the report's pair section: the products are chosen once the draft has loaded
     pair: dict[str, object] = {"target_backend": target.backend, "device": str(target.device),
                                "dtype": str(target.dtype).removeprefix("torch."), "products": None}
@@ -219,7 +219,7 @@ def _load(model: ModelOptions, device: str, bar) -> _Loaded:
         else:
             run.findings.append(Finding.of(e))
         return run
-    _FORMAT["fmt"] = getattr(run.draft, "source_format", None)
+    _FORMAT["fmt"] = run.draft.source_format
     return run
 
 

@@ -106,7 +106,7 @@ def changes(rec: dict, target, target_dir, base) -> list[str]:
     dt = str(target.dtype).removeprefix("torch.")
     if run.get("dtype") and run["dtype"] != dt:
         out.append(f"the target's dtype: {dt} now, {run['dtype']} at training")
-    choice = getattr(target, "products_choice", None)
+    choice = target.products_choice
     if run.get("products") and choice is not None and choice.kind != run["products"]:
         out.append(f"the products: {choice.kind} now, {run['products']} at training")
     return out

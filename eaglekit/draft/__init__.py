@@ -73,7 +73,7 @@ def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | Non
             f"{t.fingerprint} (a different architecture, size or vocabulary)",
             fix="use the draft's own target, or pass --allow-other-target if you know they are compatible",
             code="E208"))
-    tok = getattr(target, "tokenizer_fingerprint", None)
+    tok = target.tokenizer_fingerprint
     if c.target_tokenizer and tok and c.target_tokenizer != tok and not allow_other_target:
         out.append(ContractError(
             f"the draft was trained with a tokenizer / chat template of fingerprint {c.target_tokenizer}, the "
@@ -96,7 +96,7 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
               num_kv_heads: int | None = None, seed: int = 0, dtype=torch.float32, rope=None) -> Eagle3Draft:
     """A randomly initialised draft shaped for `target` (the starting point of training, and of tests)."""
     t = target.info
-    tc = getattr(target, "cfg", None)
+    tc = target.cfg
     H = hidden_size or t.hidden_size
     heads = num_heads or (tc.num_heads if tc else max(1, H // 64))
     cfg = DraftConfig(
@@ -115,7 +115,7 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
         target_fingerprint=t.fingerprint,
         target_vocab_size=t.vocab_size,
         target_num_layers=t.num_layers,
-        target_tokenizer=getattr(target, "tokenizer_fingerprint", None),
+        target_tokenizer=target.tokenizer_fingerprint,
     )
     g = torch.Generator().manual_seed(seed)
     draft = Eagle3Draft(cfg)

@@ -13,14 +13,31 @@ no host read, so the engine can record the tree and the extend in CUDA graphs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from ..errors import InputError
 from ..kernels import topk
 
 
 class Draft(ABC):
     span: int = 0  # cache slots a sequence may use: committed entries + one tree's pending ones
+    # the compiled graphs the engine asks after (None: eager): the decode layer (compile()) and the prompt graph
+    # compiled for every length (compile_prompts())
+    compiled_layer: Callable[..., Any] | None = None
+    compiled_prompt: Callable[..., Any] | None = None
+    quantizes: bool = False  # True where quantize() runs the products from int8 weights (eaglekit.kernels.int8)
+    quantized: str | None = None  # the mode quantize() ran ("int8"); None: the products run from the stored weights
+    # what eaglekit.pair.set_draft_precision ran ("int8" or the stored dtype; generate --json's draft_precision); None
+    # before it runs
+    precision: str | None = None
+    # where it was read from (set by load_draft; None for a draft built in memory): the folder, and its
+    # checkpoint.FolderFormat (Any: the reader imports this module, so this one cannot name its class)
+    source_folder: Path | None = None
+    source_format: Any = None
 
     @property
     def batched(self) -> bool:
@@ -73,6 +90,22 @@ class Draft(ABC):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
         logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
+
+    # --- what eaglekit.pair sets on a draft (a draft without the feature keeps its own way) ---------------------
+    def quantize(self, mode: str = "int8") -> None:
+        """The products from int8 weights (where `quantizes`)."""
+        raise InputError(f"the {type(self).__name__} draft cannot be quantized", code="E108",
+                         fix="leave out --draft-quant, or pass none")
+
+    def set_products(self, kind) -> None:
+        """Run the draft's products as `kind` says (eaglekit.kernels.products). Default: a draft without a products
+        policy keeps its own products."""
+        return None
+
+    def set_attention(self, kind: str = "sdpa") -> bool:
+        """The decode attention of the draft's cached calls ("sdpa" or "hopper") -> whether "hopper" runs. Default:
+        the draft's own attention, whatever the kind."""
+        return False
 
     def takes_pending(self, cols: int) -> bool:
         """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then trees and

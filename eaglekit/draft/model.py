@@ -17,7 +17,6 @@ Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -131,7 +130,7 @@ class Eagle3Draft(nn.Module, Draft):
     compiled_chain: Callable[..., Any] | None
     compiled_tree: Callable[..., Any] | None
     compiled_prompt: Callable[..., Any] | None
-    source_folder: Path  # the folder it was read from (set by load_draft; absent otherwise)
+    quantizes = True
 
     def __init__(self, c: DraftConfig):
         super().__init__()
@@ -153,12 +152,11 @@ class Eagle3Draft(nn.Module, Draft):
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
-        # the checkpoint.FolderFormat it was read from (set by load_draft; typed here without importing the reader)
-        self.source_format: object | None = None
+        self.source_format = None  # (Draft.source_format: set by load_draft)
         self.compiled_layer = self.compiled_whole = self.compiled_chain = self.compiled_tree = None  # by compile()
         self.compiled_prompt = None  # by compile_prompts()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
-        self.quantized: str | None = None  # "int8" after quantize()
+        self.quantized = None  # "int8" after quantize()
         self._one: torch.Tensor | None = None  # a chain step's pending block [[True]] (made by set_attention)
         self._top = None  # the compiled tree's pick: topk.probs_op() on a GPU, None (torch's) elsewhere (grow_tree)
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once

@@ -334,7 +334,7 @@ def run_engine_doctor(model: ModelOptions, opts: DoctorOptions | None = None, k:
     res["eaglekit_alone"] = {k: res.get(k) for k in ("status", "exit_code", "verdict", "decide")}
     res["eaglekit_alone"]["findings"] = [dict(f) for f in res["findings"]]
     target = load_target(model.target, backend=model.backend, device=device, dtype=model.dtype_name)
-    target_dir = getattr(target, "folder", None) or model.target  # a .gguf: vLLM is handed the folder made from it
+    target_dir = target.folder or model.target  # a .gguf: vLLM is handed the folder made from it
     try:
         draft = load_draft(model.draft, device=target.device, dtype=target.dtype, embed_weight=target.embed_weight())
     except EaglekitError:

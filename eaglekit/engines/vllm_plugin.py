@@ -98,12 +98,23 @@ def _config(**fields) -> None:
           file=trace._stream)
 
 
-def _wrap(cls, name, make):
-    fn = getattr(cls, name)
-    if getattr(fn, "_eaglekit", False):
+def vllm_member(obj, name: str, default=None):
+    """A member of a vLLM object (a class, a model or its config, a metric), or `default` where this release or this
+    architecture has none: vLLM adds, renames and drops them between releases, and the plugin runs inside whichever
+    one is installed. The plugin's one question of that kind."""
+    return getattr(obj, name, default)
+
+
+_WRAPPED: set = set()  # the functions _wrap installed: wrapping one again would trace its calls twice
+
+
+def _wrap(cls, name, make, optional: bool = False):
+    """cls.name through make(cls.name), once. `optional`: a member this vLLM release may lack (then left alone)."""
+    fn = vllm_member(cls, name) if optional else getattr(cls, name)
+    if fn is None or fn in _WRAPPED:
         return
     new = functools.wraps(fn)(make(fn))
-    new._eaglekit = True
+    _WRAPPED.add(new)
     setattr(cls, name, new)
 
 
@@ -125,24 +136,22 @@ def _patch_runner() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     for name in ("_dummy_run", "profile_run", "_dummy_sampler_run"):
-        if hasattr(GPUModelRunner, name):
-            _wrap(GPUModelRunner, name, _quiet)
+        _wrap(GPUModelRunner, name, _quiet, optional=True)
     try:
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P
     except ImportError:  # the class name differs between vLLM versions: patch whatever defines dummy_run
         P = None
-    if P is not None and hasattr(P, "dummy_run"):
-        _wrap(P, "dummy_run", _quiet)
+    if P is not None:
+        _wrap(P, "dummy_run", _quiet, optional=True)
 
-    if hasattr(GPUModelRunner, "_get_eagle3_aux_layers_from_config"):
-        def from_config(fn):
-            def run(self, *a, **k):
-                ids = fn(self, *a, **k)
-                _state["config"]["ids_from_config"] = list(ids) if ids else None
-                return ids
-            return run
+    def from_config(fn):
+        def run(self, *a, **k):
+            ids = fn(self, *a, **k)
+            _state["config"]["ids_from_config"] = list(ids) if ids else None
+            return ids
+        return run
 
-        _wrap(GPUModelRunner, "_get_eagle3_aux_layers_from_config", from_config)
+    _wrap(GPUModelRunner, "_get_eagle3_aux_layers_from_config", from_config, optional=True)
 
     from vllm.model_executor.models.interfaces import EagleModelMixin
 
@@ -154,7 +163,7 @@ def _patch_runner() -> None:
             given = _state["config"].get("ids_from_config")
             _config(aux_layer_ids=list(layers), aux_layer_ids_resolved=resolved, after_layers=_state["layers"],
                     ids_source="draft config" if given else "vLLM default (the draft's config gives no ids)",
-                    num_layers=len(getattr(self, "layers", []) or []))
+                    num_layers=len(vllm_member(self, "layers", []) or []))
             return out
         return run
 
@@ -254,14 +263,14 @@ def _patch_draft() -> None:
 
 def _draft_config(model) -> None:
     c, inner = model.config, model.model
-    d2t = getattr(model, "draft_id_to_target_id", None)
-    fields = {"fc_in": getattr(inner, "fc_input_size", None), "fc_out": c.hidden_size,
-              "num_aux_hidden_states": getattr(inner, "num_aux_hidden_states", None),
-              "target_hidden_size": getattr(c, "target_hidden_size", c.hidden_size),
+    d2t = vllm_member(model, "draft_id_to_target_id")
+    fields = {"fc_in": vllm_member(inner, "fc_input_size"), "fc_out": c.hidden_size,
+              "num_aux_hidden_states": vllm_member(inner, "num_aux_hidden_states"),
+              "target_hidden_size": vllm_member(c, "target_hidden_size", c.hidden_size),
               "draft_vocab_size": c.draft_vocab_size, "vocab_size": c.vocab_size,
-              "norm_before_fc": bool(getattr(inner, "norm_before_fc", False)),
-              "fc_norm": getattr(inner, "fc_norm", None) is not None,
-              "norm_before_residual": bool(getattr(c, "norm_before_residual", False)),
+              "norm_before_fc": bool(vllm_member(inner, "norm_before_fc", False)),
+              "fc_norm": vllm_member(inner, "fc_norm") is not None,
+              "norm_before_residual": bool(vllm_member(c, "norm_before_residual", False)),
               "d2t": None}
     if d2t is not None:
         import torch

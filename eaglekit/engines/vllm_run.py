@@ -62,10 +62,11 @@ def run(job: dict) -> dict:
     for m in llm.get_metrics():
         if not m.name.startswith("vllm:spec_decode"):
             continue
-        if hasattr(m, "values"):  # a Vector: one value per draft position
-            counters[m.name] = list(m.values)
-        elif hasattr(m, "value"):
-            counters[m.name] = m.value
+        values, value = vllm_plugin.vllm_member(m, "values"), vllm_plugin.vllm_member(m, "value")
+        if values is not None:  # a Vector: one value per draft position
+            counters[m.name] = list(values)
+        elif value is not None:
+            counters[m.name] = value
     return {"outputs": [list(o.outputs[0].token_ids) for o in outs],
             "finish_reasons": [o.outputs[0].finish_reason for o in outs],
             "counters": counters, "config": vllm_plugin._state["config"],

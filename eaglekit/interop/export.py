@@ -117,7 +117,7 @@ def _with_target_record(c, target):
     t = target.info
     if c.target_fingerprint and c.target_fingerprint != t.fingerprint:
         return c  # the draft's own record names another target: keep it, the doctor reports the difference
-    folder = getattr(target, "folder", None)
+    folder = target.folder
     weights = c.target_weights or (weights_fingerprint(folder) if folder else None)
     return dataclasses.replace(c, target_fingerprint=t.fingerprint, target_vocab_size=t.vocab_size,
                                target_num_layers=t.num_layers, target_weights=weights)
@@ -151,12 +151,12 @@ def export(draft, out: str | Path, to: str, target=None, dtype: torch.dtype = to
         emb = True if with_embedding is None else with_embedding  # speculators keeps its own embed_tokens
         save_tensors(out / "model.safetensors", _state(draft, dtype, emb, "layers.0."), metadata={"format": "pt"})
         name = arch = None
-        if target is not None and getattr(target, "folder", None):
+        if target is not None and target.folder:
             name, _ = verifier_name(target.folder)
             archs = json.loads((Path(target.folder) / "config.json").read_text()).get("architectures") or [None]
             arch = archs[0]
         atomic_write_json(out / "config.json", _vllm_config(c, name, arch, dname))
     from ..train.record import carry
 
-    carry(getattr(draft, "source_folder", None), out)  # the training record rides along: an extra file every engine
+    carry(draft.source_folder, out)  # the training record rides along: an extra file every engine
     return warnings

@@ -103,7 +103,11 @@ def compile_prompt(fn):
     return call
 
 
-_LOCAL = threading.local()
+class _Local(threading.local):
+    prompt: bool = False  # inside prompt_calls on this thread (the class's value: a thread that never entered one)
+
+
+_LOCAL = _Local()
 
 
 # SDPA's backends for calls whose shapes change from call to call: not cuDNN's, which builds an execution plan for each
@@ -122,7 +126,7 @@ def prompt_calls():
     The compiled-graph switch is per thread (another thread's decode calls keep their graphs and bits); SDPA's
     backend choice is torch's own process-wide setting, changed for the duration (decode calls inside recorded CUDA
     graphs do not consult it). Usable as a decorator too."""
-    prev = getattr(_LOCAL, "prompt", False)
+    prev = _LOCAL.prompt
     _LOCAL.prompt = True
     try:
         if torch.cuda.is_available():
@@ -141,7 +145,7 @@ def in_prompt() -> bool:
     functions only: dynamo bakes a thread-local's value into the graph without a guard (torch 2.13), so a compiled
     function that read it would keep its first answer; code inside one takes an argument instead (the DeepSeek
     layer's `prompt`)."""
-    return getattr(_LOCAL, "prompt", False)
+    return _LOCAL.prompt
 
 
 _TWINS: dict = {}

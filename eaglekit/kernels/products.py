@@ -231,7 +231,7 @@ def hopper_reason(target) -> str | None:
     """Why kind 'hopper' (eaglekit.kernels.hopper) cannot run this target, or None where it can."""
     from . import hopper
 
-    cfg = getattr(target, "cfg", None)
+    cfg = target.cfg
     if cfg is None or not own_decoder(target):
         return "it needs eaglekit's own decoder on one device"
     return hopper.reason(cfg, target.device, target.dtype)
@@ -240,12 +240,12 @@ def hopper_reason(target) -> str | None:
 def own_decoder(target) -> bool:
     """Whether products can be set on this target: eaglekit's own decoder on one device (not transformers-backed,
     not a tensor-parallel rank)."""
-    return hasattr(target, "set_products") and getattr(target, "tp", None) is None
+    return target.takes_products and target.tp is None
 
 
 def compiled(target) -> bool:
     """Whether the target's decode-time layers run compiled (eaglekit.pair.load_pair's `compile`)."""
-    return getattr(getattr(target, "net", None), "compiled_layer", None) is not None
+    return target.compiled_layers
 
 
 def choose(target, device, batched: bool = False, rows: int | None = None) -> Choice:
@@ -260,13 +260,13 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
     if device == "cpu":
         if compiled(target):
             return Choice(None, "compiled layers on a CPU: inductor's products (oneDNN's packs cannot be traced)")
-        if getattr(target, "compiled_prompts", False):
+        if target.compiled_prompts:
             return Choice(None, "prompt graphs on a CPU: F.linear's products (oneDNN's packs have no compiled form "
                                 "for a length that changes)")
         return Choice("pick", "CPU: aten and onednn timed on this machine (a step and a 6-row verify)")
     if not device.startswith("cuda"):
         return Choice(None, f"F.linear on {device}")
-    if getattr(target, "dtype", None) not in (torch.bfloat16, torch.float16):
+    if target.dtype not in (torch.bfloat16, torch.float16):
         return Choice(None, "float32 on a GPU: inductor's products (no rounding differs between 1 and k rows there)")
     if not invariant_gemm.HAVE_TRITON:
         return Choice(None, "Triton is not installed: F.linear (bf16 output may part from the plain decode's)")
@@ -298,7 +298,7 @@ def check_kind(kind: str, target, device) -> tuple[str, str] | None:
         return "onednn runs on a CPU whose torch has oneDNN", "use --products aten (or auto) here"
     if kind == "onednn" and compiled(target):
         return "onednn cannot run inside torch.compile'd layers", "leave out --compile, or use --products aten"
-    if kind == "onednn" and getattr(target, "compiled_prompts", False):
+    if kind == "onednn" and target.compiled_prompts:
         return ("onednn's packed products have no compiled form for a length that changes (--prompt-graphs)",
                 "leave out --prompt-graphs, or use --products aten")
     if kind in ("invariant", "hopper") and not (str(device).startswith("cuda") and invariant_gemm.HAVE_TRITON):

@@ -14,14 +14,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..capture import CaptureSpec
-from ..errors import GenerationError
+from ..errors import GenerationError, InputError
 from ..kernels.compiling import prompt_calls
 from ..observe import trace
+
+if TYPE_CHECKING:
+    from ..distributed import TPGroup
+    from ..kernels.products import Choice
+    from .config import TargetConfig
 
 
 @dataclass(frozen=True)
@@ -53,14 +58,28 @@ class Target(ABC):
     info: TargetInfo
     device: torch.device
     dtype: torch.dtype
-    # set by models.load_target (absent on a target built otherwise): the folder and its tokenizer's fingerprint
-    folder: Path
-    tokenizer_fingerprint: str | None
+    # set by models.load_target (None on a target built otherwise): the folder and its tokenizer's fingerprint
+    folder: Path | None = None
+    tokenizer_fingerprint: str | None = None
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
     static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (recordable in CUDA graphs)
     # which decoder serves this target, for reports (generate --json's metrics.backend): "ours" (the Llama family),
     # "deepseek", "tp" (a tensor-parallel rank of ours), "hf" (the transformers adapter)
     backend: str | None = None
+    # the whole model's config where the decoder is eaglekit's Llama-family one (models.config.TargetConfig: the
+    # draft's default heads and the Hopper kernels read it); None for the other decoders
+    cfg: TargetConfig | None = None
+    # the tensor-parallel group this target is one rank of (distributed.TPGroup); None: one process holds it all
+    tp: TPGroup | None = None
+    # the routed experts' mode of a mixture-of-experts target (set_experts; generate --json's metrics.experts); None: a
+    # dense target, which has no routed experts
+    experts: str | None = None
+    # how the decode products run and why (kernels.products.Choice), set by pair.set_pair_products; None until then
+    products_choice: Choice | None = None
+    # what kernels.products.pick_cpu timed where products 'auto' timed them on a CPU ({"products", "ms"}); else None
+    products_pick: dict | None = None
+    compiles: bool = False  # True where compile() and compile_prompts() are implemented (eaglekit's own decoders)
+    takes_products: bool = False  # True where set_products installs a products policy (the Llama-family decoder)
 
     def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:
@@ -194,6 +213,37 @@ class Target(ABC):
         """Whether prompts run through one graph compiled for every length (compile_prompts()); the engine compiles
         it before its first prefill counts (decoding.prefill.Prefiller.warm)."""
         return False
+
+    @property
+    def compiled_layers(self) -> bool:
+        """Whether the decode-time layers run compiled (compile(); eaglekit.pair.load_pair's `compile`)."""
+        return False
+
+    @property
+    def products(self) -> str:
+        """The kind of products the decode runs (eaglekit.kernels.products): "aten" (F.linear) where none is set."""
+        return "aten"
+
+    # --- what eaglekit.pair asks of a target beyond decoding: refused where compiles / takes_products / experts say no
+    def compile(self, options: dict | None = None) -> None:
+        """torch.compile the decode-time layers (where `compiles`)."""
+        raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
+                         fix="leave out --compile for transformers-backed targets")
+
+    def compile_prompts(self, on: bool = True) -> None:
+        """Prompts through one graph compiled for every length (where `compiles`)."""
+        raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
+                         code="E108", fix="leave out --prompt-graphs for this target")
+
+    def set_products(self, kind) -> None:
+        """Run the decode products as `kind` says (where `takes_products`; eaglekit.kernels.products)."""
+        raise InputError(f"the {type(self).__name__} backend has no products policy", code="E108",
+                         fix="leave out --products for transformers-backed, DeepSeek-family or tensor-parallel targets")
+
+    def set_experts(self, mode: str | None) -> None:
+        """Run the routed experts as `mode` says (where `experts` is not None: a mixture-of-experts target)."""
+        raise InputError(f"the {type(self).__name__} backend has no routed experts", code="E108",
+                         fix="leave out --experts for this target")
 
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...

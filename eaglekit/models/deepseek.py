@@ -142,6 +142,7 @@ class DeepSeekTarget(StaticCacheTarget):
     """A target backed by our DeepSeek-family decoder (the interface and behaviour of models.llama.LlamaTarget)."""
 
     backend = "deepseek"
+    compiles = True
 
     def __init__(self, net: DeepSeekModel, device, dtype):
         self.net = net.eval()
@@ -235,6 +236,10 @@ class DeepSeekTarget(StaticCacheTarget):
     @property
     def compiled_prompts(self) -> bool:
         return self.net.prompt_layer is not None
+
+    @property
+    def compiled_layers(self) -> bool:
+        return self.net.compiled_layer is not None
 
     def set_experts(self, mode: str | None) -> None:
         """How the routed experts run (eaglekit.models.moe.Experts.mode; `--experts`): None chooses per call;

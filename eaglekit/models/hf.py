@@ -16,9 +16,16 @@ from .base import Target, TargetInfo
 from .config import config_fingerprint
 
 
+def _member(obj, name: str, default=None):
+    """A member of a transformers object (a model, its config, a cache layer), or `default` where this architecture
+    or this release has none: what they hold differs from one model class to the next. The adapter's one question of
+    that kind."""
+    return getattr(obj, name, default)
+
+
 def _decoder_layers(model) -> torch.nn.ModuleList:
     base = model.base_model
-    layers = getattr(base, "layers", None)
+    layers = _member(base, "layers")
     if isinstance(layers, torch.nn.ModuleList):
         return layers
     lists = [m for m in base.modules() if isinstance(m, torch.nn.ModuleList)]
@@ -40,7 +47,7 @@ class HFTarget(Target):
         fp = config_fingerprint(cfg.to_dict())
         self.layers = _decoder_layers(model)
         self.info = TargetInfo(cfg.model_type, cfg.vocab_size, cfg.hidden_size, len(self.layers),
-                               getattr(cfg, "max_position_embeddings", 4096), eos, fp)
+                               _member(cfg, "max_position_embeddings", 4096), eos, fp)
         self._caught: dict[int, torch.Tensor] = {}
         self._hooked: set[int] = set()
         self._wanted: frozenset[int] = frozenset()
@@ -138,7 +145,7 @@ class HFTarget(Target):
         k = int(n)
         idx = torch.cat([torch.arange(L, device=self.device), L + path[:k].to(self.device)])
         for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            if _member(layer, "keys") is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(2, idx)
                 layer.values = layer.values.index_select(2, idx)
         self._length = L + k

@@ -252,7 +252,7 @@ def product(policy, x, w, b=None, residual=None, gated=False, rope=None):
     embedding `rope` where its takes_rope() said so."""
     if isinstance(w, Int8Linear):  # a quantized weight (the draft's, fused) runs its own product, its bias in it
         return w(x, residual=residual, gated=gated)
-    if getattr(policy, "fuses", False):  # (a policy object of the caller's own may not say)
+    if policy is not None and policy.fuses:  # (products.Aten.fuses: every policy says; install_products makes one)
         return policy.linear(x, w, b, residual=residual, gated=gated, **({"rope": rope} if rope else {}))
     return invariant_gemm.epilogue(F.linear(x, w, b) if policy is None else policy.linear(x, w, b), residual, gated)
 
@@ -277,6 +277,11 @@ def set_products(modules, policy) -> None:
             m.invariant = policy is not None and policy.attention
 
 
+def _plain_weight(m: nn.Linear | Int8Linear) -> torch.Tensor | None:
+    """A linear's weight, or None for an int8 one (eaglekit.kernels.int8: its int8 rows are no policy's to multiply)."""
+    return None if isinstance(m, Int8Linear) else m.weight
+
+
 def product_weights(modules, heads=()) -> list[torch.Tensor]:
     """The weights a policy is asked to multiply by: the fused q/k/v and o of each Attention, the fused gate/up and
     down of each MLP (unfused modules call their own linears), and the `heads` (lm_head, fc). An int8 draft's
@@ -284,9 +289,9 @@ def product_weights(modules, heads=()) -> list[torch.Tensor]:
     out = []
     for m in modules:
         if isinstance(m, Attention):
-            out += [m.qkv_weight, getattr(m.o_proj, "weight", None)]
+            out += [m.qkv_weight, _plain_weight(m.o_proj)]
         elif isinstance(m, MLP) and m.gate_up_weight is not None:
-            out += [m.gate_up_weight, getattr(m.down_proj, "weight", None)]
+            out += [m.gate_up_weight, _plain_weight(m.down_proj)]
     return [w for w in out if isinstance(w, torch.Tensor)] + [h.weight for h in heads if type(h) is nn.Linear]
 
 

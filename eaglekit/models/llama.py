@@ -132,6 +132,9 @@ class LlamaTarget(StaticCacheTarget):
     """A target backed by our compact decoder."""
 
     backend = "ours"
+    compiles = True
+    takes_products = True
+    cfg: TargetConfig  # (its own decoder's: never None here)
 
     def __init__(self, net: LlamaModel, device, dtype):
         self.net = net.eval()
@@ -239,6 +242,10 @@ class LlamaTarget(StaticCacheTarget):
     @property
     def compiled_prompts(self) -> bool:
         return self.net.prompt_layer is not None
+
+    @property
+    def compiled_layers(self) -> bool:
+        return self.net.compiled_layer is not None
 
     @property
     def batch_invariant(self) -> bool:

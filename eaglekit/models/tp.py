@@ -174,6 +174,7 @@ class TPLlamaTarget(LlamaTarget):
     """LlamaTarget over this rank's shards. `cfg` is the whole model's config; `net.config` the local one."""
 
     backend = "tp"
+    tp: TPGroup  # (a rank's group: never None here)
 
     def __init__(self, net: LlamaModel, cfg: TargetConfig, group: TPGroup, device, dtype):
         super().__init__(net, device, dtype)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..decoding.stops import check_stop_strings
 from ..errors import EaglekitError
+from ..tokenizer import chat_template_of, token_ids
 
 
 class ApiError(Exception):
@@ -234,7 +235,7 @@ def parse_chat(body: dict, served: list[str]) -> Parsed:
 def chat_ids(tokenizer, messages: list[dict], template: str | None) -> list[int]:
     """The target's chat template (or --chat-template) over `messages`, with the assistant prompt opened;
     tokenized as `eaglekit generate --chat` does, so that server and CLI give the draft the same ids."""
-    template = template or getattr(tokenizer, "chat_template", None)
+    template = template or chat_template_of(tokenizer)
     if not template:
         raise bad("this model has no chat template, so /v1/chat/completions cannot render messages",
                   "messages", "no_chat_template")
@@ -243,6 +244,4 @@ def chat_ids(tokenizer, messages: list[dict], template: str | None) -> list[int]
                                             chat_template=template)
     except Exception as e:  # a jinja error raised by the template itself (e.g. "roles must alternate")
         raise bad(f"the chat template refused these messages: {e}", "messages", "chat_template_error") from None
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
+    return token_ids(out)

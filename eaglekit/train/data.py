@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..io import iter_jsonl, read_record_text
+from ..tokenizer import chat_template_of
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
 
@@ -42,7 +43,7 @@ def roles(messages: list) -> list[dict]:
 
 def chat_example(tokenizer, messages: list[dict]) -> Example:
     """Render with the chat template; mark the tokens of assistant contents (found by character spans)."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not chat_template_of(tokenizer):
         raise InputError("chat data needs a tokenizer with a chat template",
                          fix="add chat_template to tokenizer_config.json, or give plain text data", code="E109")
     messages = roles(messages)

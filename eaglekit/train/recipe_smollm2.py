@@ -29,6 +29,7 @@ import torch
 
 from ..io import atomic_write_json
 from ..observe.metrics import fmt
+from ..tokenizer import token_ids
 
 PRESETS = {
     # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~6 s each on an H100) and 128 six-turn
@@ -75,10 +76,7 @@ SHARD = 256  # regenerated sequences per shard file: the unit a killed regenerat
 
 
 def chat_ids(tok, messages: list[dict]) -> list[int]:
-    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
+    return token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
 def _shards(folder: Path, n: int) -> list[Path]:

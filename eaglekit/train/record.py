@@ -147,7 +147,7 @@ def build_record(target, target_dir, draft_dir, seqs: list[list[int]], capture, 
     sample = sample_of(seqs)
     runs = measure(target, draft, sample, capture, steps)
     fields = function_fields(draft_dir)
-    choice = getattr(target, "products_choice", None)
+    choice = target.products_choice
     rec = {
         "version": VERSION, "written_by": written_by, "eaglekit": __version__, "steps": steps,
         "acceptance": summary(runs, steps),
@@ -203,9 +203,10 @@ def carry(src_dir, out_dir) -> bool:
 
 def ids_of(source, indices) -> list[list[int]]:
     """The token ids of a training source's samples (OnlineSource's examples, or FeatureStore's shards)."""
-    examples = getattr(source, "examples", None)
-    if examples is not None:
-        return [list(examples[i].input_ids) for i in indices]
+    from .sources import OnlineSource
+
+    if isinstance(source, OnlineSource):  # its examples are in memory
+        return [list(source.examples[i].input_ids) for i in indices]
     out = []
     for i in indices:
         b = source.batch([i], "cpu")

@@ -55,7 +55,7 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
     V = target.info.vocab_size
     vm: VocabMap = vocab_map_from_counts(counts, min(draft_vocab_size or V, V))
     draft = new_draft(target, capture=capture, draft_vocab_size=vm.hot.numel(), seed=seed, dtype=torch.float32)
-    if getattr(target, "folder", None):  # which weights it is trained on (the doctor compares them)
+    if target.folder:  # which weights it is trained on (the doctor compares them)
         from .fingerprint import weights_fingerprint
 
         draft.config.target_weights = weights_fingerprint(target.folder)

@@ -40,6 +40,16 @@ class RowOracle:
     BatchEngine uses (row_cache / extend_rows / step_rows / to_target_ids). Draft entry p lives at the oracle's
     cache slot p + 1; slot 0 holds the prompt's first token, FIRST for every test prompt."""
 
+    # the rest of decoding.state.RowDraft: eager, with no walk of its own (the engine walks it over step_rows)
+    batched = True
+    compiled_layer = compiled_prompt = None
+
+    def chain_rows(self, kv, h_last, logits_last, steps, root, span):
+        return None
+
+    def tree_rows(self, kv, h_last, logits_last, root, frame, steps, n_sel, span):
+        return None
+
     def __init__(self, target, noise: float = 0.0, seed: int = 0):
         from types import SimpleNamespace
 

@@ -153,7 +153,7 @@ def test_the_default_draft_precision_is_int8_on_a_gpu_in_bf16_only():
     assert auto_draft_quant(bf16, d, "cuda") == "int8" and auto_draft_quant(bf16, d, "cuda:1") == "int8"
     assert auto_draft_quant(bf16, d, "cpu") == "none"
     assert auto_draft_quant(SimpleNamespace(dtype=torch.float32), d, "cuda") == "none"
-    assert auto_draft_quant(bf16, object(), "cuda") == "none"  # a draft that cannot be quantized
+    assert auto_draft_quant(bf16, SimpleNamespace(quantizes=False), "cuda") == "none"  # no int8 draft
     _, d8 = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten",
                       draft_quant="int8")
     assert d8.precision == "int8"

@@ -32,7 +32,8 @@ def ids_table(num_layers: int = 61) -> list[dict]:
     from eaglekit.models.base import TargetInfo
 
     fake = SimpleNamespace(info=TargetInfo("deepseek_v3", 96, 64, num_layers, 4096, (1,), "stand-in"),
-                           embed_weight=lambda: torch.zeros(96, 64), device=torch.device("cpu"))
+                           embed_weight=lambda: torch.zeros(96, 64), device=torch.device("cpu"),
+                           cfg=None, tokenizer_fingerprint=None)  # (Target's: not our Llama decoder, no folder)
     draft = new_draft(fake, capture=CaptureSpec.default(num_layers), hidden_size=64, num_heads=2)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
