@@ -48,7 +48,7 @@ from .probe import (
     probe_prompts,
     wirings,
 )
-from .recorded import REC, acceptance_findings, settles_wiring, static_findings
+from .recorded import REC, acceptance_findings, products_of, settles_wiring, static_findings
 from .recorded import SOURCE as RECORD_SOURCE
 from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
 from .vocab import mapping_is_wrong, vocab_evidence
@@ -228,6 +228,7 @@ def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, Ca
     pair's contract under the configured wiring, and the training record's fields; the products chosen on the way.
     -> (the draft's target as far as it records it, the configured wiring)."""
     from ..draft import pair_problems
+    from ..kernels.products import Choice
     from ..pair import set_pair_products
     from ..train.record import read_record
 
@@ -243,7 +244,10 @@ def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, Ca
             f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
             f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
     draft.fuse()
-    choice = set_pair_products(target, draft, "auto", target.device)  # on a CPU: the faster products (load_pair's)
+    kind = products_of(run.record, target)  # the record's, so its runs come back bit for bit; else load_pair's
+    choice = set_pair_products(target, draft, kind, target.device)
+    if kind != "auto":
+        choice = target.products_choice = Choice(kind, f"the training record's ({REC} was measured with {kind})")
     run.pair["products"] = {"kind": choice.kind, "reason": choice.reason}
     configured = capture or draft.config.capture or CaptureSpec.default(target.info.num_layers)
     _, problems = pair_problems(draft, target, configured)

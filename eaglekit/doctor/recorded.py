@@ -14,7 +14,10 @@ but an engine honours. The probe cannot see them (it varies the wiring only); th
    at training and more than as configured (by Z standard errors), that is a wiring fault (E290, the recorded ids
    as the fix). Any other drop larger than Z standard errors and than DROP is E223, "accepts X where it accepted Y at
    training", followed by what changed since training; within it, I311; a run in another dtype or with other
-   products whose acceptance holds is a note (I312), not a fault. A record that settles the wiring (I311 with the
+   products whose acceptance holds is a note (I312), not a fault. The check ends after a few chunks of sequences
+   where they already decide (EARLY_SEQUENCES, Z_EARLY). The doctor runs the products the record was measured
+   with where this device has them (`products_of`): the right pair then gives the recorded runs bit for bit, and
+   no products timing runs. A record that settles the wiring (I311 with the
    capture unchanged, or its E290: `settles_wiring`) ends the probe after its first round: on the same positions
    the probe's alternatives are told apart only by their distance from the trained wiring, which the record
    already names.
@@ -34,6 +37,9 @@ from .report import Finding
 # apart: the demo pair recorded in float32 and run in bfloat16 moves it by -0.002 ± 0.005, in float16 by +0.000 ± 0.001
 # (3487 positions: docs/doctor.md, "The training record")
 DROP = 0.05
+# the record's check ends after EARLY_SEQUENCES or more where the evidence already decides (_decided), at Z_EARLY
+# standard errors: stricter than Z, as the check looks after every chunk of sequences
+EARLY_SEQUENCES, Z_EARLY = 16, 4.0
 REC = "its training record, eaglekit_record.json"
 _TIE = ("eaglekit ignores this flag (the draft keeps its own lm_head of draft_vocab_size rows), so no acceptance "
         "measured here shows it; an engine that honours it ties the draft's lm_head to the token embedding and "
@@ -136,6 +142,17 @@ def _dropped(diff: float, se: float) -> bool:
     return diff > max(Z * se, DROP)
 
 
+def products_of(rec: dict | None, target) -> str:
+    """The products the doctor runs: the record's where it names ones this device runs, else 'auto'."""
+    from ..kernels.products import check_kind
+
+    run = (rec or {}).get("run") or {}
+    kind = run.get("products")
+    if not kind or str(run.get("device", "")).split(":")[0] != target.device.type:
+        return "auto"
+    return "auto" if check_kind(kind, target, target.device) is not None else kind
+
+
 def settles_wiring(findings: list[Finding]) -> bool:
     """Whether the training record's sample settled the wiring: the configured one is the one trained and accepts as
     at training (I311 with the capture unchanged), or the trained one accepts as at training where the configured
@@ -156,6 +173,27 @@ def _trained_capture(rec: dict, target, base):
         return None
     trained = CaptureSpec(tuple(cap))
     return trained if all(-1 <= i < target.info.num_layers for i in trained.after_layers) else None
+
+
+def _decided(rec_runs: list[str], so_far: list[list[str]]) -> bool:
+    """Whether the record's check may end with the sequences measured so far (so_far: the configured wiring's runs,
+    then the recorded capture's where the capture moved): the runs hold (even the upper end of the drop's interval
+    at Z_EARLY standard errors is below DROP) and, where the capture moved, the recorded capture holds and the
+    configured one is below it by Z_EARLY standard errors."""
+    if len(so_far[0]) < EARLY_SEQUENCES:
+        return False
+
+    def holds(runs: list[str]) -> bool:
+        _, _, diff, se, _, _ = _compared(*_paired(rec_runs, runs))
+        return diff + Z_EARLY * se < DROP
+
+    if len(so_far) == 1:
+        return holds(so_far[0])
+    now, then = so_far
+    if not holds(then):
+        return False
+    _, _, diff, se, _, _ = _compared(*_paired(then, now))
+    return se > 0 and diff > Z_EARLY * se
 
 
 def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[str], base,
@@ -191,16 +229,19 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
     fields = [f for f in static if f.code in ("E224", "E217", "E215")]
     # where the capture moved, the recorded one is measured in the same target pass (a wiring verdict needs both)
     trained = _trained_capture(rec, target, base) if not fields and fix_ids is not None else None
-    now, *then = measure_each(target, draft, seqs, [base] + ([trained] if trained is not None else []), steps)
+    now, *then = measure_each(target, draft, seqs, [base] + ([trained] if trained is not None else []), steps,
+                              stop=lambda so_far: _decided(rec["runs"], so_far))
     a, b = _paired(rec["runs"], now)
     if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
+    # (a check that ended early compares its first sequences: _paired stops at the shorter list)
     was, is_, diff, se, z, N = _compared(a, b)
     moved = changes(rec, target, target_dir, base)
     ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
           "z": round(z, 2), "positions": N, "sequences": len(a), "steps": steps, "changed": moved,
           "written_by": rec.get("written_by")}
-    where = (f"teacher-forced accept length, chain of {steps}, on the {len(a)} sequences it was recorded on "
+    of = f"{len(a)} of the {len(seqs)}" if len(a) < len(seqs) else f"the {len(a)}"
+    where = (f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
              f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
     wiring = _wiring_finding(rec, trained, steps, now, then[0], base, fix_ids) if trained is not None else None
     if wiring is not None:

@@ -104,12 +104,17 @@ def measure(target, draft, seqs: list[list[int]], capture, steps: int = STEPS, c
 
 
 def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: int = STEPS,
-                 chunk: int = 8) -> list[list[str]]:
-    """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each)."""
+                 chunk: int = 8, stop=None) -> list[list[str]]:
+    """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each). `stop(so_far)`:
+    called after each chunk with the runs so far (one list per capture), True ends the measurement there."""
     from .ttt import accepted_runs_each
 
-    return [["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted in per]
-            for per in accepted_runs_each(target, draft, seqs, captures, steps, chunk)]
+    def strings(out):
+        return [["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted in per]
+                for per in out]
+
+    return strings(accepted_runs_each(target, draft, seqs, captures, steps, chunk,
+                                      None if stop is None else (lambda out: stop(strings(out)))))
 
 
 def summary(runs: list[str], steps: int) -> dict:

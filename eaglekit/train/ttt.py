@@ -124,10 +124,13 @@ def accepted_runs(target, draft, seqs: list[list[int]], capture, steps: int, chu
     return accepted_runs_each(target, draft, seqs, [capture], steps, chunk)[0]
 
 
-def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8):
+def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8,
+                       stop=None):
     """accepted_runs under each of `captures` (CaptureSpecs), one target forward a chunk for all of them: the target
     captures the union of their layers once and each wiring's features are sliced from it (the target's forward,
-    not the draft's, is most of the cost). -> one list per capture, as accepted_runs returns."""
+    not the draft's, is most of the cost). -> one list per capture, as accepted_runs returns. `stop(so_far)`, called
+    after each chunk with those lists so far, ends the measurement early where it returns True (the lists then
+    cover the first sequences only)."""
     from ..capture import CaptureSpec
     from .data import Example, pad_batch
 
@@ -149,5 +152,7 @@ def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, ste
             correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
             runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
             runs_c += [(runs[j, :len(s)], counted[j, 0, :len(s)]) for j, s in enumerate(part)]
+        if stop is not None and i + chunk < len(seqs) and stop(out):
+            break
     return out
 

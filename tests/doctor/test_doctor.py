@@ -442,14 +442,20 @@ def test_e293_always_ends_with_a_cause_and_a_fix(tmp_path):
 
 
 # --- what ran, and the exit status as the doctor's own verdict in both forms (issues 41 item 3, 44 item 6) -------
-def test_the_report_names_the_products_and_why(capsys):
+def test_the_report_names_the_products_and_why(tmp_path, capsys):
+    from eaglekit.observe.report import doctor_report
+    from eaglekit.train.record import read_record
+
+    # the shipped draft's record was measured on a CPU: the doctor runs the products it names, and says so
     res = run_doctor(*doctor_args(TARGET, ASSETS / "draft", **QUICK))
     pair = res["pair"]
     assert pair["target_backend"] == "ours" and pair["device"] == "cpu" and pair["dtype"] == "float32"
-    # on a CPU the chooser times aten against onednn here, and says so
+    kind = read_record(ASSETS / "draft")["run"]["products"]
+    assert pair["products"]["kind"] == kind and "training record" in pair["products"]["reason"]
+    # without a record, on a CPU the chooser times aten against onednn here, and says so
+    res = run_doctor(*doctor_args(TARGET, _no_training_record(_copy(tmp_path)), **QUICK))
+    pair = res["pair"]
     assert pair["products"]["kind"] in ("aten", "onednn") and "timed here" in pair["products"]["reason"]
-    from eaglekit.observe.report import doctor_report
-
     doctor_report(res)
     err = " ".join(capsys.readouterr().err.split())
     assert f"products: {pair['products']['kind']} (timed here" in err and "target backend ours on cpu" in err
