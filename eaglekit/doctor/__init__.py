@@ -349,8 +349,11 @@ def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], op
     from ..decoding.decoder import Decoder
     from ..observe.metrics import aggregate, rounded
 
-    dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
     conf = next(r for r in ctx.rows if r.wiring == "configured")
+    ran = [r for r in ctx.rows if r.per_position]
+    if ran and max(_position1(r) for r in ran) < DEAD:
+        return  # a draft that accepts nothing decodes at accept length ~1 at a cycle's cost: the verdict needs no figure
+    dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
     # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
     conf.decoded_accept_length = rounded(aggregate([dec.generate(p, opts.max_new_tokens).metrics
                                                     for p in prompts[:min(3, opts.prompts)]]).accept_length, 4)
