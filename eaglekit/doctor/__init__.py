@@ -352,7 +352,7 @@ def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], op
     conf = next(r for r in ctx.rows if r.wiring == "configured")
     ran = [r for r in ctx.rows if r.per_position]
     if ran and max(_position1(r) for r in ran) < DEAD:
-        return  # a draft that accepts nothing decodes at accept length ~1 at a cycle's cost: the verdict needs no figure
+        return  # a draft that accepts nothing decodes at accept length ~1, a cycle a token: the verdict needs no figure
     dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
     # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
     conf.decoded_accept_length = rounded(aggregate([dec.generate(p, opts.max_new_tokens).metrics
