@@ -150,13 +150,14 @@ def _demo_pair(device: str, products="auto"):
     untrained draft (new_draft seed 7) is what the adaptive policy must switch off."""
     from eaglekit.demo import ASSETS
     from eaglekit.draft import new_draft
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     # (outside inference mode: oneDNN's packs keep the weights' version counters)
     with torch.inference_mode(False):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
-                         products=products, batched=True)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32",
+                         run=PairRuntime(compile="off", products=products, batched=True))
         rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
     tok = load_tokenizer(ASSETS / "target")
     return t, d, rand, [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]

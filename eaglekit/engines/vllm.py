@@ -117,11 +117,12 @@ def compare(target_dir, draft_dir, prompts, k: int, max_new: int, python: str, t
             dtype: str = "float32") -> dict:
     """vLLM and eaglekit on the same prompts and chain: per-position acceptance side by side, identical outputs.
     eaglekit runs under the wiring vLLM resolved (so any difference is not the wiring)."""
+    from ..options import PairRuntime
     from ..pair import load_pair
 
     if target is None:
         # F.linear's products, as when vLLM was first matched against us (onednn rounds fp32 differently)
-        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype, products="aten")
+        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype, run=PairRuntime(products="aten"))
     v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, dtype)
     resolved = v["config"].get("after_layers")
     spec = CaptureSpec(tuple(resolved)) if resolved else draft.config.capture
