@@ -40,13 +40,13 @@ def build_pair(tiny: bool, device: str):
     from eaglekit.draft.model import DraftConfig, Eagle3Draft
     from eaglekit.models.config import parse_target_config
     from eaglekit.models.llama import LlamaModel, LlamaTarget
-    from eaglekit.train.pretrain import llama_config
+    from eaglekit.train.pretrain import LlamaShape, llama_config
 
     if tiny:
         V, H, L, heads, kvh, inter, Vd, dtype = 512, 64, 4, 4, 2, 128, 256, torch.float32
     else:
         V, H, L, heads, kvh, inter, Vd, dtype = 128256, 4096, 32, 32, 8, 14336, 32000, torch.bfloat16
-    raw = llama_config(V, H, L, heads, kvh, inter, max_pos=8192, tie=False, eos_id=V - 1)
+    raw = llama_config(LlamaShape(V, H, L, heads, kvh, inter), max_pos=8192, tie=False, eos_id=V - 1)
     raw["rope_theta"] = 500000.0
     cfg = parse_target_config(raw)
     torch.set_default_dtype(dtype)

@@ -53,9 +53,9 @@ def on_gpu_bf16(build):
 
 def llama8b_config():
     from eaglekit.models.config import parse_target_config
-    from eaglekit.train.pretrain import llama_config
+    from eaglekit.train.pretrain import LlamaShape, llama_config
 
-    raw = llama_config(128256, 4096, 32, 32, 8, 14336, max_pos=8192, tie=False, eos_id=128001)
+    raw = llama_config(LlamaShape(128256, 4096, 32, 32, 8, 14336), max_pos=8192, tie=False, eos_id=128001)
     raw["rope_theta"] = 500000.0
     return raw, parse_target_config(raw)
 

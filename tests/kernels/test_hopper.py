@@ -15,11 +15,11 @@ from helpers import random_tree_paths
 from eaglekit.errors import InputError
 from eaglekit.kernels import hopper
 from eaglekit.models.config import parse_target_config
-from eaglekit.train.pretrain import llama_config
+from eaglekit.train.pretrain import LlamaShape, llama_config
 
 
 def _cfg(**over):
-    raw = llama_config(8192, 2048, 2, 16, 4, 4096, max_pos=4096, tie=False, eos_id=1)
+    raw = llama_config(LlamaShape(8192, 2048, 2, 16, 4, 4096), max_pos=4096, tie=False, eos_id=1)
     return dataclasses.replace(parse_target_config(raw), **over)
 
 
