@@ -160,7 +160,7 @@ def cmd_generate(args) -> int:
     ids = encode(tok, text, chat=args.chat)
     check_prompt_fits(len(ids), target_context(args.target))
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
-                              model.dtype_name, **model.runtime)
+                              model.dtype_name, run=model.runtime)
     if args.auto and draft is not None:
         from .tune.sweep import auto_shape
 
@@ -277,7 +277,7 @@ def cmd_sweep(args) -> int:
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
     target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
-                              **model.runtime)
+                              run=model.runtime)
     res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
                 model.allow_other_target)
     paths = write_results(res, args.out)

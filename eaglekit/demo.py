@@ -10,6 +10,7 @@ round-robin over its categories and sent through the model's chat template.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -219,8 +220,9 @@ def _load_demo(target, draft, opts: DemoOptions, model: ModelOptions, cpu: bool)
     # other count would compile it a second time
     defer_compile = pick_threads_here and model.compile_mode == "on"
     tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name,
-                         **(model.runtime | {"compile": "off" if defer_compile else model.compile_mode,
-                                             "products": "aten" if defer else model.products}))
+                         run=dataclasses.replace(model.runtime,
+                                                 compile="off" if defer_compile else model.compile_mode,
+                                                 products="aten" if defer else model.products))
     tok = load_tokenizer(tdir)
     if opts.pair == "smollm2":  # a chat model: every prompt through its chat template
         rows = [{"category": "file", "prompt": t} for t in read_prompts(pfile)[:n_prompts]] if pfile \

@@ -145,6 +145,22 @@ def check_device(name: str) -> None:
                      fix=f"use {DEVICE_HELP}")
 
 
+@dataclass(frozen=True)
+class PairRuntime:
+    """How a loaded pair runs: eaglekit.pair.load_pair's `run`, one object because its fields travel together from
+    the flags to the loader (load_pair documents each one). `batched` and `rows` are the decode shape the products
+    are chosen for (a server's rows); the others are the COMPILE_FLAGS' values, built by ModelOptions.runtime.
+    Frozen: a command that runs the pair another way makes its own copy (dataclasses.replace)."""
+
+    compile: str | bool = "auto"
+    products: str = "auto"
+    draft_quant: str | None = None
+    prompt_graphs: bool = False
+    experts: str = "auto"
+    batched: bool = False
+    rows: int | None = None
+
+
 @dataclass
 class ModelOptions(Options):
     """The target and draft folders, the backend, device and dtype, and the wiring override."""
@@ -230,11 +246,11 @@ class ModelOptions(Options):
         return None if self.dtype == "auto" else self.dtype
 
     @property
-    def runtime(self) -> dict:
-        """load_pair's keywords for how the loaded pair runs (the COMPILE_FLAGS): one place, so a new flag reaches
-        every command that loads a pair."""
-        return {"compile": self.compile_mode, "products": self.products, "draft_quant": self.draft_quant,
-                "prompt_graphs": self.prompt_graphs, "experts": self.experts}
+    def runtime(self) -> PairRuntime:
+        """load_pair's `run` from the COMPILE_FLAGS: one place, so a new flag reaches every command that loads a
+        pair."""
+        return PairRuntime(compile=self.compile_mode, products=self.products, draft_quant=self.draft_quant,
+                           prompt_graphs=self.prompt_graphs, experts=self.experts)
 
     @classmethod
     def add_runtime(cls, parser, capture=False, compile=False, threads=True, **defaults):

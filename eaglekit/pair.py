@@ -9,7 +9,7 @@ import torch
 from .draft import Eagle3Draft, load_draft
 from .errors import InputError
 from .models import Target, load_target
-from .options import PRODUCTS, resolve_device
+from .options import PRODUCTS, PairRuntime, resolve_device
 
 if TYPE_CHECKING:
     from .kernels.products import Choice
@@ -29,40 +29,43 @@ def compile_pair(target: Target, draft: Eagle3Draft | None) -> None:
 
 
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
-              compile: str | bool = "auto", products: str = "auto",
-              batched: bool = False, draft_quant: str | None = None,
-              rows: int | None = None, prompt_graphs: bool = False,
-              experts: str = "auto") -> tuple[Target, Eagle3Draft | None]:
-    """`compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
+              run: PairRuntime | None = None) -> tuple[Target, Eagle3Draft | None]:
+    """The target and its draft (None without `draft_dir`), run as `run` (eaglekit.options.PairRuntime; None: its
+    defaults) says:
+
+    `run.compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
     pay: docs/performance.md#d34); 'on' / True everywhere, 'off' / False never.
     The first generation pays the
     compile; eaglekit.kernels.compiling keeps the kernels for the next run.
 
-    `products`: how the decode products run: 'auto' is eaglekit.kernels.products.choose (the one chooser; its
-    reason is kept as `target.products_choice`); 'aten', 'onednn' (CPU), 'invariant' (GPU, Triton) or 'hopper'
-    (sm_90, CUDA built at first use) force one. 'invariant' and 'hopper' make every decode product and the decode
-    attention batch-invariant, so bf16 speculative output is identical to the bf16 plain decode (the draft keeps
-    F.linear; its arithmetic never reaches the output).
+    `run.products`: how the decode products run: 'auto' is eaglekit.kernels.products.choose (the one chooser; its
+    reason is kept as `target.products_choice`; it reads `run.batched` and `run.rows`, the decode shape a server
+    runs); 'aten', 'onednn' (CPU), 'invariant' (GPU, Triton) or 'hopper' (sm_90, CUDA built at first use) force
+    one. 'invariant' and 'hopper' make every decode product and the decode attention batch-invariant, so bf16
+    speculative output is identical to the bf16 plain decode (the draft keeps F.linear; its arithmetic never reaches
+    the output).
 
-    `draft_quant`: 'int8' runs the draft's products from int8 weights (eaglekit.kernels.int8: half its bytes a step;
-    the output is the target's either way, the accept length may move); 'none' as stored; 'auto' (or None) is
+    `run.draft_quant`: 'int8' runs the draft's products from int8 weights (eaglekit.kernels.int8: half its bytes a
+    step; the output is the target's either way, the accept length may move); 'none' as stored; 'auto' (or None) is
     `auto_draft_quant`. What ran is kept as `draft.precision` ('int8' or the stored dtype).
 
-    `prompt_graphs`: prompts (the target's prefill, the draft's extend over a prompt) through one graph compiled for
-    every length (target.compile_prompts(); eaglekit.kernels.compiling.compile_prompt), with or without `compile`;
-    the engine compiles it before its first prefill.
+    `run.prompt_graphs`: prompts (the target's prefill, the draft's extend over a prompt) through one graph compiled
+    for every length (target.compile_prompts(); eaglekit.kernels.compiling.compile_prompt), with or without
+    `compile`; the engine compiles it before its first prefill.
 
-    `experts`: how a mixture-of-experts target runs its routed experts ('auto', 'grouped', 'triton':
+    `run.experts`: how a mixture-of-experts target runs its routed experts ('auto', 'grouped', 'triton':
     DeepSeekTarget.set_experts), set before anything compiles; another than 'auto' for a dense target is E108."""
+    run = PairRuntime() if run is None else run
     device = pick_device(device)
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = None
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
-        set_draft_precision(target, draft, device, draft_quant)
-    set_experts(target, experts)
+        set_draft_precision(target, draft, device, run.draft_quant)
+    set_experts(target, run.experts)
+    compile = run.compile
     if compile in ("auto", None):
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         compile = str(device).startswith("cuda") and target.compiles and target.tp is None
@@ -70,7 +73,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         raise InputError(f"compile={compile!r} is not one of auto, on, off", fix="pass auto, on or off", code="E108")
     if compile in (True, "on"):
         compile_pair(target, draft)
-    if prompt_graphs:
+    if run.prompt_graphs:
         # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
         if not target.compiles or target.tp is not None:
             raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
@@ -78,7 +81,7 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
         target.compile_prompts()
         if draft is not None:
             draft.compile_prompts()
-    set_pair_products(target, draft, products, device, batched, rows)
+    set_pair_products(target, draft, run.products, device, run.batched, run.rows)
     return target, draft
 
 

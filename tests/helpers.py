@@ -189,9 +189,9 @@ def hopper_target(products: str, layers: int = 2):
     from eaglekit.models.config import parse_target_config
     from eaglekit.models.layers import Rotary
     from eaglekit.models.llama import LlamaModel, LlamaTarget
-    from eaglekit.train.pretrain import llama_config
+    from eaglekit.train.pretrain import LlamaShape, llama_config
 
-    raw = llama_config(8192, 2048, 2, 16, 4, 4096, max_pos=4096, tie=False, eos_id=1)
+    raw = llama_config(LlamaShape(8192, 2048, 2, 16, 4, 4096), max_pos=4096, tie=False, eos_id=1)
     cfg = dataclasses.replace(parse_target_config(raw), num_layers=layers)
     torch.manual_seed(0)
     net = LlamaModel(cfg)

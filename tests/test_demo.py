@@ -144,14 +144,14 @@ def test_demo_table(capsys):
 
 def test_compile_flags_are_checked():
     from eaglekit.errors import InputError
-    from eaglekit.options import ModelOptions
+    from eaglekit.options import ModelOptions, PairRuntime
     from eaglekit.pair import compiled, load_pair
 
     assert ModelOptions().compile_mode == "auto" and ModelOptions(no_compile=True).compile_mode == "off"
     with pytest.raises(InputError, match="contradict"):
         ModelOptions(compile=True, no_compile=True).compile_mode  # noqa: B018 -- the property raises
     with pytest.raises(InputError, match="not one of auto, on, off"):
-        load_pair(ASSETS / "target", None, device="cpu", compile="maybe")
+        load_pair(ASSETS / "target", None, device="cpu", run=PairRuntime(compile="maybe"))
     t, _ = load_pair(ASSETS / "target", None, device="cpu")
     assert not compiled(t)  # 'auto' compiles on a GPU only
 

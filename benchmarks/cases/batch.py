@@ -40,13 +40,13 @@ def build_pair(tiny: bool, device: str):
     from eaglekit.draft.model import DraftConfig, Eagle3Draft
     from eaglekit.models.config import parse_target_config
     from eaglekit.models.llama import LlamaModel, LlamaTarget
-    from eaglekit.train.pretrain import llama_config
+    from eaglekit.train.pretrain import LlamaShape, llama_config
 
     if tiny:
         V, H, L, heads, kvh, inter, Vd, dtype = 512, 64, 4, 4, 2, 128, 256, torch.float32
     else:
         V, H, L, heads, kvh, inter, Vd, dtype = 128256, 4096, 32, 32, 8, 14336, 32000, torch.bfloat16
-    raw = llama_config(V, H, L, heads, kvh, inter, max_pos=8192, tie=False, eos_id=V - 1)
+    raw = llama_config(LlamaShape(V, H, L, heads, kvh, inter), max_pos=8192, tie=False, eos_id=V - 1)
     raw["rope_theta"] = 500000.0
     cfg = parse_target_config(raw)
     torch.set_default_dtype(dtype)
@@ -150,13 +150,14 @@ def _demo_pair(device: str, products="auto"):
     untrained draft (new_draft seed 7) is what the adaptive policy must switch off."""
     from eaglekit.demo import ASSETS
     from eaglekit.draft import new_draft
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     # (outside inference mode: oneDNN's packs keep the weights' version counters)
     with torch.inference_mode(False):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32", compile="off",
-                         products=products, batched=True)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=device, dtype="float32",
+                         run=PairRuntime(compile="off", products=products, batched=True))
         rand = new_draft(t, seed=7, dtype=torch.float32, capture=d.config.capture).to(device)
     tok = load_tokenizer(ASSETS / "target")
     return t, d, rand, [encode(tok, x) for x in read_prompts(ASSETS / "prompts.jsonl")]

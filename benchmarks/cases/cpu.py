@@ -53,10 +53,11 @@ def demo_decode(p, ctx):
 
 def _demo_pair(p):
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
 
-    return load_pair(ASSETS / "target", ASSETS / "draft", device=p["device"], dtype=p["dtype"], compile="off",
-                     products=p["products"])
+    return load_pair(ASSETS / "target", ASSETS / "draft", device=p["device"], dtype=p["dtype"],
+                     run=PairRuntime(compile="off", products=p["products"]))
 
 
 @case("demo-cycle", "the demo pair's decode step, and per tree its cycle and verify, timed one by one",

@@ -53,9 +53,9 @@ def on_gpu_bf16(build):
 
 def llama8b_config():
     from eaglekit.models.config import parse_target_config
-    from eaglekit.train.pretrain import llama_config
+    from eaglekit.train.pretrain import LlamaShape, llama_config
 
-    raw = llama_config(128256, 4096, 32, 32, 8, 14336, max_pos=8192, tie=False, eos_id=128001)
+    raw = llama_config(LlamaShape(128256, 4096, 32, 32, 8, 14336), max_pos=8192, tie=False, eos_id=128001)
     raw["rope_theta"] = 500000.0
     return raw, parse_target_config(raw)
 
@@ -206,6 +206,7 @@ def demo_pair_gpu(p, ctx):
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -218,8 +219,8 @@ def demo_pair_gpu(p, ctx):
                                          else str(p["draft_quant"] or "none").split(","))]
     for dtype, dq in [(a, b) for a in dtypes for b in quants]:
         t0 = time.perf_counter()
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, products=p["products"],
-                         draft_quant=dq)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype,
+                         run=PairRuntime(products=p["products"], draft_quant=dq))
         sfx = "" if dq == "auto" else f"_draft_{dq}"
         det[dtype + sfx] = {"products": str(getattr(t, "products_choice", None)),
                             "draft_precision": getattr(d, "precision", None)}

@@ -26,6 +26,7 @@ def _pair(p, ctx):
         import torch
 
         from eaglekit.demo import smollm2_paths
+        from eaglekit.options import PairRuntime
         from eaglekit.pair import load_pair
         from eaglekit.tokenizer import load_tokenizer
 
@@ -33,7 +34,7 @@ def _pair(p, ctx):
             torch.set_num_threads(p["threads"])
         tdir, ddir = smollm2_paths(target=p.get("target"), draft=p.get("draft"))
         t, d = load_pair(tdir, ddir, device=p.get("device") or "cpu", dtype=p.get("dtype") or "float32",
-                         compile="off")
+                         run=PairRuntime(compile="off"))
         ctx["smollm2"] = (tdir, ddir, t, d, load_tokenizer(tdir))
     return ctx["smollm2"]
 
@@ -124,10 +125,11 @@ def smollm2_speed(p, ctx):
     if {"eaglekit_bf16", "eaglekit_bf16_draft"} & set(engines):
         # the same pair in bfloat16 (half the bytes a step; a CPU with AVX512-BF16 or AMX multiplies it natively):
         # its greedy output is the bf16 target's own, checked against that target alone, for the same token counts
+        from eaglekit.options import PairRuntime
         from eaglekit.pair import load_pair
 
         tb, db = load_pair(tdir, ddir, device=p.get("device") or "cpu", dtype="bfloat16",
-                           compile="off")
+                           run=PairRuntime(compile="off"))
         dec16 = Decoder(tb, db, TreeShape.make(p["steps"], p["topk"], p["draft_tokens"]))
         base16 = [dec16.generate(x, counts[i], baseline=True) for i, x in enumerate(ids)]
         if "eaglekit_bf16" in engines:

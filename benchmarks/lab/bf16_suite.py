@@ -37,12 +37,13 @@ def demo_identity(n_prompts: int, max_new: int, compile: str = "off",
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     # uncompiled by default, as results/2026-12-01_h200_bf16.json was measured
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
-                     products=products)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                     run=PairRuntime(compile=compile, products=products))
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:n_prompts]]
     rows = []

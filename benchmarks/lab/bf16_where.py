@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from eaglekit.demo import ASSETS
+from eaglekit.options import PairRuntime
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -48,7 +49,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    t, _ = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype="bfloat16", compile="off")
+    t, _ = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype="bfloat16",
+                     run=PairRuntime(compile="off"))
     tok = load_tokenizer(ASSETS / "target")
     res = {}
     # F.linear; invariant_gemm from 1 row; invariant_gemm + attend (all invariant)

@@ -39,11 +39,13 @@ def main() -> None:
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype=dtype, compile="on")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device=args.device, dtype=dtype,
+                     run=PairRuntime(compile="on"))
     prompt = encode(load_tokenizer(ASSETS / "target"), read_prompts(ASSETS / "prompts.jsonl")[0])
 
     def run(dec) -> tuple[float, int]:

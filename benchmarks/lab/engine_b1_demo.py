@@ -39,6 +39,7 @@ def main() -> None:
     from eaglekit.decoding.engine import BatchEngine, Request
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import demo_paths
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -46,7 +47,7 @@ def main() -> None:
     dtype = a.dtype or ("bfloat16" if cuda else "float32")
     tdir, ddir, pfile = demo_paths()
     t0 = time.perf_counter()
-    t, d = load_pair(tdir, ddir, device=a.device, dtype=dtype, batched=True)
+    t, d = load_pair(tdir, ddir, device=a.device, dtype=dtype, run=PairRuntime(batched=True))
     print(f"[{time.perf_counter() - t0:6.1f}s] loaded: {t.products_choice}", flush=True)
     tok = load_tokenizer(tdir)
     prompts = [encode(tok, p) for p in read_prompts(pfile)][:a.prompts]

@@ -52,13 +52,15 @@ def _engine(variant: str, draft_dir, device: str, max_batch: int, prompt_graphs:
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ASSETS / "target")
     shape = TreeShape.make()  # (serve's default, and the rows its products are chosen for: serve.server.serve)
-    target, draft = load_pair(ASSETS / "target", draft_dir, "auto", device, None, compile="off", batched=max_batch > 1,
-                              prompt_graphs=prompt_graphs, rows=max_batch * (shape.draft_tokens if draft_dir else 1))
+    target, draft = load_pair(ASSETS / "target", draft_dir, "auto", device, None,
+                              run=PairRuntime(compile="off", batched=max_batch > 1, prompt_graphs=prompt_graphs,
+                                              rows=max_batch * (shape.draft_tokens if draft_dir else 1)))
     eng = BatchEngine(target, draft, EngineOptions(shape=shape, max_batch=max_batch), tokenizer=tok)
     if variant == "random_pinned":  # the draft carried (features kept per plain step), never run
         eng.policy.choose = lambda rows, drafting=1.0: (0, "held to plain steps")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from eaglekit.demo import ASSETS
+from eaglekit.options import PairRuntime
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -36,9 +37,10 @@ def main():
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--span", type=int, default=None, help="cache span (default: prompt + steps)")
     args = ap.parse_args()
-    kw = dict(device="cuda", dtype="bfloat16", products="invariant")
-    plain, _ = load_pair(ASSETS / "target", None, compile="off", **kw)
-    comp, _ = load_pair(ASSETS / "target", None, compile="on", **kw)
+    plain, _ = load_pair(ASSETS / "target", None, device="cuda", dtype="bfloat16",
+                         run=PairRuntime(compile="off", products="invariant"))
+    comp, _ = load_pair(ASSETS / "target", None, device="cuda", dtype="bfloat16",
+                        run=PairRuntime(compile="on", products="invariant"))
     tok = load_tokenizer(ASSETS / "target")
     ids = torch.tensor(encode(tok, read_prompts(ASSETS / "prompts.jsonl")[0]), device="cuda")
     span = args.span or len(ids) + args.steps + 8

@@ -35,10 +35,12 @@ def _pair(name: str, device: str, max_batch: int, shape):
 
     if name == "demo":
         from eaglekit.demo import demo_paths
+        from eaglekit.options import PairRuntime
         from eaglekit.pair import load_pair
 
         tdir, ddir, _ = demo_paths()
-        t, d = load_pair(tdir, ddir, device=device, batched=max_batch > 1, rows=max_batch * shape.draft_tokens)
+        t, d = load_pair(tdir, ddir, device=device,
+                         run=PairRuntime(batched=max_batch > 1, rows=max_batch * shape.draft_tokens))
         return t, d, 40, t.info.vocab_size
     from benchmarks.cases.batch import build_pair
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 from ..draft.base import Draft
-from ..draft.walk import DECAY, PLAIN_OPS, advance, frontier, select, walk_tree
+from ..draft.walk import DECAY, PLAIN_OPS, WalkFns, advance, frontier, select, walk_tree
 from ..errors import GenerationError
 from ..kernels import topk
 from ..kernels.compiling import twin
@@ -114,8 +114,8 @@ def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_to
         else:
             def step(h, ids, pos, slots, mask, anc):
                 return draft.step(h, ids, pos, slots, mask)
-        grown = walk_tree(step, draft.to_target_ids, ops, top_probs, h_last, logits_last, root_token, m, cols, frame,
-                          shape.steps, n_sel, with_mask=not by_pending)
+        grown = walk_tree(WalkFns(step, draft.to_target_ids, ops, top_probs), h_last, logits_last, root_token, m, cols,
+                          frame, shape.steps, n_sel, with_mask=not by_pending)
     tokens, parents, depths, mask = grown
     return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
 

@@ -520,7 +520,7 @@ class Eagle3Draft(nn.Module, Draft):
         itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
         drops them (the layer reads only their width)."""
         from ..kernels import topk
-        from .walk import PLAIN_OPS, walk_tree
+        from .walk import PLAIN_OPS, WalkFns, walk_tree
 
         K = frame[1].numel()
         pending = self.takes_pending(max((steps - 1) * K, 1))
@@ -536,8 +536,8 @@ class Eagle3Draft(nn.Module, Draft):
             p, i = self._top(logits.reshape(-1, logits.shape[-1]), k)
             return p.view(*logits.shape[:-1], k), i.view(*logits.shape[:-1], k)
 
-        return walk_tree(step, self.to_target_ids, PLAIN_OPS, top, h_last, logits_last, root, m, cols, frame, steps,
-                         n_sel)
+        return walk_tree(WalkFns(step, self.to_target_ids, PLAIN_OPS, top), h_last, logits_last, root, m, cols, frame,
+                         steps, n_sel)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -19,14 +20,26 @@ from ..kernels import topk
 DECAY = 1.0 - 1e-5
 
 
-def walk_tree(step, to_target, ops, top, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int,
+class WalkFns(NamedTuple):
+    """What a tree's walk calls, given together because every walk passes all four: step(hidden [K, H], target ids
+    [K], positions, slots, mask [K, span] or None, ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level;
+    `to_target` maps draft ids to target ids; `ops` is the bookkeeping (frontier, advance, select: plain or compiled
+    twins); `top` is top_probs or its registered op. A NamedTuple: torch.compile traces the one built inside the
+    draft's compiled tree (Eagle3Draft._tree_steps) as a tuple, with no graph break."""
+
+    step: Callable
+    to_target: Callable
+    ops: Any
+    top: Callable
+
+
+def walk_tree(fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int,
               with_mask: bool = True) -> tuple:
-    """The tree's levels and selection: step(hidden [K, H], target ids [K], positions, slots, mask [K, span] or None,
-    ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level; `top` is top_probs or its registered op; `ops`
-    the bookkeeping (frontier, advance, select: plain or compiled twins); m committed entries, cols arange(span),
-    frame eaglekit.decoding.tree's `_tree_frame`. -> (tokens, parents, depths, mask) of the tree. The one place that
-    says how a tree grows: eaglekit.decoding.tree walks it eagerly, Eagle3Draft's compiled tree inside one graph
-    (the same code, so the same trees)."""
+    """The tree's levels and selection over `fns` (WalkFns); m committed entries, cols arange(span), frame
+    eaglekit.decoding.tree's `_tree_frame`. -> (tokens, parents, depths, mask) of the tree. The one place that says
+    how a tree grows: eaglekit.decoding.tree walks it eagerly, Eagle3Draft's compiled tree inside one graph (the same
+    code, so the same trees)."""
+    step, to_target, ops, top = fns
     no_parent, f_cand, f_anc, lv = frame
     K = f_cand.numel()
     top_p, top_i = top(logits_last, K)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..capture import CaptureSpec
@@ -51,19 +51,41 @@ def engine_python(given: str | None = None) -> str:
                      "tests/engine/setup_venv.sh VENV builds one) or set EAGLEKIT_VLLM_PYTHON", code="E170")
 
 
-def run_vllm(python: str, target, draft, prompts: list[list[int]], k: int, max_tokens: int, eos_ids=(),
-             dtype: str = "float32", trace_file: str | None = None, trace_steps: int | None = None,
-             max_model_len: int | None = None, timeout: float = 1800) -> dict:
-    """One vLLM run in a subprocess; returns vllm_run's result, or raises EaglekitError(E171) with vLLM's own
-    last error lines when vLLM refuses or crashes (a mis-wired draft can do either)."""
-    longest = max(len(p) for p in prompts) + max_tokens + k + 8
-    job = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None, "k": k,
-           "prompts": prompts, "max_tokens": max_tokens, "eos_ids": list(eos_ids), "dtype": dtype,
-           "max_model_len": max_model_len or max(256, -(-longest // 64) * 64),
-           "trace_file": str(Path(trace_file).resolve()) if trace_file else None, "trace_steps": trace_steps}
+@dataclass(frozen=True)
+class VllmJob:
+    """What one vLLM run decodes: the pair's folders, the prompts (token ids), the chain k = num_speculative_tokens,
+    the tokens per prompt and the stop ids, the dtype; optionally an EAGLE3_DEBUG trace (file, steps) and the
+    context length (None: the longest prompt's need rounded up to 64, at least 256). `to_json` is the job file
+    eaglekit.engines.vllm_run reads."""
+
+    target: str | Path
+    draft: str | Path | None
+    prompts: list[list[int]]
+    k: int
+    max_tokens: int
+    eos_ids: tuple | list = ()
+    dtype: str = "float32"
+    trace_file: str | None = None
+    trace_steps: int | None = None
+    max_model_len: int | None = None
+
+    def to_json(self) -> dict:
+        """vllm_run's job file: absolute paths (the subprocess runs in a temporary folder)."""
+        longest = max(len(p) for p in self.prompts) + self.max_tokens + self.k + 8
+        return {"target": str(Path(self.target).resolve()),
+                "draft": str(Path(self.draft).resolve()) if self.draft else None, "k": self.k,
+                "prompts": self.prompts, "max_tokens": self.max_tokens, "eos_ids": list(self.eos_ids),
+                "dtype": self.dtype, "max_model_len": self.max_model_len or max(256, -(-longest // 64) * 64),
+                "trace_file": str(Path(self.trace_file).resolve()) if self.trace_file else None,
+                "trace_steps": self.trace_steps}
+
+
+def run_vllm(python: str, job: VllmJob, timeout: float = 1800) -> dict:
+    """One vLLM run of `job` in a subprocess; returns vllm_run's result, or raises EaglekitError(E171) with vLLM's
+    own last error lines when vLLM refuses or crashes (a mis-wired draft can do either)."""
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as tmp:
         jp, op = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        jp.write_text(json.dumps(job))
+        jp.write_text(json.dumps(job.to_json()))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -117,12 +139,13 @@ def compare(target_dir, draft_dir, prompts, k: int, max_new: int, python: str, t
             dtype: str = "float32") -> dict:
     """vLLM and eaglekit on the same prompts and chain: per-position acceptance side by side, identical outputs.
     eaglekit runs under the wiring vLLM resolved (so any difference is not the wiring)."""
+    from ..options import PairRuntime
     from ..pair import load_pair
 
     if target is None:
         # F.linear's products, as when vLLM was first matched against us (onednn rounds fp32 differently)
-        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype, products="aten")
-    v = run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, dtype)
+        target, draft = load_pair(target_dir, draft_dir, "auto", "cpu", dtype, run=PairRuntime(products="aten"))
+    v = run_vllm(python, VllmJob(target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, dtype))
     resolved = v["config"].get("after_layers")
     spec = CaptureSpec(tuple(resolved)) if resolved else draft.config.capture
     ours = eaglekit_acceptance(target, draft, prompts, k, max_new, spec)
@@ -363,7 +386,8 @@ def _run_in_vllm(python: str, target, target_dir, draft_dir, prompts: list[list[
     refused, crashed or timed out (E171, E172: the engine report's `error`)."""
     vdtype = str(target.dtype).replace("torch.", "")
     try:
-        return run_vllm(python, target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, vdtype), None
+        job = VllmJob(target_dir, draft_dir, prompts, k, max_new, target.info.eos_token_ids, vdtype)
+        return run_vllm(python, job), None
     except EaglekitError as e:
         if e.code not in ("E171", "E172"):
             raise

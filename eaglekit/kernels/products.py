@@ -244,7 +244,7 @@ def own_decoder(target) -> bool:
 
 
 def compiled(target) -> bool:
-    """Whether the target's decode-time layers run compiled (eaglekit.pair.load_pair's `compile`)."""
+    """Whether the target's decode-time layers run compiled (eaglekit.pair.load_pair's `run.compile`)."""
     return target.compiled_layers
 
 

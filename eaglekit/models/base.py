@@ -216,7 +216,7 @@ class Target(ABC):
 
     @property
     def compiled_layers(self) -> bool:
-        """Whether the decode-time layers run compiled (compile(); eaglekit.pair.load_pair's `compile`)."""
+        """Whether the decode-time layers run compiled (compile(); eaglekit.pair.load_pair's `run.compile`)."""
         return False
 
     @property

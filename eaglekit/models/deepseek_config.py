@@ -171,7 +171,9 @@ def mla_rope_from(raw: dict, where: str = "config.json") -> MLARope:
                    attention_factor=opt("attention_factor"), truncate=bool(src.get("truncate", True)))
 
 
-def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConfig:
+def _check_supported(raw: dict, where: str) -> str:
+    """The family of `raw`, after the checks that refuse a config the decoder cannot run whatever its sizes (E104,
+    E190 through _unsupported): another family, another activation, MoE on some layers only, quantized weights."""
     family = raw.get("model_type")
     if family not in DEEPSEEK_FAMILIES:
         raise InputError(f"model_type {family!r} in {where} is not a DeepSeek family ({', '.join(DEEPSEEK_FAMILIES)})",
@@ -186,7 +188,14 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
     if quant:  # DeepSeek-V3 / Kimi-K2 ship block-FP8 weights with per-block scales (weight_scale_inv)
         raise _unsupported(f"quantization_config {quant.get('quant_method', quant)!r} (FP8 / quantized weights; "
                            "eaglekit's decoder reads bf16 / fp16 / fp32 checkpoints)", where)
-    v2 = family == "deepseek_v2"
+    return family
+
+
+def _routing(raw: dict, where: str, v2: bool) -> dict:
+    """DeepSeekConfig's routing fields (scoring, topk_method, n_routed_experts, num_experts_per_tok, n_group,
+    topk_group) as transformers reads them for the family, checked against each other: every expert group holds
+    the same number of experts and a token's k fit in them (E191). Reads only optional keys (no KeyError)."""
+    family = raw.get("model_type")
     scoring = "softmax" if v2 else "sigmoid"
     if raw.get("scoring_func") not in (None, scoring):
         raise _unsupported(f"scoring_func {raw.get('scoring_func')!r} for {family} (transformers scores it by "
@@ -194,23 +203,39 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
     method = raw.get("topk_method") or ("greedy" if v2 else "noaux_tc")
     if v2 and method not in ("greedy", "group_limited_greedy"):
         raise _unsupported(f"topk_method {method!r}", where)
+    n_routed = int(raw.get("n_routed_experts") or raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    n_group = int(raw.get("n_group") or 1)
+    if v2 and method == "greedy":
+        n_group = 1
+    topk_group = int(raw.get("topk_group") or 1) if n_group > 1 else 1
+    k = int(raw.get("num_experts_per_tok") or 0)
+    if n_routed and (k < 1 or k > n_routed or n_routed % n_group or topk_group > n_group
+                     or (not v2 and n_group > 1 and n_routed // n_group < 2)):
+        raise InputError(f"{where}: the routing does not fit its experts (n_routed_experts {n_routed}, "
+                         f"num_experts_per_tok {k}, n_group {n_group}, topk_group {topk_group})",
+                         fix="check config.json against the model's weights", code="E191")
+    return dict(scoring=scoring, topk_method=method, n_routed_experts=n_routed, num_experts_per_tok=k,
+                n_group=n_group, topk_group=topk_group)
+
+
+def _mla_heads(raw: dict, where: str) -> int:
+    """num_attention_heads; MLA has one latent kv per token, so a num_key_value_heads other than it is refused."""
+    heads = int(raw["num_attention_heads"])
+    kv_heads = raw.get("num_key_value_heads")
+    if kv_heads is not None and int(kv_heads) != heads:
+        raise _unsupported(f"num_key_value_heads {kv_heads} != num_attention_heads {heads}", where)
+    return heads
+
+
+def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConfig:
+    """A DeepSeekConfig from a config.json's dict (`where` names it in errors): refused first where the decoder
+    cannot run the family at all, then read field by field; a missing required field is E102."""
+    family = _check_supported(raw, where)
+    v2 = family == "deepseek_v2"
+    routing = _routing(raw, where, v2)
     try:
-        n_routed = int(raw.get("n_routed_experts") or raw.get("num_experts") or raw.get("num_local_experts") or 0)
-        n_group = int(raw.get("n_group") or 1)
-        if v2 and method == "greedy":
-            n_group = 1
-        topk_group = int(raw.get("topk_group") or 1) if n_group > 1 else 1
-        k = int(raw.get("num_experts_per_tok") or 0)
-        if n_routed and (k < 1 or k > n_routed or n_routed % n_group or topk_group > n_group
-                         or (not v2 and n_group > 1 and n_routed // n_group < 2)):
-            raise InputError(f"{where}: the routing does not fit its experts (n_routed_experts {n_routed}, "
-                             f"num_experts_per_tok {k}, n_group {n_group}, topk_group {topk_group})",
-                             fix="check config.json against the model's weights", code="E191")
         q_lora = raw.get("q_lora_rank")
-        heads = int(raw["num_attention_heads"])
-        kv_heads = raw.get("num_key_value_heads")
-        if kv_heads is not None and int(kv_heads) != heads:
-            raise _unsupported(f"num_key_value_heads {kv_heads} != num_attention_heads {heads}", where)
+        heads = _mla_heads(raw, where)
         cfg = DeepSeekConfig(
             family=family,
             vocab_size=int(raw["vocab_size"]),
@@ -224,14 +249,9 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
             qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
             qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
             v_head_dim=int(raw["v_head_dim"]),
-            n_routed_experts=n_routed,
             n_shared_experts=int(raw.get("n_shared_experts") or 0),
-            num_experts_per_tok=k,
             first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
-            scoring=scoring,
-            topk_method=method,
-            n_group=n_group,
-            topk_group=topk_group,
+            **routing,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)) and not v2,
             routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),

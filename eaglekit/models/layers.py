@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -112,6 +113,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    pending_kernel: Callable[..., torch.Tensor] | None  # (set in __init__)
+
     def __init__(self, in_dim: int, num_heads: int, num_kv_heads: int, head_dim: int, out_dim: int,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
         super().__init__()
@@ -156,6 +159,38 @@ class Attention(nn.Module):
         mask then spans [T, T * (1 + len(extra_kv))] in the order (extra..., new).
         """
         B, T, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        new_kv = (k, v)
+        if kv is not None:
+            k_cache, v_cache = kv
+            S = mask.shape[-1]
+            k_in, v_in = k.to(k_cache.dtype), v.to(v_cache.dtype)  # what the cache stores (and attend reads)
+            # the pending form serves a call without `visible` only (the batch-invariant kernel comes first)
+            if visible is None and pending is not None and self.pending_kernel is not None:
+                out = self._pending_attention(q, k_in, v_in, kv, S, slots, pending)
+                return product_module(self.products, self.o_proj, out, residual), new_kv
+            out = None
+            if visible is not None:
+                # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
+                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op.
+                *vis, base = visible
+                out = invariant_attention.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
+            _write_cache(k_cache, v_cache, slots, k_in, v_in)
+            if out is not None:
+                out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+                return product_module(self.products, self.o_proj, out, residual), new_kv
+            k, v = k_cache[:, :, :S], v_cache[:, :, :S]
+        elif extra_kv:
+            k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
+            v = torch.cat([e[1] for e in extra_kv] + [v], dim=2)
+        out = self._sdpa(q, k, v, mask, cached=kv is not None)
+        return product_module(self.products, self.o_proj, out, residual), new_kv
+
+    def _qkv(self, x, cos, sin):
+        """x [B, T, in] -> q [B, H, T, hd], k and v [B, Hkv, T, hd], q and k rotated (and normed with qk_norm). The
+        fused product rotates q and k inside its kernel where its policy takes the rope (takes_rope): then
+        apply_rope is skipped, so each of q and k is rotated exactly once either way."""
+        B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         rope = None
         if self.qkv_weight is not None:
@@ -173,55 +208,57 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is None:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        new_kv = (k, v)
-        if kv is not None:
-            k_cache, v_cache = kv
-            S = mask.shape[-1]
-            k_in, v_in = k.to(k_cache.dtype), v.to(v_cache.dtype)  # what the cache stores (and attend reads)
-            out = None
-            if visible is not None:
-                # batch-invariant attention, before this call's keys reach the cache: the committed ones are read
-                # from the cache, the new ones from k/v, so compiled code need not copy the cache for the op.
-                *vis, base = visible
-                out = invariant_attention.attend(q, k_cache[:, :, :S], v_cache[:, :, :S], *vis, new=(k_in, v_in, base))
-            elif pending is not None and self.pending_kernel is not None:
-                if not (B == 1 and slots.dim() == 1 and T <= 64 and pending[1].shape[-1] <= 64):
-                    # (the caller may have passed a mask it never filled: no fallback to SDPA on it)
-                    raise ValueError(f"the pending form takes one sequence of <= 64 rows and columns, got B={B}, "
-                                     f"T={T}, block {tuple(pending[1].shape)} (see Eagle3Draft.takes_pending)")
-                # the op writes this call's keys into the cache itself (the slots from slots[0] on: consecutive)
-                rows = q[0].transpose(0, 1).reshape(T, H * hd)
-                out = self.pending_kernel(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
-                                          v_in[0].transpose(0, 1), *pending, slots[:1])
-                return product_module(self.products, self.o_proj, out.view(B, T, H * hd), residual), new_kv
-            if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
-                idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
-                k_cache.scatter_(2, idx, k_in)
-                v_cache.scatter_(2, idx, v_in)
-            else:
-                k_cache.index_copy_(2, slots, k_in)
-                v_cache.index_copy_(2, slots, v_in)
-            if out is not None:
-                out = out.transpose(1, 2).reshape(B, T, H * hd)
-                return product_module(self.products, self.o_proj, out, residual), new_kv
-            k, v = k_cache[:, :, :S], v_cache[:, :, :S]
-        elif extra_kv:
-            k = torch.cat([e[0] for e in extra_kv] + [k], dim=2)
-            v = torch.cat([e[1] for e in extra_kv] + [v], dim=2)
+        return q, k, v
+
+    def _pending_attention(self, q, k_in, v_in, kv, S: int, slots, pending):
+        """The pending form's attention through `pending_kernel` -> [B, T, H * hd], before o_proj. The op writes this
+        call's keys into the cache itself (at slots[0] on: consecutive), so the caller writes none. Shapes outside
+        the op's (one sequence, <= 64 rows and columns) raise: the caller may have passed a mask it never filled, so
+        SDPA on it is no fallback."""
+        B, H, T, hd = q.shape
+        k_cache, v_cache = kv
+        if not (B == 1 and slots.dim() == 1 and T <= 64 and pending[1].shape[-1] <= 64):
+            raise ValueError(f"the pending form takes one sequence of <= 64 rows and columns, got B={B}, "
+                             f"T={T}, block {tuple(pending[1].shape)} (see Eagle3Draft.takes_pending)")
+        assert self.pending_kernel is not None  # (forward calls it only with a kernel set)
+        rows = q[0].transpose(0, 1).reshape(T, H * hd)
+        out = self.pending_kernel(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
+                                  v_in[0].transpose(0, 1), *pending, slots[:1])
+        return out.view(B, T, H * hd)
+
+    def _sdpa(self, q, k, v, mask, cached: bool):
+        """SDPA of q over k, v (the cache's first S slots when `cached`, else this call's keys and any extra_kv)
+        -> [B, T, H * hd], before o_proj. `mask` None without a cache is causal. Grouped kv heads: expanded without a
+        cache (training and feature paths: SDPA's fused kernels), folded into the query rows for a cached GPU call of
+        2..FOLD_GQA_MAX_TOKENS tokens (sdpa_folded), else SDPA's enable_gqa."""
+        B, _, T, _ = q.shape
         attn_mask = mask[:, None] if mask is not None else None
         gqa = self.num_kv_heads != self.num_heads
-        if gqa and kv is None:
+        if gqa and not cached:
             # training and feature paths: expand the kv heads so SDPA may pick its fused kernels
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             gqa = False
-        if gqa and kv is not None and q.is_cuda and 2 <= T <= FOLD_GQA_MAX_TOKENS:
+        if gqa and cached and q.is_cuda and 2 <= T <= FOLD_GQA_MAX_TOKENS:
             out = sdpa_folded(q, k, v, attn_mask)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                 is_causal=mask is None and kv is None, enable_gqa=gqa)
-        out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return product_module(self.products, self.o_proj, out, residual), new_kv
+                                                 is_causal=mask is None and not cached, enable_gqa=gqa)
+        return out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+
+
+def _write_cache(k_cache, v_cache, slots, k_in, v_in) -> None:
+    """This call's keys and values into the cache at `slots`: [T] shared by every row (index_copy_), or [B, T] per
+    row (batched decoding: each sequence has its own length; scatter_). In place: the cache tensors are the ones a
+    CUDA graph recorded."""
+    B, Hkv, T, hd = k_in.shape
+    if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
+        idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
+        k_cache.scatter_(2, idx, k_in)
+        v_cache.scatter_(2, idx, v_in)
+    else:
+        k_cache.index_copy_(2, slots, k_in)
+        v_cache.index_copy_(2, slots, v_in)
 
 
 class MLP(nn.Module):

@@ -199,10 +199,10 @@ def _load(model: ModelOptions, o: ServeOptions, shape):
     # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
     # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
     run = model.runtime
-    run["compile"] = "off" if run["compile"] == "auto" else run["compile"]
     rows = o.max_batch * ((shape or TreeShape.make()).draft_tokens if model.draft else 1)
-    target, draft = load_pair(model.target, model.draft, model.backend, model.device, model.dtype_name, **run,
-                              batched=o.max_batch > 1, rows=rows)
+    run = dataclasses.replace(run, compile="off" if run.compile == "auto" else run.compile, batched=o.max_batch > 1,
+                              rows=rows)
+    target, draft = load_pair(model.target, model.draft, model.backend, model.device, model.dtype_name, run=run)
     return tok, target, draft
 
 

@@ -22,12 +22,26 @@ from ..models.llama import LlamaModel
 from .loop import StepBudget, load_state, lr_at, save_state
 
 
-def llama_config(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, inter: int, max_pos: int = 2048,
-                 rope_theta: float = 10000.0, eos_id: int = 1, bos_id: int | None = None, tie: bool = True) -> dict:
-    """A Hugging Face LlamaForCausalLM config.json (read by transformers and by our decoder)."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-            "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
+@dataclass(frozen=True)
+class LlamaShape:
+    """A Llama's sizes, the six numbers that fix its weights' shapes: vocabulary, hidden width, layers, query heads,
+    key/value heads, MLP width (head_dim is hidden // heads)."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    inter: int
+
+
+def llama_config(shape: LlamaShape, max_pos: int = 2048, rope_theta: float = 10000.0, eos_id: int = 1,
+                 bos_id: int | None = None, tie: bool = True) -> dict:
+    """A Hugging Face LlamaForCausalLM config.json of `shape` (read by transformers and by our decoder)."""
+    s = shape
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": s.vocab,
+            "hidden_size": s.hidden, "intermediate_size": s.inter, "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.hidden // s.heads,
             "hidden_act": "silu", "max_position_embeddings": max_pos, "rms_norm_eps": 1e-5,
             "rope_theta": rope_theta, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": tie,
             "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": 0, "torch_dtype": "bfloat16"}

@@ -124,7 +124,7 @@ def _stream(tok, texts: list[str]) -> torch.Tensor:
 
 
 def stage_target(out: Path, corpus, tok, p: dict, device: str, log) -> dict:
-    from .pretrain import PretrainConfig, llama_config, new_target_net, pretrain, save_target_folder
+    from .pretrain import LlamaShape, PretrainConfig, llama_config, new_target_net, pretrain, save_target_folder
 
     folder = out / "target"
     report = out / "target_train.json"
@@ -132,7 +132,7 @@ def stage_target(out: Path, corpus, tok, p: dict, device: str, log) -> dict:
         return json.loads(report.read_text())
     train, held = _stream(tok, _texts(corpus, "train")), _stream(tok, _texts(corpus, "heldout"))
     log(f"target: {train.numel()} training tokens, {held.numel()} held-out tokens")
-    raw = llama_config(len(tok), p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["inter"],
+    raw = llama_config(LlamaShape(len(tok), p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["inter"]),
                        max_pos=2048, eos_id=tok.convert_tokens_to_ids(EOS))
     net = new_target_net(raw, seed=0)
     cfg = PretrainConfig(seq_len=p["seq_len"], batch_size=p["batch"], lr=p["lr"], max_steps=p["pre_steps"],

@@ -138,7 +138,7 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
         raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
                          "decode)", code="E130")
     target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name,
-                              **model.runtime)
+                              run=model.runtime)
     assert draft is not None  # eval runs a draft: draft_dir is required
     spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}

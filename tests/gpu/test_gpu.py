@@ -10,6 +10,7 @@ from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
+from eaglekit.options import PairRuntime
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -24,7 +25,8 @@ def _prompts(n=6):
 @pytest.fixture(scope="module")
 def pair32():
     """Uncompiled (graphs against eager: quick to record for every shape); the compiled default has its own test."""
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32", compile="off")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="float32",
+                     run=PairRuntime(compile="off"))
     return t, d, _prompts()
 
 
@@ -127,8 +129,8 @@ def test_bf16_chains_equal_the_verify_shaped_baseline(shape, compile):
     """bf16 with F.linear products (--products aten): the one-row baseline and a k-row verify round differently
     (about 11 of 32 demo prompts part), but a baseline stepping through k-row chains (Decoder.baseline_rows, 'auto'
     here) gives the chain's arithmetic: greedy speculative output equals it on every prompt."""
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
-                     products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                     run=PairRuntime(compile=compile, products="aten"))
     tok = load_tokenizer(ASSETS / "target")
     dec = Decoder(t, d, TreeShape(*shape), graphs=True)
     assert dec.baseline_rows == shape[2]
@@ -253,7 +255,8 @@ def test_small_m_compiled_graphs_equal_eager_bf16():
     """The invariant_gemm op inside the compiled layers, recorded in CUDA graphs: the same tokens as the same compiled
     layers called without graphs (bf16)."""
     prompts = _prompts(4)
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                     run=PairRuntime(products="aten"))
     t.set_products("invariant")
     fast = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
     plain = Decoder(t, d, TreeShape(5, 1, 6), graphs=False)
@@ -300,8 +303,8 @@ def pair_bf16(request):
     """The demo pair in bf16 with products "invariant" (what 'auto' picks for bf16 on a GPU), uncompiled or compiled;
     one load for the shapes below (a run cut by a time limit still tells which shapes passed)."""
     compile, products = request.param
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile=compile,
-                     products=products)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                     run=PairRuntime(compile=compile, products=products))
     assert t.products == "invariant"
     return t, d, _prompts(12)
 
@@ -385,7 +388,8 @@ def test_int8_draft_compiled_in_graphs_keeps_the_output():
     prompts = _prompts(6)
     acc = {}
     for mode in ("none", "int8"):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", draft_quant=mode)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                         run=PairRuntime(draft_quant=mode))
         dec = Decoder(t, d, TreeShape(5, 1, 6), graphs=True)
         runs = [dec.generate(p, 64) for p in prompts]
         for p, r in zip(prompts, runs):
@@ -613,7 +617,8 @@ def test_prompt_graphs_decode_what_eager_prompts_do(dtype):
     the graphs before it) no prompt length compiles a graph."""
     from torch._dynamo.utils import counters
 
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype, prompt_graphs=True)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype=dtype,
+                     run=PairRuntime(prompt_graphs=True))
     assert t.compiled_prompts and d.compiled_prompt is not None
     full = _prompts(6)
     prompts = [full[0][:2], full[1][:30], full[2][:64], full[3][:65]] + full[4:]

@@ -15,11 +15,11 @@ from helpers import random_tree_paths
 from eaglekit.errors import InputError
 from eaglekit.kernels import hopper
 from eaglekit.models.config import parse_target_config
-from eaglekit.train.pretrain import llama_config
+from eaglekit.train.pretrain import LlamaShape, llama_config
 
 
 def _cfg(**over):
-    raw = llama_config(8192, 2048, 2, 16, 4, 4096, max_pos=4096, tie=False, eos_id=1)
+    raw = llama_config(LlamaShape(8192, 2048, 2, 16, 4, 4096), max_pos=4096, tie=False, eos_id=1)
     return dataclasses.replace(parse_target_config(raw), **over)
 
 
@@ -38,10 +38,11 @@ def test_shapes_it_takes_and_the_reason_it_gives_otherwise():
 
 def test_products_hopper_on_a_cpu_is_a_clear_error():
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
 
     with pytest.raises(InputError, match="GPU kernel"):
-        load_pair(ASSETS / "target", device="cpu", products="hopper")
+        load_pair(ASSETS / "target", device="cpu", run=PairRuntime(products="hopper"))
 
 
 def test_a_draft_keeps_sdpa_where_hopper_attention_cannot_run():
@@ -77,9 +78,10 @@ def test_the_drafts_pending_form_says_what_its_masks_say():
     name the same keys as their masks: with a torch stand-in for the kernel, the same logits and trees as SDPA's."""
     from eaglekit.decoding import tree
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
 
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", compile="off", products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", run=PairRuntime(compile="off", products="aten"))
     prompt = torch.arange(3, 43)
     calls = []
     got = {}
@@ -110,6 +112,7 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
 
     from eaglekit.decoding import tree
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
 
     ref = _pending_reference([])
@@ -120,7 +123,7 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
         return ref(q, k, v, kn, vn, base, block, first)
 
     stand_in.register_fake(lambda q, *a: q.new_empty(q.shape))
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", compile="on", products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", run=PairRuntime(compile="on", products="aten"))
     prompt = torch.arange(5, 53)
     got = {}
     for kind in ("sdpa", "op"):

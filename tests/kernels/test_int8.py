@@ -125,6 +125,7 @@ def test_the_demo_drafts_accept_length_barely_moves_in_int8():
     3.393 against 3.402; benchmarks/NOTES.md). The test can fail: int4 in groups of 128 lost 5%."""
     from eaglekit.decoding.compare import compare
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -132,7 +133,8 @@ def test_the_demo_drafts_accept_length_barely_moves_in_int8():
     ids = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:16]]
     acc = {}
     for mode in ("none", "int8"):
-        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="aten", draft_quant=mode)
+        t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu",
+                         run=PairRuntime(products="aten", draft_quant=mode))
         s = compare(Decoder(t, d, TreeShape(5, 1, 6)), ids, 96, warmup=0, progress=None).summary()
         assert s["identical"]
         acc[mode] = s["accept_length"]
@@ -145,15 +147,17 @@ def test_the_default_draft_precision_is_int8_on_a_gpu_in_bf16_only():
     from types import SimpleNamespace
 
     from eaglekit.demo import ASSETS
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import auto_draft_quant, load_pair
 
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32",
+                     run=PairRuntime(products="aten"))
     assert d.precision == "float32" and d.quantized is None
     bf16 = SimpleNamespace(dtype=torch.bfloat16)
     assert auto_draft_quant(bf16, d, "cuda") == "int8" and auto_draft_quant(bf16, d, "cuda:1") == "int8"
     assert auto_draft_quant(bf16, d, "cpu") == "none"
     assert auto_draft_quant(SimpleNamespace(dtype=torch.float32), d, "cuda") == "none"
     assert auto_draft_quant(bf16, SimpleNamespace(quantizes=False), "cuda") == "none"  # no int8 draft
-    _, d8 = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten",
-                      draft_quant="int8")
+    _, d8 = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32",
+                      run=PairRuntime(products="aten", draft_quant="int8"))
     assert d8.precision == "int8"

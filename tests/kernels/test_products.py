@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from eaglekit.demo import ASSETS
 from eaglekit.errors import InputError
 from eaglekit.kernels.products import OneDNN, onednn_available, pick_cpu
+from eaglekit.options import PairRuntime
 from eaglekit.pair import load_pair
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
@@ -51,7 +52,8 @@ def test_onednn_claims_row_invariance_in_float32_only():
 
 
 def test_pick_cpu_times_both_paths_and_sets_the_faster():
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", products="aten")
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32",
+                     run=PairRuntime(products="aten"))
     assert t.products == "aten" and t.net.products.name == "aten"
     res = pick_cpu(t, reps=3, again=True)
     want = ["aten", "onednn"] if onednn_available() else ["aten"]
@@ -63,10 +65,10 @@ def test_load_pair_products_auto_picks_on_cpu_and_checks_names():
     t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32")
     assert t.products == t.products_pick["products"] and d.products.name == t.products
     with pytest.raises(InputError, match="products"):
-        load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products="fast")
+        load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", run=PairRuntime(products="fast"))
     for kind in ("invariant", "hopper"):
         with pytest.raises(InputError, match="GPU kernel") as e:
-            load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", products=kind)
+            load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", run=PairRuntime(products=kind))
         assert e.value.code == "E108" and "--device cuda" in e.value.fix
 
 
@@ -74,7 +76,7 @@ def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
     """The packs are a second copy of the weights: a machine without the memory for it keeps F.linear."""
     from eaglekit.kernels import products
 
-    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", run=PairRuntime(products="aten"))
     monkeypatch.setattr(products, "available_memory", lambda: 1024)
     res = pick_cpu(t, reps=2, again=True)
     assert list(res["ms"]) == ["aten"] and t.products == "aten" and "free memory" in res["onednn_skipped"]
@@ -83,26 +85,30 @@ def test_pick_cpu_leaves_out_onednn_when_its_packs_would_not_fit(monkeypatch):
 def test_onednn_and_compiled_layers_do_not_mix():
     """torch.compile cannot trace oneDNN's packed weights: auto keeps F.linear for compiled layers, and asking for
     both is refused with the fix instead of failing inside inductor at the first step."""
-    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on")
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", run=PairRuntime(compile="on"))
     assert t.products == "aten" and t.products_pick is None
     if onednn_available():
         with pytest.raises(InputError, match="--compile"):
-            load_pair(ASSETS / "target", None, device="cpu", dtype="float32", compile="on", products="onednn")
+            load_pair(ASSETS / "target", None, device="cpu", dtype="float32",
+                      run=PairRuntime(compile="on", products="onednn"))
 
 
 def test_onednn_and_prompt_graphs_do_not_mix():
     """The prompt graphs (--prompt-graphs) have symbolic sizes, which oneDNN's packs cannot take: auto keeps F.linear
     on a CPU, with the reason; asking for both is refused with the fix; a target other than our decoder refuses
     the flag."""
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32", prompt_graphs=True)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cpu", dtype="float32",
+                     run=PairRuntime(prompt_graphs=True))
     assert t.compiled_prompts and d.compiled_prompt is not None
     assert t.products == "aten" and "prompt graphs" in t.products_choice.reason
     if onednn_available():
         with pytest.raises(InputError, match="--prompt-graphs") as e:
-            load_pair(ASSETS / "target", None, device="cpu", dtype="float32", prompt_graphs=True, products="onednn")
+            load_pair(ASSETS / "target", None, device="cpu", dtype="float32",
+                      run=PairRuntime(prompt_graphs=True, products="onednn"))
         assert e.value.code == "E108" and "--products aten" in e.value.fix
     with pytest.raises(InputError, match="--prompt-graphs") as e:
-        load_pair(ASSETS / "target", None, backend="hf", device="cpu", dtype="float32", prompt_graphs=True)
+        load_pair(ASSETS / "target", None, backend="hf", device="cpu", dtype="float32",
+                  run=PairRuntime(prompt_graphs=True))
     assert e.value.code == "E108"
 
 
@@ -116,7 +122,7 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     from eaglekit.kernels.products import choose
 
     monkeypatch.setattr(invariant_gemm, "HAVE_TRITON", True)
-    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="bfloat16", products="aten")
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="bfloat16", run=PairRuntime(products="aten"))
     monkeypatch.setattr(products, "hopper_reason", lambda target: "it needs an sm_90 GPU")
     assert choose(t, "cuda").kind == choose(t, "cuda:1").kind == "invariant"  # draft or not (--baseline)
     assert "sm_90" in choose(t, "cuda").reason
@@ -130,7 +136,7 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
     assert wide.kind == "invariant" and "not batch-invariant" in wide.reason and "64" in wide.reason
     assert "--products aten" in wide.reason
     assert choose(t, "cpu").kind == "pick"
-    t32, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
+    t32, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", run=PairRuntime(products="aten"))
     assert choose(t32, "cuda").kind is None and "float32" in choose(t32, "cuda").reason
     t32.tp = object()  # a tensor-parallel rank keeps its own products
     assert choose(t32, "cuda").kind is None and choose(t32, "cpu").kind is None
@@ -147,5 +153,5 @@ def test_auto_is_invariant_for_half_precision_on_a_gpu_only(monkeypatch):
 def test_the_choice_and_its_reason_are_kept_on_the_target():
     t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32")
     assert t.products_choice.kind == t.products and "timed here" in t.products_choice.reason
-    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", products="aten")
+    t, _ = load_pair(ASSETS / "target", None, device="cpu", dtype="float32", run=PairRuntime(products="aten"))
     assert t.products_choice.kind == "aten" and "asked for" in t.products_choice.reason

@@ -10,6 +10,7 @@ from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.engine import BatchEngine, Request
 from eaglekit.decoding.tree import TreeShape
 from eaglekit.demo import ASSETS
+from eaglekit.options import PairRuntime
 from eaglekit.pair import load_pair
 from eaglekit.tokenizer import encode, load_tokenizer, read_prompts
 
@@ -32,8 +33,8 @@ def test_bf16_serving_is_batch_invariant_by_default(adaptive):
     with the products serve chooses by default in bf16 (invariant at every batch size)."""
     tok = load_tokenizer(ASSETS / "target")
     prompts = [encode(tok, p) for p in read_prompts(ASSETS / "prompts.jsonl")[:16]]
-    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16", compile="off",
-                     batched=True)
+    t, d = load_pair(ASSETS / "target", ASSETS / "draft", device="cuda", dtype="bfloat16",
+                     run=PairRuntime(compile="off", batched=True))
     assert t.products_choice.kind == "invariant", t.products_choice
     opts = lambda b: EngineOptions(shape=TreeShape(3, 1, 4), max_batch=b, adaptive=adaptive)  # noqa: E731
     together = _run(BatchEngine(t, d, opts(16)), prompts, 48)

@@ -65,12 +65,12 @@ def client(pair):
     from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
-    from eaglekit.options import ServeOptions
+    from eaglekit.options import PairRuntime, ServeOptions
     from eaglekit.pair import load_pair
     from eaglekit.serve.app import build_app
     from eaglekit.tokenizer import load_tokenizer
 
-    target, draft = load_pair(str(pair[0]), str(pair[1]), "ours", "cpu", "float32", batched=True)
+    target, draft = load_pair(str(pair[0]), str(pair[1]), "ours", "cpu", "float32", run=PairRuntime(batched=True))
     engine = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=MAX_BATCH),
                          tokenizer=load_tokenizer(str(pair[0])))
     app = build_app(engine, load_tokenizer(str(pair[0])), ServeOptions(served_model_name=["m"], max_batch=MAX_BATCH,

@@ -343,7 +343,7 @@ def test_a_one_row_server_takes_the_products_generate_takes(monkeypatch, max_bat
     monkeypatch.setattr(eaglekit.pair, "load_pair", load_pair)
     with pytest.raises(Loaded):
         serve(ModelOptions(target=TARGET, draft=DRAFT, device="cpu"), ServeOptions(max_batch=max_batch))
-    assert seen["batched"] is batched
+    assert seen["run"].batched is batched
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path):

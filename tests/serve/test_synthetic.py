@@ -44,11 +44,13 @@ def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
     from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.serve.bench import render, sglang_figures  # noqa: F401  (the bench reads /server_info)
     from eaglekit.tokenizer import load_tokenizer
 
-    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
+    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32",
+                              run=PairRuntime(batched=True))
     eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2,
                                                    synthetic_accept_length=synthetic))
     tok = load_tokenizer(str(DEMO / "target"))
@@ -108,10 +110,12 @@ def test_a_profiled_server_reports_each_phase():
     from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
+    from eaglekit.options import PairRuntime
     from eaglekit.pair import load_pair
     from eaglekit.tokenizer import load_tokenizer
 
-    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32", batched=True)
+    target, draft = load_pair(str(DEMO / "target"), str(DEMO / "draft"), "auto", "cpu", "float32",
+                              run=PairRuntime(batched=True))
     eng = BatchEngine(target, draft, EngineOptions(shape=TreeShape(3, 1, 4), max_batch=2, profile=True))
     tok = load_tokenizer(str(DEMO / "target"))
 
