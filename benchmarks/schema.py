@@ -76,6 +76,12 @@ def git_sha() -> str | None:
     return sha
 
 
+def git_head(tree: Path) -> str | None:
+    """The short commit of another checkout (a case that runs one beside this one)."""
+    r = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

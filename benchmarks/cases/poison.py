@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 from ..registry import case, suite
-from ..schema import ROOT, stats, value
+from ..schema import ROOT, git_head, stats, value
 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):")
 
@@ -95,13 +94,7 @@ def serve_poison(p, ctx):
     return {"metrics": metrics,
             "identity": {"normal_output_the_same_in_every_variant": len(texts) == 1},
             "details": {"tree": str(tree), "worst_status": sorted(statuses),
-                        "worst_body_bytes": len(json.dumps(worst)), "git_head": _head(tree)}}
-
-
-def _head(tree: Path) -> str | None:
-    """The served checkout's commit."""
-    r = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or None
+                        "worst_body_bytes": len(json.dumps(worst)), "git_head": git_head(tree)}}
 
 
 suite("cpu-poison", "a normal stream beside the worst request the API accepts, the shipped pair on this machine",
