@@ -123,10 +123,10 @@ def set_draft_precision(target, draft, device, draft_quant: str | None = None) -
 
 
 def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,
-                      rows: int | None = None) -> Choice:
+                      rows: int | None = None, why: str = "asked for (--products)") -> Choice:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair). The kind that runs and
     why are kept on the target as `products_choice` (eaglekit.kernels.products.Choice): `--json`, the demo's table
-    and the doctor report them."""
+    and the doctor report them. `why`: the reason a named kind (not 'auto') is reported with."""
     from .kernels import hopper
     from .kernels.products import CPU_KINDS, Choice, check_kind, choose, pick_cpu
 
@@ -151,7 +151,7 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         if refused is not None:
             raise InputError(f"--products {products} cannot run here: {refused[0]}", fix=refused[1], code="E108")
         target.set_products(products)
-        choice = Choice(products, "asked for (--products)")
+        choice = Choice(products, why)
     target.products_choice = choice
     if choice.kind is None:  # F.linear; compiled layers: inductor does the products its own way
         return choice

@@ -228,7 +228,6 @@ def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, Ca
     pair's contract under the configured wiring, and the training record's fields; the products chosen on the way.
     -> (the draft's target as far as it records it, the configured wiring)."""
     from ..draft import pair_problems
-    from ..kernels.products import Choice
     from ..pair import set_pair_products
     from ..train.record import read_record
 
@@ -245,9 +244,8 @@ def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, Ca
             f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
     draft.fuse()
     kind = products_of(run.record, target)  # the record's, so its runs come back bit for bit; else load_pair's
-    choice = set_pair_products(target, draft, kind, target.device)
-    if kind != "auto":
-        choice = target.products_choice = Choice(kind, f"the training record's ({REC} was measured with {kind})")
+    choice = set_pair_products(target, draft, kind, target.device,
+                               why=f"the training record's ({REC} was measured with {kind})")
     run.pair["products"] = {"kind": choice.kind, "reason": choice.reason}
     configured = capture or draft.config.capture or CaptureSpec.default(target.info.num_layers)
     _, problems = pair_problems(draft, target, configured)
@@ -321,9 +319,8 @@ def _probe(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opt
         _stage(bar, f"probe: {p.positions} positions")
         if ctx.wiring_by_record:
             return True
-        rows = p.rows()
-        ran = [r for r in rows if r.per_position]
-        if max(_position1(r) for r in ran) < DEAD:
+        ran = [r for r in p.rows() if r.per_position]
+        if _dead(ran):
             # a draft that accepts nothing: untrained, another target's, or a d2t pointing its rows elsewhere; the
             # last shows on the vocabulary evidence alone, so without a recorded d2t the probe grows until it has
             # enough (vocab.MIN_IDS ids) or the budget ends
@@ -350,8 +347,7 @@ def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], op
     from ..observe.metrics import aggregate, rounded
 
     conf = next(r for r in ctx.rows if r.wiring == "configured")
-    ran = [r for r in ctx.rows if r.per_position]
-    if ran and max(_position1(r) for r in ran) < DEAD:
+    if _dead([r for r in ctx.rows if r.per_position]):
         return  # a draft that accepts nothing decodes at accept length ~1, a cycle a token: the verdict needs no figure
     dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
     # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
@@ -473,6 +469,11 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
     return False
 
 
+def _dead(ran: list[WiringRow]) -> bool:
+    """Whether the draft accepts (nearly) nothing under every wiring that ran."""
+    return bool(ran) and max(_position1(r) for r in ran) < DEAD
+
+
 def _in_probe_text(f: Finding) -> bool:
     return f.code in ("E290", "E281") and f.evidence.get("source") != RECORD_SOURCE
 
@@ -571,8 +572,10 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
     if ctx.wiring_by_record:
         rec = next(f for f in findings if f.code == "I311")
+        ev = rec.evidence
         msg = (f"the wiring is the one the draft was trained on ({REC}), and on its recorded sample the draft accepts "
-               f"what it accepted at training ({rec.message.split(' (', 1)[0].removeprefix('the draft ')}); "
+               f"what it accepted at training (accepts {ev['now']:.2f} where it accepted {ev['recorded']:.2f} at "
+               f"training); "
                f"the probe's first round does not tell {ties} apart from it ({where}), and needs not: the record "
                f"names the trained wiring")
         return f"{head}; {msg}; no wiring fault found", out, True, []

@@ -109,9 +109,13 @@ def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: in
     called after each chunk with the runs so far (one list per capture), True ends the measurement there."""
     from .ttt import accepted_runs_each
 
-    def strings(out):
-        return [["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted in per]
-                for per in out]
+    done: list[list[str]] = [[] for _ in captures]
+
+    def strings(out):  # the runs as strings, each sequence converted once (stop sees them after every chunk)
+        for per, got in zip(out, done):
+            got += ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted))
+                    for runs, counted in per[len(got):]]
+        return done
 
     return strings(accepted_runs_each(target, draft, seqs, captures, steps, chunk,
                                       None if stop is None else (lambda out: stop(strings(out)))))

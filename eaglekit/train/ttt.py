@@ -139,15 +139,16 @@ def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, ste
     union = sorted({i for c in captures for i in c.after_layers})
     H = target.info.hidden_size
     slot = {layer: n for n, layer in enumerate(union)}
+    # each wiring's columns of the union's features, in the wiring's own order
+    cols = [torch.cat([torch.arange(slot[layer] * H, (slot[layer] + 1) * H) for layer in c.after_layers]).to(dev)
+            for c in captures]
     out: list[list] = [[] for _ in captures]
     for i in range(0, len(seqs), chunk):
         part = seqs[i:i + chunk]
         ids, _, valid = pad_batch([Example(s, [1] * len(s)) for s in part])
         ids, valid = ids.to(dev), valid.to(dev)
         hidden, feats = target.features(ids, valid.long(), CaptureSpec(tuple(union)))
-        for c, runs_c in zip(captures, out):
-            idx = torch.cat([torch.arange(slot[layer] * H, (slot[layer] + 1) * H, device=feats.device)
-                             for layer in c.after_layers])
+        for idx, runs_c in zip(cols, out):
             b = TargetBatch(feats.index_select(-1, idx), ids, valid.long(), valid, hidden)
             correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
             runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
