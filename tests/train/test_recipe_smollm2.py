@@ -86,6 +86,24 @@ def test_settings_override_the_preset_and_a_spent_regen_budget_starts_no_shard(m
     assert sum(len(f.read_text().splitlines()) for f in shards) == 12
 
 
+def test_shards_regenerated_together_each_hold_their_own_prompts_in_job_order(model_dirs, tmp_path, monkeypatch):
+    from eaglekit.train import recipe_smollm2 as r
+
+    monkeypatch.setattr(r, "SHARD", 5)  # 24 jobs (12 prompts x 2 answers): 5 shards, the last one short
+    prompts = {}
+    for batch in (5, 15):  # one shard a call, then three a call (the last call takes the two left)
+        out = tmp_path / f"b{batch}"
+        logs = []
+        r.run_smollm2_recipe(out, "tiny", "cpu", target=model_dirs["llama"], log=logs.append, stop_after="regen",
+                             settings=[f"regen_batch={batch}"])
+        rows = [[json.loads(x) for x in f.read_text().splitlines()] for f in sorted((out / "regen").glob("shard_*"))]
+        # each example: the prompt (loss 0) then the answer (loss 1); the prompts say which job each row is
+        prompts[batch] = [[e["input_ids"][:e["loss_mask"].index(1)] for e in shard] for shard in rows]
+        assert [m for m in logs if m.startswith("regen: shard")][-1].startswith("regen: shard 5/5, 24 sequences")
+    assert [len(s) for s in prompts[5]] == [5, 5, 5, 5, 4]
+    assert prompts[15] == prompts[5]
+
+
 def test_the_demo_reports_accept_length_per_category(recipe_run, model_dirs):
     from eaglekit.demo import run_demo
     from eaglekit.options import DecodeOptions, DemoOptions, ModelOptions
