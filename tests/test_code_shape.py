@@ -9,7 +9,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "eaglekit"
 # where the ratchet stands (issue 62's goals: 0, 0, 0, 15)
-CEILING = {"functions over 80 lines": 0, "classes over 400 lines": 1, "signatures over 10 parameters": 0,
+CEILING = {"functions over 80 lines": 0, "classes over 400 lines": 0, "signatures over 10 parameters": 0,
            "getattr/hasattr probes": 10}
 PROBE = re.compile(r"getattr\([^()]*,[^()]*,[^()]*\)|hasattr\(")
 

@@ -42,6 +42,7 @@ from ..models.layers import (
 )
 from ..observe import trace
 from .base import Draft
+from .layer_walks import LayerWalks
 
 
 @dataclass
@@ -116,19 +117,12 @@ class DraftLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
-def _narrowed(layer, span: int) -> tuple:
-    """A cache layer (k, v) [B, Hkv, S_max, hd] narrowed to its first `span` slots (what a walk attends over)."""
-    return tuple(t[:, :, :span] for t in layer)
-
-
 class Eagle3Draft(nn.Module, Draft):
     d2t: torch.Tensor  # buffers (register_buffer)
     t2d: torch.Tensor
     # the compiled graphs (compile(), compile_prompts()); None: eager
     compiled_layer: Callable[..., Any] | None
     compiled_whole: Callable[..., Any] | None
-    compiled_chain: Callable[..., Any] | None
-    compiled_tree: Callable[..., Any] | None
     compiled_prompt: Callable[..., Any] | None
     quantizes = True
 
@@ -153,12 +147,12 @@ class Eagle3Draft(nn.Module, Draft):
         self.cache: KVCache | None = None
         self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
         self.source_format = None  # (Draft.source_format: set by load_draft)
-        self.compiled_layer = self.compiled_whole = self.compiled_chain = self.compiled_tree = None  # by compile()
+        self.compiled_layer = self.compiled_whole = None  # by compile()
         self.compiled_prompt = None  # by compile_prompts()
+        self.walks = LayerWalks()  # the chain and tree walks over the layer, compiled by compile()
         self.products = None  # the fc's and lm_head's policy; set by set_products()
         self.quantized = None  # "int8" after quantize()
         self._one: torch.Tensor | None = None  # a chain step's pending block [[True]] (made by set_attention)
-        self._top = None  # the compiled tree's pick: topk.probs_op() on a GPU, None (torch's) elsewhere (grow_tree)
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
     # --- the network -------------------------------------------------------------------------------
@@ -310,31 +304,10 @@ class Eagle3Draft(nn.Module, Draft):
         self.products = install_products(kind, self.midlayer.modules(), [self.fc, self.lm_head])
 
     def quantize(self, mode: str = "int8") -> None:
-        """Inference only: the fc, the layer's products and the lm_head as weight-only int8 (eaglekit.kernels.int8:
-        half the bytes a draft step reads; the draft's arithmetic never reaches the output, only its accept
-        length). After fuse(): the fused [q; k; v] and [gate; up] weights become int8 too, and every bf16 weight
-        they came from is let go."""
-        from ..kernels import int8
+        """Inference only: the fc, the layer's products and the lm_head as weight-only int8 (eaglekit.draft.quant)."""
+        from .quant import quantize_draft
 
-        if mode not in int8.MODES:
-            raise InputError(f"draft quantization {mode!r} is not one of {', '.join(int8.MODES)}", code="E108",
-                             fix="pass --draft-quant int8, or leave it out")
-        if self.quantized is not None:
-            return
-        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
-        names = ["fc", "lm_head"] + [f"midlayer.self_attn.{n}_proj" for n in "qkvo"] + \
-                [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
-        int8.quantize_linears(self, names)
-        if attn.qkv_weight is not None:
-            # the projections become Int8Linear modules (the call interface of the nn.Linear they replace)
-            attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused(  # type: ignore[assignment]
-                [attn.q_proj, attn.k_proj, attn.v_proj])
-            attn.qkv_bias = None  # (in the fused Int8Linear)
-        if mlp.gate_up_weight is not None:
-            mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused(  # type: ignore[assignment]  # (as above)
-                [mlp.gate_proj, mlp.up_proj])
-        self.quantized = mode
-        self.set_products(None)
+        quantize_draft(self, mode)
 
     def set_attention(self, kind: str = "sdpa") -> bool:
         """The decode attention of the draft's cached calls (extend, tree levels, chain steps): "sdpa" (torch's), or
@@ -399,8 +372,7 @@ class Eagle3Draft(nn.Module, Draft):
 
         self.compiled_layer = compile_decode(Eagle3Draft._layer_and_head, options)  # (traced or windowed calls)
         self.compiled_whole = compile_decode(Eagle3Draft._whole, options)
-        self.compiled_chain = compile_decode(Eagle3Draft._chain_steps, options)
-        self.compiled_tree = compile_decode(Eagle3Draft._tree_steps, options)
+        self.walks.compile(options)
 
     def compile_prompts(self, on: bool = True) -> None:
         """Extends over a prompt through one graph of the whole forward compiled for every length
@@ -448,96 +420,27 @@ class Eagle3Draft(nn.Module, Draft):
                             from_target=False, pending=pending)
         return h[0], logits[0].float() if widen else logits[0]
 
-    def _walks_whole(self) -> bool:
-        """Whether a chain or a tree may run as one walk over the layer (compiled or not): tracing off (it records the
-        steps' tensors) and no sliding window (its masks need slot positions)."""
-        return not trace.ENABLED and self.config.sliding_window is None
-
-    def _runs_compiled(self, walk) -> bool:
-        """Whether a compiled walk (compiled_chain, compiled_tree) serves this call."""
-        return walk is not None and self._walks_whole()
-
     @torch.inference_mode()
     def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft.chain; compiled, the whole chain is one graph (its steps, picks, masks and id maps: inductor fuses
-        what ran as ~10 small kernels a step between the compiled layers), unless tracing is on (it records
-        the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
-        if not self._runs_compiled(self.compiled_chain):
+        """Draft.chain; compiled, the whole chain is one graph (eaglekit.draft.layer_walks), unless tracing is on (it
+        records the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
+        if not self.walks.compiled(self, self.walks.chain_graph):
             return super().chain(h_last, logits_last, steps, root)
         assert self.cache is not None  # (a sequence walks after `reset`)
-        return self._compiled_chain(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps, root)
-
-    def _compiled_chain(self, layer, m, span: int, h_last, logits_last, steps: int, root):
-        """The compiled chain over one sequence's cache layer (k, v) [1, Hkv, S_max, hd] with m committed entries."""
-        cols = torch.arange(span, device=logits_last.device)
-        kv = span_dynamic(cols, layer)  # the span symbolic (cols stands for a mask's last dimension)
-        assert self.compiled_chain is not None  # (_runs_compiled said so)
-        return self.compiled_chain(self, h_last.view(1, -1), logits_last, m, cols, kv, steps, root)
-
-    def _chain_steps(self, h, logits_last, m, cols, kv, steps: int, root=None):
-        """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode
-        decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay
-        bf16: the same argmax as their float32 copy."""
-        pending = self.takes_pending(1)
-
-        def step(h, ids, slot, mask):  # (a chain node sees every slot below its own: base = its slot, block [[1]])
-            h, logits, _ = self._whole(h[None], ids[None], slot, kv, slot, mask[None], False,
-                                       pending=(slot.view(1), self._one) if pending else None)
-            return h[0], logits[0]
-
-        return self.walk_chain(step, h, logits_last, m, cols, steps, root)
+        return self.walks.chain(self, self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps,
+                                root)
 
     @torch.inference_mode()
     def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
         """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
         bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
-        graphs of their own: docs/performance.md#d25); None (the engine's walk)
-        where the chain would not be compiled either."""
-        if not self._runs_compiled(self.compiled_tree):
+        graphs of their own: docs/performance.md#d25); None (the engine's walk) where the chain would not be compiled
+        either."""
+        if not self.walks.compiled(self, self.walks.tree_graph):
             return None
         assert self.cache is not None  # (a sequence walks after `reset`)
-        return self._compiled_tree(self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root, frame,
-                                   steps, n_sel)
-
-    @staticmethod
-    def _pick_op(logits_last, K: int):
-        """A tree's pick: the top-k kernels as a registered op on a GPU (fetched before any trace), None (torch's)
-        elsewhere."""
-        from ..kernels import topk
-
-        return topk.probs_op() if logits_last.is_cuda and topk.HAVE_TRITON and K <= topk.MAX_K else None
-
-    def _compiled_tree(self, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
-        """The compiled tree over one sequence's cache layer with m committed entries (as _compiled_chain)."""
-        self._top = self._pick_op(logits_last, frame[1].numel())
-        cols = torch.arange(span, device=logits_last.device)
-        kv = span_dynamic(cols, layer)  # the span symbolic, as in the chain
-        assert self.compiled_tree is not None  # (_runs_compiled said so)
-        return self.compiled_tree(self, h_last, logits_last, root, m, cols, kv, frame, steps, n_sel)
-
-    def _tree_steps(self, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):
-        """grow_tree's walk (what compile() compiles whole): walk.walk_tree with the plain bookkeeping over the layer
-        itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
-        drops them (the layer reads only their width)."""
-        from ..kernels import topk
-        from .walk import PLAIN_OPS, WalkFns, walk_tree
-
-        K = frame[1].numel()
-        pending = self.takes_pending(max((steps - 1) * K, 1))
-
-        def step(hidden, ids, pos, slots, mask, anc):
-            h, logits, _ = self._whole(hidden[None], ids[None], pos, kv, slots, mask[None], False,
-                                       pending=(m.view(1), anc) if pending else None)
-            return h[0], logits[0]
-
-        def top(logits, k):
-            if self._top is None:
-                return topk.torch_top_probs(logits, k)
-            p, i = self._top(logits.reshape(-1, logits.shape[-1]), k)
-            return p.view(*logits.shape[:-1], k), i.view(*logits.shape[:-1], k)
-
-        return walk_tree(WalkFns(step, self.to_target_ids, PLAIN_OPS, top), h_last, logits_last, root, m, cols, frame,
-                         steps, n_sel)
+        return self.walks.tree(self, self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root,
+                               frame, steps, n_sel)
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
@@ -572,8 +475,8 @@ class Eagle3Draft(nn.Module, Draft):
 
     def _walks_row(self, kv: RowKV) -> bool:
         """Whether a row cache's chain or tree runs the one-sequence walk (compiled where the draft is, else the same
-        walk eagerly): one row, and the walk allowed (_walks_whole); else the engine walks over step_rows."""
-        return kv.batch == 1 and self._walks_whole()
+        walk eagerly): one row, and the walk allowed (LayerWalks.whole); else the engine walks over step_rows."""
+        return kv.batch == 1 and self.walks.whole(self)
 
     @torch.inference_mode()
     def chain_rows(self, kv: RowKV, h_last, logits_last, steps: int, root, span: int) -> torch.Tensor | None:
@@ -584,11 +487,7 @@ class Eagle3Draft(nn.Module, Draft):
         step_rows)."""
         if not self._walks_row(kv):
             return None
-        if self.compiled_chain is not None:
-            return self._compiled_chain(kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
-        cols = torch.arange(span, device=logits_last.device)
-        return self._chain_steps(h_last, logits_last[0], kv.length[0], cols, _narrowed(kv.layer(0), span), steps,
-                                 root[0])[None]
+        return self.walks.chain(self, kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
 
     @torch.inference_mode()
     def tree_rows(self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int,
@@ -597,14 +496,8 @@ class Eagle3Draft(nn.Module, Draft):
         parents, depths, mask) each with a batch dimension of 1; None where chain_rows gives None."""
         if not self._walks_row(kv):
             return None
-        if self.compiled_tree is not None:
-            grown = self._compiled_tree(kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame,
-                                        steps, n_sel)
-        else:
-            self._top = self._pick_op(logits_last, frame[1].numel())
-            cols = torch.arange(span, device=logits_last.device)
-            grown = self._tree_steps(h_last[0], logits_last[0], root[0], kv.length[0], cols,
-                                     _narrowed(kv.layer(0), span), frame, steps, n_sel)
+        grown = self.walks.tree(self, kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,
+                                n_sel)
         return tuple(x[None] for x in grown)
 
     @torch.inference_mode()

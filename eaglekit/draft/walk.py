@@ -25,7 +25,7 @@ class WalkFns(NamedTuple):
     [K], positions, slots, mask [K, span] or None, ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level;
     `to_target` maps draft ids to target ids; `ops` is the bookkeeping (frontier, advance, select: plain or compiled
     twins); `top` is top_probs or its registered op. A NamedTuple: torch.compile traces the one built inside the
-    draft's compiled tree (Eagle3Draft._tree_steps) as a tuple, with no graph break."""
+    draft's compiled tree (eaglekit.draft.layer_walks.tree_steps) as a tuple, with no graph break."""
 
     step: Callable
     to_target: Callable

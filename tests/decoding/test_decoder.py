@@ -296,7 +296,7 @@ def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch
             root = torch.tensor(7)
             whole = tree.expand(d, h, logits, root, shape)  # the whole tree one graph (Eagle3Draft.grow_tree)
             with monkeypatch.context() as mp:
-                mp.setattr(d, "compiled_tree", None)
+                mp.setattr(d.walks, "tree_graph", None)
                 compiled = tree.expand(d, h, logits, root, shape)  # level by level, the bookkeeping compiled
                 mp.setattr(tree, "_bookkeeping", lambda compiled: plain_ops)
                 plain = tree.expand(d, h, logits, root, shape)
@@ -337,11 +337,11 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
         chain = tree.expand(d, h, logits, root, TreeShape(5, 1, 6))
         assert chain.tokens[0] == 7 and torch.equal(chain.tokens[1:] - c, Draft.chain(d, h, logits, 5)), compiled
         fed.clear()
-        whole, d.compiled_tree = d.compiled_tree, None  # (compiled: the levels over step, bookkeeping compiled)
+        whole, d.walks.tree_graph = d.walks.tree_graph, None  # (compiled: the levels over step, bookkeeping compiled)
         wide = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
         assert wide.tokens[0] == 7 and ((wide.tokens[1:] >= c) & (wide.tokens[1:] < V)).all(), compiled
         assert len(fed) == 3 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
-        d.compiled_tree = whole
+        d.walks.tree_graph = whole
         if compiled:  # the whole tree as one graph (step not called): the same tree
             fed.clear()
             one = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
@@ -369,10 +369,11 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     ref = {s: Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids for s in ((3, 1, 4), (3, 2, 6))}
     d.compile()
     calls = []
-    for name in ("compiled_whole", "compiled_chain", "compiled_tree"):
-        fn = getattr(d, name)
-        setattr(d, name, lambda *a, fn=fn, name=name: (calls.append((name, a[7] if name == "compiled_whole" else None)),
-                                                       fn(*a))[1])
+    for obj, attr, name in ((d, "compiled_whole", "compiled_whole"), (d.walks, "chain_graph", "compiled_chain"),
+                            (d.walks, "tree_graph", "compiled_tree")):
+        fn = getattr(obj, attr)
+        setattr(obj, attr, lambda *a, fn=fn, name=name: (
+            calls.append((name, a[7] if name == "compiled_whole" else None)), fn(*a))[1])
     for s, tokens in ref.items():
         assert Decoder(t, d, TreeShape(*s)).generate(prompt, 16, eos_ids=()).token_ids == tokens
     # the extends (target features), the chains, the trees (their steps inside the tree's graph)

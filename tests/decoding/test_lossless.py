@@ -164,7 +164,7 @@ def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs
     tree_rows); here the compiled functions are also stood in by the plain ones they compile (the same code), and
     each tree must be the batched walk's, field by field, at committed lengths 0 and above."""
     from eaglekit.decoding import tree as T
-    from eaglekit.draft.model import Eagle3Draft
+    from eaglekit.draft import layer_walks
 
     target = load_target(model_dirs["llama"], backend="ours")
     draft = new_draft(target, seed=sum(shape))
@@ -180,12 +180,12 @@ def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs
         dl = torch.randn(1, draft.draft_vocab_size, generator=g) * 4
         root = torch.tensor([7])
         with torch.inference_mode():
-            draft.compiled_chain = draft.compiled_tree = None
+            draft.walks.chain_graph = draft.walks.tree_graph = None
             draft._walks_row = lambda kv: False  # the batched walk (what more rows, or tracing, take)
             want = T.expand_rows(draft, kv, h, dl, root, shape, span)
             del draft._walks_row
             eager = T.expand_rows(draft, kv, h, dl, root, shape, span)  # the one-sequence walk, uncompiled
-            draft.compiled_chain, draft.compiled_tree = Eagle3Draft._chain_steps, Eagle3Draft._tree_steps
+            draft.walks.chain_graph, draft.walks.tree_graph = layer_walks.chain_steps, layer_walks.tree_steps
             try:
                 got = T.expand_rows(draft, kv, h, dl, root, shape, span)
                 # two rows never take it (the one-sequence walk has one committed length)
@@ -193,7 +193,7 @@ def test_one_row_takes_the_one_sequence_walk_and_builds_the_same_tree(model_dirs
                 assert draft.chain_rows(two, h.repeat(2, 1), dl.repeat(2, 1), shape.steps, root.repeat(2), span) \
                     is None
             finally:
-                draft.compiled_chain = draft.compiled_tree = None
+                draft.walks.chain_graph = draft.walks.tree_graph = None
         assert int(kv.length) == length  # a tree writes pending slots only
         _assert_same_tree(got, want)
         _assert_same_tree(eager, want)

@@ -503,7 +503,7 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
 def test_compiled_whole_tree_is_the_level_walk():
     """A compiled draft grows a tree as one graph (Eagle3Draft.grow_tree: the levels' layers with bulk's attention,
     the top-k kernels as a registered op, the bookkeeping): the same tree as the level-by-level walk over the same
-    compiled layer (compiled_tree None), for a (5,4,8) tree at two spans (the second compiles nothing new)."""
+    compiled layer (walks.tree_graph None), for a (5,4,8) tree at two spans (the second compiles nothing new)."""
     from eaglekit.decoding import tree
 
     d = _draft_of_head_dim_128(offset=3)  # draft id i -> target id 4 i
@@ -517,9 +517,9 @@ def test_compiled_whole_tree_is_the_level_walk():
         h, logits = d.extend(feats[n - 8:n], ids[n - 8:n])
         shape = tree.TreeShape(5, 4, 8)
         whole = tree.expand(d, h, logits, ids[0], shape)
-        kept, d.compiled_tree = d.compiled_tree, None
+        kept, d.walks.tree_graph = d.walks.tree_graph, None
         levels = tree.expand(d, h, logits, ids[0], shape)
-        d.compiled_tree = kept
+        d.walks.tree_graph = kept
         for field in ("tokens", "parents", "depths", "mask"):
             assert torch.equal(getattr(whole, field), getattr(levels, field)), (span, field)
         assert (whole.tokens[1:] % 4 == 0).all()  # target ids (d2t applied)
