@@ -94,8 +94,9 @@ def _write_shard(path: Path, examples) -> None:
 def stage_regen(out: Path, target, tok, prompts: list[str], p: dict, log) -> Path:
     """Every prompt answered `samples` times: the first answer greedy, the others sampled at `temperature` (the
     loss covers the answers only). Shards already written are kept. The missing shards are regenerated
-    `regen_batch // SHARD` at a time (at least one): a GPU decodes a batch of 1,024 short answers in about the time
-    of 256 (a step of a 135M-parameter model is launch-bound), and each shard is still written on its own."""
+    `regen_batch // SHARD` at a time (at least one; the gpu preset's 1,024: four): a step of a 135M-parameter target
+    is launch-bound on a GPU (256 answers took ~6 s at batch 256), so more rows a step cost little more. Each shard
+    is still written on its own, the unit a killed run resumes from."""
     from .regen import regenerate
 
     folder = out / "regen"
