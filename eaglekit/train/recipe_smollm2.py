@@ -40,19 +40,23 @@ PRESETS = {
     # H100's 80 GB
     "gpu": dict(prompts=None, samples=3, temperature=0.7, gen_len=256, regen_batch=1024, long_convs=128,
                 long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
-                draft_budget=780, draft_max_len=1536, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None),
+                draft_budget=780, draft_max_len=1536, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None,
+                init_draft=None),
     # a 2-core CPU: one greedy answer for each of the first 512 prompts, no long conversations, 40 minutes of
     # training (the step count fitted to that after timing the first steps); docs/training.md has what it gave
     "cpu": dict(prompts=512, samples=1, temperature=0.7, gen_len=192, regen_batch=48, long_convs=0,
                 long_turns=0, long_batch=8, draft_vocab=8192, draft_batch=8, draft_lr=6e-4, draft_steps=20000,
-                draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96, regen_budget=None),
+                draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96, regen_budget=None,
+                init_draft=None),
     # seconds, for tests of the recipe itself (any small target through --target)
     "tiny": dict(prompts=12, samples=2, temperature=0.7, gen_len=12, regen_batch=8, long_convs=2, long_turns=2,
                  long_batch=2, draft_vocab=64, draft_batch=4, draft_lr=1e-3, draft_steps=6, draft_budget=None,
-                 draft_max_len=96, ttt=3, eval_per_category=1, eval_new=8, regen_budget=None),
+                 draft_max_len=96, ttt=3, eval_per_category=1, eval_new=8, regen_budget=None, init_draft=None),
 }
 # `regen_budget` (seconds): no shard is started after it; the later stages take the shards written, and a later run
 # of the recipe with no budget writes the rest (a machine lent for minutes still returns a trained draft)
+# `init_draft` (a draft folder): training continues from that draft (its vocabulary mapping kept) instead of a new
+# one, so a short lease adds its steps and its newly regenerated answers to an earlier draft's
 
 
 def apply_settings(preset: dict, settings: list[str] | None) -> dict:
@@ -216,7 +220,7 @@ def stage_draft(out: Path, target, tok, p: dict, device: str, log) -> dict:
     counts = count_tokens([examples[i] for i in train_idx], target.info.vocab_size)
     cover = vocab_coverage(counts, sorted({2048, 4096, 8192, 12288, 16384, 32768, p["draft_vocab"]}))
     log(f"draft vocabulary coverage of the training answers by size: {cover}")
-    draft, hot, coverage = prepare_draft(target, counts, spec, p["draft_vocab"])
+    draft, hot, coverage = prepare_draft(target, counts, spec, p["draft_vocab"], p.get("init_draft"))
     cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
                       lr=p["draft_lr"], warmup=0.03, save_every=max(min(p["draft_steps"] // 8, 200), 2),
                       ttt_length=p["ttt"], time_budget_s=p["draft_budget"])

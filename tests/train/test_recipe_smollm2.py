@@ -104,6 +104,25 @@ def test_shards_regenerated_together_each_hold_their_own_prompts_in_job_order(mo
     assert prompts[15] == prompts[5]
 
 
+def test_the_training_continues_from_an_init_draft(recipe_run, model_dirs, tmp_path):
+    from eaglekit.draft import load_draft, save_draft
+    from eaglekit.models import load_target
+
+    out, _, _ = recipe_run
+    t = load_target(model_dirs["llama"])
+    init = load_draft(out / "draft", embed_weight=t.embed_weight())
+    with torch.no_grad():
+        init.fc.weight.add_(0.5)  # far from anything a new draft starts at
+        init.d2t.copy_(init.d2t.roll(1))  # a mapping the data would not choose
+    save_draft(init, tmp_path / "init", dtype=torch.float32)
+    run_smollm2_recipe(tmp_path / "run", "tiny", "cpu", target=model_dirs["llama"], log=lambda m: None,
+                       stop_after="draft", settings=["samples=1", f"init_draft={tmp_path / 'init'}"])
+    got = load_draft(tmp_path / "run" / "draft", embed_weight=t.embed_weight())
+    assert torch.equal(got.d2t, init.d2t)  # its vocabulary mapping kept
+    # a few steps of training moved the init's weights a little, not back to where a new draft starts
+    assert (got.fc.weight.float() - init.fc.weight).abs().mean() < 0.05
+
+
 def test_the_demo_reports_accept_length_per_category(recipe_run, model_dirs):
     from eaglekit.demo import run_demo
     from eaglekit.options import DecodeOptions, DemoOptions, ModelOptions
