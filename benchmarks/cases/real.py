@@ -321,6 +321,13 @@ suite("cpu-smollm2-speed", "the real pair's batch-1 tok/s only: eaglekit in floa
       "draft, beside transformers and llama.cpp (Q4_1, F16), side by side in one run (~8 minutes, 2 cores)",
       [("smollm2-speed", {"engines": "eaglekit,eaglekit_draft,eaglekit_bf16,eaglekit_bf16_draft,transformers,"
                                      "llamacpp_q4_1,llamacpp_f16"})])
+suite("cpu-smollm2-draft", "what a new draft of the real pair changes, in one run: acceptance per category, batch-1 "
+      "tok/s in float32 and bfloat16 beside transformers and llama.cpp, the doctor's verdicts (~25 minutes, 2 cores; "
+      "acceptance against context length is cpu-smollm2's, ~40 minutes more)",
+      ["smollm2-accept",
+       ("smollm2-speed", {"engines": "eaglekit,eaglekit_draft,eaglekit_bf16,eaglekit_bf16_draft,transformers,"
+                                     "llamacpp_q4_1,llamacpp_f16"}),
+       "smollm2-doctor"])
 suite("cpu-smollm2-doctor", "the doctor on the real pair only: the pair as shipped and four wiring faults of its vLLM "
       "export, each verdict's cause and seconds (~5 minutes, 2 cores)", ["smollm2-doctor"])
 suite("gpu-smollm2", "the real pair on one GPU in bf16: acceptance per category and batch-1 tok/s beside transformers "
