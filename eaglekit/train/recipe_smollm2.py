@@ -32,7 +32,7 @@ from ..observe.metrics import fmt
 from ..tokenizer import token_ids
 
 PRESETS = {
-    # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~6 s each on an H100) and 128 six-turn
+    # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~5 s each on an H100) and 128 six-turn
     # conversations (~1 minute) regenerated, training for `draft_budget` seconds (0.16-0.20 s a step of 32
     # length-grouped sequences on a warm H100: ~4,000 steps; the shipped draft had 2,900 and was still learning,
     # docs/training.md), a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set). Conversations
@@ -98,9 +98,9 @@ def _write_shard(path: Path, examples) -> None:
 def stage_regen(out: Path, target, tok, prompts: list[str], p: dict, log) -> Path:
     """Every prompt answered `samples` times: the first answer greedy, the others sampled at `temperature` (the
     loss covers the answers only). Shards already written are kept. The missing shards are regenerated
-    `regen_batch // SHARD` at a time (at least one; the gpu preset's 1,024: four): a step of a 135M-parameter target
-    is launch-bound on a GPU (256 answers took ~6 s at batch 256), so more rows a step cost little more. Each shard
-    is still written on its own, the unit a killed run resumes from."""
+    `regen_batch // SHARD` at a time (at least one; the gpu preset's 1,024: four): on an H100 four shards took 19 s
+    together against ~6 s each alone (docs/training.md). Each shard is still written on its own, the unit a killed
+    run resumes from."""
     from .regen import regenerate
 
     folder = out / "regen"
