@@ -113,7 +113,8 @@ def smollm2_speed(p, ctx):
     counts = [max(r.metrics.new_tokens, 1) for r in base]
     n_ctx = max(len(x) for x in ids) + p["max_new_tokens"] + 8
     runners, tmp = {}, tempfile.TemporaryDirectory()
-    identical = []
+    identical: list[bool] = []  # the pair as loaded (float32 on a CPU: the lossless path)
+    identical16: list[bool] = []  # the bf16 pair against the bf16 target alone
     if "eaglekit" in engines:
         runners["eaglekit"] = lambda i: dec.generate(ids[i], counts[i], baseline=True).metrics.elapsed_s
     if "eaglekit_draft" in engines:
@@ -137,7 +138,7 @@ def smollm2_speed(p, ctx):
         if "eaglekit_bf16_draft" in engines:
             def with_draft16(i):
                 r = dec16.generate(ids[i], counts[i])
-                identical.append(r.token_ids == base16[i].token_ids)
+                identical16.append(r.token_ids == base16[i].token_ids)
                 return r.metrics.elapsed_s
             runners["eaglekit_bf16_draft"] = with_draft16
     if "transformers" in engines:
@@ -188,7 +189,10 @@ def smollm2_speed(p, ctx):
                                                                         med["eaglekit_bf16"], "x")
     return {"metrics": metrics,
             "identity": {"greedy_output_equals_target": all(identical) if identical else None,
-                         "prompts_identical": sum(identical), "prompts_decoded": len(identical)},
+                         "prompts_identical": sum(identical), "prompts_decoded": len(identical),
+                         **({"bf16_output_equals_bf16_target": all(identical16),
+                             "bf16_prompts_identical": sum(identical16),
+                             "bf16_prompts_decoded": len(identical16)} if identical16 else {})},
             "details": {"threads": threads, "prompts": len(ids), "new_tokens": sum(counts),
                         "categories": sorted(set(cats)), "chain": [p["steps"], p["topk"], p["draft_tokens"]]}}
 
