@@ -34,7 +34,7 @@ from ..tokenizer import token_ids
 PRESETS = {
     # one H100/H200 in under 20 minutes: three answers a prompt (29 shards, ~5 s each on an H100) and 128 six-turn
     # conversations (~1 minute) regenerated, training for `draft_budget` seconds (0.16-0.20 s a step of 32
-    # length-grouped sequences on a warm H100: ~4,000 steps; the shipped draft had 2,900 and was still learning,
+    # length-grouped sequences on a warm H100: ~4,000 steps; the first shipped draft had 2,900 and overfit its data,
     # docs/training.md), a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set). Conversations
     # are cut at 1,536 tokens: a batch of 32 at 2,048 with the 7-step unroll over 8,192 draft tokens peaks near an
     # H100's 80 GB
