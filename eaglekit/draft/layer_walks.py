@@ -80,6 +80,7 @@ class LayerWalks:
         self.pick: Callable[..., Any] | None = None  # pick_op's, set before each tree walk
 
     def compile(self, options: dict | None = None) -> None:
+        """Both walks through torch.compile for the decode shapes (Eagle3Draft.compile's `options`)."""
         from ..kernels.compiling import compile_decode
 
         self.chain_graph = compile_decode(chain_steps, options)
