@@ -37,26 +37,23 @@ mkdir -p "$OUT"
 t0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TQDM_DISABLE=1 EAGLEKIT_GGUF_CACHE=/tmp/ggcache
-if [ "${PHASE:-1}" = 1 ]; then
+assemble() {  # the GGUF from its two parts, checked; the gguf wheel; the shards of an earlier run
   cat /tmp/gg/part1 .gg2/part2 > /tmp/smol.gguf
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c || exit 3
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .ggw/*.whl 2>&1 | tail -2
   mkdir -p /tmp/run && [ -f .ggr/regen.tar.gz ] && tar xzf .ggr/regen.tar.gz -C /tmp/run
   nvidia-smi -L
-fi
+}
+[ "${PHASE:-1}" = 1 ] && assemble
 if [ "${PHASE:-1}" = bg ] || [ "${PHASE:-1}" = wait ]; then
   follow() {  # the background run's log until it ends or WAIT seconds pass
     local n=0; while [ ! -f /tmp/bg/done ] && [ "$n" -lt "${WAIT:-500}" ]; do sleep 10; n=$((n + 10)); done
     tail -n 25 /tmp/bg/recipe.log; [ -f /tmp/bg/done ] && echo "background run ended" || echo "still running"
   }
   if [ "$PHASE" = bg ]; then
-    cat /tmp/gg/part1 .gg2/part2 > /tmp/smol.gguf
-    echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c || exit 3
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .ggw/*.whl 2>&1 | tail -2
-    rm -rf /tmp/repo /tmp/bg && mkdir -p /tmp/repo /tmp/run /tmp/bg && cp -r eaglekit benchmarks pyproject.toml /tmp/repo/
+    assemble
+    rm -rf /tmp/repo /tmp/bg && mkdir -p /tmp/repo /tmp/bg && cp -r eaglekit benchmarks pyproject.toml /tmp/repo/
     [ -d .ggd ] && rm -rf /tmp/init_draft && cp -r .ggd /tmp/init_draft
-    [ -f .ggr/regen.tar.gz ] && tar xzf .ggr/regen.tar.gz -C /tmp/run
-    nvidia-smi -L
     sets=(); for kv in ${SETTINGS:-}; do sets+=(--set "$kv"); done
     (cd /tmp/repo && setsid nohup bash -c '
       t0=$(date +%s)

@@ -118,19 +118,15 @@ def stage_regen(out: Path, target, tok, prompts: list[str], p: dict, log) -> Pat
                 "shards written, the rest left for a later run")
             break
         ks = todo[g:g + group]
-        # (shard, job) in job order: the greedy ones decode in one call, the sampled ones in another
-        greedy = [(k, j) for k in ks for j in jobs[k * SHARD:(k + 1) * SHARD] if j[1] == 0]
-        sampled = [(k, j) for k in ks for j in jobs[k * SHARD:(k + 1) * SHARD] if j[1] > 0]
         per: dict[int, list] = {k: [] for k in ks}
-        if greedy:
-            ex = regenerate(target, [ids[i] for _, (i, _) in greedy], p["gen_len"], p["regen_batch"], 0.0, 1.0,
-                            seed=ks[0], eos_ids=eos, mask_prompt=True, progress=False)
-            for (k, _), e in zip(greedy, ex):
-                per[k].append(e)
-        if sampled:
-            ex = regenerate(target, [ids[i] for _, (i, _) in sampled], p["gen_len"], p["regen_batch"],
-                            p["temperature"], 0.0, seed=1000 + ks[0], eos_ids=eos, mask_prompt=True, progress=False)
-            for (k, _), e in zip(sampled, ex):
+        # (shard, job) in job order: the greedy answers decode in one call, then the sampled ones in another
+        for greedy, temperature, seed in ((True, 0.0, ks[0]), (False, p["temperature"], 1000 + ks[0])):
+            part = [(k, j) for k in ks for j in jobs[k * SHARD:(k + 1) * SHARD] if (j[1] == 0) == greedy]
+            if not part:
+                continue
+            ex = regenerate(target, [ids[i] for _, (i, _) in part], p["gen_len"], p["regen_batch"], temperature,
+                            float(greedy), seed=seed, eos_ids=eos, mask_prompt=True, progress=False)
+            for (k, _), e in zip(part, ex):
                 per[k].append(e)
         for k in ks:
             _write_shard(shards[k], per[k])
