@@ -181,7 +181,8 @@ class Probe:
                 if name == "configured":
                     correct, counted = self._hits_and_pairs(b, lm, valid)
                 else:
-                    correct, counted = (x.cpu() for x in teacher_forced_hits(self.draft, b, lm, self.hot, self.steps))
+                    correct, counted, _ = teacher_forced_hits(self.draft, b, lm, self.hot, self.steps)
+                    correct, counted = correct.cpu(), counted.cpu()
                 for j, s in enumerate(part):
                     n = len(s.ids)
                     s.outcome[name] = (correct[j, :, :n], counted[j, :, :n])

@@ -11,16 +11,19 @@ but an engine honours. The probe cannot see them (it varies the wiring only); th
    chain, under the configured wiring, by the same function that wrote the record (eaglekit.train.record.measure),
    and compared position by position with the recorded runs (paired_difference: the standard error clustered by
    sequence). Where the capture moved since training and the sample measured under the recorded capture accepts as
-   at training and more than as configured (by Z standard errors), that is a wiring fault (E290, the recorded ids
-   as the fix). Any other drop larger than Z standard errors and than DROP is E223, "accepts X where it accepted Y at
-   training", followed by what changed since training; within it, I311; a run in another dtype or with other
-   products whose acceptance holds is a note (I312), not a fault. The check ends after a few chunks of sequences
-   where they already decide (EARLY_SEQUENCES, Z_EARLY). The doctor runs the products the record was measured
-   with where this device has them (`products_of`): the right pair then gives the recorded runs bit for bit, and
-   no products timing runs. A record that settles the wiring (I311 with the
-   capture unchanged, or its E290: `settles_wiring`) ends the probe after its first round: on the same positions
-   the probe's alternatives are told apart only by their distance from the trained wiring, which the record
-   already names.
+   at training while the configured wiring fits worse (its training loss per position higher by Z standard errors:
+   train.ttt.teacher_forced_hits, the quantity training minimized at the trained wiring) and accepts less, that is
+   a wiring fault (E290, the recorded ids as the fix, what it costs in accepted tokens). The loss decides because it
+   is far less noisy than the 0/1 hits: on the real pair ids one layer low move it at z 11.7 over 16 sequences
+   where the accepted tokens need all 64 for z 4.8. Any other drop larger than Z standard errors and than DROP is
+   E223, "accepts X where it accepted Y at training", followed by what changed since training; within it, I311; a
+   run in another dtype or with other products whose acceptance holds is a note (I312), not a fault. The check
+   ends after a few chunks of sequences where they already decide (EARLY_SEQUENCES, Z_EARLY). The doctor runs the
+   products the record was measured with where this device has them (`products_of`): the right pair then gives the
+   recorded runs bit for bit, and no products timing runs. A record that settles the wiring (I311 with the capture
+   unchanged, or its E290: `settles_wiring`) ends the probe after its first round: on the same positions the
+   probe's alternatives are told apart only by their distance from the trained wiring, which the record already
+   names.
 """
 
 from __future__ import annotations
@@ -138,6 +141,15 @@ def _compared(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, floa
     return was, is_, diff, se, z, N
 
 
+def _loss_gap(now: list[torch.Tensor], then: list[torch.Tensor]) -> tuple[float, float, float]:
+    """-> (the configured wiring's training loss minus the trained one's, per position, its standard error clustered
+    by sequence, z): positive where the configured wiring is the worse fit. Both lists cover the same positions
+    (measure_each's losses) and may differ in length only where one run ended early."""
+    n = min(len(now), len(then))
+    diff, se = paired_difference(now[:n], then[:n])
+    return diff, se, (diff / se if se > 0 else (0.0 if diff == 0 else 99.0))
+
+
 def _dropped(diff: float, se: float) -> bool:
     return diff > max(Z * se, DROP)
 
@@ -175,11 +187,12 @@ def _trained_capture(rec: dict, target, base):
     return trained if all(-1 <= i < target.info.num_layers for i in trained.after_layers) else None
 
 
-def _decided(rec_runs: list[str], so_far: list[list[str]]) -> bool:
+def _decided(rec_runs: list[str], so_far: list[list[str]], losses: list[list[torch.Tensor]]) -> bool:
     """Whether the record's check may end with the sequences measured so far (so_far: the configured wiring's runs,
-    then the recorded capture's where the capture moved): the runs hold (even the upper end of the drop's interval
-    at Z_EARLY standard errors is below DROP) and, where the capture moved, the recorded capture holds and the
-    configured one is below it by Z_EARLY standard errors."""
+    then the recorded capture's where the capture moved; losses: their training losses): the runs hold (even the
+    upper end of the drop's interval at Z_EARLY standard errors is below DROP) and, where the capture moved, the
+    recorded capture holds and the configured one is the worse fit by Z_EARLY standard errors of the training loss
+    and accepts less (_wiring_worse)."""
     if len(so_far[0]) < EARLY_SEQUENCES:
         return False
 
@@ -190,32 +203,39 @@ def _decided(rec_runs: list[str], so_far: list[list[str]]) -> bool:
     if len(so_far) == 1:
         return holds(so_far[0])
     now, then = so_far
-    if not holds(then):
-        return False
-    _, _, diff, se, _, _ = _compared(*_paired(then, now))
-    return se > 0 and diff > Z_EARLY * se
+    return holds(then) and _wiring_worse(now, then, losses, Z_EARLY)
+
+
+def _wiring_worse(now: list[str], then: list[str], losses: list[list[torch.Tensor]], z: float) -> bool:
+    """The configured wiring (now) against the trained one (then) on the same positions: a higher training loss by
+    `z` standard errors, and fewer accepted tokens (the point estimate: the loss decides, the runs say what it
+    costs and must not point the other way)."""
+    _, _, diff, _, _, _ = _compared(*_paired(then, now))
+    return _loss_gap(*losses)[2] >= z and diff > 0
 
 
 def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[str], base,
-                    fix_ids) -> Finding | None:
+                    fix_ids, losses: list[list[torch.Tensor]]) -> Finding | None:
     """Where the capture moved since training: the sample measured again under the recorded capture. If that accepts
-    as at training and the configured wiring accepts less than it on the same positions by Z standard errors, the
-    wiring is the cause (E290, the fix in the folder's convention); else None. Both runs are this run (one dtype, one
-    set of products), so unlike the drop against the record no DROP floor applies: the probe decides its wirings by
-    the same Z alone."""
+    as at training and the configured wiring fits the target worse than it on the same positions by Z standard
+    errors of the training loss, accepting less, the wiring is the cause (E290, the fix in the folder's
+    convention); else None. Both runs are this run (one dtype, one set of products), so unlike the drop against the
+    record no DROP floor applies: the probe decides its wirings by the same Z alone."""
     cap = list(trained.after_layers)
     holds = _compared(*_paired(rec["runs"], then))
-    was, is_, diff, se, z, N = _compared(*_paired(then, now))
-    if _dropped(holds[2], holds[3]) or not diff > Z * se:
+    if _dropped(holds[2], holds[3]) or not _wiring_worse(now, then, losses, Z):
         return None
+    was, is_, diff, se, z, N = _compared(*_paired(then, now))
+    ldiff, lse, lz = _loss_gap(*losses)
     msg = (f"the draft was trained on after_layers {cap} ({REC}) and is configured with "
            f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
            f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
-           f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position (z {0.0 - z + 0.0:.1f}, teacher-forced, "
-           f"chain of {steps}, {N} positions)")
+           f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position, its training loss {ldiff:+.3f} ± "
+           f"{lse:.3f} a position (z {lz:.1f}; teacher-forced, chain of {steps}, {N} positions)")
     return Finding("E290", "error", msg, fix_ids(list(cap)),
                    {"configured": list(base.after_layers), "best": list(cap), "diff": round(-diff, 4),
-                    "se": round(se, 4), "z": round(-z, 2), "positions": N, "source": SOURCE})
+                    "se": round(se, 4), "z": round(-z, 2), "loss_diff": round(ldiff, 4), "loss_se": round(lse, 4),
+                    "loss_z": round(lz, 2), "positions": N, "source": SOURCE})
 
 
 def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list[Finding],
@@ -229,8 +249,9 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
     fields = [f for f in static if f.code in ("E224", "E217", "E215")]
     # where the capture moved, the recorded one is measured in the same target pass (a wiring verdict needs both)
     trained = _trained_capture(rec, target, base) if not fields and fix_ids is not None else None
+    losses: list[list[torch.Tensor]] = []
     now, *then = measure_each(target, draft, seqs, [base] + ([trained] if trained is not None else []), steps,
-                              stop=lambda so_far: _decided(rec["runs"], so_far))
+                              stop=lambda runs, lost: _decided(rec["runs"], runs, lost), losses=losses)
     a, b = _paired(rec["runs"], now)
     if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
@@ -243,7 +264,8 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
     of = f"{len(a)} of the {len(seqs)}" if len(a) < len(seqs) else f"the {len(a)}"
     where = (f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
              f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
-    wiring = _wiring_finding(rec, trained, steps, now, then[0], base, fix_ids) if trained is not None else None
+    wiring = (_wiring_finding(rec, trained, steps, now, then[0], base, fix_ids, losses) if trained is not None
+              else None)
     if wiring is not None:
         return [wiring]
     if _dropped(diff, se):

@@ -104,21 +104,28 @@ def measure(target, draft, seqs: list[list[int]], capture, steps: int = STEPS, c
 
 
 def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: int = STEPS,
-                 chunk: int = 8, stop=None) -> list[list[str]]:
-    """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each). `stop(so_far)`:
-    called after each chunk with the runs so far (one list per capture), True ends the measurement there."""
+                 chunk: int = 8, stop=None, losses: list | None = None) -> list[list[str]]:
+    """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each). `losses`, if a
+    list, receives one list per capture of each sequence's training loss (teacher_forced_hits) at the positions
+    where every step counts: the same positions under every capture, so the lists pair. `stop(runs, losses)`: called
+    after each chunk with the runs and losses so far (one list per capture), True ends the measurement there."""
     from .ttt import accepted_runs_each
 
     done: list[list[str]] = [[] for _ in captures]
+    lost: list[list[torch.Tensor]] = [[] for _ in captures]
 
     def strings(out):  # the runs as strings, each sequence converted once (stop sees them after every chunk)
-        for per, got in zip(out, done):
-            got += ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted))
-                    for runs, counted in per[len(got):]]
+        for per, got, loss in zip(out, done, lost):
+            new = per[len(got):]
+            got += ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted, _ in new]
+            loss += [x[~x.isnan()].double() for _, _, x in new]
         return done
 
-    return strings(accepted_runs_each(target, draft, seqs, captures, steps, chunk,
-                                      None if stop is None else (lambda out: stop(strings(out)))))
+    runs = strings(accepted_runs_each(target, draft, seqs, captures, steps, chunk,
+                                      None if stop is None else (lambda out: stop(strings(out), lost))))
+    if losses is not None:
+        losses += lost
+    return runs
 
 
 def summary(runs: list[str], steps: int) -> dict:

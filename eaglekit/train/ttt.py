@@ -51,10 +51,12 @@ def target_distribution(batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: to
 
 
 def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tensor, length: int = 7,
-                decay: float = 0.8, keep_logits: list | None = None, keep_correct: list | None = None):
+                decay: float = 0.8, keep_logits: list | None = None, keep_correct: list | None = None,
+                keep_loss: list | None = None):
     """-> (weighted loss, per-step losses [length], per-step correct counts [length], per-step counts).
     `keep_logits`, if a list, receives each step's draft logits [B, T, Vd] (for tests and analysis);
-    `keep_correct` each step's (correct [B, T], counted [B, T]) booleans (the doctor's paired test)."""
+    `keep_correct` each step's (correct [B, T], counted [B, T]) booleans (the doctor's paired test);
+    `keep_loss` each step's soft cross-entropy [B, T] at every position (counted or not: `keep_correct` says)."""
     B, T = batch.ids.shape
     dev = batch.ids.device
     h = draft.project(batch.feats.to(draft.fc.weight.dtype))
@@ -79,6 +81,8 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
         if keep_logits is not None:
             keep_logits.append(logits.detach())
         ce = -(p * F.log_softmax(logits, dim=-1)).sum(-1)
+        if keep_loss is not None:
+            keep_loss.append(ce.detach())
         n = w.sum()
         loss_k = (ce * w).sum() / n.clamp(min=1)
         total = total + (decay ** k) * loss_k
@@ -94,14 +98,22 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
 
 
 @torch.no_grad()
-def teacher_forced_hits(draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor, steps: int):
-    """-> (correct, counted), bool [B, steps, T]: at position t, whether the draft's step k, unrolled on its own
-    outputs from t, predicts the target's greedy token (t + 2 + k), and whether that position counts. Along the
-    target's own greedy text the leading run of correct steps is what a chain drafted from t gets accepted."""
+def teacher_forced_hits(draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor, steps: int,
+                        decay: float = 0.8):
+    """-> (correct, counted), bool [B, steps, T], and loss, float [B, T]: at position t, whether the draft's step k,
+    unrolled on its own outputs from t, predicts the target's greedy token (t + 2 + k), and whether that position
+    counts. Along the target's own greedy text the leading run of correct steps is what a chain drafted from t gets
+    accepted. loss[t] is the training loss of the chain drafted from t (sum over k of decay**k times step k's soft
+    cross-entropy against the target's distribution; NaN where a step does not count): the quantity training
+    minimized, so a draft run under another wiring than its trained one shows it here with far less noise than in
+    the 0/1 hits (the doctor's record check decides wirings on it)."""
     p, in_dv = target_distribution(batch, lm_head_w, hot_ids)
     keep: list = []
-    ttt_forward(draft, batch, p, in_dv, length=steps, keep_correct=keep)
-    return torch.stack([c for c, _ in keep], 1), torch.stack([w for _, w in keep], 1)
+    ce: list = []
+    ttt_forward(draft, batch, p, in_dv, length=steps, decay=decay, keep_correct=keep, keep_loss=ce)
+    correct, counted = torch.stack([c for c, _ in keep], 1), torch.stack([w for _, w in keep], 1)
+    loss = sum((decay ** k) * c for k, c in enumerate(ce)).masked_fill(~counted.all(1), float("nan"))
+    return correct, counted, loss
 
 
 def simulated_accept_length(acc: list[float]) -> float:
@@ -121,16 +133,17 @@ def accepted_runs(target, draft, seqs: list[list[int]], capture, steps: int, chu
     runs[p] = the leading correct steps of a chain of `steps` drafted from position p (0 where not counted),
     counted[p] = whether position p has `steps` tokens after it to check. The training record, the doctor's record
     check and the CPU chain pick read acceptance from this one function."""
-    return accepted_runs_each(target, draft, seqs, [capture], steps, chunk)[0]
+    return [(runs, counted) for runs, counted, _ in accepted_runs_each(target, draft, seqs, [capture], steps, chunk)[0]]
 
 
 def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8,
                        stop=None):
     """accepted_runs under each of `captures` (CaptureSpecs), one target forward a chunk for all of them: the target
     captures the union of their layers once and each wiring's features are sliced from it (the target's forward,
-    not the draft's, is most of the cost). -> one list per capture, as accepted_runs returns. `stop(so_far)`, called
-    after each chunk with those lists so far, ends the measurement early where it returns True (the lists then
-    cover the first sequences only)."""
+    not the draft's, is most of the cost). -> one list per capture of (runs, counted, loss) per sequence: as
+    accepted_runs returns, with teacher_forced_hits' per-position loss. `stop(so_far)`, called after each chunk with
+    those lists so far, ends the measurement early where it returns True (the lists then cover the first sequences
+    only)."""
     from ..capture import CaptureSpec
     from .data import Example, pad_batch
 
@@ -150,9 +163,9 @@ def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, ste
         hidden, feats = target.features(ids, valid.long(), CaptureSpec(tuple(union)))
         for idx, runs_c in zip(cols, out):
             b = TargetBatch(feats.index_select(-1, idx), ids, valid.long(), valid, hidden)
-            correct, counted = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
+            correct, counted, loss = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
             runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
-            runs_c += [(runs[j, :len(s)], counted[j, 0, :len(s)]) for j, s in enumerate(part)]
+            runs_c += [(runs[j, :len(s)], counted[j, 0, :len(s)], loss[j, :len(s)]) for j, s in enumerate(part)]
         if stop is not None and i + chunk < len(seqs) and stop(out):
             break
     return out

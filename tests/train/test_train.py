@@ -51,6 +51,34 @@ def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
             torch.testing.assert_close(lg[0], logits[k][0, tpos], rtol=1e-9, atol=1e-9)
 
 
+def test_the_per_position_loss_is_the_training_loss_position_by_position(model_dirs):
+    """teacher_forced_hits' loss at t is the decayed sum of the steps' cross-entropies of the chain drafted from t:
+    over the positions where every step counts, each step's mean equals the step loss ttt_forward trains on, and a
+    position where a step does not count is NaN (the doctor pairs wirings on these values)."""
+    from eaglekit.train.ttt import teacher_forced_hits
+
+    t = load_target(model_dirs["llama"], dtype="float64")
+    spec = CaptureSpec((1, 3, 4))
+    d = new_draft(t, capture=spec, seed=5, dtype=torch.float64)
+    ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[1, 11:] = False
+    hidden, feats = t.features(ids, valid.long(), spec)
+    batch = TargetBatch(feats, ids, valid.long(), valid, hidden)
+    hot = torch.arange(96)
+    correct, counted, loss = teacher_forced_hits(d, batch, t.lm_head_weight(), hot, 1)
+    p, in_dv = target_distribution(batch, t.lm_head_weight(), hot)
+    _, step_losses, _, _ = ttt_forward(d, batch, p, in_dv, length=1)
+    assert torch.equal(loss.isnan(), ~counted[:, 0]) and counted[:, 0].sum() > 8
+    torch.testing.assert_close(loss[counted[:, 0]].mean(), step_losses[0])
+    _, counted3, loss3 = teacher_forced_hits(d, batch, t.lm_head_weight(), hot, 3, decay=0.5)
+    ce: list = []
+    ttt_forward(d, batch, p, in_dv, length=3, keep_loss=ce)
+    every = counted3.all(1)
+    torch.testing.assert_close(loss3[every], (ce[0] + 0.5 * ce[1] + 0.25 * ce[2])[every])
+    assert loss3[~every].isnan().all() and every.sum() < counted3[:, 0].sum()
+
+
 def test_vocab_map_offsets_and_padding():
     ex = [Example([5, 5, 5, 7, 7, 9, 1], [1, 1, 1, 1, 1, 1, 0])]
     vm = build_vocab_map(ex, vocab_size=12, draft_vocab_size=4)
