@@ -367,7 +367,7 @@ def _forward_signals(rank0: subprocess.Popen) -> None:
 def enter_cli(args, argv: list[str] | None) -> int | None:
     """For the TP commands: spawn `--tp N` ranks (returns their exit status), or, inside a torchrun launch,
     join the group and silence ranks > 0 (returns None: run the command). `args`: a command's with the options of
-    cli.add_tp and --device (generate, eval, doctor, serve)."""
+    cli.common.add_tp and --device (generate, eval, doctor, serve)."""
     tp = args.tp
     world = env_world()[0]
     if world == 1 and (tp is None or tp == 1):

@@ -1,0 +1,5 @@
+"""`python -m eaglekit.cli`: the `eaglekit` command, as the console script runs it."""
+
+from . import entry
+
+entry()
