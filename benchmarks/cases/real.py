@@ -332,6 +332,8 @@ suite("cpu-smollm2-draft", "what a new draft of the real pair changes, in one ru
        ("smollm2-speed", {"engines": "eaglekit,eaglekit_draft,eaglekit_bf16,eaglekit_bf16_draft,transformers,"
                                      "llamacpp_q4_1,llamacpp_f16"}),
        "smollm2-doctor"])
+suite("cpu-smollm2-context", "the real pair's accept length against the length of the conversation before the "
+      "prompt only (~40 minutes, 2 cores)", ["smollm2-context"])
 suite("cpu-smollm2-doctor", "the doctor on the real pair only: the pair as shipped and four wiring faults of its vLLM "
       "export, each verdict's cause and seconds (~5 minutes, 2 cores)", ["smollm2-doctor"])
 suite("gpu-smollm2", "the real pair on one GPU in bf16: acceptance per category and batch-1 tok/s beside transformers "
