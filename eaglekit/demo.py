@@ -24,7 +24,7 @@ from .decoding.tree import TreeShape
 from .errors import InputError
 from .observe.metrics import fmt
 from .options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions
-from .pair import compile_pair, compiled, load_pair, pick_device, set_pair_products
+from .pair import Decision, compile_pair, compiled, load_pair, pick_device, set_pair_products
 from .tokenizer import encode, load_tokenizer, read_prompts
 from .tune import chainpick
 from .tune.chainpick import pick_chain
@@ -191,6 +191,7 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
            "backend": tgt.backend,
            "products_pick": tgt.products_pick, "draft_quant": drf.quantized if drf is not None else None,
            "draft_precision": drf.precision if drf is not None else None,
+           "plan": tgt.plan.as_dict() if tgt.plan is not None else None,
            "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
            "pair": opts.pair, "per_prompt": cmp.rows()}
     if categories:
@@ -237,6 +238,7 @@ def _load_demo(target, draft, opts: DemoOptions, model: ModelOptions, cpu: bool)
         threads_pick = chainpick.pick_threads(tgt, drf, ids[0], (torch.get_num_threads(), 1))
     if defer_compile:  # (before the products: the chooser takes inductor's for compiled layers on a CPU)
         compile_pair(tgt, drf)
+        tgt.plan = dataclasses.replace(tgt.plan, compile=Decision(True, "asked for (--compile), after the thread pick"))
     if defer:
         set_pair_products(tgt, drf, "auto", tgt.device)
     return tdir, ddir, tgt, drf, ids, categories, threads_pick

@@ -148,8 +148,9 @@ def check_device(name: str) -> None:
 @dataclass(frozen=True)
 class PairRuntime:
     """How a loaded pair runs: eaglekit.pair.load_pair's `run`, one object because its fields travel together from
-    the flags to the loader (load_pair documents each one). `batched` and `rows` are the decode shape the products
-    are chosen for (a server's rows); the others are the COMPILE_FLAGS' values, built by ModelOptions.runtime.
+    the flags to the loader (load_pair documents each one; eaglekit.pair.plan_run decides each 'auto'). `batched`,
+    `rows` and `server` say who runs it (a server's rows); the others are the COMPILE_FLAGS' values, built by
+    ModelOptions.runtime.
     Frozen: a command that runs the pair another way makes its own copy (dataclasses.replace)."""
 
     compile: str | bool = "auto"
@@ -159,6 +160,7 @@ class PairRuntime:
     experts: str = "auto"
     batched: bool = False
     rows: int | None = None
+    server: bool = False  # a server's engine: 'auto' compile is off there (eaglekit.pair.plan_run says why)
 
 
 @dataclass

@@ -1,8 +1,12 @@
-"""Loading a target and its draft together (the draft borrows the target's embedding)."""
+"""Loading a target and its draft together (the draft borrows the target's embedding), and the one chooser of how
+the pair runs: `plan_run` answers every 'auto' of PairRuntime (compile, prompt graphs, experts, draft precision)
+with what runs and why, and kernels.products.choose the products; load_pair applies the plan and keeps it on the
+target (`target.plan`), where `--json`, the demo and the doctor read it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
@@ -28,19 +32,93 @@ def compile_pair(target: Target, draft: Eagle3Draft | None) -> None:
         draft.compile()
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """One part of a RunPlan: what runs, and why."""
+
+    value: T
+    why: str
+
+
+@dataclass
+class RunPlan:
+    """How a loaded pair runs, each part with its reason: plan_run decides all but the products, which
+    set_pair_products adds (kernels.products.choose; on a CPU it times candidates, so it runs after compiling)."""
+
+    compile: Decision[bool]  # torch.compile of the decode calls
+    prompt_graphs: Decision[bool]  # prompts through one graph compiled for every length
+    experts: Decision[str | None]  # a mixture-of-experts target's routed experts: 'grouped', 'triton'; None: default
+    draft_precision: Decision[str | None]  # 'int8' or 'none' (as stored); None without a draft
+    products: Choice | None = None
+
+    def as_dict(self) -> dict:
+        """{part: {"value", "why"}}: what `generate --json` and the demo report."""
+        out = {k: {"value": d.value, "why": d.why} for k, d in
+               (("compile", self.compile), ("prompt_graphs", self.prompt_graphs), ("experts", self.experts),
+                ("draft_precision", self.draft_precision))}
+        c = self.products
+        return out | {"products": {"value": c.kind, "why": c.reason} if c is not None else None}
+
+
+def plan_run(target: Target, draft: Eagle3Draft | None, device, run: PairRuntime) -> RunPlan:
+    """The plan for `run` (eaglekit.options.PairRuntime) on this target and draft; a value no part can take is E108."""
+    # tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers
+    own = target.compiles and target.tp is None
+    gpu = str(device).startswith("cuda")
+    if run.compile in (True, "on"):
+        comp = Decision(True, "asked for (--compile)")
+    elif run.compile in (False, "off"):
+        comp = Decision(False, "asked not to (--no-compile)")
+    elif run.compile not in ("auto", None):
+        raise InputError(f"compile={run.compile!r} is not one of auto, on, off", fix="pass auto, on or off",
+                         code="E108")
+    elif run.server:
+        comp = Decision(False, "a server's batched engine meets many (rows, tokens) shapes, each a compile of its "
+                               "own (seconds each, some while requests wait): --compile asks for it")
+    elif not own:
+        comp = Decision(False, "this target's decoder does not compile (transformers-backed, or a tensor-parallel "
+                               "rank)")
+    elif gpu:
+        comp = Decision(True, "a GPU with eaglekit's own decoder: the engine records the compiled kernels in its "
+                              "CUDA graphs")
+    else:
+        comp = Decision(False, "on a CPU compiling does not pay (docs/performance.md#d34)")
+    if run.prompt_graphs and not own:
+        raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
+                         code="E108", fix="leave out --prompt-graphs for this target")
+    graphs = Decision(bool(run.prompt_graphs), "asked for (--prompt-graphs)" if run.prompt_graphs else
+                      "prompts run eagerly: prompt graphs are opt-in until their warm-up is measured on a GPU "
+                      "(eaglekit.kernels.compiling.compile_prompt)")
+    experts = _experts(target, run.experts)
+    precision: Decision[str | None]
+    if draft is None:
+        precision = Decision(None, "no draft")
+    elif run.draft_quant in (None, "auto"):
+        q = auto_draft_quant(target, draft, device)
+        precision = Decision(q, "int8 weights on a GPU for a bf16/fp16 pair: half the bytes a draft step, the "
+                                "accept length within 1% (docs/performance.md#d24)" if q == "int8" else
+                             "as stored: int8 pays on a GPU in bf16/fp16 only")
+    else:
+        precision = Decision(run.draft_quant, "asked for (--draft-quant)")
+    return RunPlan(comp, graphs, experts, precision)
+
+
 def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
               run: PairRuntime | None = None) -> tuple[Target, Eagle3Draft | None]:
     """The target and its draft (None without `draft_dir`), run as `run` (eaglekit.options.PairRuntime; None: its
-    defaults) says:
+    defaults) says, through plan_run (kept as `target.plan`):
 
     `run.compile`: torch.compile the decoder layers for the decode shapes. 'auto' (or None) compiles on a GPU with
     eaglekit's own decoder, where the engine records the compiled kernels in its CUDA graphs (on a CPU it does not
-    pay: docs/performance.md#d34); 'on' / True everywhere, 'off' / False never.
-    The first generation pays the
-    compile; eaglekit.kernels.compiling keeps the kernels for the next run.
+    pay: docs/performance.md#d34; a server's batched engine neither: `run.server`); 'on' / True everywhere, 'off' /
+    False never. The first generation pays the compile; eaglekit.kernels.compiling keeps the kernels for the next
+    run.
 
-    `run.products`: how the decode products run: 'auto' is eaglekit.kernels.products.choose (the one chooser; its
-    reason is kept as `target.products_choice`; it reads `run.batched` and `run.rows`, the decode shape a server
+    `run.products`: how the decode products run: 'auto' is eaglekit.kernels.products.choose (its reason is kept as
+    `target.products_choice` and in the plan; it reads `run.batched` and `run.rows`, the decode shape a server
     runs); 'aten', 'onednn' (CPU), 'invariant' (GPU, Triton) or 'hopper' (sm_90, CUDA built at first use) force
     one. 'invariant' and 'hopper' make every decode product and the decode attention batch-invariant, so bf16
     speculative output is identical to the bf16 plain decode (the draft keeps F.linear; its arithmetic never reaches
@@ -63,42 +141,44 @@ def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "
     if draft_dir is not None:
         draft = load_draft(draft_dir, device=device, dtype=target.dtype, embed_weight=target.embed_weight())
         draft.fuse()
-        set_draft_precision(target, draft, device, run.draft_quant)
-    set_experts(target, run.experts)
-    compile = run.compile
-    if compile in ("auto", None):
-        # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
-        compile = str(device).startswith("cuda") and target.compiles and target.tp is None
-    elif compile not in (True, False, "on", "off"):
-        raise InputError(f"compile={compile!r} is not one of auto, on, off", fix="pass auto, on or off", code="E108")
-    if compile in (True, "on"):
+    plan = plan_run(target, draft, device, run)
+    if draft is not None:
+        set_draft_precision(target, draft, device, str(plan.draft_precision.value))
+    if target.experts is not None:
+        target.set_experts(plan.experts.value)  # (before anything compiles)
+    if plan.compile.value:
         compile_pair(target, draft)
-    if run.prompt_graphs:
-        # (tensor-parallel ranks stay uncompiled: their all-reduces sit inside the layers)
-        if not target.compiles or target.tp is not None:
-            raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
-                             code="E108", fix="leave out --prompt-graphs for this target")
+    if plan.prompt_graphs.value:
         target.compile_prompts()
         if draft is not None:
             draft.compile_prompts()
-    set_pair_products(target, draft, run.products, device, run.batched, run.rows)
+    target.plan = plan
+    set_pair_products(target, draft, run.products, device, run.batched, run.rows)  # (adds the plan's products)
     return target, draft
 
 
-def set_experts(target, experts: str = "auto") -> None:
-    """load_pair's `experts` for a target loaded some other way (see load_pair); before the target compiles."""
+def _experts(target, experts: str) -> Decision[str | None]:
+    """The experts part of a plan: `experts` checked against the target."""
     from .options import EXPERTS
 
     if experts not in EXPERTS:
         raise InputError(f"experts={experts!r} is not one of {', '.join(EXPERTS)}", code="E108",
                          fix=f"pass one of {', '.join(EXPERTS)}")
-    if target.experts is None:  # a dense target
+    if target.experts is None:
         if experts != "auto":
             raise InputError(f"--experts {experts} applies to mixture-of-experts targets (the DeepSeek family); this "
                              f"target ({target.backend or type(target).__name__}) has none",
                              code="E108", fix="leave out --experts for this target")
-        return
-    target.set_experts(None if experts == "auto" else experts)
+        return Decision(None, "a dense target")
+    return (Decision(None, "the target's default (auto)") if experts == "auto" else
+            Decision(experts, "asked for (--experts)"))
+
+
+def set_experts(target, experts: str = "auto") -> None:
+    """load_pair's `experts` for a target loaded some other way (see load_pair); before the target compiles."""
+    d = _experts(target, experts)
+    if target.experts is not None:
+        target.set_experts(d.value)
 
 
 def auto_draft_quant(target, draft, device) -> str:
@@ -126,7 +206,8 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
                       rows: int | None = None, why: str = "asked for (--products)") -> Choice:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair). The kind that runs and
     why are kept on the target as `products_choice` (eaglekit.kernels.products.Choice): `--json`, the demo's table
-    and the doctor report them. `why`: the reason a named kind (not 'auto') is reported with."""
+    and the doctor report them (and the plan, where load_pair made one). `why`: the reason a named kind (not 'auto')
+    is reported with."""
     from .kernels import hopper
     from .kernels.products import CPU_KINDS, Choice, check_kind, choose, pick_cpu
 
@@ -153,6 +234,8 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
         target.set_products(products)
         choice = Choice(products, why)
     target.products_choice = choice
+    if target.plan is not None:
+        target.plan.products = choice
     if choice.kind is None:  # F.linear; compiled layers: inductor does the products its own way
         return choice
     if draft is not None:

@@ -79,7 +79,8 @@ def cmd_generate(args) -> int:
                   "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
                   "draft_precision": draft.precision if draft is not None else None,
                   "prompt_graphs": target.compiled_prompts,
-                  "experts": target.experts}
+                  "experts": target.experts,
+                  "plan": target.plan.as_dict() if target.plan is not None else None}
         out = {"text": text, "token_ids": res.token_ids,
                "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
                "stop_reason": res.stop_reason}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -76,6 +76,9 @@ class Target(ABC):
     experts: str | None = None
     # how the decode products run and why (kernels.products.Choice), set by pair.set_pair_products; None until then
     products_choice: Choice | None = None
+    # how the pair runs and why (eaglekit.pair.RunPlan: compile, prompt graphs, experts, draft precision, products),
+    # kept by pair.load_pair; None for a target loaded some other way
+    plan: Any = None
     # what kernels.products.pick_cpu timed where products 'auto' timed them on a CPU ({"products", "ms"}); else None
     products_pick: dict | None = None
     compiles: bool = False  # True where compile() and compile_prompts() are implemented (eaglekit's own decoders)

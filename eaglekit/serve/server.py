@@ -194,14 +194,11 @@ def _load(model: ModelOptions, o: ServeOptions, shape):
         torch.set_num_threads(threads)  # global to torch: the engine thread runs with it too
     assert model.target is not None  # serving needs a target (--target is required)
     tok = load_tokenizer(model.target)
-    # 'auto' is off here: the batched engine meets many (rows, tokens) shapes, each a compile of its own (seconds
-    # each, some of them while requests wait); --compile asks for it on purpose. A server of one row never batches
+    # compile 'auto' is off for a server (eaglekit.pair.plan_run says why). A server of one row never batches
     # requests together: it takes the products `generate` takes (`hopper` on sm_90 in bf16, faster than the
     # batch-invariant kernels at one row), so its greedy output is generate's, bit for bit
-    run = model.runtime
     rows = o.max_batch * ((shape or TreeShape.make()).draft_tokens if model.draft else 1)
-    run = dataclasses.replace(run, compile="off" if run.compile == "auto" else run.compile, batched=o.max_batch > 1,
-                              rows=rows)
+    run = dataclasses.replace(model.runtime, batched=o.max_batch > 1, rows=rows, server=True)
     target, draft = load_pair(model.target, model.draft, model.backend, model.device, model.dtype_name, run=run)
     return tok, target, draft
 
