@@ -1,6 +1,6 @@
 """GPU checks (python -m pytest -m gpu): the CUDA-graph fast path gives exactly the eager path's tokens,
 and greedy speculative output equals the baseline's on the GPU (float32: bf16 kernels for 1 row and for
-a tree of rows round differently, see benchmarks/NOTES.md)."""
+a tree of rows round differently, see docs/performance.md#d17)."""
 
 import pytest
 import torch

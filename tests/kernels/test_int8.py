@@ -122,7 +122,7 @@ def test_generate_takes_draft_quant(capsys, monkeypatch):
 @pytest.mark.slow
 def test_the_demo_drafts_accept_length_barely_moves_in_int8():
     """The demo pair on 16 of its prompts, (5,1,6): accept length int8 within 2% of the stored weights' (32 prompts:
-    3.393 against 3.402; benchmarks/NOTES.md). The test can fail: int4 in groups of 128 lost 5%."""
+    3.393 against 3.402; docs/performance.md#d24). The test can fail: int4 in groups of 128 lost 5%."""
     from eaglekit.decoding.compare import compare
     from eaglekit.demo import ASSETS
     from eaglekit.options import PairRuntime

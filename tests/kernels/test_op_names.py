@@ -1,6 +1,6 @@
 """eaglekit's Triton ops are named after their code (compiling.op_name): inductor's persistent cache keys a triton_op
 by name and kernel source only, so a change to the Python that launches the kernels (or to the tuned configs it
-reads) must change the name, or a warm cache serves the old code (benchmarks/NOTES.md: it did on the H200)."""
+reads) must change the name, or a warm cache serves the old code (docs/performance.md#d49: it did on the H200)."""
 
 import pytest
 from helpers import use_triton_interpreter
