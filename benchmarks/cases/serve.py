@@ -78,7 +78,7 @@ def as_served(target, draft, device: str, max_batch: int, shape) -> None:
 
 def _serve(engine, tok, context, max_batch, build_app=None):
     """`eaglekit serve`'s app over `engine` in a uvicorn thread on a free local port -> (server, thread, port).
-    `build_app`: another version of eaglekit.serve.app.build_app (benchmarks/lab/serve_app_ab.py)."""
+    `build_app`: another version of eaglekit.serve.app.build_app (an A/B of the HTTP layer: docs/performance.md#d38)."""
     import uvicorn
 
     if build_app is None:

@@ -1,4 +1,5 @@
-// PTX helpers shared by eaglekit/kernels/hopper.cu and benchmarks/lab/bulk_gemv.cu (the probe kernels it grew from):
+// PTX helpers of eaglekit/kernels/hopper.cu, once shared with the probe kernels it grew from (benchmarks/lab/bulk_gemv.cu,
+// in git before 3620f2a):
 // shared addresses, mbarriers, bulk copies into shared memory, the ring's set-up and slot release, one bf16
 // tensor-core step, 4 bf16 to fp32, and the host's launch. Included inside each file's anonymous namespace.
 

@@ -17,7 +17,7 @@ detokenization of a long window run in worker threads (`prep` and `text`), so th
 decoded): a hop to a thread and back per streamed step costs more than the decode (two decodes of at most 64
 tokens, ~25 us), and takes the GIL from the engine thread each time (a tiny-shape engine served one request at a
 time on 2 cores: output 636 -> 731 tok/s without a draft, 873 -> 889 with one, medians of 16 alternating rounds;
-`benchmarks/lab/serve_app_ab.py`; docs/performance.md#d38).
+docs/performance.md#d38).
 """
 
 from __future__ import annotations

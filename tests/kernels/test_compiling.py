@@ -18,6 +18,6 @@ def test_wide_layers_are_tuned_and_narrow_ones_and_bookkeeping_are_not(hidden, t
 
 
 def test_emptied_options_turn_tuning_off_everywhere(monkeypatch):
-    # benchmarks/lab/warmup_probe.py's `no_cd` variant empties DECODE_OPTIONS in the child process
+    # D43's `no_cd` measurement emptied DECODE_OPTIONS in the child process (docs/performance.md#d43)
     monkeypatch.setattr(compiling, "DECODE_OPTIONS", {})
     assert compiling.decode_options(8192) == {}

@@ -2,7 +2,7 @@
 CPU, stopped by its own PID): a 10 MB body, stalled and abandoned uploads, bodies that used to be 500s, bad
 serve options, and a SIGTERM drain past its timeout, each as its client sees it. Bounded: a few dozen
 requests, every wait has a deadline. Figures (stalls, latencies) are printed, not asserted: the machine is
-shared. The probes are eaglekit.serve.hostile's, which benchmarks/lab/hostile_before_after.py runs too."""
+shared. The probes are eaglekit.serve.hostile's."""
 
 from __future__ import annotations
 
