@@ -1,5 +1,5 @@
 """Hostile-client probes against a running server on this machine (the hostile test tier runs them; so did
-benchmarks/lab/hostile_before_after.py, in git before 3620f2a): raw sockets for what a well-behaved client never
+benchmarks/lab/hostile_before_after.py, in git at 3620f2a): raw sockets for what a well-behaved client never
 sends (huge, stalled, abandoned or malformed bodies), and a timer on /health and on another client's stream
 while that happens. Every probe is bounded in bytes and seconds and returns a plain dict.
 """
