@@ -1,7 +1,8 @@
 """Loading a target and its draft together (the draft borrows the target's embedding), and the one chooser of how
 the pair runs: `plan_run` answers every 'auto' of PairRuntime (compile, prompt graphs, experts, draft precision)
 with what runs and why, and kernels.products.choose the products; load_pair applies the plan and keeps it on the
-target (`target.plan`), where `--json`, the demo and the doctor read it."""
+target (`target.plan`), where `generate --json` and the demo read it (the doctor and the training record read
+its products, `target.products_choice`)."""
 
 from __future__ import annotations
 
