@@ -203,15 +203,14 @@ def _decided(rec_runs: list[str], so_far: list[list[str]], losses: list[list[tor
     if len(so_far) == 1:
         return holds(so_far[0])
     now, then = so_far
-    return holds(then) and _wiring_worse(now, then, losses, Z_EARLY)
+    return holds(then) and _wiring_worse(_compared(*_paired(then, now)), _loss_gap(*losses), Z_EARLY)
 
 
-def _wiring_worse(now: list[str], then: list[str], losses: list[list[torch.Tensor]], z: float) -> bool:
-    """The configured wiring (now) against the trained one (then) on the same positions: a higher training loss by
-    `z` standard errors, and fewer accepted tokens (the point estimate: the loss decides, the runs say what it
-    costs and must not point the other way)."""
-    _, _, diff, _, _, _ = _compared(*_paired(then, now))
-    return _loss_gap(*losses)[2] >= z and diff > 0
+def _wiring_worse(accepted: tuple, gap: tuple[float, float, float], z: float) -> bool:
+    """The configured wiring against the trained one on the same positions (accepted: _compared(trained,
+    configured); gap: _loss_gap): a higher training loss by `z` standard errors, and fewer accepted tokens (the
+    point estimate: the loss decides, the runs say what it costs and must not point the other way)."""
+    return gap[2] >= z and accepted[2] > 0
 
 
 def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[str], base,
@@ -223,10 +222,11 @@ def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[s
     record no DROP floor applies: the probe decides its wirings by the same Z alone."""
     cap = list(trained.after_layers)
     holds = _compared(*_paired(rec["runs"], then))
-    if _dropped(holds[2], holds[3]) or not _wiring_worse(now, then, losses, Z):
+    accepted, gap = _compared(*_paired(then, now)), _loss_gap(*losses)
+    if _dropped(holds[2], holds[3]) or not _wiring_worse(accepted, gap, Z):
         return None
-    was, is_, diff, se, z, N = _compared(*_paired(then, now))
-    ldiff, lse, lz = _loss_gap(*losses)
+    was, is_, diff, se, z, N = accepted
+    ldiff, lse, lz = gap
     msg = (f"the draft was trained on after_layers {cap} ({REC}) and is configured with "
            f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
            f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
