@@ -560,8 +560,8 @@ def test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded():
 def test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded():
     """The routed experts as grouped GEMMs (Experts.grouped, torch._grouped_mm's CUTLASS kernel) in bf16 at
     DeepSeek-V2-Lite's expert shape, six tokens of which the first three share two experts: near the fp64 arithmetic
-    of Experts.gather, a token's bits the same alone and among the others, and the same bits compiled and recorded in
-    a CUDA graph (which also shows the call makes no host sync)."""
+    of Experts.gather, a token's bits the same alone and among the others (eager), compiled near them, and the
+    compiled op's bits recorded in a CUDA graph (which also shows the call makes no host sync)."""
     from eaglekit.kernels import moe_gemv
     from eaglekit.kernels.compiling import compile_decode
     from eaglekit.models.moe import Experts, grouped_usable
@@ -589,15 +589,17 @@ def test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded():
         assert (y.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
         for n in range(N):
             assert torch.equal(ex.grouped(x[n:n + 1], idx[n:n + 1], w[n:n + 1])[0], y[n]), n
-        # compiled, inductor fuses the activation and the weighted sum (other roundings than eager's): compiled
-        # against compiled, a token alone against the same token among the others, and the graph against the op.
-        # Compiled as a DeepSeek layer of this width compiles it (hidden=D: tuned, D43); inductor's untuned configs
-        # for 1 and 6 tokens reduce in other orders, and a token alone then differs from itself among the others
+        # compiled as a DeepSeek layer of this width compiles it (hidden=D: coordinate-descent tuned, D43), inductor
+        # fuses the activation and the weighted sum. The graphs for 1 and 6 tokens are tuned apart, and the tuner
+        # times a reduction's RBLOCK and warps, which set its order: a token alone may round otherwise than among the
+        # others (it did in one of three runs on an H100). So compiled rows are held near, not to bits, as
+        # docs/deepseek.md says (bf16 greedy output may part from the one-row decode).
         fn = compile_decode(lambda a, i, ww: ex.grouped(a, i, ww), hidden=D)
         yc = fn(x, idx, w)
         assert (yc.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
         for n in range(N):
-            assert torch.equal(fn(x[n:n + 1], idx[n:n + 1], w[n:n + 1])[0], yc[n]), n
+            alone = fn(x[n:n + 1], idx[n:n + 1], w[n:n + 1])[0]
+            assert (alone.double() - yc[n].double()).abs().max() <= 2e-2 * ref[n].abs().max(), n
         buf = x.clone()
         graph = torch.cuda.CUDAGraph()
         fn(buf, idx, w)  # warm
