@@ -250,3 +250,24 @@ def doctor_args(target, draft, capture=None, **opts):
     layers = None if capture is None else ",".join(map(str, capture.after_layers))
     return (ModelOptions(target=target, draft=draft, device=DOCTOR_DEVICE, capture_layers=layers),
             DoctorOptions(**opts))
+
+
+def grow(draft, h, logits, root, shape, own_walk: bool = True):
+    """The tree the engine grows on a one-row batch over the draft's own sequence (its cache seen as one row,
+    RowKV.over): h [H], logits [Vd], root a 0-d target id, shape a TreeShape -> that row's Tree ([D] fields).
+    own_walk=False: the engine's walk over step_rows (what more rows, or tracing, take) instead of the draft's one-row
+    walk (Eagle3Draft.chain_rows / tree_rows: compiled after compile(), eager before)."""
+    from eaglekit.decoding import tree
+    from eaglekit.models.layers import RowKV
+
+    kv = RowKV.over(draft.cache)
+    if not own_walk:
+        draft._walks_row = lambda kv: False
+    try:
+        with torch.inference_mode():
+            t = tree.expand_rows(draft, kv, h.reshape(1, -1), logits.reshape(1, -1), root.reshape(1), shape,
+                                 draft.span)
+    finally:
+        if not own_walk:
+            del draft._walks_row
+    return tree.tree_row(t, 0)

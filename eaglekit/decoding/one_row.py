@@ -4,8 +4,9 @@ The engine (eaglekit.decoding.engine) talks to targets and drafts through their 
 `forward_rows`; `extend_rows`, `step_rows`, `chain_rows`, `tree_rows`). Our decoders implement it for any number
 of rows. A backend that holds one sequence only (the transformers adapter, the test doubles of tests/helpers.py,
 another architecture behind the Target / Draft contract) implements the one-sequence calls (`reset`, `verify`, `keep`;
-`reset`, `extend`, `step`, `chain`, `grow_tree`): these adapters give it the row interface for one row, so the one
-engine runs it at max_batch 1 (the declared fallback: more rows are refused with E308).
+`reset`, `extend`, `step`): these adapters give it the row interface for one row, so the one engine runs it at
+max_batch 1 (the declared fallback: more rows are refused with E308). A one-sequence draft's chains and trees are the
+engine's walk over its `step` (decoding.tree.expand_rows), as for any draft without a walk of its own.
 
 The engine moves a row's committed length itself (a chain's commit and a plain step's add to it; a prefill zeroes it).
 The backend keeps its own count; `_OneRow.sync` brings it level before each call: entries the engine committed in
@@ -119,17 +120,10 @@ class OneRowDraft(_OneSequence):
         return h[None], logits.float()[None]
 
     def chain_rows(self, kv: _OneRow, h_last, logits_last, steps: int, root, span: int):
-        kv.sync()
-        return self.inner.chain(h_last[0], logits_last[0], steps, root=root[0])[None]
+        return None  # no walk of its own: decoding.tree walks the chain over step_rows
 
     def tree_rows(self, kv: _OneRow, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int, span: int):
-        """The one-sequence tree (decoding.tree.expand's walk) on the draft's own cache."""
-        from .tree import TreeShape, _tree
-
-        kv.sync()
-        shape = TreeShape(steps, frame[1].numel(), n_sel + 1)
-        t = _tree(self.inner, h_last[0], logits_last[0], root[0], shape)
-        return t.tokens[None], t.parents[None], t.depths[None], t.mask[None]
+        return None  # (as chain_rows)
 
     def step_rows(self, kv: _OneRow, hidden, ids, positions, slots, mask):
         kv.sync()

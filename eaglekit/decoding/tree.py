@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
-from ..draft.base import Draft
-from ..draft.walk import DECAY, PLAIN_OPS, WalkFns, advance, frontier, select, walk_tree
+from ..draft.walk import DECAY
 from ..errors import GenerationError
 from ..kernels import topk
-from ..kernels.compiling import twin
 from ..kernels.topk import top_probs
 
 
@@ -69,80 +66,13 @@ class TreeShape:
 
 @dataclass
 class Tree:
+    """A draft tree: expand_rows gives each field a leading row dimension ([B, D], mask [B, D, D]), tree_row one row's
+    as below."""
+
     tokens: torch.Tensor  # [D] target ids; node 0 is the root (the last emitted token)
     parents: torch.Tensor  # [D] parent node index; the root points to itself
     depths: torch.Tensor  # [D]
     mask: torch.Tensor  # [D, D] bool: row i marks i's ancestors and i itself
-
-
-def expand(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
-           shape: TreeShape) -> Tree:
-    """Grow a tree from the draft's last extend output (h [H], logits [Vd]) rooted at `root_token`, on a draft that
-    holds one sequence (its own cache): what the engine's one-row adapter runs (decoding.one_row); our draft's rows go
-    through `expand_rows` (its chain_rows / tree_rows run these same walks on a one-row cache).
-
-    Fixed shapes, no host synchronisation: the draft's committed length is a device tensor and every
-    draft step attends over the draft's whole span (committed slots + this tree's pending slots)."""
-    if shape.topk == 1:
-        return _chain(draft, h_last, logits_last, root_token, shape.steps)
-    return _tree(draft, h_last, logits_last, root_token, shape)
-
-
-def _tree(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
-          shape: TreeShape) -> Tree:
-    """The general expansion (any topk; `expand` sends chains to `_chain`, which builds the same tree): the draft's
-    own walk where it has one (Draft.grow_tree: Eagle3Draft compiled, the whole tree one graph), else `walk_tree`
-    over its `step` with the bookkeeping compiled where its layers are."""
-    K, dev, n_sel = shape.topk, logits_last.device, shape.draft_tokens - 1
-    P = max((shape.steps - 1) * K, 1)  # pending draft slots this tree uses
-    frame = _tree_frame(K, P, dev)
-    grown = draft.grow_tree(h_last, logits_last, root_token, frame, shape.steps, n_sel)
-    if grown is None:
-        ops = _bookkeeping(draft.compiled_layer is not None)
-        m = draft.committed  # committed draft entries (0-d device tensor); tree steps write past them
-        cols = torch.arange(draft.span, device=dev)  # the span's slots (the frontier derives its masks from them)
-        if ops.compiled:  # the span is a symbolic size in the compiled bookkeeping, as in the compiled layers
-            from torch._dynamo import maybe_mark_dynamic
-
-            maybe_mark_dynamic(cols, 0)
-        # a draft that attends by (base, block) needs no mask (no kernel for it) and hands its logits over unwidened
-        # (top_probs widens them to float32 itself: the same probabilities, no copy kernel a level)
-        by_pending = draft.takes_pending(P)
-        if by_pending:
-            def step(h, ids, pos, slots, mask, anc):
-                return draft.step(h, ids, pos, slots, None, pending=(m.view(1), anc), widen=False)
-        else:
-            def step(h, ids, pos, slots, mask, anc):
-                return draft.step(h, ids, pos, slots, mask)
-        grown = walk_tree(WalkFns(step, draft.to_target_ids, ops, top_probs), h_last, logits_last, root_token, m, cols,
-                          frame, shape.steps, n_sel, with_mask=not by_pending)
-    tokens, parents, depths, mask = grown
-    return Tree(tokens=tokens, parents=parents, depths=depths, mask=mask)
-
-
-
-
-def _bookkeeping(compiled: bool):
-    """The tree's bookkeeping between draft steps: compiled where the draft's layers are (a GPU by default), where
-    its ~20 small kernels a level and ~30 for the selection fold into a few
-    (docs/performance.md#d26); the plain functions elsewhere (the same code, so
-    the same trees)."""
-    if not compiled:
-        return PLAIN_OPS
-    return SimpleNamespace(frontier=twin(frontier, True), advance=twin(advance, True), select=twin(select, True),
-                           compiled=True)
-
-
-def _chain(draft: Draft, h_last: torch.Tensor, logits_last: torch.Tensor, root_token: torch.Tensor,
-           steps: int) -> Tree:
-    """`expand` for topk = 1, the same tree with a fraction of the operations (what a chain's cycle pays for in
-    small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no selection, since every node is
-    kept; the mask, parents and depths of a chain are fixed. The draft walks the chain itself (`Draft.chain`: the
-    top 1 of the softmax at each step, taken as the argmax of the logits)."""
-    parents, depths, mask = _chain_frame(steps, logits_last.device)
-    # (the root and the id map inside the draft's chain: in its compiled graph, not three kernels after it)
-    return Tree(tokens=draft.chain(h_last, logits_last, steps, root=root_token), parents=parents, depths=depths,
-                mask=mask)
 
 
 _FRAMES: dict = {}
@@ -168,20 +98,28 @@ def _chain_frame(steps: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return _FRAMES[key]
 
 
-# --- batched: one tree per row -------------------------------------------------------------------------
+# --- one tree per row -------------------------------------------------------------------------------
 def expand_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
                 shape: TreeShape, span: int) -> Tree:
-    """`expand` for B sequences at once: h_last [B, H], logits_last [B, Vd], root [B]; `kv` is the draft's
-    RowKV view of those rows (committed lengths kv.length [B]). One draft forward per level for the whole
-    batch. Returns a Tree whose fields carry a leading batch dim: tokens/parents/depths [B, D], mask
-    [B, D, D]. Same selection rule as `expand`, row by row."""
+    """Grow one tree per row from the draft's last extend output: h_last [B, H], logits_last [B, Vd], root [B] (each
+    row's last emitted token); `kv` is the draft's row cache of those rows (committed lengths kv.length [B]). The
+    draft's own walk where it offers one (chain_rows / tree_rows not None: Eagle3Draft's one-row walk, one compiled
+    graph on a GPU, grown by eaglekit.draft.walk by the same rule), else one draft forward per level for the whole
+    batch over its step_rows. Returns a Tree whose fields carry a leading batch dim: tokens/parents/depths [B, D],
+    mask [B, D, D].
+
+    Fixed shapes, no host synchronisation: the committed lengths are device tensors and every draft step attends
+    over the span (committed slots + this tree's pending slots)."""
     if shape.topk == 1:
         return _chain_rows(draft, kv, h_last, logits_last, root, shape.steps, span)
     return _tree_rows(draft, kv, h_last, logits_last, root, shape, span)
 
 
 def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> Tree:
-    """`_chain` for B rows (see expand_rows): the same trees as `_tree_rows` for topk = 1, with fewer operations."""
+    """expand_rows for topk = 1: the tree `_tree_rows` builds for topk = 1 with a fraction of the operations (what a
+    chain's cycle pays for in small-op overhead on a CPU, or in kernels on a GPU): no candidate scores and no
+    selection, since every node is kept; a chain's mask, parents and depths are fixed. Each level takes the top 1 of
+    the softmax, as the argmax of the logits."""
     dev, B = logits_last.device, root.shape[0]
     D = steps + 1
     tokens = draft.chain_rows(kv, h_last, logits_last, steps, root, span)
@@ -193,7 +131,9 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
     tok = topk.top1(logits_last)  # [B, 1]
     toks, h = [tok], h_last[:, None, :]
     for level in range(2, steps + 1):
-        mask = (cols[None, :] < (m + (level - 1))[:, None])[:, None, :]  # [B, 1, S]: as in _chain, per row
+        # [B, 1, S]: node d (the entry for position m - 1 + d, written at slot m + d - 1) sees the committed entries
+        # and the nodes before it
+        mask = (cols[None, :] < (m + (level - 1))[:, None])[:, None, :]
         slot = (m + (level - 2))[:, None]
         h, logits = draft.step_rows(kv, h, draft.to_target_ids(tok), slot, slot, mask)
         tok = topk.top1(logits)[:, 0]  # [B, 1]

@@ -3,8 +3,8 @@
 A draft holds one sequence's cache of committed entries, entry p pairing the target's feature at
 position p with the token at p + 1. `extend` commits entries (the prompt, then each accepted path) and
 returns the hidden state and logits that seed the next tree; `step` runs one tree level as pending
-entries written past the committed ones and never committed (the next `extend` overwrites them);
-`chain` walks a chain of such steps (its default is built on `step`; a draft may do it its own faster way).
+entries written past the committed ones and never committed (the next `extend` overwrites them); the
+engine's tree walk (eaglekit.decoding.tree) grows chains and trees from these steps.
 The engine reads nothing else: no weights, no cache internals, so a test double or another draft
 architecture only has to keep this contract. On Eagle3Draft every call is fixed-shape device work with
 no host read, so the engine can record the tree and the extend in CUDA graphs.
@@ -118,34 +118,13 @@ class Draft(ABC):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (EAGLE-3's d2t: target_id = i + d2t[i])."""
 
-    def chain(self, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int,
-              root: torch.Tensor | None = None) -> torch.Tensor:
-        """A chain's draft tokens (draft ids) [steps]: the top 1 of logits_last, then steps - 1 pending steps, each
-        fed the previous one's hidden and pick. The node at depth d is the entry for position m - 1 + d, written at
-        slot m + d - 1 (m committed), seeing the committed entries and the chain's nodes before it. With `root` (a
-        target id): the tree's tokens instead, [steps + 1] target ids, root first. A draft may do the same work its
-        own faster way (Eagle3Draft: one compiled graph, the root and the id map in it)."""
-        dev = logits_last.device
-        cols = torch.arange(self.span, device=dev)
-        if self.takes_pending(1):  # a node sees every slot below its own: base its slot, block [[1]] (takes_pending)
-            one = torch.ones(1, 1, dtype=torch.bool, device=dev)
-            step = lambda h, ids, slot, mask: self.step(h, ids, slot, slot, None, pending=(slot, one),  # noqa: E731
-                                                        widen=False)
-        else:
-            step = lambda h, ids, slot, mask: self.step(h, ids, slot, slot, mask)  # noqa: E731
-        return self.walk_chain(step, h_last.view(1, -1), logits_last, self.committed, cols, steps, root)
-
-    def grow_tree(self, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor, frame: tuple, steps: int,
-                  n_sel: int) -> tuple | None:
-        """A tree (topk > 1) the draft's own faster way, or None (the default): then eaglekit.decoding.tree walks it
-        over `step`. If not None: what eaglekit.draft.walk.walk_tree returns for these arguments (frame: its
-        first frontier, tree._tree_frame), e.g. that walk inside one compiled graph (Eagle3Draft)."""
-        return None
-
     def walk_chain(self, step, h, logits_last, m, cols, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
-        """`chain`'s walk over a one-node step(hidden [1, H], target ids [1], slot [1], mask [1, span]) -> (hidden,
-        logits) [1, ..]; m: committed entries, cols: arange(span). The one place that says where a chain's nodes go
-        (Eagle3Draft's compiled chain walks with its own step)."""
+        """A chain of `steps` draft tokens (draft ids) over one sequence's cache, from the top 1 of logits_last, each
+        next node fed the previous one's hidden and pick; `step`(hidden [1, H], target ids [1], slot [1], mask
+        [1, span]) -> (hidden, logits) [1, ..] runs one node; m: committed entries, cols: arange(span). Node d is the
+        entry for position m - 1 + d, written at slot m + d - 1, seeing the committed entries and the nodes before it
+        (as eaglekit.decoding.tree's rows walk places them). With `root` (a target id): the tree's tokens instead,
+        [steps + 1] target ids, root first. Eagle3Draft's one-row chain (draft.layer_walks) walks with its layer."""
         tok = topk.top1(logits_last)
         toks = [tok]
         for level in range(2, steps + 1):

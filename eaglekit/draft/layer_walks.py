@@ -23,9 +23,9 @@ def narrowed(layer, span: int) -> tuple:
 
 
 def chain_steps(draft, h, logits_last, m, cols, kv, steps: int, root=None):
-    """Draft.chain's walk over the layer itself (what compile() compiles whole; the step's inference-mode decorator
-    stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The logits stay in the draft's
-    dtype: the same argmax as their float32 copy."""
+    """A chain's walk (Draft.walk_chain) over the layer itself (what compile() compiles whole; the step's
+    inference-mode decorator stays outside the graph); kv: the cache narrowed to the span, cols: arange(span). The
+    logits stay in the draft's dtype: the same argmax as their float32 copy."""
     pending = draft.takes_pending(1)
 
     def step(h, ids, slot, mask):  # (a chain node sees every slot below its own: base = its slot, block [[1]])
@@ -37,11 +37,11 @@ def chain_steps(draft, h, logits_last, m, cols, kv, steps: int, root=None):
 
 
 def tree_steps(draft, h_last, logits_last, root, m, cols, kv, frame: tuple, steps: int, n_sel: int):
-    """grow_tree's walk (what compile() compiles whole): walk.walk_tree with the plain bookkeeping over the layer
+    """A tree's walk (what compile() compiles whole): walk.walk_tree over the layer
     itself. The frontier's masks are made but, where the attention takes the pending form, never read: inductor
     drops them (the layer reads only their width)."""
     from ..kernels import topk
-    from .walk import PLAIN_OPS, WalkFns, walk_tree
+    from .walk import WalkFns, walk_tree
 
     K = frame[1].numel()
     pending = draft.takes_pending(max((steps - 1) * K, 1))
@@ -58,7 +58,7 @@ def tree_steps(draft, h_last, logits_last, root, m, cols, kv, frame: tuple, step
         p, i = pick(logits.reshape(-1, logits.shape[-1]), k)
         return p.view(*logits.shape[:-1], k), i.view(*logits.shape[:-1], k)
 
-    return walk_tree(WalkFns(step, draft.to_target_ids, PLAIN_OPS, top), h_last, logits_last, root, m, cols, frame,
+    return walk_tree(WalkFns(step, draft.to_target_ids, top), h_last, logits_last, root, m, cols, frame,
                      steps, n_sel)
 
 

@@ -420,28 +420,6 @@ class Eagle3Draft(nn.Module, Draft):
                             from_target=False, pending=pending)
         return h[0], logits[0].float() if widen else logits[0]
 
-    @torch.inference_mode()
-    def chain(self, h_last, logits_last, steps: int, root: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft.chain; compiled, the whole chain is one graph (eaglekit.draft.layer_walks), unless tracing is on (it
-        records the steps' tensors) or the draft has a sliding window (its masks need slot positions)."""
-        if not self.walks.compiled(self, self.walks.chain_graph):
-            return super().chain(h_last, logits_last, steps, root)
-        assert self.cache is not None  # (a sequence walks after `reset`)
-        return self.walks.chain(self, self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, steps,
-                                root)
-
-    @torch.inference_mode()
-    def grow_tree(self, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
-        """Draft.grow_tree: compiled, the whole tree is one graph (its levels, picks and bookkeeping; inductor fuses the
-        bookkeeping into the layer's kernels, where each level ran a frontier, a layer, a pick and an advance as
-        graphs of their own: docs/performance.md#d25); None (the engine's walk) where the chain would not be compiled
-        either."""
-        if not self.walks.compiled(self, self.walks.tree_graph):
-            return None
-        assert self.cache is not None  # (a sequence walks after `reset`)
-        return self.walks.tree(self, self.cache.layer(0), self.cache.length, self.span, h_last, logits_last, root,
-                               frame, steps, n_sel)
-
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
         if batch == 1:  # a batch of one is the draft's own sequence
@@ -480,11 +458,11 @@ class Eagle3Draft(nn.Module, Draft):
 
     @torch.inference_mode()
     def chain_rows(self, kv: RowKV, h_last, logits_last, steps: int, root, span: int) -> torch.Tensor | None:
-        """A chain for one row the way `chain` walks one sequence, on the row's cache (kv: a one-row RowKV view; h_last
-        [1, H], logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]: the compiled graph where the draft
-        is compiled, the same walk eagerly elsewhere (a row's cache is laid out as KVCache's); None for more than one
-        row, under tracing or with a sliding window (_walks_row: then eaglekit.decoding.tree walks the rows over
-        step_rows)."""
+        """A chain for one row as one walk over the layer (draft.layer_walks; kv: a one-row RowKV view; h_last [1, H],
+        logits_last [1, Vd], root [1]) -> the tree's tokens [1, steps + 1]: the compiled graph where the draft is
+        compiled (the whole chain one graph, its root and id map inside), the same walk eagerly elsewhere (a row's
+        cache is laid out as KVCache's); None for more than one row, under tracing (it records the steps' tensors) or
+        with a sliding window (_walks_row: then eaglekit.decoding.tree walks the rows over step_rows)."""
         if not self._walks_row(kv):
             return None
         return self.walks.chain(self, kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
@@ -492,8 +470,10 @@ class Eagle3Draft(nn.Module, Draft):
     @torch.inference_mode()
     def tree_rows(self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int,
                   span: int) -> tuple | None:
-        """A tree for one row the way `grow_tree` walks one sequence (compiled or eager as chain_rows) -> (tokens,
-        parents, depths, mask) each with a batch dimension of 1; None where chain_rows gives None."""
+        """A tree for one row as one walk over the layer (draft.walk's rule; compiled or eager as chain_rows: compiled,
+        the levels, picks and bookkeeping are one graph, where inductor fuses the bookkeeping into the layer's kernels:
+        docs/performance.md#d25) -> (tokens, parents, depths, mask) each with a row dimension of 1; None where
+        chain_rows gives None."""
         if not self._walks_row(kv):
             return None
         grown = self.walks.tree(self, kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,

@@ -1,15 +1,16 @@
-"""How a draft tree grows, level by level, from any draft step: the one walk that both the engine's eager tree
-(eaglekit.decoding.tree) and Eagle3Draft's compiled tree run, so both build the same trees.
+"""How a draft tree grows over one sequence's cache, level by level, from any draft step: the walk of Eagle3Draft's
+one-row tree (draft.layer_walks; one compiled graph on a GPU, eager elsewhere). The engine's walk over many rows
+(eaglekit.decoding.tree.expand_rows) grows trees by the same rule (path probabilities, DECAY, the same selection);
+tests/decoding/test_lossless.py holds the two to the same trees, field by field.
 
 It lives with the draft, below the engine, because the draft compiles it into its own graph: a draft module may
-import it, and decoding imports it from here (imports go downward only: docs/architecture.md).
+import it, and decoding imports DECAY from here (imports go downward only: docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -21,25 +22,22 @@ DECAY = 1.0 - 1e-5
 
 
 class WalkFns(NamedTuple):
-    """What a tree's walk calls, given together because every walk passes all four: step(hidden [K, H], target ids
-    [K], positions, slots, mask [K, span] or None, ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level;
-    `to_target` maps draft ids to target ids; `ops` is the bookkeeping (frontier, advance, select: plain or compiled
-    twins); `top` is top_probs or its registered op. A NamedTuple: torch.compile traces the one built inside the
-    draft's compiled tree (eaglekit.draft.layer_walks.tree_steps) as a tuple, with no graph break."""
+    """What a tree's walk calls, given together: step(hidden [K, H], target ids [K], positions, slots, mask [K, span]
+    or None, ancestors [K, P] bool) -> (hidden, logits [K, Vd]) runs a level; `to_target` maps draft ids to target
+    ids; `top` is top_probs or its registered op. A NamedTuple: torch.compile traces the one built inside the draft's
+    compiled tree (eaglekit.draft.layer_walks.tree_steps) as a tuple, with no graph break."""
 
     step: Callable
     to_target: Callable
-    ops: Any
     top: Callable
 
 
 def walk_tree(fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int,
               with_mask: bool = True) -> tuple:
     """The tree's levels and selection over `fns` (WalkFns); m committed entries, cols arange(span), frame
-    eaglekit.decoding.tree's `_tree_frame`. -> (tokens, parents, depths, mask) of the tree. The one place that says
-    how a tree grows: eaglekit.decoding.tree walks it eagerly, Eagle3Draft's compiled tree inside one graph (the same
-    code, so the same trees)."""
-    step, to_target, ops, top = fns
+    eaglekit.decoding.tree's `_tree_frame`. -> (tokens, parents, depths, mask) of the tree. Eagle3Draft's one-row
+    tree runs it eagerly or inside one compiled graph (the same code, so the same trees)."""
+    step, to_target, top = fns
     no_parent, f_cand, f_anc, lv = frame
     K = f_cand.numel()
     top_p, top_i = top(logits_last, K)
@@ -47,15 +45,15 @@ def walk_tree(fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, st
     f_scores, f_hidden = top_p, h_last.expand(K, -1)
     f_ids = to_target(top_i)  # the frontier's tokens as target ids (later levels': from `advance`)
     for _ in range(2, steps + 1):
-        anc, mask, pos, slots = ops.frontier(f_anc, cols, m, lv, K, with_mask)
+        anc, mask, pos, slots = frontier(f_anc, cols, m, lv, K, with_mask)
         h, logits = step(f_hidden, f_ids, pos, slots, mask, anc)
         cp, ci = top(logits, K)  # [K, K]
-        cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = ops.advance(f_scores, cp, ci, f_cand, h, anc,
+        cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = advance(f_scores, cp, ci, f_cand, h, anc,
                                                                                    lv, K, to_target)
         cand_scores.append(cs)
         cand_tokens.append(toks)
         cand_parents.append(pars)
-    return ops.select(cand_scores, cand_tokens, cand_parents, K, steps, n_sel, root, to_target)
+    return select(cand_scores, cand_tokens, cand_parents, K, steps, n_sel, root, to_target)
 
 
 def frontier(f_anc, span_cols, m, lv, K: int, with_mask: bool = True):
@@ -108,4 +106,3 @@ def select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, ste
             torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc)
 
 
-PLAIN_OPS = SimpleNamespace(frontier=frontier, advance=advance, select=select, compiled=False)

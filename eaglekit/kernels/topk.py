@@ -116,7 +116,7 @@ _OP = None
 
 def probs_op():
     """top_probs as a registered op (torch.library.triton_op): inside torch.compile's graphs (a draft's whole tree,
-    Eagle3Draft.grow_tree) inductor keeps its two kernels and fuses the bookkeeping around them, and CUDA graphs
+    Eagle3Draft.tree_rows) inductor keeps its two kernels and fuses the bookkeeping around them, and CUDA graphs
     record them. Fetch it before any trace (as invariant_gemm.kernels: the registration reads its files). Returns
     op(logits [R, V], k) -> (probabilities [R, k] float32, ids [R, k] int64), what kernel_top_probs returns."""
     global _OP

@@ -3,7 +3,7 @@ oracle, the transformers adapter on DeepSeek-V3 (the architecture of the story),
 
 import pytest
 import torch
-from helpers import OracleDraft
+from helpers import OracleDraft, grow
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.decoder import Decoder
@@ -274,45 +274,40 @@ def test_catch_ups_of_every_length_run_the_prompt_graph_compiled_at_warm_up(mode
 
 
 @pytest.mark.slow
-def test_compiled_tree_bookkeeping_builds_the_same_trees(model_dirs, monkeypatch):
-    """A compiled draft runs the tree's bookkeeping (frontier masks, children's scores, the selection) compiled too,
-    inside one graph with its levels (grow_tree) or between them: the same trees as the plain functions, for several
-    shapes and seeds, the draft's layer compiled in all three."""
-    from eaglekit.decoding import tree
-
+def test_compiled_whole_tree_builds_the_rows_walks_trees(model_dirs):
+    """A compiled draft grows a one-row tree as one graph (Eagle3Draft.tree_rows: its levels, picks and bookkeeping):
+    the same trees as the same walk run eagerly and as the engine's walk over step_rows, for several shapes and
+    seeds."""
     t = load_target(model_dirs["llama"])
     d = new_draft(t, seed=3)
     d.compile()
     d.reset(96)
     g = torch.Generator().manual_seed(0)
     d.extend(torch.randn(20, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (20,), generator=g))
-    assert tree._bookkeeping(True).compiled
-    plain_ops = tree._bookkeeping(False)
     for shape in (TreeShape(3, 2, 6), TreeShape(4, 3, 12), TreeShape(2, 4, 9)):
         for seed in range(3):
             g = torch.Generator().manual_seed(seed)
             h = torch.randn(d.hidden_size, generator=g)
             logits = torch.randn(d.draft_vocab_size, generator=g) * 3
             root = torch.tensor(7)
-            whole = tree.expand(d, h, logits, root, shape)  # the whole tree one graph (Eagle3Draft.grow_tree)
-            with monkeypatch.context() as mp:
-                mp.setattr(d.walks, "tree_graph", None)
-                compiled = tree.expand(d, h, logits, root, shape)  # level by level, the bookkeeping compiled
-                mp.setattr(tree, "_bookkeeping", lambda compiled: plain_ops)
-                plain = tree.expand(d, h, logits, root, shape)
+            whole = grow(d, h, logits, root, shape)  # the whole tree one graph
+            kept, d.walks.tree_graph = d.walks.tree_graph, None
+            try:
+                eager = grow(d, h, logits, root, shape)  # the same walk, eagerly
+            finally:
+                d.walks.tree_graph = kept
+            rows = grow(d, h, logits, root, shape, own_walk=False)
             for field in ("tokens", "parents", "depths", "mask"):
-                assert torch.equal(getattr(compiled, field), getattr(plain, field)), (shape, seed, field)
-                assert torch.equal(getattr(whole, field), getattr(plain, field)), (shape, seed, field, "whole")
+                assert torch.equal(getattr(whole, field), getattr(rows, field)), (shape, seed, field)
+                assert torch.equal(getattr(eager, field), getattr(rows, field)), (shape, seed, field, "eager")
 
 
 def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
     """A tree's tokens and what its levels feed the draft are target ids (d2t applied): a chain maps its picks and
-    puts the root first inside the draft's chain, a tree's levels and its selection inside their bookkeeping. With
+    puts the root first inside the draft's walk, a tree's levels and its selection inside their bookkeeping. With
     a draft vocabulary mapped past its own range (d2t an offset c >= its size), every id a draft step receives and
-    every node's token lies in [c, c + Vd), plain and compiled, and a chain's nodes are the plain chain's draft ids
-    plus c."""
-    from eaglekit.decoding import tree
-    from eaglekit.draft.base import Draft
+    every node's token lies in [c, c + Vd), plain and compiled, and the draft's own walks give the engine's walk's
+    trees."""
     from eaglekit.draft.model import Eagle3Draft
 
     t = load_target(model_dirs["llama"])
@@ -322,9 +317,9 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
     c = V - Vd
     d.d2t.fill_(c)
     fed = []
-    step = Eagle3Draft.step
-    monkeypatch.setattr(Eagle3Draft, "step",
-                        lambda self, h, ids, *a, **k: (fed.append(ids.clone()), step(self, h, ids, *a, **k))[1])
+    step = Eagle3Draft.step_rows
+    monkeypatch.setattr(Eagle3Draft, "step_rows",
+                        lambda self, kv, h, ids, *a: (fed.append(ids.clone()), step(self, kv, h, ids, *a))[1])
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(12, d.fc.in_features, generator=g)
     for compiled in (False, True):
@@ -334,25 +329,21 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
         d.extend(feats, torch.randint(0, V, (12,), generator=g))
         h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(Vd, generator=g) * 3
         root = torch.tensor(7)
-        chain = tree.expand(d, h, logits, root, TreeShape(5, 1, 6))
-        assert chain.tokens[0] == 7 and torch.equal(chain.tokens[1:] - c, Draft.chain(d, h, logits, 5)), compiled
-        fed.clear()
-        whole, d.walks.tree_graph = d.walks.tree_graph, None  # (compiled: the levels over step, bookkeeping compiled)
-        wide = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
-        assert wide.tokens[0] == 7 and ((wide.tokens[1:] >= c) & (wide.tokens[1:] < V)).all(), compiled
-        assert len(fed) == 3 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
-        d.walks.tree_graph = whole
-        if compiled:  # the whole tree as one graph (step not called): the same tree
+        for shape in (TreeShape(5, 1, 6), TreeShape(4, 3, 10)):
             fed.clear()
-            one = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
-            assert not fed and all(torch.equal(a, b) for a, b in zip(vars(one).values(), vars(wide).values()))
+            rows = grow(d, h, logits, root, shape, own_walk=False)  # the levels over step_rows
+            assert rows.tokens[0] == 7 and ((rows.tokens[1:] >= c) & (rows.tokens[1:] < V)).all(), (compiled, shape)
+            assert len(fed) == shape.steps - 1 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
+            fed.clear()
+            own = grow(d, h, logits, root, shape)  # the draft's one-row walk (step_rows not called)
+            assert not fed and all(torch.equal(a, b) for a, b in zip(vars(own).values(), vars(rows).values()))
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
-    d.reset(160)  # another span: the tree's compiled bookkeeping and layers take it without compiling again
+    d.reset(160)  # another span: the compiled walks take it without compiling again
     d.extend(feats, torch.randint(0, V, (12,), generator=g))
-    again = tree.expand(d, h, logits, root, TreeShape(4, 3, 10))
-    assert counters["stats"]["unique_graphs"] == before and again.tokens.shape == wide.tokens.shape
+    again = grow(d, h, logits, root, TreeShape(4, 3, 10))
+    assert counters["stats"]["unique_graphs"] == before and again.tokens.shape == (10,)
 
 
 @pytest.mark.slow
@@ -360,7 +351,6 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     """compile() compiles the draft's fc, embedding and rotary with its layer (one graph a call), and a chain's steps,
     picks and masks as one graph: the same tokens, the same draft proposals as the plain chain, and the whole graphs
     are what runs; with tracing on, the layer-only path runs and its records still appear."""
-    from eaglekit.draft.base import Draft
     from eaglekit.observe import trace
 
     t = load_target(model_dirs["llama"])
@@ -386,15 +376,16 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
         h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(d.draft_vocab_size, generator=g) * 3
-        whole = d.chain(h, logits, 5)
+        whole = grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens
         assert torch.equal(d.committed, m)  # pending entries only
-        assert torch.equal(whole, Draft.chain(d, h, logits, 5)), seed
+        assert torch.equal(whole, grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens), seed
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
     d.reset(160)  # another span: the compiled chain's span is symbolic, nothing compiles again
     d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))
-    assert torch.equal(d.chain(h, logits, 5), Draft.chain(d, h, logits, 5))
+    assert torch.equal(grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens,
+                       grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens)
     assert counters["stats"]["unique_graphs"] == before
     calls.clear()
     sink: list = []

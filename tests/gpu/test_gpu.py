@@ -4,7 +4,7 @@ a tree of rows round differently, see docs/performance.md#d17)."""
 
 import pytest
 import torch
-from helpers import random_tree_paths
+from helpers import grow, random_tree_paths
 
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
@@ -444,8 +444,8 @@ def test_draft_attention_bulk_against_sdpa():
         hs, ls = d.step(h.expand(K, -1), ids[:K], (m + 1).expand(K), m + 4 + torch.arange(K, device="cuda"), mask,
                         pending=(m.view(1), anc))
         out[kind] = (logits, ls)
-        t = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 4, 8))
-        c = tree.expand(d, h, logits, ids[0], tree.TreeShape(5, 1, 6))
+        t = grow(d, h, logits, ids[0], tree.TreeShape(5, 4, 8))
+        c = grow(d, h, logits, ids[0], tree.TreeShape(5, 1, 6))
         assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
     for a, b in zip(out["sdpa"], out["hopper"]):
         assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()
@@ -501,9 +501,10 @@ def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
     assert eng.spec_stats["spec_cycles"] >= 2
 
 def test_compiled_whole_tree_is_the_level_walk():
-    """A compiled draft grows a tree as one graph (Eagle3Draft.grow_tree: the levels' layers with bulk's attention,
-    the top-k kernels as a registered op, the bookkeeping): the same tree as the level-by-level walk over the same
-    compiled layer (walks.tree_graph None), for a (5,4,8) tree at two spans (the second compiles nothing new)."""
+    """A compiled draft grows a one-row tree as one graph (Eagle3Draft.tree_rows: the levels' layers with bulk's
+    attention, the top-k kernels as a registered op, the bookkeeping): the same tree as the engine's level-by-level
+    walk over the same compiled layer (step_rows), for a (5,4,8) tree at two spans (the second compiles nothing
+    new)."""
     from eaglekit.decoding import tree
 
     d = _draft_of_head_dim_128(offset=3)  # draft id i -> target id 4 i
@@ -516,10 +517,8 @@ def test_compiled_whole_tree_is_the_level_walk():
         d.extend(feats[:n - 8], ids[:n - 8])
         h, logits = d.extend(feats[n - 8:n], ids[n - 8:n])
         shape = tree.TreeShape(5, 4, 8)
-        whole = tree.expand(d, h, logits, ids[0], shape)
-        kept, d.walks.tree_graph = d.walks.tree_graph, None
-        levels = tree.expand(d, h, logits, ids[0], shape)
-        d.walks.tree_graph = kept
+        whole = grow(d, h, logits, ids[0], shape)
+        levels = grow(d, h, logits, ids[0], shape, own_walk=False)
         for field in ("tokens", "parents", "depths", "mask"):
             assert torch.equal(getattr(whole, field), getattr(levels, field)), (span, field)
         assert (whole.tokens[1:] % 4 == 0).all()  # target ids (d2t applied)
