@@ -153,8 +153,9 @@ CODES: dict[str, tuple[str, str]] = {
     "E306": ("max_new_tokens is negative or not an integer (Python API)", "pass an integer >= 0"),
     "E307": ("bad batch-engine argument (max_batch < 1, a request id already in the engine)",
              "max_batch >= 1; give every request its own id"),
-    "E308": ("this backend decodes one sequence at a time (a target without the row interface, a sliding-window "
-             "draft), not a batch", "load the target with our decoder (--backend ours), or serve with --max-batch 1"),
+    "E308": ("this backend decodes one sequence at a time (a target or a draft without the row interface, such as "
+             "the transformers adapter), not a batch",
+             "load the target with our decoder (--backend ours), or serve with --max-batch 1"),
     "E317": ("synthetic acceptance asked for where output is read (demo, eval, doctor, generate), or an accept "
              "length outside 1..the tree's path length", "use --synthetic-accept-length with serve or the benchmark "
              "suite only, with a length the tree can reach"),

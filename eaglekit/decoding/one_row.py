@@ -69,7 +69,7 @@ class _OneRow:
 
 def _refuse(backend, batch: int) -> None:
     raise GenerationError(f"the {type(backend).__name__} backend decodes one sequence at a time, not {batch} rows",
-                          fix="batch with our decoder's target (--backend ours) and a draft without a sliding window, "
+                          fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, "
                           "or serve with --max-batch 1", code="E308")
 
 

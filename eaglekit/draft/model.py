@@ -16,6 +16,7 @@ Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -145,7 +146,9 @@ class Eagle3Draft(nn.Module, Draft):
                              else torch.zeros(c.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
-        self.slot_pos: torch.Tensor | None = None  # position of each cache slot (sliding window only)
+        # position of each cache slot (sliding window only): the one sequence's [S], or while a rows call runs the
+        # rows' own [B, S] (_positions_of)
+        self.slot_pos: torch.Tensor | None = None
         self.source_format = None  # (Draft.source_format: set by load_draft)
         self.compiled_layer = self.compiled_whole = None  # by compile()
         self.compiled_prompt = None  # by compile_prompts()
@@ -241,6 +244,10 @@ class Eagle3Draft(nn.Module, Draft):
         keys' positions come from `slot_pos` (written here for the new slots: a tree node's slot is not its
         position); without one the keys are the new tokens (and each earlier block of extra_kv)."""
         W = self.config.sliding_window
+        if slots is not None and self.slot_pos is not None and self.slot_pos.dim() == 2:  # rows: slots [B, T]
+            self.slot_pos.scatter_(1, slots, positions)
+            kpos = self.slot_pos[:, : mask.shape[-1]]  # [B, S]
+            return mask & ((positions[:, :, None] - kpos[:, None, :]) < W)
         if slots is not None and self.slot_pos is not None:
             self.slot_pos.index_copy_(0, slots, positions.reshape(-1))
             kpos = self.slot_pos[: mask.shape[-1]]
@@ -422,10 +429,24 @@ class Eagle3Draft(nn.Module, Draft):
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
-        if batch == 1:  # a batch of one is the draft's own sequence
-            return own_row(self, span, RowKV.over)
+        if batch == 1:  # a batch of one is the draft's own sequence (its slot positions too)
+            return own_row(self, span, lambda cache: RowKV.over(cache, self.slot_pos))
         c, p = self.config, self.norm.weight
-        return RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
+        kv = RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
+        return kv.track_positions() if c.sliding_window is not None else kv
+
+    @contextlib.contextmanager
+    def _positions_of(self, kv: RowKV):
+        """A sliding window reads the positions of the slots it attends over (a tree node's slot is not its
+        position): while a rows call runs, the rows' own (kv.pos) stand in for the one sequence's."""
+        if kv.pos is None:
+            yield
+            return
+        own, self.slot_pos = self.slot_pos, kv.pos
+        try:
+            yield
+        finally:
+            self.slot_pos = own
 
     @torch.inference_mode()
     def extend_rows(self, kv: RowKV, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
@@ -441,15 +462,16 @@ class Eagle3Draft(nn.Module, Draft):
             slots, pending = m[:, None] + torch.arange(E, device=next_ids.device), None
             causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
             mask = span_mask_rows(m, causal, span)
-        h, logits, _ = self(feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
-                            from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
+        with self._positions_of(kv):
+            h, logits, _ = self(feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
+                                from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
         kv.length += n
         return h[:, 0], logits[:, 0].float()
 
     @property
     def batched(self) -> bool:
-        """Draft.batched: the row interface, except with a sliding window (its slot positions are one sequence's)."""
-        return self.config.sliding_window is None
+        """Draft.batched: the row interface (a sliding window's slot positions kept per row: row_cache)."""
+        return True
 
     def _walks_row(self, kv: RowKV) -> bool:
         """Whether a row cache's chain or tree runs the one-sequence walk (compiled where the draft is, else the same
@@ -483,5 +505,6 @@ class Eagle3Draft(nn.Module, Draft):
     @torch.inference_mode()
     def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):
         """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
-        h, logits, _ = self(hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
+        with self._positions_of(kv):
+            h, logits, _ = self(hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
         return h, logits.float()

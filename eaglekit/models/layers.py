@@ -443,12 +443,16 @@ class RowKV:
     """KV cache with one row per sequence, for batched decoding: k, v [L, B, Hkv, S_max, hd] and a committed
     length per row (`length`, a [B] device tensor). New entries go to per-row slots (a scatter); `keep`
     commits each row's accepted path. `rows(lo, hi)` is a view on a block of rows (shares memory), so a
-    batch of b running rows works on rows [0, b) with fixed shapes."""
+    batch of b running rows works on rows [0, b) with fixed shapes. `pos` (None unless track_positions ran): the
+    position of the entry in each slot [B, S_max + 1], for a sliding window over entries whose slot is not their
+    position (a draft tree's pending nodes)."""
 
     def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch, device="cpu", dtype=torch.float32,
                  _views=None):
+        self.pos: torch.Tensor | None = None
         if _views is not None:
-            self.k, self.v, self.length = _views
+            self.k, self.v, self.length, *pos = _views  # (k, v, length[, pos])
+            self.pos = pos[0] if pos else None
         else:
             shape = (num_layers, batch, num_kv_heads, max_len + 1, head_dim)  # + a spare slot, as in KVCache
             self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -457,17 +461,24 @@ class RowKV:
         self.max_len = self.k.shape[3] - 1
 
     @classmethod
-    def over(cls, cache: KVCache) -> "RowKV":
-        """One sequence's cache seen as a batch of one row (the same memory; its length a view of the cache's):
-        a one-row engine's state is then the target's or the draft's own sequence state."""
-        return cls(0, 0, 0, 0, 0, _views=(cache.k, cache.v, cache.length.view(1)))
+    def over(cls, cache: KVCache, pos: torch.Tensor | None = None) -> "RowKV":
+        """One sequence's cache seen as a batch of one row (the same memory; its length a view of the cache's, its
+        slot positions of `pos` [S] where given): a one-row engine's state is then the target's or the draft's own
+        sequence state."""
+        return cls(0, 0, 0, 0, 0, _views=(cache.k, cache.v, cache.length.view(1), None if pos is None else pos[None]))
+
+    def track_positions(self) -> "RowKV":
+        """Give the rows their slot positions (`pos`, zeros until written). -> self."""
+        self.pos = torch.zeros(self.k.shape[1], self.k.shape[3], dtype=torch.long, device=self.k.device)
+        return self
 
     @property
     def batch(self) -> int:
         return self.k.shape[1]
 
     def rows(self, lo: int, hi: int) -> "RowKV":
-        return RowKV(0, 0, 0, 0, 0, _views=(self.k[:, lo:hi], self.v[:, lo:hi], self.length[lo:hi]))
+        return RowKV(0, 0, 0, 0, 0, _views=(self.k[:, lo:hi], self.v[:, lo:hi], self.length[lo:hi],
+                                            None if self.pos is None else self.pos[lo:hi]))
 
     def layer(self, i):
         return self.k[i], self.v[i]
@@ -489,6 +500,8 @@ class RowKV:
         self.k[:, dst, :, :u] = self.k[:, src, :, :u]
         self.v[:, dst, :, :u] = self.v[:, src, :, :u]
         self.length[dst] = self.length[src]
+        if self.pos is not None:
+            self.pos[dst, :u] = self.pos[src, :u]
 
     def grown(self, max_len: int) -> "RowKV":
         """A copy with room for `max_len` slots per row (entries and lengths kept)."""
@@ -497,4 +510,8 @@ class RowKV:
         new.k[:, :, :, :S] = self.k  # (the spare slot too: never read)
         new.v[:, :, :, :S] = self.v
         new.length.copy_(self.length)
+        if self.pos is not None:
+            pos = new.track_positions().pos
+            assert pos is not None  # (track_positions made it)
+            pos[:, :self.pos.shape[1]] = self.pos
         return new

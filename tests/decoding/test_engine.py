@@ -568,6 +568,22 @@ def test_row_cache_keep_and_move():
     assert torch.equal(kv.k[:, 2], kv.k[:, 0]) and kv.length.tolist() == [4, 3, 4]
 
 
+def test_row_positions_follow_the_rows_through_views_moves_and_growth():
+    """RowKV.pos (a sliding-window draft's slot positions): a block of rows views the same positions, a moved row takes
+    its source's, a grown cache keeps every row's; a cache without positions keeps none."""
+    kv = RowKV(1, 1, 2, 8, 3).track_positions()
+    assert kv.pos.shape == (3, 9)
+    kv.pos.copy_(torch.arange(27).view(3, 9))
+    block = kv.rows(1, 3)
+    block.pos[0, 4] = -1  # a view: row 1 of the whole cache
+    assert kv.pos[1, 4] == -1
+    kv.move(2, 0, upto=5)
+    assert torch.equal(kv.pos[0, :5], kv.pos[2, :5]) and kv.pos[0, 5] == 5
+    big = kv.grown(12)
+    assert big.pos.shape == (3, 13) and torch.equal(big.pos[:, :9], kv.pos) and not big.pos[:, 9:].any()
+    assert RowKV(1, 1, 2, 8, 3).grown(12).pos is None and RowKV(1, 1, 2, 8, 3).rows(0, 1).pos is None
+
+
 def test_padded_sizes():
     assert [padded_size(b, 8) for b in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert padded_size(5, 6) == 6 and padded_size(1, 1) == 1

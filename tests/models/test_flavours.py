@@ -174,6 +174,89 @@ def test_flavoured_draft_decodes_losslessly(target, flavour, shape):
         assert res.token_ids == want
 
 
+@pytest.mark.parametrize("shape", [(5, 1, 6), (4, 2, 8), (5, 3, 12)])
+def test_a_sliding_window_draft_grows_each_rows_tree_as_alone(target, shape):
+    """A sliding-window draft batches like any draft: three rows of different committed lengths in one row cache (the
+    positions of their slots kept per row, RowKV.pos) extend and grow, in one call each, what each row extends and
+    grows alone through the one-sequence calls (extend, step: the window over the sequence's own slot positions,
+    which test_forward_equals_the_engines_reference holds to vLLM's arithmetic), twice over (the second time over
+    the first tree's pending slots). The window (2) is shorter than the trees, so a level's ancestors two levels up
+    are masked by their position, which is not their slot where a level holds more than one node."""
+    from eaglekit.decoding.one_row import OneRowDraft
+    from eaglekit.decoding.tree import expand_rows, tree_row
+
+    d = flavoured(target, seed=7, sliding_window=2)
+    shape = TreeShape(*shape)
+    g = torch.Generator().manual_seed(3)
+    first, then = [4, 9, 13], [2, 1, 3]
+    feats = torch.randn(3, 16, d.config.fc_in, generator=g, dtype=torch.float64)
+    ids = torch.randint(3, 96, (3, 16), generator=g)
+    root = torch.tensor([7, 8, 9])
+    span = 48
+    levels: list = []  # each tree level's logits, as the walk's step_rows returns them
+
+    def recorded(step):
+        return lambda *a: (out := step(*a), levels.append(out[1]))[0]
+
+    d.step_rows = recorded(d.step_rows)
+    kv = d.row_cache(3, span)
+    assert kv.pos is not None and d.batched
+    grown = []
+    with torch.inference_mode():
+        for lo, n in ((torch.zeros(3, dtype=torch.long), first), (torch.tensor(first), then)):
+            E = max(n)
+            at = lo[:, None] + torch.arange(E)
+            h, logits = d.extend_rows(kv, feats.gather(1, at[:, :, None].expand(3, E, feats.shape[2]).clamp(max=15)),
+                                      ids.gather(1, at.clamp(max=15)), torch.tensor(n), span)
+            levels.clear()
+            grown.append((h, logits, expand_rows(d, kv, h, logits, root, shape, span), list(levels)))
+    del d.step_rows
+    fields = ("tokens", "parents", "depths", "mask")
+    seq = OneRowDraft(d)  # the one-sequence calls, as the engine's one-row adapter makes them
+    seq.step_rows = recorded(seq.step_rows)
+    for b in range(3):
+        one = seq.row_cache(1, span)
+        with torch.inference_mode():
+            for k, (lo, hi) in enumerate(((0, first[b]), (first[b], first[b] + then[b]))):
+                hb, lb = seq.extend_rows(one, feats[b:b + 1, lo:hi], ids[b:b + 1, lo:hi], torch.tensor([hi - lo]),
+                                         span)
+                levels.clear()
+                alone = expand_rows(seq, one, hb, lb, root[b:b + 1], shape, span)
+                h, logits, rows, batched = grown[k]
+                assert len(batched) == len(levels) == shape.steps - 1
+                for got, want in zip(batched, levels):  # (float32: both steps hand float32 logits)
+                    torch.testing.assert_close(got[b], want[0], rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(h[b], hb[0], rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(logits[b], lb[0])  # (the one-sequence extend hands float32 logits)
+                for f in fields:
+                    assert torch.equal(getattr(tree_row(rows, b), f), getattr(tree_row(alone, 0), f)), (b, k, f)
+
+
+def test_a_sliding_window_draft_serves_a_batch_losslessly(target):
+    """The batch engine takes a sliding-window draft at more than one row (no one-row fallback, no E308): requests of
+    different lengths decoded together give each one's greedy continuation alone, with cycles that drafted for
+    several rows at once."""
+    from eaglekit.decoding.config import EngineOptions
+    from eaglekit.decoding.engine import BatchEngine, Request
+
+    d = flavoured(target, seed=5, sliding_window=2)
+    prompts = [[3, 9, 27, 81], [5] * 12, [7, 1, 4, 4, 2, 9, 30]]
+    eng = BatchEngine(target, d, EngineOptions(shape=TreeShape(4, 2, 8), max_batch=3, spec_max_batch=3))
+    assert not eng.adapted
+    for i, p in enumerate(prompts):
+        eng.add(Request(f"r{i}", p, 24, eos_ids=()))
+    got: dict = {f"r{i}": [] for i in range(len(prompts))}
+    drafted_rows = []  # rows drafted for, each step
+    while eng.has_work:
+        evs = eng.step()
+        drafted_rows.append(sum(ev.drafted is not None for ev in evs))
+        for ev in evs:
+            got[ev.rid] += ev.token_ids
+    for i, p in enumerate(prompts):
+        assert got[f"r{i}"] == Decoder(target).generate(p, 24, eos_ids=()).token_ids, i
+    assert max(drafted_rows) >= 2
+
+
 def _logits(d, feats, ids):
     with torch.no_grad():
         return d(feats, ids, torch.arange(ids.shape[1]))[1]
