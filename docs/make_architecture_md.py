@@ -31,7 +31,7 @@ WHAT = {
     "pair": "a target and its draft loaded together, the products chosen",
     "options": "every command's options, declared once (the Python API's arguments and the CLI's flags)",
     "decoding": "the one engine (BatchEngine: any number of rows, and when to speculate; Decoder: one request on "
-                "a batch of one; one-row adapters for one-sequence backends), tree, acceptance, sampling, stops",
+                "a batch of one), tree, acceptance, sampling, stops",
     "draft": "the EAGLE-3 draft, its checkpoint, the tree walk it compiles",
     "models": "the target side: eaglekit's decoders, the transformers adapter, loading folders",
     "kernels": "batch-invariant Triton kernels, the Hopper CUDA kernels, int8, top-k, CUDA graphs, the chooser",

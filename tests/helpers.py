@@ -117,6 +117,49 @@ class OracleDraft(Draft):
         return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)
 
 
+class OneSequenceView(Draft):
+    """A draft seen through its one-sequence calls alone (reset, extend, step), with Draft's default row interface
+    over them: how the engine drives a draft that holds one sequence, for a draft that also has rows of its own."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):  # (device, config, ...: the inner draft's)
+        return getattr(self.inner, name)
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    @property
+    def hidden_size(self):
+        return self.inner.hidden_size
+
+    @property
+    def draft_vocab_size(self):
+        return self.inner.draft_vocab_size
+
+    @property
+    def dtype(self):
+        return self.inner.dtype
+
+    @property
+    def committed(self):
+        return self.inner.committed
+
+    def reset(self, span):
+        self.inner.reset(span)
+
+    def extend(self, feats, next_ids, n=None):
+        return self.inner.extend(feats, next_ids, n)
+
+    def step(self, hidden, ids, positions, slots, mask, pending=None, widen=True):
+        return self.inner.step(hidden, ids, positions, slots, mask, pending, widen)
+
+    def to_target_ids(self, draft_ids):
+        return self.inner.to_target_ids(draft_ids)
+
+
 class NoisyOracleDraft(OracleDraft):
     """The oracle with seeded noise on its logits: right often, wrong often, never systematically."""
 

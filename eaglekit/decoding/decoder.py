@@ -9,8 +9,8 @@ tree depth of each cycle, phase times with `profile`).
     prefill (features at the capture layers) -> draft extend -> [expand tree -> verify (one target
     forward, tree mask) -> accept (path + bonus) -> keep the path's KV -> draft extend on the path]*
 
-A backend that holds one sequence (the transformers adapter, tests' doubles) runs through the engine's one-row
-adapters (decoding.one_row), eagerly.
+A backend that holds one sequence (the transformers adapter, tests' doubles) gives the engine one row over its own
+sequence (the row interface's defaults, models.layers.OwnRow) and runs eagerly.
 """
 
 from __future__ import annotations

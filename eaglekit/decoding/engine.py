@@ -45,7 +45,6 @@ from .accept import synthetic_rate
 from .adaptive import SpecPolicy
 from .allocator import RowAllocator
 from .config import EngineOptions
-from .one_row import one_row
 from .phases import Cycle
 from .prefill import Prefiller
 from .requests import Event, Request, Seq, seeded, validate
@@ -73,8 +72,13 @@ class BatchEngine:
             capture = o.capture if o.pair_checked else check_pair(draft, target, o.capture, o.allow_other_target)
         else:
             capture = None
-        # a backend that holds one sequence runs as a batch of one (decoding.one_row; more rows: E308)
-        target, draft, self.adapted = one_row(target, draft, max_batch)
+        # a backend that holds one sequence (not `batched`: its row interface is one row over its own sequence) runs
+        # as a batch of one, eagerly; more rows are its own refusal (E308), naming the fix
+        self.one_sequence = not target.batched or (draft is not None and not draft.batched)
+        if self.one_sequence and max_batch != 1:
+            for backend in (target, draft):
+                if backend is not None and not backend.batched:
+                    backend.row_cache(max_batch, 0)
         self.target, self.tokenizer = target, tokenizer
         self.shape = shape = o.tree
         self.max_batch = max_batch
@@ -93,8 +97,8 @@ class BatchEngine:
         self.setup = Setup(target, draft, capture, synthetic, o.plain_rows)
         self.state = BatchState(max_batch, self.device)
         self.alloc = RowAllocator(self.setup, self.state, shape)
-        # (an adapted backend reads its row's length on the host each call: never in CUDA graphs)
-        graphs = not self.adapted and ((self.device.type == "cuda" and target.static) if o.graphs == "auto"
+        # (a one-sequence backend reads its row's length on the host each call: never in CUDA graphs)
+        graphs = not self.one_sequence and ((self.device.type == "cuda" and target.static) if o.graphs == "auto"
                                        else bool(o.graphs))
         self.runner = GraphRunner(self.setup, self.state, shape, self.shapes, policy, graphs)
         self.stats = EngineStats(P - 1, self.shapes, o.profile, self.device, ranges=o.profile_ranges)
@@ -269,7 +273,7 @@ class BatchEngine:
             t0 = time.perf_counter()
             self._ensure_span(max(int(span), self.prefiller.warm_span()))
             st = self.state
-            if self.adapted:  # a one-sequence backend: nothing to record, and its rows cannot stand at a length
+            if self.one_sequence:  # a one-sequence backend: nothing to record, and its rows cannot stand at a length
                 return {"span": st.S, "sizes": [], "seconds": round(time.perf_counter() - t0, 2)}
             wanted = range(1, self.max_batch + 1) if sizes is None else sizes
             sizes = sorted({padded_size(b, self.max_batch) for b in wanted})

@@ -27,7 +27,7 @@ CATCH_UP = LONGEST_PROBE + 16
 
 class RowCache(Protocol):
     """A cache of one row per sequence with a committed length per row (`length`, a [B] device tensor):
-    models.layers.RowKV, models.mla.RowLatent, the one-row adapter's decoding.one_row._OneRow."""
+    models.layers.RowKV, models.mla.RowLatent, a one-sequence backend's models.layers.OwnRow."""
 
     length: torch.Tensor
 
@@ -41,7 +41,7 @@ class RowCache(Protocol):
 
 
 class RowTarget(Protocol):
-    """The target as the phases drive it: its row interface (models.base.Target, or decoding.one_row's adapter)."""
+    """The target as the phases drive it: its row interface (models.base.Target's)."""
 
     @property
     def info(self) -> TargetInfo: ...
@@ -59,8 +59,8 @@ class RowTarget(Protocol):
 
 
 class RowDraft(Protocol):
-    """The draft as the phases drive it: its row interface (draft.model.Eagle3Draft, or decoding.one_row's adapter;
-    decoding.tree.expand_rows reads the tree calls)."""
+    """The draft as the phases drive it: its row interface (draft.base.Draft's; decoding.tree.expand_rows reads the
+    tree calls)."""
 
     @property
     def hidden_size(self) -> int: ...
@@ -82,7 +82,7 @@ class RowDraft(Protocol):
 
     def extend_rows(self, kv: RowCache, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int): ...
 
-    # a chain / a tree for the rows the draft's own way (a one-row walk: Eagle3Draft's, the one-row adapter's), or None
+    # a chain / a tree for the rows the draft's own way (Eagle3Draft's one-row walk), or None
     # where it has none for these rows (then decoding.tree walks them over step_rows)
     def chain_rows(self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int, root: torch.Tensor,
                    span: int) -> torch.Tensor | None: ...

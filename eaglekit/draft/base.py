@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import GenerationError, InputError
 from ..kernels import topk
 
 
@@ -41,9 +41,9 @@ class Draft(ABC):
 
     @property
     def batched(self) -> bool:
-        """True where the draft implements the row interface (row_cache, extend_rows, step_rows:
-        eaglekit.decoding.engine); a draft without it decodes one sequence at a time (the engine's one-row adapter,
-        eaglekit.decoding.one_row)."""
+        """True where the draft decodes many rows at once (Eagle3Draft). Without it the row interface below is one
+        row over the draft's own sequence, through its one-sequence calls: a batch of one, eager, more rows refused
+        with E308."""
         return False
 
     # --- what the engine sizes its persistent state with ---------------------------------------------
@@ -90,6 +90,49 @@ class Draft(ABC):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
         logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
+
+    # --- the row interface (eaglekit.decoding.engine), by default one row over the draft's own sequence ------------
+    def row_cache(self, batch: int, span: int):
+        """A cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the draft's own
+        sequence as one row (layers.OwnRow)."""
+        if batch != 1:
+            raise GenerationError(f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
+                                  fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
+                                  "serve with --max-batch 1", code="E308")
+        from ..models.layers import OwnRow
+
+        return OwnRow(self, span, lambda: int(self.committed))
+
+    def extend_rows(self, kv, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
+        """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]) ->
+        hidden [B, H] and logits [B, Vd] (float32) of each row's entry n[b] - 1 (junk for a row with n = 0)."""
+        kv.sync()
+        k = int(n[0])
+        if k == 0:  # an idle row commits nothing (its hidden and logits are not read)
+            return (torch.zeros(1, self.hidden_size, dtype=self.dtype, device=feats.device),
+                    torch.zeros(1, self.draft_vocab_size, dtype=torch.float32, device=feats.device))
+        h, logits = self.extend(feats[0], next_ids[0], n[0])
+        kv.length += k
+        return h[None], logits.float()[None]
+
+    def step_rows(self, kv, hidden, ids, positions, slots, mask):
+        """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
+        kv.sync()
+        S = self.span  # the engine's masks cover the span it attends over; `step` takes the sequence's whole span
+        full = torch.zeros(mask.shape[1], S, dtype=torch.bool, device=mask.device)
+        full[:, :mask.shape[2]] = mask[0, :, :S]
+        h, logits = self.step(hidden[0], ids[0], positions[0], slots[0], full)
+        return h[None], logits.float()[None]
+
+    def chain_rows(self, kv, h_last, logits_last, steps: int, root, span: int):
+        """A chain the draft's own way (tokens [B, steps + 1]), or None (the default): then eaglekit.decoding.tree
+        walks it over step_rows."""
+        return None
+
+    def tree_rows(self, kv, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int, span: int):
+        """A tree the draft's own way ((tokens, parents, depths, mask) with a row dimension), or None (the default,
+        as chain_rows)."""
+        return None
 
     # --- what eaglekit.pair sets on a draft (a draft without the feature keeps its own way) ---------------------
     def quantize(self, mode: str = "int8") -> None:

@@ -470,7 +470,7 @@ class Eagle3Draft(nn.Module, Draft):
 
     @property
     def batched(self) -> bool:
-        """Draft.batched: the row interface (a sliding window's slot positions kept per row: row_cache)."""
+        """Draft.batched: many rows at once (a sliding window's slot positions kept per row: row_cache)."""
         return True
 
     def _walks_row(self, kv: RowKV) -> bool:

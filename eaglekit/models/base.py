@@ -171,14 +171,21 @@ class Target(ABC):
         alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched generation")
 
-    # --- batched decoding (eaglekit.decoding.engine.BatchEngine) ----------------------------------
-    batched: bool = False  # True when the target implements row_cache / forward_rows
+    # --- the row interface (eaglekit.decoding.engine.BatchEngine) --------------------------------
+    # True when the target decodes many rows at once. Without it the row interface below is one row over the
+    # target's own sequence (the transformers adapter): a batch of one, eager, more rows refused with E308
+    batched: bool = False
 
     def row_cache(self, batch: int, span: int):
-        """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV)."""
-        raise GenerationError(f"the {type(self).__name__} backend does not decode batches",
-                              fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, Qwen3), "
-                              "or serve with a batch size of 1", code="E308")
+        """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the target's own
+        sequence as one row (layers.OwnRow)."""
+        if batch != 1:
+            raise GenerationError(f"the {type(self).__name__} backend does not decode batches",
+                                  fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
+                                  "Qwen3), or serve with a batch size of 1", code="E308")
+        from .layers import OwnRow
+
+        return OwnRow(self, span, lambda: self.length)
 
     def forward_rows(self, kv, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
                      capture: CaptureSpec | None = None, last: bool = False):
@@ -194,8 +201,10 @@ class Target(ABC):
         return logits, feats
 
     def _forward_rows(self, kv, ids, depths, block, span, capture, last=False):
-        """forward_rows' work, by the backends that decode batches (`batched`)."""
-        self.row_cache(0, 0)
+        """forward_rows' work; by default on the one row of OwnRow (row_cache), through the sequence's `_forward`."""
+        kv.sync()
+        logits, feats = self._forward(ids[0], depths[0], block[0], capture)
+        return (logits[-1:] if last else logits)[None], (feats[None] if feats is not None else None)
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod

@@ -439,6 +439,60 @@ def own_row(owner, span: int, over):
     return over(owner.cache)
 
 
+class OwnRow:
+    """RowKV's interface over a one-sequence backend's own cache (`length` [1], the engine's; `rows`, `keep`,
+    `grown`): what the row interface of a backend that holds one sequence hands the engine (Target.row_cache and
+    Draft.row_cache by default: the transformers adapter, test doubles), so the one engine runs it as a batch of one.
+
+    The engine moves a row's committed length itself (a chain's commit and a plain step's add to it; a prefill zeroes
+    it). The backend keeps its own count; `sync` brings it level before each call: entries the engine committed in
+    place are kept (`keep` of the first ones: a static cache adds, the transformers adapter drops what lies past
+    them), a zeroed row starts the sequence again. Each sync reads the length on the host: such backends run
+    eagerly, never in CUDA graphs."""
+
+    batch = 1
+    pos = None  # (RowKV.pos: a one-sequence backend keeps its own positions)
+
+    def __init__(self, owner, span: int, count: Callable[[], int]):
+        self.owner, self.span, self._count = owner, span, count  # count(): the owner's committed entries
+        owner.reset(span)
+        self.length = torch.zeros(1, dtype=torch.long, device=owner.device)
+
+    def rows(self, lo: int, hi: int) -> "OwnRow":
+        if (lo, hi) not in ((0, 1), (0, 0)):
+            raise IndexError(f"a one-row cache has row 0 only, not rows [{lo}, {hi})")
+        return self
+
+    def sync(self) -> None:
+        """Bring the owner's committed entries level with the engine's `length` (see the class docstring)."""
+        want, have = int(self.length[0]), self._count()
+        same_span = self.owner.span == self.span
+        if want == have and same_span:
+            return
+        if want == 0:  # a new sequence in this row (or another engine used the backend in between)
+            self.owner.reset(self.span)
+            return
+        if want < have or not same_span:
+            raise RuntimeError(f"the backend's sequence changed under its one-row cache ({have} entries, span "
+                               f"{self.owner.span}; the row expects {want}, span {self.span}): "
+                               "another engine used it mid-sequence")
+        d = want - have
+        self.owner.keep(torch.arange(d, device=self.length.device), torch.tensor(d, device=self.length.device),
+                        in_place=True)
+
+    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
+        self.owner.keep(path[0], n[0])
+        self.length += n
+
+    def grown(self, span: int) -> "OwnRow":
+        if int(self.length[0]):
+            raise RuntimeError("a one-row cache grows only between sequences")
+        return OwnRow(self.owner, span, self._count)
+
+    def move(self, src: int, dst: int, upto: int | None = None) -> None:
+        raise RuntimeError("a one-row cache has no other row to move")
+
+
 class RowKV:
     """KV cache with one row per sequence, for batched decoding: k, v [L, B, Hkv, S_max, hd] and a committed
     length per row (`length`, a [B] device tensor). New entries go to per-row slots (a scatter); `keep`

@@ -1,9 +1,8 @@
-"""The one engine at one row (eaglekit.decoding.one_row, Decoder on BatchEngine): one-sequence backends run as a batch
-of one and are refused more rows; a one-row cache is the backend's own sequence; a prompt's non-finite features
-are an error for generate and a draft-less request for serve."""
+"""The one engine at one row (Decoder on BatchEngine): one-sequence backends (the row interface's defaults over their
+own sequence, models.layers.OwnRow) run as a batch of one and are refused more rows; a one-row cache is the backend's
+own sequence; a prompt's non-finite features are an error for generate and a draft-less request for serve."""
 
 import pytest
-import torch
 from helpers import NoisyOracleDraft
 
 from eaglekit.decoding import prefill as prefill_mod
@@ -23,7 +22,7 @@ def test_one_sequence_target_serves_one_row_and_refuses_more(model_dirs):
     ours = load_target(model_dirs["llama"], backend="ours", dtype="float32")
     d = new_draft(ours, seed=2)
     eng = BatchEngine(hf, d, EngineOptions(shape=TreeShape(3, 2, 6), max_batch=1, allow_other_target=True))
-    assert eng.adapted and not eng.graphs
+    assert eng.one_sequence and not eng.graphs
     for i, p in enumerate(([1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6, 30])):
         eng.add(Request(f"r{i}", p, 14, eos_ids=()))
         got = []
@@ -46,7 +45,7 @@ def test_one_sequence_draft_runs_one_row_and_is_refused_more(model_dirs):
     r = dec.generate(prompt, 20, eos_ids=())
     assert r.token_ids == Decoder(target).generate(prompt, 20, eos_ids=()).token_ids
     assert r.metrics.verify_count > 0 and 0 < sum(r.metrics.accepted) < 3 * r.metrics.verify_count
-    assert dec.engine().adapted
+    assert dec.engine().one_sequence
     with pytest.raises(GenerationError, match="one sequence at a time"):
         BatchEngine(target, dec.draft, EngineOptions(max_batch=2, capture=dec.capture, pair_checked=True))
 
@@ -97,24 +96,3 @@ def test_plain_rows_give_the_baseline_a_verifys_shapes(model_dirs):
     with pytest.raises(GenerationError, match="plain rows must be an integer >= 1") as bad:
         BatchEngine(target, None, EngineOptions(max_batch=1, plain_rows=0))
     assert "plain_rows=1" in bad.value.fix  # the fix names the argument the caller passed
-
-
-def test_tree_expansion_of_a_one_sequence_draft_is_the_batched_walks(model_dirs, monkeypatch):
-    """The adapter's tree (the one-sequence walk) and the engine's batched walk over step_rows pick the same trees:
-    decoding through either accepts the same counts."""
-    from eaglekit.decoding.one_row import OneRowDraft
-
-    target = load_target(model_dirs["llama"], backend="ours", dtype="float32")
-    prompt = [1, 5, 9, 4, 22]
-    runs = []
-    for walk in ("one-sequence", "batched"):
-        dec = Decoder(target, shape=TreeShape(3, 2, 6))
-        dec.capture = new_draft(target).config.capture
-        dec.draft = NoisyOracleDraft(target, prompt[0], noise=0.5, seed=4)
-        if walk == "batched":
-            monkeypatch.setattr(OneRowDraft, "tree_rows", lambda self, *a, **k: None)
-        r = dec.generate(prompt, 24, eos_ids=())
-        runs.append((r.token_ids, r.metrics.accepted))
-    assert runs[0][0] == runs[1][0]
-    assert runs[0][1] == runs[1][1]
-    assert torch.tensor(runs[0][1]).sum() > 0

@@ -182,7 +182,8 @@ def test_a_sliding_window_draft_grows_each_rows_tree_as_alone(target, shape):
     which test_forward_equals_the_engines_reference holds to vLLM's arithmetic), twice over (the second time over
     the first tree's pending slots). The window (2) is shorter than the trees, so a level's ancestors two levels up
     are masked by their position, which is not their slot where a level holds more than one node."""
-    from eaglekit.decoding.one_row import OneRowDraft
+    from helpers import OneSequenceView
+
     from eaglekit.decoding.tree import expand_rows, tree_row
 
     d = flavoured(target, seed=7, sliding_window=2)
@@ -212,7 +213,7 @@ def test_a_sliding_window_draft_grows_each_rows_tree_as_alone(target, shape):
             grown.append((h, logits, expand_rows(d, kv, h, logits, root, shape, span), list(levels)))
     del d.step_rows
     fields = ("tokens", "parents", "depths", "mask")
-    seq = OneRowDraft(d)  # the one-sequence calls, as the engine's one-row adapter makes them
+    seq = OneSequenceView(d)  # the one-sequence calls through Draft's default row interface
     seq.step_rows = recorded(seq.step_rows)
     for b in range(3):
         one = seq.row_cache(1, span)
@@ -242,7 +243,7 @@ def test_a_sliding_window_draft_serves_a_batch_losslessly(target):
     d = flavoured(target, seed=5, sliding_window=2)
     prompts = [[3, 9, 27, 81], [5] * 12, [7, 1, 4, 4, 2, 9, 30]]
     eng = BatchEngine(target, d, EngineOptions(shape=TreeShape(4, 2, 8), max_batch=3, spec_max_batch=3))
-    assert not eng.adapted
+    assert not eng.one_sequence
     for i, p in enumerate(prompts):
         eng.add(Request(f"r{i}", p, 24, eos_ids=()))
     got: dict = {f"r{i}": [] for i in range(len(prompts))}

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from eaglekit.capture import CaptureSpec
-from eaglekit.decoding.one_row import one_row
 from eaglekit.models import load_target
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,7 +23,6 @@ def test_a_prefill_reads_the_last_tokens_logits_alone(model_dirs, tmp_path, back
         target = load_target(tmp_path / "ds", dtype="float32")
     else:
         target = load_target(model_dirs["llama"], backend=backend, dtype="float32")
-    target, _, _ = one_row(target, None, 1)
     ids = torch.tensor([[1, 5, 9, 4, 22, 7, 3]])
     T = ids.shape[1]
     causal = torch.ones(1, T, T, dtype=torch.bool).tril()
