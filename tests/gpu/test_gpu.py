@@ -591,8 +591,8 @@ def test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded():
         # compiled as a DeepSeek layer of this width compiles it (hidden=D: coordinate-descent tuned, D43), inductor
         # fuses the activation and the weighted sum. The graphs for 1 and 6 tokens are tuned apart, and the tuner
         # times a reduction's RBLOCK and warps, which set its order: a token alone may round otherwise than among the
-        # others (it did in one of three runs on an H100). So compiled rows are held near, not to bits, as
-        # docs/deepseek.md says (bf16 greedy output may part from the one-row decode).
+        # others (seen on an H100: benchmarks/results/2026-12-07e_h100_gpu_tests.json). So compiled rows are held
+        # near, not to bits, as docs/deepseek.md says (bf16 greedy output may part from the one-row decode).
         fn = compile_decode(lambda a, i, ww: ex.grouped(a, i, ww), hidden=D)
         yc = fn(x, idx, w)
         assert (yc.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
