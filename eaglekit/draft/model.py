@@ -16,7 +16,6 @@ Draft ids map to target ids through d2t offsets: target_id = i + d2t[i].
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -147,7 +146,7 @@ class Eagle3Draft(nn.Module, Draft):
         self.rotary = Rotary(c.head_dim, c.rope)
         self.cache: KVCache | None = None
         # position of each cache slot (sliding window only): the one sequence's [S], or while a rows call runs the
-        # rows' own [B, S] (_positions_of)
+        # rows' own [B, S] (_rows_forward)
         self.slot_pos: torch.Tensor | None = None
         self.source_format = None  # (Draft.source_format: set by load_draft)
         self.compiled_layer = self.compiled_whole = None  # by compile()
@@ -435,16 +434,15 @@ class Eagle3Draft(nn.Module, Draft):
         kv = RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
         return kv.track_positions() if c.sliding_window is not None else kv
 
-    @contextlib.contextmanager
-    def _positions_of(self, kv: RowKV):
-        """A sliding window reads the positions of the slots it attends over (a tree node's slot is not its
-        position): while a rows call runs, the rows' own (kv.pos) stand in for the one sequence's."""
+    def _rows_forward(self, kv: RowKV, *args, **kwargs):
+        """The forward of a rows call. A sliding window reads the positions of the slots it attends over (a tree
+        node's slot is not its position): while the call runs, the rows' own (kv.pos) stand in for the one
+        sequence's. Without a window (kv.pos None) it is the forward alone."""
         if kv.pos is None:
-            yield
-            return
+            return self(*args, **kwargs)
         own, self.slot_pos = self.slot_pos, kv.pos
         try:
-            yield
+            return self(*args, **kwargs)
         finally:
             self.slot_pos = own
 
@@ -462,9 +460,8 @@ class Eagle3Draft(nn.Module, Draft):
             slots, pending = m[:, None] + torch.arange(E, device=next_ids.device), None
             causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
             mask = span_mask_rows(m, causal, span)
-        with self._positions_of(kv):
-            h, logits, _ = self(feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
-                                from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
+        h, logits, _ = self._rows_forward(kv, feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
+                                          from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
         kv.length += n
         return h[:, 0], logits[:, 0].float()
 
@@ -505,6 +502,5 @@ class Eagle3Draft(nn.Module, Draft):
     @torch.inference_mode()
     def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):
         """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
-        with self._positions_of(kv):
-            h, logits, _ = self(hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
+        h, logits, _ = self._rows_forward(kv, hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
         return h, logits.float()
