@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..options import DEMO_DEVICE, DecodeOptions, DemoOptions, ModelOptions, PromptSetOptions
@@ -25,25 +26,20 @@ from .common import (
 )
 from .registry import command
 
+if TYPE_CHECKING:
+    from ..decoding.decoder import Decoder, GenerationResult
+    from ..decoding.sampling import SamplingParams
+
 
 # --- generate --------------------------------------------------------------------------------------
 @command("generate", "decode a prompt with the target alone or with an EAGLE-3 draft")
 def cmd_generate(args) -> int:
     from ..decoding.decoder import Decoder
-    from ..io import check_utf8, read_utf8
-    from ..observe.report import metrics_table, print_table
     from ..pair import load_pair
-    from ..tokenizer import encode, load_tokenizer
 
     model, decode = model_options(args), decode_options(args)  # validated here, before any model loads
     sp, shape, capture = decode.sampling(), decode.shape(), model.capture
-    text = read_utf8(args.prompt_file, "--prompt-file") if args.prompt_file else check_utf8(args.prompt, "--prompt")
-    for s in decode.stop or ():
-        check_utf8(s, "--stop")
-    check_folders(args.target, None if args.baseline else args.draft)
-    tok = load_tokenizer(args.target)
-    ids = encode(tok, text, chat=args.chat)
-    check_prompt_fits(len(ids), target_context(args.target))
+    tok, ids = _prompt_ids(args, decode)
     target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
                               model.dtype_name, run=model.runtime)
     if args.auto and draft is not None:
@@ -53,50 +49,87 @@ def cmd_generate(args) -> int:
     dec = Decoder(target, draft, shape, capture=capture, allow_other_target=model.allow_other_target,
                   profile=args.profile, profile_ranges=bool(args.profile_trace),
                   graphs=False if args.no_graphs else "auto")
-    if args.profile_trace:
-        import torch
+    res = _run_generation(dec, ids, decode, sp, tok, args.profile_trace)
+    _print_generation(args, dec, res, decode.stop)
+    return 0
 
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if target.device.type == "cuda":
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        dec.generate(ids, min(decode.max_new_tokens, 8), sp)  # warm-up (CUDA-graph recording) outside the trace
-        with torch.profiler.profile(activities=acts) as prof:
-            res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
-        prof.export_chrome_trace(args.profile_trace)
-        print(f"wrote a torch.profiler trace (chrome://tracing, Perfetto) to {args.profile_trace}", file=sys.stderr)
-    else:
+
+def _prompt_ids(args, decode: DecodeOptions) -> tuple[Any, list[int]]:
+    """The tokenizer and the prompt's ids: the prompt and the stop strings read as UTF-8, the folders checked and
+    the prompt held against the target's context, all before a model loads."""
+    from ..io import check_utf8, read_utf8
+    from ..tokenizer import encode, load_tokenizer
+
+    text = read_utf8(args.prompt_file, "--prompt-file") if args.prompt_file else check_utf8(args.prompt, "--prompt")
+    for s in decode.stop or ():
+        check_utf8(s, "--stop")
+    check_folders(args.target, None if args.baseline else args.draft)
+    tok = load_tokenizer(args.target)
+    ids = encode(tok, text, chat=args.chat)
+    check_prompt_fits(len(ids), target_context(args.target))
+    return tok, ids
+
+
+def _run_generation(dec: Decoder, ids: list[int], decode: DecodeOptions, sp: SamplingParams, tok,
+                    trace: str | None) -> GenerationResult:
+    """One generation; with `trace` (--profile-trace), under torch.profiler, written to that file."""
+    if not trace:
+        return dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if dec.target.device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    dec.generate(ids, min(decode.max_new_tokens, 8), sp)  # warm-up (CUDA-graph recording) outside the trace
+    with torch.profiler.profile(activities=acts) as prof:
         res = dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
+    prof.export_chrome_trace(trace)
+    print(f"wrote a torch.profiler trace (chrome://tracing, Perfetto) to {trace}", file=sys.stderr)
+    return res
+
+
+def _print_generation(args, dec: Decoder, res: GenerationResult, stop: list[str] | None) -> None:
+    """The text, cut before the stop string that ended it: with --json in one object with the metrics, else
+    printed, then the metrics table (and, profiled, the phases)."""
+    from ..observe.report import metrics_table, print_table
+
     m = res.metrics
     assert res.text is not None  # decoded with a tokenizer
-    text = cut_at_stop(res.text, decode.stop) if res.stop_reason == "stop_string" else res.text
+    text = cut_at_stop(res.text, stop) if res.stop_reason == "stop_string" else res.text
     if args.json:
-        metrics = m.to_dict()
-        keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
-                                                 if m.speculative else [])
-        # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
-        choice = target.products_choice
-        served = {"backend": target.backend,
-                  "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-                  "draft_precision": draft.precision if draft is not None else None,
-                  "prompt_graphs": target.compiled_prompts,
-                  "experts": target.experts,
-                  "plan": target.plan.as_dict() if target.plan is not None else None}
-        out = {"text": text, "token_ids": res.token_ids,
-               "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
-               "stop_reason": res.stop_reason}
-        if m.speculative:
-            out["tree"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens}
-        print(json.dumps(out))
-    else:
-        print(text)
-        print_table(metrics_table(m, title="generation" + (f" (steps {dec.shape.steps}, topk {dec.shape.topk}, "
-                                                          f"draft tokens {dec.shape.draft_tokens})"
-                                                          if m.speculative else " (target alone)")))
-        if (args.profile or args.profile_trace) and m.phases:
-            from ..observe.report import phase_table
+        print(json.dumps(_generation_json(dec, res, text)))
+        return
+    print(text)
+    print_table(metrics_table(m, title="generation" + (f" (steps {dec.shape.steps}, topk {dec.shape.topk}, "
+                                                      f"draft tokens {dec.shape.draft_tokens})"
+                                                      if m.speculative else " (target alone)")))
+    if (args.profile or args.profile_trace) and m.phases:
+        from ..observe.report import phase_table
 
-            print_table(phase_table(m.phases))
-    return 0
+        print_table(phase_table(m.phases))
+
+
+def _generation_json(dec: Decoder, res: GenerationResult, text: str) -> dict:
+    """--json's object: the text, the ids, the metrics (the headline ones first) and, with a draft, the tree."""
+    m = res.metrics
+    metrics = m.to_dict()
+    keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
+                                             if m.speculative else [])
+    # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
+    target, draft = dec.target, dec.draft
+    choice = target.products_choice
+    served = {"backend": target.backend,
+              "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+              "draft_precision": draft.precision if draft is not None else None,
+              "prompt_graphs": target.compiled_prompts,
+              "experts": target.experts,
+              "plan": target.plan.as_dict() if target.plan is not None else None}
+    out = {"text": text, "token_ids": res.token_ids,
+           "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
+           "stop_reason": res.stop_reason}
+    if m.speculative:
+        out["tree"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens}
+    return out
 
 
 def _generate_args(p):

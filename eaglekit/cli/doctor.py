@@ -22,7 +22,6 @@ def cmd_doctor(args) -> int:
     Exit status 0: clean (the configured wiring shown best, the target shown to be the draft's); 1: a fault was
     found; 2: doctor could not run; 3: cannot tell (the verdict says what would decide it)."""
     from ..doctor import run_doctor
-    from ..observe.report import doctor_report
 
     try:
         model, decode = model_options(args), decode_options(args)
@@ -34,14 +33,7 @@ def cmd_doctor(args) -> int:
             need_file(args.prompt_file, "--prompt-file")
         check_folders(model.target, model.draft)
         if args.record:  # a pair the user trusts: its training record, for later runs to be held against
-            from ..doctor.recorded import write_pair_record
-
-            rec = write_pair_record(model.target, model.draft, args.prompt_file, decode.max_new_tokens, model.capture,
-                                    model.backend, model.device_name, model.dtype_name,
-                                    log=(lambda m: None) if args.json else print)
-            if args.json:
-                print(json.dumps({k: rec[k] for k in ("written_by", "steps", "acceptance", "config", "d2t_sha256",
-                                                      "target", "run")}))
+            _record_pair(args, model, decode.max_new_tokens)
             return 0
         if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
             from ..engines.vllm import run_engine_doctor
@@ -50,36 +42,10 @@ def cmd_doctor(args) -> int:
         else:
             res = run_doctor(model, opts)
     except EaglekitError as e:
-        if args.json:  # the report's shape (eaglekit.doctor.report), with nothing probed
-            print(json.dumps({"status": "could_not_run", "exit_code": 2, "decide": [],
-                              "verdict": f"doctor could not run: {e}", "fault": False, "conclusive": False,
-                              "pair": {}, "findings": [{"code": e.code, "severity": "error", "message": e.message,
-                                                        "fix": e.fix, "evidence": {}}], "probe": []}))
-        else:
-            print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
+        _print_could_not_run(e, args.json)
         return 2
-    # the same finding can reach the report twice (a refused pair is found by the checks and again when the
-    # trace's decoder refuses it): each is listed once
-    unique: dict[tuple, dict] = {}
-    for f in res.get("findings", ()):
-        unique.setdefault((f.get("code"), f.get("message")), f)
-    res["findings"] = list(unique.values())
-    for f in res["findings"]:  # ... and named once in the verdict
-        item = f"; [{f.get('code')}] {f.get('message')}" + (f" (fix: {f['fix']})" if f.get("fix") else "")
-        v = res.get("verdict") or ""
-        if (i := v.find(item[2:])) >= 0 and (j := v.find(item, i + 1)) >= 0:
-            res["verdict"] = v[:j] + v[j + len(item):]
-    if args.json:
-        print(json.dumps(res))
-    else:
-        import contextlib
-
-        with contextlib.redirect_stderr(sys.stdout):  # the report is the command's output: `doctor ... > file`
-            doctor_report(res)
-        if res.get("engine"):
-            from ..engines.vllm import print_engine
-
-            print_engine(res["engine"])
+    _name_each_finding_once(res)
+    _print_doctor(res, args.json)
     # the doctor's own verdict, the same with and without --json: 0 clean, 1 a fault, 2 could not run (a file of the
     # pair could not be read: eaglekit.doctor.report.UNREADABLE), 3 cannot tell
     rc = res.get("exit_code", 1 if res["fault"] else 0)
@@ -89,6 +55,61 @@ def cmd_doctor(args) -> int:
         first = (unreadable(res["findings"]) or res["findings"] or [{"code": "E100", "message": res["verdict"]}])[0]
         print(f"eaglekit doctor: could not run: [{first['code']}] {first['message']}", file=sys.stderr)
     return rc
+
+
+def _record_pair(args, model: ModelOptions, max_new_tokens: int) -> None:
+    """--record: the pair measured on the probe prompts and its training record written into the draft folder
+    (with --json, the record's gist as one object)."""
+    from ..doctor.recorded import write_pair_record
+
+    rec = write_pair_record(model.target, model.draft, args.prompt_file, max_new_tokens, model.capture,
+                            model.backend, model.device_name, model.dtype_name,
+                            log=(lambda m: None) if args.json else print)
+    if args.json:
+        print(json.dumps({k: rec[k] for k in ("written_by", "steps", "acceptance", "config", "d2t_sha256",
+                                              "target", "run")}))
+
+
+def _print_could_not_run(e: EaglekitError, as_json: bool) -> None:
+    """Why the doctor could not run (exit status 2)."""
+    if as_json:  # the report's shape (eaglekit.doctor.report), with nothing probed
+        print(json.dumps({"status": "could_not_run", "exit_code": 2, "decide": [],
+                          "verdict": f"doctor could not run: {e}", "fault": False, "conclusive": False,
+                          "pair": {}, "findings": [{"code": e.code, "severity": "error", "message": e.message,
+                                                    "fix": e.fix, "evidence": {}}], "probe": []}))
+    else:
+        print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
+
+
+def _name_each_finding_once(res: dict) -> None:
+    """The same finding can reach the report twice (a refused pair is found by the checks and again when the
+    trace's decoder refuses it): each is listed once, and named once in the verdict."""
+    unique: dict[tuple, dict] = {}
+    for f in res.get("findings", ()):
+        unique.setdefault((f.get("code"), f.get("message")), f)
+    res["findings"] = list(unique.values())
+    for f in res["findings"]:
+        item = f"; [{f.get('code')}] {f.get('message')}" + (f" (fix: {f['fix']})" if f.get("fix") else "")
+        v = res.get("verdict") or ""
+        if (i := v.find(item[2:])) >= 0 and (j := v.find(item, i + 1)) >= 0:
+            res["verdict"] = v[:j] + v[j + len(item):]
+
+
+def _print_doctor(res: dict, as_json: bool) -> None:
+    """The report on stdout: one JSON object, or the report (and the engine's comparison) as text."""
+    if as_json:
+        print(json.dumps(res))
+        return
+    import contextlib
+
+    from ..observe.report import doctor_report
+
+    with contextlib.redirect_stderr(sys.stdout):  # the report is the command's output: `doctor ... > file`
+        doctor_report(res)
+    if res.get("engine"):
+        from ..engines.vllm import print_engine
+
+        print_engine(res["engine"])
 
 
 def _doctor_args(p):

@@ -277,13 +277,7 @@ class BatchEngine:
                 return {"span": st.S, "sizes": [], "seconds": round(time.perf_counter() - t0, 2)}
             wanted = range(1, self.max_batch + 1) if sizes is None else sizes
             sizes = sorted({padded_size(b, self.max_batch) for b in wanted})
-            at = max(0, min(st.S // 2, st.S - self.shape.draft_tokens - 1))
-            for B in tqdm(sizes, desc="warming up: batch sizes", unit="size", disable=not progress, leave=False):
-                st.stand(B, at)
-                try:
-                    self.runner.warm(B, at, graphs)
-                finally:  # back to an idle engine
-                    st.idle()
+            self.runner.warm_sizes(sizes, max(0, min(st.S // 2, st.S - self.shape.draft_tokens - 1)), graphs, progress)
             if self.prefiller.cold:
                 if progress:
                     tqdm.write("warming up: compiling the prompt graphs (one for every prompt length)")
@@ -383,25 +377,10 @@ class BatchEngine:
                 self.stats.drafted(D - 1, n - 1)
             self._guard(s, self._emit, s, row[2:2 + n])
 
-    def _release_drafts(self) -> None:
-        """Where the draft does not pay by the policy's figures, a row that ends before the next probe can fall due
-        gives its draft up (its plain steps keep no features; once no row keeps one, they run the quiet graph): the rule
-        by which _admit admits a row without its draft, applied to the running rows once a probe has lost. A seeded
-        sampled request keeps its draft (_admit)."""
-        p = self.policy
-        if p is None or p.draft_pays(self._padded()):
-            return
-        for r, s in enumerate(self.rows):
-            left = s.req.max_new_tokens - (s.length - len(s.req.prompt_ids))
-            if s.use_draft and not seeded(s.req.sampling) and not p.probe_within(left):
-                s.use_draft = False
-                self.state.use_draft[r] = False
-                trace.event("speculation", on=False, rid=s.req.rid, why=f"no probe falls due in its last {left} tokens")
-
     def _plain_step(self) -> None:
         ph = self.profiler.phase
         if self._last_step != "plain":
-            self._release_drafts()
+            _release_drafts(self.policy, self.rows, self.state.use_draft, self._padded())
             self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
         c = self.runner.plain(len(self.rows), max(s.length for s in self.rows), any(s.use_draft for s in self.rows))
         self._last_step = "plain"
@@ -463,3 +442,17 @@ def _sample_into(next_: torch.Tensor, b: int, logits: torch.Tensor, s: Seq) -> N
     """A plain step's sampled token for row `b` (per-row work: BatchEngine._guard)."""
     next_[b] = sample(probs(logits, s.req.sampling), s.gen)
 
+
+def _release_drafts(p, rows: list[Seq], use_draft: torch.Tensor, padded: int) -> None:
+    """Where the draft does not pay at the padded size by the policy's figures (p: the SpecPolicy or None), a row that
+    ends before the next probe can fall due gives its draft up (its plain steps keep no features; once no row keeps
+    one, they run the quiet graph): the rule by which BatchEngine._admit admits a row without its draft, applied to
+    the running rows once a probe has lost. A seeded sampled request keeps its draft (_admit)."""
+    if p is None or p.draft_pays(padded):
+        return
+    for r, s in enumerate(rows):
+        left = s.req.max_new_tokens - (s.length - len(s.req.prompt_ids))
+        if s.use_draft and not seeded(s.req.sampling) and not p.probe_within(left):
+            s.use_draft = False
+            use_draft[r] = False
+            trace.event("speculation", on=False, rid=s.req.rid, why=f"no probe falls due in its last {left} tokens")

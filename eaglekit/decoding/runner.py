@@ -123,6 +123,18 @@ class GraphRunner:
             self.time_costs(B, {s: Cycle(self.setup, self.st, B, at + s.draft_tokens, at + pending_slots(s), s)
                                 for s in self.shapes.values()})
 
+    def warm_sizes(self, sizes: list[int], at: int, graphs: bool, progress: bool = False) -> None:
+        """`warm` each padded size in turn, its rows standing at length `at` (BatchState.stand) and idle again after,
+        whatever the warm-up raised."""
+        from tqdm import tqdm
+
+        for B in tqdm(sizes, desc="warming up: batch sizes", unit="size", disable=not progress, leave=False):
+            self.st.stand(B, at)
+            try:
+                self.warm(B, at, graphs)
+            finally:  # back to an idle engine
+                self.st.idle()
+
     def time_costs(self, B: int, cycles: dict) -> None:
         """Seed the policy's costs at padded size B with the time of each length's cycle and of the plain step (the
         fastest of WARMUP_REPS runs each, from the same state, restored after; `cycles`: each shape's Cycle, recorded

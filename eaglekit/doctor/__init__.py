@@ -512,78 +512,129 @@ def _longer(ctx: _Context, rows: list[WiringRow]) -> str:
             f"(--time-budget {int(secs) + 10}, or more prompts with --prompt-file)")
 
 
-def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findings: list[Finding]
-                   ) -> tuple[str, list[Finding], bool, list[str]]:
+# the probe's verdict: (its text, the findings it adds, the configured wiring shown right or a fault found, what would
+# decide it)
+_Verdict = tuple[str, list[Finding], bool, list[str]]
+
+
+@dataclass
+class _Configured:
+    """The configured wiring's figures, as each verdict states them."""
+
+    layers: list[int]  # its after_layers
+    p1: float  # position-1 acceptance, teacher-forced
+    al: float | None  # accept length: decoded where a decode ran, else teacher-forced
+    positions: int
+    where: str  # what the figures were measured over: positions and rounds
+
+
+def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findings: list[Finding]) -> _Verdict:
     """-> (verdict text, findings of the probe, the configured wiring shown right or a fault found, decide)."""
     conf = next(r for r in ran if r.wiring == "configured")
-    layers = list(base.after_layers)
     N = ctx.positions
-    p1 = _position1(conf)
     al = conf.decoded_accept_length if conf.decoded_accept_length is not None else conf.accept_length
-    where = f"{N} positions, {len(ctx.rounds)} round{'s' if len(ctx.rounds) != 1 else ''}"
-    out: list[Finding] = []
+    c = _Configured(list(base.after_layers), _position1(conf), al, N,
+                    f"{N} positions, {len(ctx.rounds)} round{'s' if len(ctx.rounds) != 1 else ''}")
     best_p1 = max(_position1(r) for r in ran)
     if best_p1 < DEAD:
-        vocab = [f for f in findings if f.code in _VOCAB_FAULTS]
-        if vocab:
-            msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
-                   f"{where}): the effect of the vocabulary mapping fault [{vocab[0].code}]")
-            return msg, out, True, []
-        msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
-               f"{where}; a trained draft of its target accepts tens of percent): it is untrained, or it was made for "
-               f"another target")
-        out.append(Finding("E282", "error", msg, "train the draft for this target (eaglekit train), or pass the draft "
-                           "made for it", {"best_position1": best_p1, "positions": N}))
-        return msg, out, True, []
+        return _dead_verdict(best_p1, c, findings)
     others = [r for r in ran if r.diff is not None]
     better = sorted((r for r in others if r.decided and _diff(r) < 0), key=_diff)
-    undecided = [r for r in others if not r.decided]
     if better:
-        b = better[0]
-        note = unsorted_note(layers) if b.wiring == "ascending order" else None
-        off = {a - c for a, c in zip(layers, b.after_layers)}
-        if note is None and len(off) == 1 and 0 not in off:
-            k = off.pop()
-            note = f"the configured ids are {abs(k)} layer{'s' if abs(k) > 1 else ''} {'high' if k > 0 else 'low'}"
-        msg = (f"the {ctx.label} accepts {p1:.0%} at position 1 (accept length {al:.2f}); after_layers "
-               f"{b.after_layers} ({b.wiring}) accepts {_position1(b):.0%} (accept length {b.accept_length:.2f}), "
-               f"the {ctx.label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {where}): "
-               f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else ""))
-        out.append(Finding("E290", "error", msg, _fix(b.after_layers),
-                           {"configured": layers, "best": b.after_layers, "diff": b.diff, "se": b.se, "z": b.z,
-                            "positions": N}))
-        return f"[E290] {msg}; fix: {_fix(b.after_layers)}", out, True, []
-    if ctx.fingerprint:
-        fp_layers = [m["layer"] for m in ctx.fingerprint]
-        out.append(Finding("I306", "info", f"the feature fingerprint names after_layers {fp_layers} for the draft's "
-                           f"slots over this probe's text (evidence, not a verdict: the recorded statistics move with "
-                           f"the text as much as from one layer to the next, so acceptance decides)", None,
-                           {"slots": ctx.fingerprint}))
-    head = (f"the {ctx.label} (after_layers {layers}) accepts {p1:.0%} at position 1 (teacher-forced), accept length "
-            f"{al:.2f}")
+        return _wiring_fault(better[0], c, ctx.label)
+    out = _fingerprint_note(ctx)
+    head = (f"the {ctx.label} (after_layers {c.layers}) accepts {c.p1:.0%} at position 1 (teacher-forced), accept "
+            f"length {c.al:.2f}")
     if any(f.code == "E290" and f.evidence.get("source") == RECORD_SOURCE for f in findings):
         return f"{head}; the training record's sample names the wiring the draft was trained on (above)", out, True, []
+    undecided = [r for r in others if not r.decided]
     if not undecided:
-        worst = min(others, key=_z) if others else None
-        lead = (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
-                f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
-                f"(z {worst.z:.1f}, {where})") if worst else ""
-        return f"{head}{lead}; no wiring fault found", out, True, []
+        return f"{head}{_closest(others, c)}; no wiring fault found", out, True, []
+    text, extra, shown, decide = _undecided_verdict(undecided, c, ctx, findings)
+    return f"{head}; {text}", out + extra, shown, decide
+
+
+def _dead_verdict(best_p1: float, c: _Configured, findings: list[Finding]) -> _Verdict:
+    """The draft accepts (nearly) nothing under every wiring tried: the effect of a vocabulary mapping fault where
+    one was found, else a fault of its own (E282: an untrained draft, or another target's)."""
+    vocab = [f for f in findings if f.code in _VOCAB_FAULTS]
+    if vocab:
+        msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
+               f"{c.where}): the effect of the vocabulary mapping fault [{vocab[0].code}]")
+        return msg, [], True, []
+    msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
+           f"{c.where}; a trained draft of its target accepts tens of percent): it is untrained, or it was made for "
+           f"another target")
+    return msg, [Finding("E282", "error", msg, "train the draft for this target (eaglekit train), or pass the draft "
+                         "made for it", {"best_position1": best_p1, "positions": c.positions})], True, []
+
+
+def _wiring_fault(b: WiringRow, c: _Configured, label: str) -> _Verdict:
+    """The wiring fault (E290) where the probe shows `b`, the best of the alternatives it told apart, above the
+    configured wiring."""
+    note = unsorted_note(c.layers) if b.wiring == "ascending order" else None
+    if note is None:
+        note = _shift_note(c.layers, b.after_layers)
+    msg = (f"the {label} accepts {c.p1:.0%} at position 1 (accept length {c.al:.2f}); after_layers "
+           f"{b.after_layers} ({b.wiring}) accepts {_position1(b):.0%} (accept length {b.accept_length:.2f}), "
+           f"the {label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {c.where}): "
+           f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else ""))
+    fault = Finding("E290", "error", msg, _fix(b.after_layers),
+                    {"configured": c.layers, "best": b.after_layers, "diff": b.diff, "se": b.se, "z": b.z,
+                     "positions": c.positions})
+    return f"[E290] {msg}; fix: {_fix(b.after_layers)}", [fault], True, []
+
+
+def _shift_note(layers: list[int], best: list[int]) -> str | None:
+    """How far the configured ids sit from the best wiring's, where every id is off by the same nonzero count."""
+    off = {i - j for i, j in zip(layers, best)}
+    if len(off) != 1 or 0 in off:
+        return None
+    k = off.pop()
+    return f"the configured ids are {abs(k)} layer{'s' if abs(k) > 1 else ''} {'high' if k > 0 else 'low'}"
+
+
+def _fingerprint_note(ctx: _Context) -> list[Finding]:
+    """The layers the feature fingerprint names (I306), where the draft records one: evidence, never a verdict."""
+    if not ctx.fingerprint:
+        return []
+    fp_layers = [m["layer"] for m in ctx.fingerprint]
+    return [Finding("I306", "info", f"the feature fingerprint names after_layers {fp_layers} for the draft's "
+                    f"slots over this probe's text (evidence, not a verdict: the recorded statistics move with "
+                    f"the text as much as from one layer to the next, so acceptance decides)", None,
+                    {"slots": ctx.fingerprint})]
+
+
+def _closest(others: list[WiringRow], c: _Configured) -> str:
+    """The margin by which the configured wiring beats the closest of the alternatives ("" where none ran)."""
+    if not others:
+        return ""
+    worst = min(others, key=_z)
+    return (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
+            f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
+            f"(z {worst.z:.1f}, {c.where})")
+
+
+def _undecided_verdict(undecided: list[WiringRow], c: _Configured, ctx: _Context, findings: list[Finding]
+                       ) -> _Verdict:
+    """Alternatives the probe does not tell apart from the configured wiring: no fault where the training record's
+    sample names the trained wiring, else cannot tell (W280) with what a longer probe would take. The text follows
+    the verdict's head."""
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
     if ctx.wiring_by_record:
-        rec = next(f for f in findings if f.code == "I311")
-        ev = rec.evidence
+        ev = next(f for f in findings if f.code == "I311").evidence
         msg = (f"the wiring is the one the draft was trained on ({REC}), and on its recorded sample the draft accepts "
                f"what it accepted at training (accepts {ev['now']:.2f} where it accepted {ev['recorded']:.2f} at "
                f"training); "
-               f"the probe's first round does not tell {ties} apart from it ({where}), and needs not: the record "
+               f"the probe's first round does not tell {ties} apart from it ({c.where}), and needs not: the record "
                f"names the trained wiring")
-        return f"{head}; {msg}; no wiring fault found", out, True, []
+        return f"{msg}; no wiring fault found", [], True, []
     longer = _longer(ctx, undecided)
-    msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {layers}) minus {ties}, in "
-           f"accepted tokens per position over {where} (|z| < {Z:.0f}); the probe stopped at its time budget")
-    out.append(Finding("W280", "warning", msg, longer, {"undecided": [r.wiring for r in undecided], "positions": N}))
-    return f"{head}; {msg}", out, False, [f"for the wiring: {longer}"]
+    msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {c.layers}) minus {ties}, "
+           f"in accepted tokens per position over {c.where} (|z| < {Z:.0f}); the probe stopped at its time budget")
+    warning = Finding("W280", "warning", msg, longer,
+                      {"undecided": [r.wiring for r in undecided], "positions": c.positions})
+    return msg, [warning], False, [f"for the wiring: {longer}"]
 
 
 def run_doctor(model: ModelOptions, opts: DoctorOptions | None = None, shape=None) -> dict:

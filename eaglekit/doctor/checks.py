@@ -34,13 +34,32 @@ def _tensor_names(folder: Path) -> set[str] | None:
 
 def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
     """What the draft folder itself says, before loading: declared conventions and missing records."""
-    from ..interop.export import sglang_rule_reading
     from ..interop.formats import declared_captures
 
-    out = []
     raw = read_json(folder / "config.json", "draft config")
     block = raw.get("eaglekit") or {}
     declared = declared_captures(folder)
+    out = _capture_findings(declared, num_layers)
+    if not (block.get("target") or {}).get("fingerprint"):
+        out.append(Finding("I302", "info", "the folder records no target fingerprint, so a draft made for another "
+                           "target cannot be told apart by its config; the probe's acceptance is the check"))
+    for flag in ("norm_before_residual", "norm_before_fc"):
+        if raw.get(flag):
+            out.append(Finding("I303", "info", f"{flag} is set: engines that ignore it compute another function "
+                               f"(SGLang and vLLM versions differ here)"))
+    out += _t2d_finding(folder)
+    if not block.get("features"):
+        out.append(Finding("I307", "info", "the folder records no feature fingerprint (drafts trained by eaglekit "
+                           "do), so the report names no layers by the features' statistics; acceptance decides the "
+                           "wiring either way"))
+    out += _sglang_finding(raw, declared)
+    return out
+
+
+def _capture_findings(declared: dict[str, tuple[int, ...]], num_layers: int) -> list[Finding]:
+    """The capture layers the folder declares (`declared`: where -> after_layers): places that disagree (E219), or
+    none at all (W301)."""
+    out = []
     if len(set(declared.values())) > 1:
         parts = "; ".join(f"{k} -> after_layers {list(v)}" for k, v in declared.items())
         out.append(Finding("E219", "error", f"the folder declares different capture layers in different places: "
@@ -52,31 +71,32 @@ def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
                            f"fall back to their default (after_layers {d}); the probe below checks that this is what "
                            f"the draft was trained on", "record the layers the draft was trained with "
                            "(eagle_config.eagle_aux_hidden_state_layer_ids)"))
-    if not (block.get("target") or {}).get("fingerprint"):
-        out.append(Finding("I302", "info", "the folder records no target fingerprint, so a draft made for another "
-                           "target cannot be told apart by its config; the probe's acceptance is the check"))
-    for flag in ("norm_before_residual", "norm_before_fc"):
-        if raw.get(flag):
-            out.append(Finding("I303", "info", f"{flag} is set: engines that ignore it compute another function "
-                               f"(SGLang and vLLM versions differ here)"))
-    names = _tensor_names(folder)
-    if names is not None and any(n.endswith("d2t") for n in names) and not any(n.endswith("t2d") for n in names):
-        out.append(Finding("I305", "info", "the folder stores d2t but no t2d: eaglekit rebuilds t2d from d2t (the "
-                           "target ids the draft vocabulary covers), as SGLang does; an engine that reads t2d from the "
-                           "checkpoint would not find it", "re-save with eaglekit export, which writes both",
-                           {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))}))
-    if not block.get("features"):
-        out.append(Finding("I307", "info", "the folder records no feature fingerprint (drafts trained by eaglekit "
-                           "do), so the report names no layers by the features' statistics; acceptance decides the "
-                           "wiring either way"))
-    sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if sglang and any("SGLang" in k for k in declared) and sglang[0] != 1:
-        # eaglekit reads these ids as written ("output of layer"); SGLang's reading depends on its release
-        # (a first id other than 1: the releases read them apart, so there is a reading to name)
-        out.append(Finding("W302", "warning", cast(str, sglang_rule_reading(CaptureSpec.from_output_of(sglang))),
-                           "serve the draft with an SGLang release that always adds +1, or check which layers your "
-                           "release captures for these ids", {"ids": list(sglang)}))
     return out
+
+
+def _t2d_finding(folder: Path) -> list[Finding]:
+    """A d2t stored without its t2d (I305): engines that read t2d from the checkpoint find none."""
+    names = _tensor_names(folder)
+    if names is None or not any(n.endswith("d2t") for n in names) or any(n.endswith("t2d") for n in names):
+        return []
+    return [Finding("I305", "info", "the folder stores d2t but no t2d: eaglekit rebuilds t2d from d2t (the "
+                    "target ids the draft vocabulary covers), as SGLang does; an engine that reads t2d from the "
+                    "checkpoint would not find it", "re-save with eaglekit export, which writes both",
+                    {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))})]
+
+
+def _sglang_finding(raw: dict, declared: dict[str, tuple[int, ...]]) -> list[Finding]:
+    """SGLang config ids whose reading depends on the SGLang release (W302)."""
+    from ..interop.export import sglang_rule_reading
+
+    sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not (sglang and any("SGLang" in k for k in declared) and sglang[0] != 1):
+        return []
+    # eaglekit reads these ids as written ("output of layer"); SGLang's reading depends on its release
+    # (a first id other than 1: the releases read them apart, so there is a reading to name)
+    return [Finding("W302", "warning", cast(str, sglang_rule_reading(CaptureSpec.from_output_of(sglang))),
+                    "serve the draft with an SGLang release that always adds +1, or check which layers your "
+                    "release captures for these ids", {"ids": list(sglang)})]
 
 
 def recorded_fingerprint(folder: Path):

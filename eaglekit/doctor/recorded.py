@@ -29,6 +29,7 @@ but an engine honours. The probe cannot see them (it varies the wiring only); th
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -256,39 +257,74 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
     if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
     # (a check that ended early compares its first sequences: _paired stops at the shorter list)
-    was, is_, diff, se, z, N = _compared(a, b)
-    moved = changes(rec, target, target_dir, base)
-    ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
-          "z": round(z, 2), "positions": N, "sequences": len(a), "steps": steps, "changed": moved,
-          "written_by": rec.get("written_by")}
-    of = f"{len(a)} of the {len(seqs)}" if len(a) < len(seqs) else f"the {len(a)}"
-    where = (f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
-             f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
+    again = _against_record(rec, _compared(a, b), steps=steps, sequences=len(a), recorded=len(seqs),
+                            moved=changes(rec, target, target_dir, base))
     wiring = (_wiring_finding(rec, trained, steps, now, then[0], base, fix_ids, losses) if trained is not None
               else None)
     if wiring is not None:
         return [wiring]
-    if _dropped(diff, se):
-        label = {"E217": "the d2t", "E215": "the tokenizer / chat template"}
-        named = [f"{f.evidence.get('field') or label[f.code]} ({f.code})" for f in fields]
-        since = "; ".join(moved + ([f"config and files: {', '.join(named)}"] if named else []))
-        only_run = not fields and moved and all(m.startswith(("the target's dtype", "the products")) for m in moved)
-        fix = (fields[0].fix if fields else
-               f"run the target as at training ({(rec.get('run') or {}).get('dtype')}, products "
-               f"{(rec.get('run') or {}).get('products')})" if only_run else
-               "serve the draft as it was trained: its own target, wiring, config and files (see what changed)")
-        return [Finding("E223", "error", f"the draft accepts {is_:.2f} where it accepted {was:.2f} at training "
-                        f"({where}). Changed since training: " + (since or "nothing the record holds (config "
-                        "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
-                        "products): the cause is outside it"), fix, ev)]
+    if _dropped(again.diff, again.se):
+        return [_drop_finding(rec, again, fields)]
+    return _holds_findings(rec, again, base, fields)
+
+
+@dataclass
+class _Remeasured:
+    """The draft measured again on the recorded sample, against the record, on the same positions."""
+
+    was: float  # accept length at training
+    is_: float  # accept length now
+    diff: float  # was minus now, in accepted tokens per position
+    se: float  # its standard error, clustered by sequence
+    where: str  # the comparison in words: what was measured, the difference and its z
+    moved: list[str]  # what changed since training, in words (changes)
+    ev: dict  # the evidence of every finding made from it
+
+
+def _against_record(rec: dict, compared: tuple[float, float, float, float, float, int], steps: int,
+                    sequences: int, recorded: int, moved: list[str]) -> _Remeasured:
+    """The comparison in the findings' words and evidence. `compared`: _compared(recorded runs, runs now) over the
+    `sequences` measured again, of the `recorded` ones."""
+    was, is_, diff, se, z, N = compared
+    ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
+          "z": round(z, 2), "positions": N, "sequences": sequences, "steps": steps, "changed": moved,
+          "written_by": rec.get("written_by")}
+    of = f"{sequences} of the {recorded}" if sequences < recorded else f"the {sequences}"
+    where = (f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
+             f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
+    return _Remeasured(was, is_, diff, se, where, moved, ev)
+
+
+def _drop_finding(rec: dict, again: _Remeasured, fields: list[Finding]) -> Finding:
+    """The draft accepts less than at training (E223), with what changed since and the fix for the likeliest cause:
+    a changed field or file first, then a run unlike the recorded one, else the pair as trained."""
+    label = {"E217": "the d2t", "E215": "the tokenizer / chat template"}
+    named = [f"{f.evidence.get('field') or label[f.code]} ({f.code})" for f in fields]
+    since = "; ".join(again.moved + ([f"config and files: {', '.join(named)}"] if named else []))
+    only_run = not fields and again.moved and all(m.startswith(("the target's dtype", "the products"))
+                                                  for m in again.moved)
+    fix = (fields[0].fix if fields else
+           f"run the target as at training ({(rec.get('run') or {}).get('dtype')}, products "
+           f"{(rec.get('run') or {}).get('products')})" if only_run else
+           "serve the draft as it was trained: its own target, wiring, config and files (see what changed)")
+    return Finding("E223", "error", f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
+                   f"({again.where}). Changed since training: " + (since or "nothing the record holds (config "
+                   "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
+                   "products): the cause is outside it"), fix, again.ev)
+
+
+def _holds_findings(rec: dict, again: _Remeasured, base, fields: list[Finding]) -> list[Finding]:
+    """Acceptance within the interval of the recorded one (I311), and a note (I312) where it holds on a run unlike
+    the recorded one (another dtype or other products)."""
     cap = (rec.get("config") or {}).get("capture")
-    ev["capture_unchanged"] = cap is not None and list(base.after_layers) == list(cap) and not fields
-    out = [Finding("I311", "info", f"the draft accepts {is_:.2f} where it accepted {was:.2f} at training ({where}): "
-                   f"within the interval (a drop counts past {Z:.0f} standard errors and {DROP} tokens)", None, ev)]
-    run = [m for m in moved if m.startswith(("the target's dtype", "the products"))]
+    again.ev["capture_unchanged"] = cap is not None and list(base.after_layers) == list(cap) and not fields
+    out = [Finding("I311", "info", f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
+                   f"({again.where}): within the interval (a drop counts past {Z:.0f} standard errors and {DROP} "
+                   f"tokens)", None, again.ev)]
+    run = [m for m in again.moved if m.startswith(("the target's dtype", "the products"))]
     if run:
         out.append(Finding("I312", "info", f"the run differs from the training record's ({'; '.join(run)}), and "
-                           f"acceptance holds: {where}", None, ev))
+                           f"acceptance holds: {again.where}", None, again.ev))
     return out
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import ContractError
-from ..models.base import Target
+from ..models.base import Target, TargetInfo
 from ..models.config import RopeConfig
 from .base import Draft
 from .checkpoint import load_draft, save_draft, t2d_from_d2t, vocab_map_sha
@@ -21,20 +21,34 @@ def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | Non
     doctor). `capture` overrides what the draft declares (the doctor's probe, or a user who knows better)."""
     c, t = draft.config, target.info
     spec = capture or c.capture or CaptureSpec.default(t.num_layers)
-    out: list[ContractError] = []
+    out = [*_width_problems(draft, t, spec), *_vocab_problems(c, t), *_d2t_problems(draft, t),
+           *_provenance_problems(c, target, allow_other_target)]
+    return spec, out
+
+
+def _width_problems(draft: Eagle3Draft, t: TargetInfo, spec: CaptureSpec) -> list[ContractError]:
+    """E204 (the hidden sizes differ), else what the capture checks find: its layers against the target's, and
+    fc's input width against the captures."""
+    c = draft.config
     if c.t_hidden != t.hidden_size:
-        out.append(ContractError(
+        return [ContractError(
             f"the draft was built for a target hidden size of {c.t_hidden} "
             f"({'target_hidden_size' if c.target_hidden_size else 'hidden_size'} in its config) but this target's "
             f"hidden size is {t.hidden_size}",
             fix="use a draft trained for this target; if the draft's hidden size differs from the target's, its "
-            "config must declare target_hidden_size", code="E204"))
-    else:
-        for check in (lambda: spec.validate(t.num_layers), lambda: spec.check_fc(draft.fc.in_features, t.hidden_size)):
-            try:
-                check()
-            except ContractError as e:
-                out.append(e)
+            "config must declare target_hidden_size", code="E204")]
+    out: list[ContractError] = []
+    for check in (lambda: spec.validate(t.num_layers), lambda: spec.check_fc(draft.fc.in_features, t.hidden_size)):
+        try:
+            check()
+        except ContractError as e:
+            out.append(e)
+    return out
+
+
+def _vocab_problems(c: DraftConfig, t: TargetInfo) -> list[ContractError]:
+    """E205, E206: the vocabulary the draft embeds and the one it proposes from, against the target's."""
+    out: list[ContractError] = []
     if c.vocab_size != t.vocab_size:
         out.append(ContractError(f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has "
                                  f"{t.vocab_size}", fix="use a draft trained for this target (same tokenizer)",
@@ -43,6 +57,14 @@ def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | Non
         out.append(ContractError(f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's "
                                  f"({t.vocab_size})", fix="draft_vocab_size must be at most the target vocab size",
                                  code="E206"))
+    return out
+
+
+def _d2t_problems(draft: Eagle3Draft, t: TargetInfo) -> list[ContractError]:
+    """E207, E212, E213, E217: d2t holds in-range offsets, one-to-one, t2d marks what it maps to, and it is the
+    mapping the lm_head was trained with."""
+    c = draft.config
+    out: list[ContractError] = []
     ids = torch.arange(c.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     bad = int(((ids < 0) | (ids >= t.vocab_size)).sum())
     if bad:
@@ -67,6 +89,14 @@ def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | Non
             "the draft's d2t is not the mapping its lm_head was trained with (the recorded hash differs): "
             "each lm_head row would propose the wrong token", fix="restore the d2t saved with the draft; never "
             "regenerate the vocabulary mapping of a trained draft", code="E217"))
+    return out
+
+
+def _provenance_problems(c: DraftConfig, target: Target, allow_other_target: bool) -> list[ContractError]:
+    """E208, E215: the target and the tokenizer the draft records it was trained with, unless the user vouches
+    for this one (--allow-other-target)."""
+    t = target.info
+    out: list[ContractError] = []
     if c.target_fingerprint and c.target_fingerprint != t.fingerprint and not allow_other_target:
         out.append(ContractError(
             f"the draft was trained for a target with fingerprint {c.target_fingerprint}, this target's is "
@@ -79,7 +109,7 @@ def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | Non
             f"the draft was trained with a tokenizer / chat template of fingerprint {c.target_tokenizer}, the "
             f"target folder's is {tok}: prompts would be rendered differently than in training",
             fix="use the tokenizer and chat template the draft was trained with", code="E215"))
-    return spec, out
+    return out
 
 
 def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,

@@ -36,7 +36,33 @@ def inspect_folder(folder, target=None) -> dict:
     out: dict = {"folder": str(folder), "format": fmt.name, "format_name": FORMATS[fmt.name],
                  "ids_convention": fmt.ids_convention, "ids": fmt.ids, "weights_file": fmt.weights,
                  "notes": list(fmt.notes)}
-    spec = fmt.capture
+    out.update(_capture_ids(fmt.capture, n_layers))
+    out["declared"] = {k: list(v) for k, v in declared_captures(folder).items()}
+    fc = tensors.get("fc.weight")
+    if fc is not None:
+        out["fc_in"] = int(fc.shape[1])
+        out["fc_captures"] = fc.shape[1] / Ht
+    out.update(hidden_size=H, target_hidden_size=Ht, vocab_size=vocab, draft_vocab_size=dvocab,
+               target_vocab_coverage=round(dvocab / vocab, 4) if vocab else None,
+               **{k: bool(cfg.get(k)) for k in OPTIONS}, sliding_window=sliding_window_of(cfg),
+               fc_bias=bool(cfg.get("bias")))
+    out["d2t"] = _d2t_form(tensors.get("d2t"), vocab, dvocab)
+    names = set(tensors)
+    out["missing_tensors"] = [k for k in EXPECTED if k not in names and not (k == "t2d" and "d2t" in names)]
+    out["extra_tensors"] = sorted(n for n in names - set(EXPECTED) if not _optional(n))
+    out["has_embedding"] = "embed_tokens.weight" in names
+    rec = (block.get("target") or {}).get("fingerprint")
+    out["target_fingerprint"] = rec
+    if info is not None:
+        out.update(_against_target(folder, target, rec))
+    out["summary"] = summary(out, n_layers)
+    return out
+
+
+def _capture_ids(spec: CaptureSpec | None, n_layers: int | None) -> dict:
+    """The capture ids in both conventions (the target's default set where the folder records none and the layer
+    count is known); nothing where neither tells them."""
+    out: dict = {}
     defaulted = spec is None and n_layers is not None
     if defaulted:
         assert n_layers is not None  # part of `defaulted`
@@ -49,46 +75,37 @@ def inspect_folder(folder, target=None) -> dict:
         out["capture_defaulted"] = defaulted
         if n_layers:
             out["is_default_capture"] = spec == CaptureSpec.default(n_layers)
-    out["declared"] = {k: list(v) for k, v in declared_captures(folder).items()}
-    fc = tensors.get("fc.weight")
-    if fc is not None:
-        out["fc_in"] = int(fc.shape[1])
-        out["fc_captures"] = fc.shape[1] / Ht
-    out.update(hidden_size=H, target_hidden_size=Ht, vocab_size=vocab, draft_vocab_size=dvocab,
-               target_vocab_coverage=round(dvocab / vocab, 4) if vocab else None,
-               **{k: bool(cfg.get(k)) for k in OPTIONS}, sliding_window=sliding_window_of(cfg),
-               fc_bias=bool(cfg.get("bias")))
-    d2t = tensors.get("d2t")
+    return out
+
+
+def _d2t_form(d2t: torch.Tensor | None, vocab: int, dvocab: int) -> str:
+    """What the d2t tensor holds, in words: offsets (as it must), absolute ids, ids outside the vocabulary."""
     if d2t is None:
-        out["d2t"] = "missing: draft id i is read as target id i" + (" (fine: full vocabulary)" if dvocab == vocab
-                                                                    else " (wrong: the vocabulary is reduced)")
-    else:
-        ids = torch.arange(d2t.numel()) + d2t.long()
-        if torch.equal(d2t.long(), torch.arange(d2t.numel())):
-            out["d2t"] = "absolute ids (d2t = arange): it must hold offsets; every id maps to 2i"
-        elif int(((ids < 0) | (ids >= max(vocab, 1))).sum()):
-            out["d2t"] = "maps outside the target vocabulary: absolute ids where offsets belong?"
-        elif int(d2t.abs().sum()) == 0:
-            out["d2t"] = "offsets, identity (draft id i = target id i)"
-        else:
-            dup = d2t.numel() - int(torch.unique(ids).numel())
-            out["d2t"] = "offsets" + (f", but {dup} target ids repeat" if dup else "")
-    names = set(tensors)
-    out["missing_tensors"] = [k for k in EXPECTED if k not in names and not (k == "t2d" and "d2t" in names)]
-    out["extra_tensors"] = sorted(n for n in names - set(EXPECTED) if not _optional(n))
-    out["has_embedding"] = "embed_tokens.weight" in names
-    rec = (block.get("target") or {}).get("fingerprint")
-    out["target_fingerprint"] = rec
-    if info is not None:
-        out["target"] = {"layers": info.num_layers, "hidden_size": info.hidden_size, "vocab_size": info.vocab_size,
-                         "fingerprint": info.fingerprint,
-                         "fingerprint_matches": rec == info.fingerprint if rec else None}
-        try:
-            d = load_draft(folder, embed_weight=target.embed_weight())
-            out["problems"] = [f"[{p.code}] {p.message}" for p in pair_problems(d, target)[1]]
-        except EaglekitError as e:
-            out["problems"] = [f"[{e.code}] {e.message}"]
-    out["summary"] = summary(out, n_layers)
+        return "missing: draft id i is read as target id i" + (" (fine: full vocabulary)" if dvocab == vocab
+                                                               else " (wrong: the vocabulary is reduced)")
+    ids = torch.arange(d2t.numel()) + d2t.long()
+    if torch.equal(d2t.long(), torch.arange(d2t.numel())):
+        return "absolute ids (d2t = arange): it must hold offsets; every id maps to 2i"
+    if int(((ids < 0) | (ids >= max(vocab, 1))).sum()):
+        return "maps outside the target vocabulary: absolute ids where offsets belong?"
+    if int(d2t.abs().sum()) == 0:
+        return "offsets, identity (draft id i = target id i)"
+    dup = d2t.numel() - int(torch.unique(ids).numel())
+    return "offsets" + (f", but {dup} target ids repeat" if dup else "")
+
+
+def _against_target(folder: Path, target, rec: str | None) -> dict:
+    """With --target: its layers, widths and fingerprint (`rec`, the draft's record of it, matched or not) and the
+    pair's problems, a draft that cannot load being one."""
+    info = target.info
+    out: dict = {"target": {"layers": info.num_layers, "hidden_size": info.hidden_size,
+                            "vocab_size": info.vocab_size, "fingerprint": info.fingerprint,
+                            "fingerprint_matches": rec == info.fingerprint if rec else None}}
+    try:
+        d = load_draft(folder, embed_weight=target.embed_weight())
+        out["problems"] = [f"[{p.code}] {p.message}" for p in pair_problems(d, target)[1]]
+    except EaglekitError as e:
+        out["problems"] = [f"[{e.code}] {e.message}"]
     return out
 
 

@@ -105,37 +105,16 @@ def _build():
 
     def run(q, k, v, k_new, v_new, base, slots, count, old, wrap=lambda f: f):
         B, H, T, hd = q.shape
-        Hkv = k.shape[1]
-        rep = H // Hkv
+        rep = H // k.shape[1]
         block_d = max(16, triton.next_power_of_2(hd))
         block_m = max(16, triton.next_power_of_2(rep))
         # nothing here depends on the span S (a symbolic size under torch.compile): grids and buffers are static
-        # q, k_new and v_new are strided views of the q/k/v product's output in a verify (T > 1): the kernels take
-        # their strides, so no copy of them runs (three kernels a layer fewer: docs/performance.md#d18);
-        # only head_dim must be innermost and
-        # v_new laid out as k_new (one set of strides for both)
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():
-            k_new, v_new = k_new.contiguous(), v_new.contiguous()
-        slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-        count, old, base = count.contiguous(), old.contiguous(), base.contiguous()
-        assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
+        q, new, seen = _as_read(q, k, v, (k_new, v_new, base), (slots, count, old))
         acc = torch.empty(B * T, H, PARTS, block_d, device=q.device, dtype=torch.float32)
         ml = torch.empty(B * T, H, PARTS, 2, device=q.device, dtype=torch.float32)
         # [B, H, T, hd] over [B, T, H, hd] memory: the caller's transpose back to [B, T, H * hd] is a view
         out = torch.empty(B, T, H, hd, device=q.device, dtype=q.dtype).transpose(1, 2)
-        ssb = slots.stride(0) if slots.shape[0] > 1 else 0
-        scb = count.stride(0) if count.shape[0] > 1 else 0
-        sbb = 1 if base.shape[0] > 1 else 0
-        sgb = old.stride(0) if old.shape[0] > 1 else 0
-        wrap(attend_part)[(B * T, Hkv, PARTS)](
-            q, k, v, k_new, v_new, base, slots, count, old, acc, ml, T, H, hd,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
-            ssb, slots.stride(1), scb, sgb,
-            SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-            BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, DIRECT=DIRECT,
-            num_warps=WARPS)
+        _attend_parts(wrap(attend_part), q, k, v, new, seen, (acc, ml), (block_m, block_d))
         wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
                                        BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
         return out
@@ -147,3 +126,46 @@ def _build():
         return run(q, k, v, k_new, v_new, base, slots, count, old, wrap_triton)
 
     return SimpleNamespace(op=invariant_attention, run=run)
+
+
+# run's helpers stay in this file: the op's name carries its digest (compiling.op_name), so a change to them renames it
+def _as_read(q, k, v, new, seen):
+    """q, new = (k_new, v_new, base) and seen = (slots, count, old) laid out as the kernels read them."""
+    k_new, v_new, base = new
+    slots, count, old = seen
+    # q, k_new and v_new are strided views of the q/k/v product's output in a verify (T > 1): the kernels take
+    # their strides, so no copy of them runs (three kernels a layer fewer: docs/performance.md#d18); only head_dim
+    # must be innermost and v_new laid out as k_new (one set of strides for both)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():
+        k_new, v_new = k_new.contiguous(), v_new.contiguous()
+    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
+    count, old, base = count.contiguous(), old.contiguous(), base.contiguous()
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "the KV cache's head_dim must be its innermost dimension"
+    return q, (k_new, v_new, base), (slots, count, old)
+
+
+def _attend_parts(kernel, q, k, v, new, seen, partials, blocks) -> None:
+    """Launches `kernel` (attend_part) over every (query row, KV head, part): each writes its part's accumulator and
+    softmax (max, sum) to partials = (acc, ml), which attend_merge adds in order. new and seen as _as_read gives them;
+    blocks = (BLOCK_M, BLOCK_D)."""
+    B, H, T, hd = q.shape
+    Hkv = k.shape[1]
+    rep = H // Hkv
+    k_new, v_new, base = new
+    slots, count, old = seen
+    acc, ml = partials
+    block_m, block_d = blocks
+    # a batch of 1 serves every row: stride 0 along the batch
+    ssb = slots.stride(0) if slots.shape[0] > 1 else 0
+    scb = count.stride(0) if count.shape[0] > 1 else 0
+    sbb = 1 if base.shape[0] > 1 else 0
+    sgb = old.stride(0) if old.shape[0] > 1 else 0
+    kernel[(B * T, Hkv, PARTS)](
+        q, k, v, k_new, v_new, base, slots, count, old, acc, ml, T, H, hd,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
+        ssb, slots.stride(1), scb, sgb,
+        SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, DIRECT=DIRECT,
+        num_warps=WARPS)

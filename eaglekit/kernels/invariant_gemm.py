@@ -320,8 +320,6 @@ def kernels():
 
 
 def _build(name: str):
-    from torch.library import triton_op, wrap_triton
-
     from .invariant_gemm_triton import smallm_partial, smallm_sum
 
     def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
@@ -340,13 +338,7 @@ def _build(name: str):
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         width = 2 * N if gated else N
         part = y if split == 1 else torch.empty((split, M, width), device=x.device, dtype=torch.float32)
-        cos, sin, rope_cols = rope if rope is not None else (x, x, 0)
-        half = cos.shape[-1] // 2 if rope is not None else 0
-        if rope is not None and (gated or residual is not None or N % (2 * half) or cfg[2] != 1
-                                 or half % block_n or block_n < 16):
-            raise ValueError(f"rotary in the product needs heads of {2 * half} tiling the output, one slice of K and "
-                             f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}")
-        cos, sin = cos.contiguous(), sin.contiguous()
+        cos, sin, rope_cols, half = _rotary_operands(x, rope, N, cfg, block_n, gated, residual)
         grid_n = triton_cdiv(N, 2 * block_n) if rope is not None else triton_cdiv(N, block_n)
         wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16 * per_program))](
             x, w, part, r, cos, sin, scale if scale is not None else x, cos.stride(0), rope_cols, M, N, K,
@@ -357,6 +349,28 @@ def _build(name: str):
             wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
                                                           RESIDUAL=residual is not None)
         return y
+
+    return SimpleNamespace(op=_register(name, run), run=run)
+
+
+# _build's helpers stay in this file: the op's name carries its digest (compiling.op_name), so a change renames it
+def _rotary_operands(x: torch.Tensor, rope: tuple | None, N: int, cfg, block_n: int, gated: bool,
+                     residual: torch.Tensor | None) -> tuple:
+    """(cos, sin, rope_cols, half) as smallm_partial reads them (x stands in for cos and sin without a rotary, half
+    0); refuses a rotary the launch cannot do (`run`'s docstring)."""
+    cos, sin, rope_cols = rope if rope is not None else (x, x, 0)
+    half = cos.shape[-1] // 2 if rope is not None else 0
+    if rope is not None and (gated or residual is not None or N % (2 * half) or cfg[2] != 1
+                             or half % block_n or block_n < 16):
+        raise ValueError(f"rotary in the product needs heads of {2 * half} tiling the output, one slice of K and "
+                         f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}")
+    return cos.contiguous(), sin.contiguous(), rope_cols, half
+
+
+def _register(name: str, run):
+    """`run` registered as the triton_op `name`: the op plans the weight's config as `plan` does (then its rotary or
+    gated form) and launches through wrap_triton."""
+    from torch.library import triton_op, wrap_triton
 
     @triton_op(name, mutates_args=())
     def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
@@ -370,4 +384,4 @@ def _build(name: str):
             assert cfg is not None  # (linear() refuses a rotary the product cannot do: _rotates)
         return run(x, w, gated_config(cfg) if gated else cfg, wrap_triton, residual, gated, rope, scale)
 
-    return SimpleNamespace(op=small_m_linear, run=run)
+    return small_m_linear

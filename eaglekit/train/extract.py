@@ -55,29 +55,12 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
     out.mkdir(parents=True, exist_ok=True)
     info = target.info
     spec = capture.validate(target.info.num_layers)
-    n_shards = (len(examples) + shard_size - 1) // shard_size
-    header = {"eaglekit_version": __version__, "target": {"fingerprint": info.fingerprint, "family": info.family,
-              "hidden_size": info.hidden_size, "num_layers": info.num_layers, "vocab_size": info.vocab_size},
-              "capture": spec.to_dict(), "dtype": dtype, "shard_size": shard_size, "data_hash": data_hash(examples),
-              "sequences": len(examples), "tokens": sum(len(e) for e in examples),
-              "loss_tokens": sum(sum(e.loss_mask) for e in examples), "num_shards": n_shards}
+    header = _header(info, examples, spec, dtype, shard_size)
+    n_shards = header["num_shards"]
     mpath = out / "manifest.json"
-    shards: list[dict] = []
-    if mpath.is_file():
-        old = json.loads(mpath.read_text())
-        differs = [k for k in header if k != "eaglekit_version" and old.get(k) != header[k]]
-        if differs:
-            raise InputError(f"{out} holds an extraction with other settings ({', '.join(differs)} differ)",
-                             fix="use a new --out folder, or delete the old one", code="E121")
-        shards = [s for s in old.get("shards", []) if (out / s["file"]).is_file()]
+    shards = _shards_done(out, mpath, header)
     need = bytes_needed(examples[len(shards) * shard_size:], info.hidden_size, spec.num_captures, dtype)
-    free = shutil.disk_usage(out).free
-    log(f"extract: {len(examples)} sequences, {header['tokens']} tokens, {n_shards} shards; "
-        f"{len(shards)} already done; needs {need / 1e9:.2f} GB, {free / 1e9:.1f} GB free")
-    if need > free:
-        raise InputError(f"extraction needs {need / 1e9:.2f} GB but {out} has {free / 1e9:.2f} GB free",
-                         fix="free disk space, or train online (eaglekit train --target ... --data ...)",
-                         code="E122")
+    _check_space(out, need, header, len(shards), log)
     from .vocab import count_tokens
 
     # loss-masked token counts: the draft vocabulary is chosen from them without reading the shards again
@@ -89,19 +72,8 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
         bar = tqdm(total=n_shards, initial=len(shards), desc="extract", unit="shard")
     for s in range(len(shards), n_shards):
         part = examples[s * shard_size:(s + 1) * shard_size]
-        ids, mask, valid = pad_batch(part, pad_id)
-        feats, hidden = [], []
-        for i in range(0, len(part), batch_size):
-            b_ids = ids[i:i + batch_size].to(target.device)
-            b_valid = valid[i:i + batch_size].to(target.device)
-            with torch.no_grad():
-                h, f = target.features(b_ids, b_valid.long(), spec)
-            feats.append(f.to(_DT[dtype]).cpu())
-            hidden.append(h.to(_DT[dtype]).cpu())
         name = f"shard-{s:05d}.safetensors"
-        tensors = {"input_ids": ids.to(torch.int32), "loss_mask": mask.to(torch.uint8),
-                   "lengths": valid.sum(1).to(torch.int32), "features": torch.cat(feats),
-                   "target_hidden": torch.cat(hidden)}
+        tensors = _shard_tensors(target, part, spec, _DT[dtype], batch_size, pad_id)
         sha = save_tensors(out / name, tensors, metadata={"capture": json.dumps(spec.to_dict())})
         shards.append({"file": name, "sha256": sha, "sequences": len(part), "tokens": sum(len(e) for e in part)})
         atomic_write_json(mpath, {**header, "shards": shards, "complete": len(shards) == n_shards})
@@ -113,6 +85,57 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
     if not mpath.is_file():  # empty input
         atomic_write_json(mpath, {**header, "shards": shards, "complete": True})
     return json.loads(mpath.read_text())
+
+
+def _header(info, examples: list[Example], spec: CaptureSpec, dtype: str, shard_size: int) -> dict:
+    """The manifest but its `shards` and `complete`: every key but eaglekit_version must match for a run to resume."""
+    return {"eaglekit_version": __version__, "target": {"fingerprint": info.fingerprint, "family": info.family,
+            "hidden_size": info.hidden_size, "num_layers": info.num_layers, "vocab_size": info.vocab_size},
+            "capture": spec.to_dict(), "dtype": dtype, "shard_size": shard_size, "data_hash": data_hash(examples),
+            "sequences": len(examples), "tokens": sum(len(e) for e in examples),
+            "loss_tokens": sum(sum(e.loss_mask) for e in examples),
+            "num_shards": (len(examples) + shard_size - 1) // shard_size}
+
+
+def _shards_done(out: Path, mpath: Path, header: dict) -> list[dict]:
+    """The shards an earlier run of the same extraction left in `out` (its manifest lists them and their file is
+    there); refuses a folder that holds an extraction with other settings."""
+    if not mpath.is_file():
+        return []
+    old = json.loads(mpath.read_text())
+    differs = [k for k in header if k != "eaglekit_version" and old.get(k) != header[k]]
+    if differs:
+        raise InputError(f"{out} holds an extraction with other settings ({', '.join(differs)} differ)",
+                         fix="use a new --out folder, or delete the old one", code="E121")
+    return [s for s in old.get("shards", []) if (out / s["file"]).is_file()]
+
+
+def _check_space(out: Path, need: int, header: dict, done: int, log) -> None:
+    """Logs the plan and refuses to start where the shards still to write (`need` bytes) do not fit on the disk."""
+    free = shutil.disk_usage(out).free
+    log(f"extract: {header['sequences']} sequences, {header['tokens']} tokens, {header['num_shards']} shards; "
+        f"{done} already done; needs {need / 1e9:.2f} GB, {free / 1e9:.1f} GB free")
+    if need > free:
+        raise InputError(f"extraction needs {need / 1e9:.2f} GB but {out} has {free / 1e9:.2f} GB free",
+                         fix="free disk space, or train online (eaglekit train --target ... --data ...)",
+                         code="E122")
+
+
+def _shard_tensors(target, part: list[Example], spec: CaptureSpec, dtype: torch.dtype, batch_size: int,
+                   pad_id: int) -> dict[str, torch.Tensor]:
+    """One shard's tensors (the module's docstring lists them): `part` right-padded to its longest, run through the
+    target `batch_size` sequences at a time."""
+    ids, mask, valid = pad_batch(part, pad_id)
+    feats, hidden = [], []
+    for i in range(0, len(part), batch_size):
+        b_ids = ids[i:i + batch_size].to(target.device)
+        b_valid = valid[i:i + batch_size].to(target.device)
+        with torch.no_grad():
+            h, f = target.features(b_ids, b_valid.long(), spec)
+        feats.append(f.to(dtype).cpu())
+        hidden.append(h.to(dtype).cpu())
+    return {"input_ids": ids.to(torch.int32), "loss_mask": mask.to(torch.uint8),
+            "lengths": valid.sum(1).to(torch.int32), "features": torch.cat(feats), "target_hidden": torch.cat(hidden)}
 
 
 class FeatureStore:

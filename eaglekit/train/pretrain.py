@@ -117,29 +117,11 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
              device: str, ckpt: Path | None = None, log=print) -> dict:
     net.to(device).train()
     amp = str(device).startswith("cuda")
-    decay = [p for n, p in net.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in net.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                            fused=amp)
+    opt = _optimizer(net, cfg, amp)
     g = torch.Generator().manual_seed(cfg.seed)
     eval_batch = _windows(heldout_stream, 64, cfg.seq_len, torch.Generator().manual_seed(123)).to(device)
-    start, total = 0, cfg.max_steps
-    st = load_state(ckpt, device) if ckpt is not None else None
-    if st is not None:
-        net.load_state_dict(st["net"])
-        opt.load_state_dict(st["opt"])
-        g.set_state(st["gen"])
-        start, total = st["step"], st["total"]
-        log(f"pretrain: resuming at step {start} of {total}")
+    start, total = _resume(ckpt, device, net, opt, g, log) or (0, cfg.max_steps)
     pos = torch.arange(cfg.seq_len, device=device)
-
-    def loss_of(batch):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            h, _ = net(batch[:, :-1], pos)
-            logits = net.lm_head(h)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=start, desc="pretrain", dynamic_ncols=True)
@@ -157,22 +139,13 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
             log(f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
                 f"{total} steps fit the {cfg.time_budget_s:.0f}s budget")
         batch = _windows(train_stream, cfg.batch_size, cfg.seq_len, g).to(device, non_blocking=True)
-        for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
-        loss = loss_of(batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = _train_step(net, opt, batch, pos, lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio), amp)
         step += 1
         bar.update(1)
         if step % 10 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
         if step % cfg.eval_every == 0 or step == total:
-            net.eval()
-            with torch.no_grad():
-                ev = loss_of(eval_batch).item()
-            net.train()
+            ev = _heldout_loss(net, eval_batch, pos, amp)
             history.append({"step": step, "train_loss": round(loss.item(), 4), "heldout_loss": round(ev, 4)})
             bar.write(f"step {step}: train loss {loss.item():.3f}, held-out loss {ev:.3f}")
             if ev < best[0]:
@@ -188,3 +161,56 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
     return {"steps": total, "kept_step": best[2], "kept_heldout_loss": round(best[0], 4),
             "tokens": total * cfg.batch_size * cfg.seq_len, "history": history,
             "seconds": round(time.time() - t0, 1), "config": asdict(cfg)}
+
+
+def _optimizer(net: LlamaModel, cfg: PretrainConfig, fused: bool) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on norms' gains)."""
+    decay = [p for n, p in net.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in net.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                             fused=fused)
+
+
+def _resume(ckpt: Path | None, device: str, net: LlamaModel, opt: torch.optim.Optimizer, g: torch.Generator,
+            log) -> tuple[int, int] | None:
+    """Restores net, optimizer and the window sampler's generator from `ckpt` where it holds a state: (step, total),
+    the total as fitted to the time budget by the run that saved it. None where there is nothing to resume."""
+    st = load_state(ckpt, device) if ckpt is not None else None
+    if st is None:
+        return None
+    net.load_state_dict(st["net"])
+    opt.load_state_dict(st["opt"])
+    g.set_state(st["gen"])
+    log(f"pretrain: resuming at step {st['step']} of {st['total']}")
+    return st["step"], st["total"]
+
+
+def _next_token_loss(net: LlamaModel, batch: torch.Tensor, pos: torch.Tensor, amp: bool) -> torch.Tensor:
+    """Cross-entropy of each window's next tokens (batch [n, T + 1]), in float32 whatever the autocast."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        h, _ = net(batch[:, :-1], pos)
+        logits = net.lm_head(h)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def _train_step(net: LlamaModel, opt: torch.optim.Optimizer, batch: torch.Tensor, pos: torch.Tensor, lr: float,
+                amp: bool) -> torch.Tensor:
+    """One optimizer step at learning rate `lr` (gradients clipped to norm 1); returns the step's loss."""
+    for gr in opt.param_groups:
+        gr["lr"] = lr
+    loss = _next_token_loss(net, batch, pos, amp)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def _heldout_loss(net: LlamaModel, eval_batch: torch.Tensor, pos: torch.Tensor, amp: bool) -> float:
+    """The loss on the held-out windows, in eval mode and without gradients; leaves the net training."""
+    net.eval()
+    with torch.no_grad():
+        ev = _next_token_loss(net, eval_batch, pos, amp).item()
+    net.train()
+    return ev
