@@ -38,6 +38,8 @@ SMOLLM2_PROMPTS = 10
 def pair_assets(pair: str) -> Path:
     """The folder of a pair's installed files (the demo's target and draft; the real pair's draft)."""
     return Path(__file__).parent / "assets" / pair
+
+
 # On a CPU, without --steps/--topk/--draft-tokens, the demo picks its chain on the machine it runs on: which
 # length pays depends on what a verify of k rows costs against one row there (a 2-core AMD EPYC: chains 3-6,
 # a 2-core Sapphire Rapids: the chain of 2; docs/performance.md#d36).
@@ -56,9 +58,12 @@ def smollm2_paths(target=None, draft=None) -> tuple[Path, Path]:
     t = resolve_target(target if target else find_smollm2())
     d = Path(draft) if draft else pair_assets("smollm2") / "draft"
     if not (d / "config.json").is_file():
-        raise InputError(f"no smollm2 draft is installed at {d}", code="E101",
-                         fix="build and install one: eaglekit recipe smollm2 --preset gpu --install (one GPU, minutes; "
-                             "--preset cpu: hours), or pass --draft DIR")
+        raise InputError(
+            f"no smollm2 draft is installed at {d}",
+            code="E101",
+            fix="build and install one: eaglekit recipe smollm2 --preset gpu --install (one GPU, minutes; "
+            "--preset cpu: hours), or pass --draft DIR",
+        )
     return t, d
 
 
@@ -79,8 +84,13 @@ def by_category(categories: list[str], rows: list[dict], per_position: list[list
         d["new_tokens"] += row["new_tokens"]
         if row.get("accept_length"):
             d["verifies"] += row["new_tokens"] / row["accept_length"]
-    return {k: {"prompts": v["prompts"], "accept_length": round(v["new_tokens"] / v["verifies"], 3)
-                if v["verifies"] else None} for k, v in out.items()}
+    return {
+        k: {
+            "prompts": v["prompts"],
+            "accept_length": round(v["new_tokens"] / v["verifies"], 3) if v["verifies"] else None,
+        }
+        for k, v in out.items()
+    }
 
 
 def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]:
@@ -89,8 +99,11 @@ def demo_paths(target=None, draft=None, prompts=None) -> tuple[Path, Path, Path]
     p = Path(prompts) if prompts else ASSETS / "prompts.jsonl"
     for what, path in (("target", t), ("draft", d), ("prompts", p)):
         if not path.exists():
-            raise InputError(f"the demo {what} is missing at {path}",
-                             fix="reinstall eaglekit, or rebuild the pair: eaglekit recipe demo --install", code="E101")
+            raise InputError(
+                f"the demo {what} is missing at {path}",
+                fix="reinstall eaglekit, or rebuild the pair: eaglekit recipe demo --install",
+                code="E101",
+            )
     return t, d, p
 
 
@@ -133,10 +146,18 @@ def pair_hash(*dirs: Path) -> str:
 def pick_key(tgt, tdir, ddir, ids, max_new_tokens: int) -> dict:
     """What the chain pick depends on (chainpick.cache_key hashes it): the processor and its cores, torch, the
     dtype, the products and the thread count, the pair's bytes, the prompts' ids and the length."""
-    return {"processor": processor_name(tgt.device), "cores": os.cpu_count(), "torch": torch.__version__,
-            "dtype": str(tgt.dtype), "products": tgt.products, "threads": torch.get_num_threads(),
-            "pair": pair_hash(tdir, ddir), "prompts": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
-            "max_new_tokens": max_new_tokens, "chains": list(chainpick.CHAINS)}
+    return {
+        "processor": processor_name(tgt.device),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "dtype": str(tgt.dtype),
+        "products": tgt.products,
+        "threads": torch.get_num_threads(),
+        "pair": pair_hash(tdir, ddir),
+        "prompts": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+        "max_new_tokens": max_new_tokens,
+        "chains": list(chainpick.CHAINS),
+    }
 
 
 def check_pick(picked: dict, res: dict) -> dict:
@@ -144,12 +165,16 @@ def check_pick(picked: dict, res: dict) -> dict:
     machine's load between the pick and the run; their ratio much less); `far_below` where the run fell short of the
     predicted speedup by more than the pick's timing noise (FAR_BELOW)."""
     ratio = res["speedup"] / picked["speedup"] if picked.get("speedup") else None
-    return {"predicted_speedup": picked.get("speedup"), "achieved_speedup": res["speedup"],
-            "predicted_tokens_per_s": picked.get("tokens_per_s"), "achieved_tokens_per_s": res["eagle_tokens_per_s"],
-            "predicted_baseline_tokens_per_s": picked.get("baseline_tokens_per_s"),
-            "achieved_baseline_tokens_per_s": res["baseline_tokens_per_s"],
-            "achieved_over_predicted": round(ratio, 3) if ratio else None,
-            "far_below": bool(ratio is not None and ratio < FAR_BELOW)}
+    return {
+        "predicted_speedup": picked.get("speedup"),
+        "achieved_speedup": res["speedup"],
+        "predicted_tokens_per_s": picked.get("tokens_per_s"),
+        "achieved_tokens_per_s": res["eagle_tokens_per_s"],
+        "predicted_baseline_tokens_per_s": picked.get("baseline_tokens_per_s"),
+        "achieved_baseline_tokens_per_s": res["baseline_tokens_per_s"],
+        "achieved_over_predicted": round(ratio, 3) if ratio else None,
+        "far_below": bool(ratio is not None and ratio < FAR_BELOW),
+    }
 
 
 def _load_average() -> float | None:
@@ -159,8 +184,14 @@ def _load_average() -> float | None:
         return None
 
 
-def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: DecodeOptions | None = None,
-             model: ModelOptions | None = None, progress: bool = True) -> dict:
+def run_demo(
+    target=None,
+    draft=None,
+    opts: DemoOptions | None = None,
+    decode: DecodeOptions | None = None,
+    model: ModelOptions | None = None,
+    progress: bool = True,
+) -> dict:
     """The shipped pair (or `target` / `draft` folders) on the held-out prompts, both ways. `decode` gives the
     length and the tree (default: picked on a CPU by pick_chain, or taken from this machine's cache of its picks;
     DEFAULT_SHAPE on a GPU); `model` the device (default cpu: see DEMO_DEVICE), dtype and compile mode; `opts` the
@@ -169,9 +200,12 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     model = model or ModelOptions(device=DEMO_DEVICE)
     cpu = pick_device(model.device_name) == "cpu"
     if opts.repick and (decode.tree_given or not cpu):
-        raise InputError("--repick redoes the CPU chain pick, and this run picks no chain ("
-                         + ("the tree is given)" if decode.tree_given else "it runs on a GPU)"), code="E316",
-                         fix="leave out --repick, or --steps/--topk/--draft-tokens (on a CPU)")
+        raise InputError(
+            "--repick redoes the CPU chain pick, and this run picks no chain ("
+            + ("the tree is given)" if decode.tree_given else "it runs on a GPU)"),
+            code="E316",
+            fix="leave out --repick, or --steps/--topk/--draft-tokens (on a CPU)",
+        )
     load_start = _load_average()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -180,20 +214,26 @@ def run_demo(target=None, draft=None, opts: DemoOptions | None = None, decode: D
     dec = Decoder(tgt, drf, shape)
     choice = tgt.products_choice  # (set by load_pair or set_pair_products: what ran, and why)
     cmp = compare(dec, ids, decode.max_new_tokens, warmup=16, progress="demo" if progress else None)
-    res = {**cmp.summary(),
-           "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens,
-                    "picked": picked},
-           "device": str(tgt.device), "processor": processor_name(tgt.device), "threads": torch.get_num_threads(),
-           "threads_pick": threads_pick,
-           "compiled": compiled(tgt), "prompt_graphs": tgt.compiled_prompts,
-           "products": tgt.products,
-           "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-           "backend": tgt.backend,
-           "products_pick": tgt.products_pick, "draft_quant": drf.quantized if drf is not None else None,
-           "draft_precision": drf.precision if drf is not None else None,
-           "plan": tgt.plan.as_dict() if tgt.plan is not None else None,
-           "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
-           "pair": opts.pair, "per_prompt": cmp.rows()}
+    res = {
+        **cmp.summary(),
+        "tree": {"steps": shape.steps, "topk": shape.topk, "draft_tokens": shape.draft_tokens, "picked": picked},
+        "device": str(tgt.device),
+        "processor": processor_name(tgt.device),
+        "threads": torch.get_num_threads(),
+        "threads_pick": threads_pick,
+        "compiled": compiled(tgt),
+        "prompt_graphs": tgt.compiled_prompts,
+        "products": tgt.products,
+        "products_choice": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+        "backend": tgt.backend,
+        "products_pick": tgt.products_pick,
+        "draft_quant": drf.quantized if drf is not None else None,
+        "draft_precision": drf.precision if drf is not None else None,
+        "plan": tgt.plan.as_dict() if tgt.plan is not None else None,
+        "load_average": {"start": load_start, "end": _load_average(), "cores": os.cpu_count()},
+        "pair": opts.pair,
+        "per_prompt": cmp.rows(),
+    }
     if categories:
         res["accept_length_by_category"] = by_category(categories, res["per_prompt"])
         for row, cat in zip(res["per_prompt"], categories):
@@ -220,14 +260,25 @@ def _load_demo(target, draft, opts: DemoOptions, model: ModelOptions, cpu: bool)
     # --compile after the thread pick too: compiled CPU code holds one thread count, and the pick's steps at the
     # other count would compile it a second time
     defer_compile = pick_threads_here and model.compile_mode == "on"
-    tgt, drf = load_pair(tdir, ddir, model.backend, model.device_name, model.dtype_name,
-                         run=dataclasses.replace(model.runtime,
-                                                 compile="off" if defer_compile else model.compile_mode,
-                                                 products="aten" if defer else model.products))
+    tgt, drf = load_pair(
+        tdir,
+        ddir,
+        model.backend,
+        model.device_name,
+        model.dtype_name,
+        run=dataclasses.replace(
+            model.runtime,
+            compile="off" if defer_compile else model.compile_mode,
+            products="aten" if defer else model.products,
+        ),
+    )
     tok = load_tokenizer(tdir)
     if opts.pair == "smollm2":  # a chat model: every prompt through its chat template
-        rows = [{"category": "file", "prompt": t} for t in read_prompts(pfile)[:n_prompts]] if pfile \
+        rows = (
+            [{"category": "file", "prompt": t} for t in read_prompts(pfile)[:n_prompts]]
+            if pfile
             else chat_prompts(n_prompts)
+        )
         categories = [r["category"] for r in rows]
         ids = [encode(tok, r["prompt"], chat=True) for r in rows]
     else:
@@ -287,8 +338,11 @@ def print_demo(res: dict) -> None:
     else:
         t.add_row("output identical to the target's (greedy)", "", same)
     for cat, v in (res.get("accept_length_by_category") or {}).items():
-        t.add_row(f"accept length, {cat} ({v['prompts']} prompt{'s' if v['prompts'] != 1 else ''})", "",
-                  fmt(v["accept_length"]))
+        t.add_row(
+            f"accept length, {cat} ({v['prompts']} prompt{'s' if v['prompts'] != 1 else ''})",
+            "",
+            fmt(v["accept_length"]),
+        )
     if picked:
         _pick_rows(t, res, picked)
     if "warm_up_s" in res:
@@ -298,8 +352,9 @@ def print_demo(res: dict) -> None:
         t.caption = f"{how}; warm-up before the timings {res['warm_up_s']:.1f} s"
         la = res.get("load_average") or {}
         if la.get("start") is not None:
-            t.caption += (f"; load average {la['start']:.1f} at the start, {la['end']:.1f} at the end "
-                          f"({la['cores']} cores)")
+            t.caption += (
+                f"; load average {la['start']:.1f} at the start, {la['end']:.1f} at the end ({la['cores']} cores)"
+            )
     c.print(t)
     if choice:
         from .observe.report import products_line
@@ -314,45 +369,72 @@ def _demo_title(res: dict) -> str:
     picked = tr.get("picked")
     how = ""
     if picked and picked.get("cached"):
-        how = (f" (this machine's pick, from its cache {picked.get('cache_file')}, made {picked.get('picked_at')} "
-               f"in {picked['seconds']:.0f} s; --repick to pick again)")
+        how = (
+            f" (this machine's pick, from its cache {picked.get('cache_file')}, made {picked.get('picked_at')} "
+            f"in {picked['seconds']:.0f} s; --repick to pick again)"
+        )
     elif picked:
-        how = (f" (picked on this machine in {picked['seconds']:.0f} s of a {picked['budget_s']:.0f} s budget: "
-               f"accept lengths from {picked['model_prompts']}/{picked['prompts']} prompts, {picked['rounds']} "
-               f"timing rounds; predicted speedup of chains "
-               + ", ".join(f"{x['steps']} {x['speedup']:.2f}x" for x in picked["candidates"])
-               + " = their accept lengths on these prompts over their cycles in target steps)")
+        how = (
+            f" (picked on this machine in {picked['seconds']:.0f} s of a {picked['budget_s']:.0f} s budget: "
+            f"accept lengths from {picked['model_prompts']}/{picked['prompts']} prompts, {picked['rounds']} "
+            f"timing rounds; predicted speedup of chains "
+            + ", ".join(f"{x['steps']} {x['speedup']:.2f}x" for x in picked["candidates"])
+            + " = their accept lengths on these prompts over their cycles in target steps)"
+        )
     tp = res.get("threads_pick")
     threads = f"{res['threads']} thread{'s' if res['threads'] != 1 else ''}"
     if tp and len(tp["step_ms"]) > 1:
-        threads += (" (the faster target step here now: "
-                    + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items()) + ")")
+        threads += (
+            " (the faster target step here now: "
+            + ", ".join(f"{v:.1f} ms with {k}" for k, v in tp["step_ms"].items())
+            + ")"
+        )
     pp = res.get("products_pick")
     # the products kind goes on its own line below the table, with the chooser's reason (a result without the
     # choice, as older JSON, says the kind here)
-    prod = "" if res.get("products_choice") else f"; products: {res.get('products', 'aten')}" + (
-        " (the faster here; ms for a step + a 6-row verify: "
-        + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items()) + ")" if pp else "")
+    prod = (
+        ""
+        if res.get("products_choice")
+        else f"; products: {res.get('products', 'aten')}"
+        + (
+            " (the faster here; ms for a step + a 6-row verify: "
+            + ", ".join(f"{k} {sum(v):.1f}" for k, v in pp["ms"].items())
+            + ")"
+            if pp
+            else ""
+        )
+    )
     if res.get("draft_quant"):
         prod += f"; draft weights {res['draft_quant']}"
     pair = "SmolLM2-135M-Instruct + its EAGLE-3 draft, " if res.get("pair") == "smollm2" else ""
-    return (f"eaglekit demo: {pair}{res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
-            f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
-            f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}")
+    return (
+        f"eaglekit demo: {pair}{res['prompts']} held-out prompts, {res['new_tokens']} new tokens, "
+        f"{res['device']} ({res.get('processor', '?')}), {threads}; tree steps {tr['steps']}, "
+        f"topk {tr['topk']}, draft tokens {tr['draft_tokens']}{how}{prod}"
+    )
 
 
 def _pick_rows(t, res: dict, picked: dict) -> None:
     """The CPU chain pick's rows: what was picked and why, and what it predicted against what the run achieved."""
     chk = res.get("pick_check") or {}
-    t.add_row("chain picked", "", f"{res['tree']['steps']} draft tokens"
-              + (" (cached)" if picked.get("cached") else f" (picked in {picked['seconds']:.0f} s)"))
+    t.add_row(
+        "chain picked",
+        "",
+        f"{res['tree']['steps']} draft tokens"
+        + (" (cached)" if picked.get("cached") else f" (picked in {picked['seconds']:.0f} s)"),
+    )
     t.add_row("why", "", picked.get("why", ""))
     if chk.get("predicted_speedup"):
-        t.add_row("tokens/s predicted by the pick", f"{chk['predicted_baseline_tokens_per_s']:.1f}",
-                  f"{chk['predicted_tokens_per_s']:.1f}")
+        t.add_row(
+            "tokens/s predicted by the pick",
+            f"{chk['predicted_baseline_tokens_per_s']:.1f}",
+            f"{chk['predicted_tokens_per_s']:.1f}",
+        )
         t.add_row("speedup predicted by the pick", "", f"{chk['predicted_speedup']:.2f}x")
         verdict = f"{chk['achieved_over_predicted']:.0%} of the prediction"
         if chk["far_below"]:
-            verdict = (f"FAR BELOW: {verdict} (the machine's load changed under the run, or the cached pick was "
-                       "made under another: --repick)")
+            verdict = (
+                f"FAR BELOW: {verdict} (the machine's load changed under the run, or the cached pick was "
+                "made under another: --repick)"
+            )
         t.add_row("speedup achieved against predicted", "", verdict)

@@ -68,7 +68,9 @@ class TPGroup:
             f"rank {self.rank} of {self.world}: the {what} collective failed ({str(e).splitlines()[0][:200]}): "
             f"another rank died or did not answer within {self.timeout_s:.0f} s",
             fix="look at the other ranks' errors (the first one to fail names the cause); raise --tp-timeout if a "
-            "rank is merely slow (e.g. loading a large checkpoint)", code="E141")
+            "rank is merely slow (e.g. loading a large checkpoint)",
+            code="E141",
+        )
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of `x` over the ranks (a new tensor on the symmetric-memory path, `x` itself otherwise)."""
@@ -132,8 +134,9 @@ class TPGroup:
         except RuntimeError as e:
             raise self._failed("agreement", e) from None
         if len(set(got)) > 1:
-            raise DistributedError(f"the ranks disagree about {what}: {got}",
-                                   fix="launch every rank with the same arguments", code="E142")
+            raise DistributedError(
+                f"the ranks disagree about {what}: {got}", fix="launch every rank with the same arguments", code="E142"
+            )
 
     def setup_symm(self, numel: int, dtype: torch.dtype) -> None:
         """Symmetric-memory buffers for all-reduces of up to `numel` elements (collective: all ranks call it)."""
@@ -172,20 +175,29 @@ def current() -> TPGroup | None:
 
 def env_world() -> tuple[int, int, int]:
     """(world size, rank, local rank) from the torchrun environment; (1, 0, 0) outside it."""
-    return (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
-            int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+    return (
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))),
+    )
 
 
-def init_tp(tp: int | None = None, device: str = "auto", allreduce: str = "auto", timeout_s: float = 120.0,
-            lm_head: str = "auto") -> TPGroup:
+def init_tp(
+    tp: int | None = None,
+    device: str = "auto",
+    allreduce: str = "auto",
+    timeout_s: float = 120.0,
+    lm_head: str = "auto",
+) -> TPGroup:
     """Join the tensor-parallel group of this torchrun launch. `tp`, when given, must equal WORLD_SIZE."""
     global _TP
     world, rank, local = env_world()
     if tp is not None and tp != world:
         raise DistributedError(
             f"--tp {tp} but this launch has {world} process{'es' if world != 1 else ''} (WORLD_SIZE={world})",
-            fix=f"launch with torchrun --nproc-per-node {tp}, or pass --tp {world} (or leave --tp out under "
-            "torchrun)", code="E143")
+            fix=f"launch with torchrun --nproc-per-node {tp}, or pass --tp {world} (or leave --tp out under torchrun)",
+            code="E143",
+        )
     if allreduce not in ALLREDUCE:
         raise InputError(f"unknown all-reduce {allreduce!r}", fix=f"use one of {', '.join(ALLREDUCE)}", code="E108")
     if _TP is not None:
@@ -195,8 +207,11 @@ def init_tp(tp: int | None = None, device: str = "auto", allreduce: str = "auto"
     cuda = torch.cuda.is_available() if device == "auto" else str(device).startswith("cuda")
     if cuda:
         if local >= torch.cuda.device_count():
-            raise DistributedError(f"rank {rank} wants GPU {local} but {torch.cuda.device_count()} are visible",
-                                   fix="run at most one process per GPU", code="E143")
+            raise DistributedError(
+                f"rank {rank} wants GPU {local} but {torch.cuda.device_count()} are visible",
+                fix="run at most one process per GPU",
+                code="E143",
+            )
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     else:
@@ -274,18 +289,23 @@ def pick_lm_head(mode: str, vocab: int, hidden: int, world: int, device: torch.d
 
 def check_divisible(cfg, world: int, vocab_parallel: bool) -> None:
     """Every shape the ranks split must divide by the world size: one error naming them all."""
-    parts = [("attention heads (num_attention_heads)", cfg.num_heads),
-             ("key/value heads (num_key_value_heads)", cfg.num_kv_heads),
-             ("MLP width (intermediate_size)", cfg.intermediate_size)]
+    parts = [
+        ("attention heads (num_attention_heads)", cfg.num_heads),
+        ("key/value heads (num_key_value_heads)", cfg.num_kv_heads),
+        ("MLP width (intermediate_size)", cfg.intermediate_size),
+    ]
     if vocab_parallel:
         parts.append(("vocabulary (vocab_size, lm_head split by vocabulary)", cfg.vocab_size))
     bad = [f"{name} {n}" for name, n in parts if n % world]
     if bad:
         ok = [w for w in range(1, 9) if all(n % w == 0 for _, n in parts)]
-        raise InputError(f"tensor parallelism over {world} ranks splits these shapes, which {world} does not divide: "
-                         f"{', '.join(bad)}",
-                         fix=f"use --tp one of {ok}" + (" or --tp-lm-head replicated" if vocab_parallel and
-                                                        cfg.vocab_size % world else ""), code="E144")
+        raise InputError(
+            f"tensor parallelism over {world} ranks splits these shapes, which {world} does not divide: "
+            f"{', '.join(bad)}",
+            fix=f"use --tp one of {ok}"
+            + (" or --tp-lm-head replicated" if vocab_parallel and cfg.vocab_size % world else ""),
+            code="E144",
+        )
 
 
 # --- the command line ------------------------------------------------------------------------------------
@@ -327,8 +347,15 @@ def launch(n: int, argv: list[str], grace_s: float = 30.0, cmd: list[str] | None
     port = free_port()
     procs = []
     for r in range(n):
-        env = dict(os.environ, WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(
+            os.environ,
+            WORLD_SIZE=str(n),
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         procs.append(subprocess.Popen([*(cmd or [sys.executable, "-m", "eaglekit"]), *argv], env=env))
     _forward_signals(procs[0])
     rc, failed_at = 0, None

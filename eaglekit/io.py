@@ -27,8 +27,10 @@ def disk_full(path: Path, nbytes: int, e: OSError):
         f"{what} while writing {path.name} ({nbytes / 1e6:.2f} MB) in {path.parent} ({free}); the file was not "
         f"changed: the previous version (a checkpoint, a shard, a draft) is intact and nothing half-written was left",
         fix=f"free space under {path.parent} (or choose an --out on a larger disk), then run the same command "
-            f"again: training resumes from its last checkpoint, extraction from its last complete shard; "
-            f"regenerate and export write their file anew", code="E160")
+        f"again: training resumes from its last checkpoint, extraction from its last complete shard; "
+        f"regenerate and export write their file anew",
+        code="E160",
+    )
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -126,9 +128,12 @@ MAX_RECORD_BYTES = 64 * 2**20
 def _too_large(where: str, size: str) -> Exception:
     from .errors import InputError
 
-    return InputError(f"{where} is {size}, more than the {MAX_RECORD_BYTES // 2**20} MiB a data record may be "
-                      f"(one JSONL line, or one text file)", code="E126",
-                      fix="split it: several JSONL lines (records), or several text files")
+    return InputError(
+        f"{where} is {size}, more than the {MAX_RECORD_BYTES // 2**20} MiB a data record may be "
+        f"(one JSONL line, or one text file)",
+        code="E126",
+        fix="split it: several JSONL lines (records), or several text files",
+    )
 
 
 def iter_lines(path: str | Path, what: str = "file"):
@@ -145,9 +150,12 @@ def iter_lines(path: str | Path, what: str = "file"):
             try:
                 yield n, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
-                raise InputError(f"{what} {p}:{n} is not valid UTF-8: byte {raw[e.start]:#04x} at offset {e.start} "
-                                 f"of the line ({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)",
-                                 code="E116") from None
+                raise InputError(
+                    f"{what} {p}:{n} is not valid UTF-8: byte {raw[e.start]:#04x} at offset {e.start} "
+                    f"of the line ({e.reason})",
+                    fix="save the file as UTF-8 (e.g. iconv -t utf-8)",
+                    code="E116",
+                ) from None
 
 
 def read_record_text(path: str | Path) -> str:
@@ -189,10 +197,12 @@ def broken_link(path: str | Path, what: str) -> None:
     except OSError as e:
         loop = e.errno == errno.ELOOP
     target = os.readlink(p)
-    raise InputError(f"{what} {p} is a symbolic link " + (f"that loops (it leads back to itself through {target})"
-                                                           if loop else f"to {target}, which does not exist"),
-                     code="E128", fix="point the link at the real file (ls -l shows where it leads), or put the file "
-                                      "itself in its place")
+    raise InputError(
+        f"{what} {p} is a symbolic link "
+        + (f"that loops (it leads back to itself through {target})" if loop else f"to {target}, which does not exist"),
+        code="E128",
+        fix="point the link at the real file (ls -l shows where it leads), or put the file itself in its place",
+    )
 
 
 def need_dir(path: str | Path, what: str) -> Path:
@@ -204,8 +214,11 @@ def need_dir(path: str | Path, what: str) -> Path:
     if p.is_dir():
         return p
     if p.exists():
-        raise InputError(f"{what} {p} is a file, expected a folder", code="E118",
-                         fix=f"pass the folder that holds it ({p.parent}) or another folder")
+        raise InputError(
+            f"{what} {p} is a file, expected a folder",
+            code="E118",
+            fix=f"pass the folder that holds it ({p.parent}) or another folder",
+        )
     raise InputError(f"{what} {p} does not exist", fix="pass the path of an existing folder", code="E101")
 
 
@@ -218,8 +231,9 @@ def need_file(path: str | Path, what: str) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        raise InputError(f"{what} {p} is a directory, expected a file", code="E118",
-                         fix="pass a file inside it, or another file")
+        raise InputError(
+            f"{what} {p} is a directory, expected a file", code="E118", fix="pass a file inside it, or another file"
+        )
     raise InputError(f"{what} {p} does not exist", fix="pass an existing file", code="E101")
 
 
@@ -229,8 +243,11 @@ def no_file_at(path: str | Path, what: str) -> Path:
 
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise InputError(f"{what} {p} is a file, expected a folder (new or existing)", code="E118",
-                         fix="pass another --out, or move the file away")
+        raise InputError(
+            f"{what} {p} is a file, expected a folder (new or existing)",
+            code="E118",
+            fix="pass another --out, or move the file away",
+        )
     return p
 
 
@@ -270,9 +287,12 @@ def check_utf8(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
-        raise InputError(f"{what} is not valid UTF-8: byte(s) {bad.hex(' ')} at character {e.start}", code="E116",
-                         fix="pass UTF-8 text (check the terminal's or the file's encoding)") from None
+        bad = text[e.start : e.end].encode("utf-8", "surrogateescape")
+        raise InputError(
+            f"{what} is not valid UTF-8: byte(s) {bad.hex(' ')} at character {e.start}",
+            code="E116",
+            fix="pass UTF-8 text (check the terminal's or the file's encoding)",
+        ) from None
     return text
 
 
@@ -285,16 +305,26 @@ def read_utf8(path: str | Path, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{what} {p} is not valid UTF-8: byte {data[e.start]:#04x} at offset {e.start} "
-                         f"({e.reason})", fix="save the file as UTF-8 (e.g. iconv -t utf-8)", code="E116") from None
+        raise InputError(
+            f"{what} {p} is not valid UTF-8: byte {data[e.start]:#04x} at offset {e.start} ({e.reason})",
+            fix="save the file as UTF-8 (e.g. iconv -t utf-8)",
+            code="E116",
+        ) from None
 
 
 # --- a model or draft folder's JSON files: read before any loader, each broken one named by its own code ----------
 # (a broken config.json read by the tokenizer loader is not a tokenizer problem). Here, below models/ and the
 # tokenizer, because both read them.
-FOLDER_JSON = {"config.json": "E150", "tokenizer.json": "E151", "tokenizer_config.json": "E152",
-               "generation_config.json": "E153", "model.safetensors.index.json": "E154",
-               "special_tokens_map.json": "E155", "added_tokens.json": "E155", "chat_template.json": "E155"}
+FOLDER_JSON = {
+    "config.json": "E150",
+    "tokenizer.json": "E151",
+    "tokenizer_config.json": "E152",
+    "generation_config.json": "E153",
+    "model.safetensors.index.json": "E154",
+    "special_tokens_map.json": "E155",
+    "added_tokens.json": "E155",
+    "chat_template.json": "E155",
+}
 
 
 # the other files of a model folder its loaders read (a tokenizer's vocabularies, single-file weights)
@@ -317,8 +347,9 @@ def read_json(path: str | Path, what: str) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{what}: {path} is not valid JSON ({e})", fix=fix, code=code) from None
     if not isinstance(obj, dict):
-        raise InputError(f"{what}: {path} holds a JSON {type(obj).__name__}, not the object {path.name} must be",
-                         fix=fix, code=code)
+        raise InputError(
+            f"{what}: {path} holds a JSON {type(obj).__name__}, not the object {path.name} must be", fix=fix, code=code
+        )
     return obj
 
 

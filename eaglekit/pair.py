@@ -57,9 +57,15 @@ class RunPlan:
 
     def as_dict(self) -> dict:
         """{part: {"value", "why"}}: what `generate --json` and the demo report."""
-        out = {k: {"value": d.value, "why": d.why} for k, d in
-               (("compile", self.compile), ("prompt_graphs", self.prompt_graphs), ("experts", self.experts),
-                ("draft_precision", self.draft_precision))}
+        out = {
+            k: {"value": d.value, "why": d.why}
+            for k, d in (
+                ("compile", self.compile),
+                ("prompt_graphs", self.prompt_graphs),
+                ("experts", self.experts),
+                ("draft_precision", self.draft_precision),
+            )
+        }
         c = self.products
         return out | {"products": {"value": c.kind, "why": c.reason} if c is not None else None}
 
@@ -74,41 +80,59 @@ def plan_run(target: Target, draft: Eagle3Draft | None, device, run: PairRuntime
     elif run.compile in (False, "off"):
         comp = Decision(False, "asked not to (--no-compile)")
     elif run.compile not in ("auto", None):
-        raise InputError(f"compile={run.compile!r} is not one of auto, on, off", fix="pass auto, on or off",
-                         code="E108")
+        raise InputError(
+            f"compile={run.compile!r} is not one of auto, on, off", fix="pass auto, on or off", code="E108"
+        )
     elif run.server:
-        comp = Decision(False, "a server's batched engine meets many (rows, tokens) shapes, each a compile of its "
-                               "own (seconds each, some while requests wait): --compile asks for it")
+        comp = Decision(
+            False,
+            "a server's batched engine meets many (rows, tokens) shapes, each a compile of its "
+            "own (seconds each, some while requests wait): --compile asks for it",
+        )
     elif not own:
-        comp = Decision(False, "this target's decoder does not compile (transformers-backed, or a tensor-parallel "
-                               "rank)")
+        comp = Decision(
+            False, "this target's decoder does not compile (transformers-backed, or a tensor-parallel rank)"
+        )
     elif gpu:
-        comp = Decision(True, "a GPU with eaglekit's own decoder: the engine records the compiled kernels in its "
-                              "CUDA graphs")
+        comp = Decision(
+            True, "a GPU with eaglekit's own decoder: the engine records the compiled kernels in its CUDA graphs"
+        )
     else:
         comp = Decision(False, "on a CPU compiling does not pay (docs/performance.md#d34)")
     if run.prompt_graphs and not own:
-        raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
-                         code="E108", fix="leave out --prompt-graphs for this target")
-    graphs = Decision(bool(run.prompt_graphs), "asked for (--prompt-graphs)" if run.prompt_graphs else
-                      "prompts run eagerly: prompt graphs are opt-in until their warm-up is measured on a GPU "
-                      "(eaglekit.kernels.compiling.compile_prompt)")
+        raise InputError(
+            "--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
+            code="E108",
+            fix="leave out --prompt-graphs for this target",
+        )
+    graphs = Decision(
+        bool(run.prompt_graphs),
+        "asked for (--prompt-graphs)"
+        if run.prompt_graphs
+        else "prompts run eagerly: prompt graphs are opt-in until their warm-up is measured on a GPU "
+        "(eaglekit.kernels.compiling.compile_prompt)",
+    )
     experts = _experts(target, run.experts)
     precision: Decision[str | None]
     if draft is None:
         precision = Decision(None, "no draft")
     elif run.draft_quant in (None, "auto"):
         q = auto_draft_quant(target, draft, device)
-        precision = Decision(q, "int8 weights on a GPU for a bf16/fp16 pair: half the bytes a draft step, the "
-                                "accept length within 1% (docs/performance.md#d24)" if q == "int8" else
-                             "as stored: int8 pays on a GPU in bf16/fp16 only")
+        precision = Decision(
+            q,
+            "int8 weights on a GPU for a bf16/fp16 pair: half the bytes a draft step, the "
+            "accept length within 1% (docs/performance.md#d24)"
+            if q == "int8"
+            else "as stored: int8 pays on a GPU in bf16/fp16 only",
+        )
     else:
         precision = Decision(run.draft_quant, "asked for (--draft-quant)")
     return RunPlan(comp, graphs, experts, precision)
 
 
-def load_pair(target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None,
-              run: PairRuntime | None = None) -> tuple[Target, Eagle3Draft | None]:
+def load_pair(
+    target_dir, draft_dir=None, backend: str = "auto", device: str = "auto", dtype=None, run: PairRuntime | None = None
+) -> tuple[Target, Eagle3Draft | None]:
     """The target and its draft (None without `draft_dir`), run as `run` (eaglekit.options.PairRuntime; None: its
     defaults) says, through plan_run (kept as `target.plan`):
 
@@ -163,16 +187,25 @@ def _experts(target, experts: str) -> Decision[str | None]:
     from .options import EXPERTS
 
     if experts not in EXPERTS:
-        raise InputError(f"experts={experts!r} is not one of {', '.join(EXPERTS)}", code="E108",
-                         fix=f"pass one of {', '.join(EXPERTS)}")
+        raise InputError(
+            f"experts={experts!r} is not one of {', '.join(EXPERTS)}",
+            code="E108",
+            fix=f"pass one of {', '.join(EXPERTS)}",
+        )
     if target.experts is None:
         if experts != "auto":
-            raise InputError(f"--experts {experts} applies to mixture-of-experts targets (the DeepSeek family); this "
-                             f"target ({target.backend or type(target).__name__}) has none",
-                             code="E108", fix="leave out --experts for this target")
+            raise InputError(
+                f"--experts {experts} applies to mixture-of-experts targets (the DeepSeek family); this "
+                f"target ({target.backend or type(target).__name__}) has none",
+                code="E108",
+                fix="leave out --experts for this target",
+            )
         return Decision(None, "a dense target")
-    return (Decision(None, "the target's default (auto)") if experts == "auto" else
-            Decision(experts, "asked for (--experts)"))
+    return (
+        Decision(None, "the target's default (auto)")
+        if experts == "auto"
+        else Decision(experts, "asked for (--experts)")
+    )
 
 
 def set_experts(target, experts: str = "auto") -> None:
@@ -203,8 +236,15 @@ def set_draft_precision(target, draft, device, draft_quant: str | None = None) -
     draft.precision = draft_quant if draft_quant != "none" else str(draft.dtype).replace("torch.", "")
 
 
-def set_pair_products(target, draft, products: str = "auto", device="cpu", batched: bool = False,
-                      rows: int | None = None, why: str = "asked for (--products)") -> Choice:
+def set_pair_products(
+    target,
+    draft,
+    products: str = "auto",
+    device="cpu",
+    batched: bool = False,
+    rows: int | None = None,
+    why: str = "asked for (--products)",
+) -> Choice:
     """load_pair's `products` for a target and draft loaded some other way (see load_pair). The kind that runs and
     why are kept on the target as `products_choice` (eaglekit.kernels.products.Choice): `--json`, the demo's table
     and the doctor report them (and the plan, where load_pair made one). `why`: the reason a named kind (not 'auto')
@@ -213,8 +253,11 @@ def set_pair_products(target, draft, products: str = "auto", device="cpu", batch
     from .kernels.products import CPU_KINDS, Choice, check_kind, choose, pick_cpu
 
     if products not in PRODUCTS:
-        raise InputError(f"products={products!r} is not one of {', '.join(PRODUCTS)}", code="E108",
-                         fix=f"pass one of {', '.join(PRODUCTS)}")
+        raise InputError(
+            f"products={products!r} is not one of {', '.join(PRODUCTS)}",
+            code="E108",
+            fix=f"pass one of {', '.join(PRODUCTS)}",
+        )
     if products == "auto":
         choice = choose(target, device, batched, rows)
         if choice.kind == "pick":

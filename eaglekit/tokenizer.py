@@ -18,8 +18,11 @@ def load_tokenizer(folder: str | Path, required: bool = True):
     folder = need_dir(resolve_target(folder), "model folder")
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         if required:
-            raise InputError(f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
-                             fix="copy the tokenizer files into the target folder, or pass token ids", code="E109")
+            raise InputError(
+                f"no tokenizer in {folder} (looked for {', '.join(_TOKENIZER_FILES)})",
+                fix="copy the tokenizer files into the target folder, or pass token ids",
+                code="E109",
+            )
         return None
     from transformers import AutoTokenizer
 
@@ -27,8 +30,9 @@ def load_tokenizer(folder: str | Path, required: bool = True):
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception for a tokenizer.json it cannot use)
-        raise InputError(f"the tokenizer in {folder} cannot be loaded: {e}", fix="re-save the tokenizer",
-                         code="E109") from None
+        raise InputError(
+            f"the tokenizer in {folder} cannot be loaded: {e}", fix="re-save the tokenizer", code="E109"
+        ) from None
 
 
 def tokenizer_fingerprint(folder: str | Path) -> str | None:
@@ -113,10 +117,16 @@ def token_ids(out) -> list[int]:
 def encode(tokenizer, text: str, chat: bool = False) -> list[int]:
     if chat:
         if not chat_template_of(tokenizer):
-            raise InputError("--chat was given but the tokenizer has no chat template",
-                             fix="leave out --chat, or add a chat_template to tokenizer_config.json", code="E109")
-        return token_ids(tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                       add_generation_prompt=True, tokenize=True))
+            raise InputError(
+                "--chat was given but the tokenizer has no chat template",
+                fix="leave out --chat, or add a chat_template to tokenizer_config.json",
+                code="E109",
+            )
+        return token_ids(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+        )
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
@@ -133,8 +143,11 @@ def read_prompts(path: str | Path) -> list[str]:
         for n, obj in iter_jsonl(path):
             p = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else obj
             if not isinstance(p, str):
-                raise InputError(f"{path}:{n} has no string field 'prompt' or 'text'", code="E102",
-                                 fix='write lines like {"prompt": "..."}')
+                raise InputError(
+                    f"{path}:{n} has no string field 'prompt' or 'text'",
+                    code="E102",
+                    fix='write lines like {"prompt": "..."}',
+                )
             out.append(p)
     else:
         out = []

@@ -5,6 +5,8 @@ the counts and the offenders."""
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "eaglekit"
@@ -50,3 +52,11 @@ def test_the_counters_see_what_they_count(tmp_path):
     src = "def f(a, b, c, d, e, f, g, h, i, j, k):\n" + "    x = 1\n" * 85 + "    return getattr(x, 'y', None)\n"
     t = ast.parse(src).body[0]
     assert t.end_lineno - t.lineno + 1 > 80 and len(t.args.args) == 11 and len(PROBE.findall(src)) == 1
+
+
+def test_the_package_is_formatted():
+    """`ruff format --check` over the package with pyproject's [tool.ruff.format] (what .ci/run runs): the shape
+    counted above is the formatted one."""
+    p = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--diff", str(PKG)], cwd=PKG.parent,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, f"ruff format would change the package (run `ruff format eaglekit`):\n{p.stdout[-3000:]}"

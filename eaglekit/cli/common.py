@@ -46,12 +46,25 @@ def decode_options(args, **over) -> DecodeOptions:
 
 def add_tp(p):
     g = p.add_argument_group("tensor parallelism (also under torchrun --nproc-per-node N -m eaglekit ...)")
-    g.add_argument("--tp", type=int, default=None, help="split the target over N processes (one per GPU, or CPU "
-                   "processes over gloo); the draft runs replicated on each")
-    g.add_argument("--tp-allreduce", default="auto", choices=["auto", "nccl", "symm"],
-                   help="GPU all-reduce: symm (torch symmetric memory, one-shot; auto) or nccl")
-    g.add_argument("--tp-lm-head", default="auto", choices=["auto", "vocab", "replicated"],
-                   help="lm_head split by vocabulary or replicated (auto: split on GPUs, by size on CPUs)")
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="split the target over N processes (one per GPU, or CPU "
+        "processes over gloo); the draft runs replicated on each",
+    )
+    g.add_argument(
+        "--tp-allreduce",
+        default="auto",
+        choices=["auto", "nccl", "symm"],
+        help="GPU all-reduce: symm (torch symmetric memory, one-shot; auto) or nccl",
+    )
+    g.add_argument(
+        "--tp-lm-head",
+        default="auto",
+        choices=["auto", "vocab", "replicated"],
+        help="lm_head split by vocabulary or replicated (auto: split on GPUs, by size on CPUs)",
+    )
     g.add_argument("--tp-timeout", type=float, default=120.0, help="seconds before a silent rank is an error")
 
 
@@ -80,15 +93,18 @@ def check_prompt_fits(n_tokens: int, context: int | None) -> None:
     if context is not None and n_tokens >= context:
         from ..errors import GenerationError
 
-        raise GenerationError(f"the prompt is {n_tokens} tokens; the target's context is {context}, so it is "
-                              f"{n_tokens - context + 1} token(s) too long to leave room for one new token",
-                              fix=f"shorten the prompt by at least {n_tokens - context + 1} tokens", code="E309")
+        raise GenerationError(
+            f"the prompt is {n_tokens} tokens; the target's context is {context}, so it is "
+            f"{n_tokens - context + 1} token(s) too long to leave room for one new token",
+            fix=f"shorten the prompt by at least {n_tokens - context + 1} tokens",
+            code="E309",
+        )
 
 
 def cut_at_stop(text: str, stops) -> str:
     """The text before the first stop string, as the server (and OpenAI's API) returns it."""
     hits = [i for s in stops or () if (i := text.find(s)) >= 0]
-    return text[:min(hits)] if hits else text
+    return text[: min(hits)] if hits else text
 
 
 def tree_shape(args):

@@ -40,15 +40,28 @@ def cmd_generate(args) -> int:
     model, decode = model_options(args), decode_options(args)  # validated here, before any model loads
     sp, shape, capture = decode.sampling(), decode.shape(), model.capture
     tok, ids = _prompt_ids(args, decode)
-    target, draft = load_pair(model.target, None if args.baseline else model.draft, model.backend, model.device_name,
-                              model.dtype_name, run=model.runtime)
+    target, draft = load_pair(
+        model.target,
+        None if args.baseline else model.draft,
+        model.backend,
+        model.device_name,
+        model.dtype_name,
+        run=model.runtime,
+    )
     if args.auto and draft is not None:
         from ..tune.sweep import auto_shape
 
         shape, _ = auto_shape(target, draft, [ids], sp, capture=capture, allow_other_target=model.allow_other_target)
-    dec = Decoder(target, draft, shape, capture=capture, allow_other_target=model.allow_other_target,
-                  profile=args.profile, profile_ranges=bool(args.profile_trace),
-                  graphs=False if args.no_graphs else "auto")
+    dec = Decoder(
+        target,
+        draft,
+        shape,
+        capture=capture,
+        allow_other_target=model.allow_other_target,
+        profile=args.profile,
+        profile_ranges=bool(args.profile_trace),
+        graphs=False if args.no_graphs else "auto",
+    )
     res = _run_generation(dec, ids, decode, sp, tok, args.profile_trace)
     _print_generation(args, dec, res, decode.stop)
     return 0
@@ -70,8 +83,9 @@ def _prompt_ids(args, decode: DecodeOptions) -> tuple[Any, list[int]]:
     return tok, ids
 
 
-def _run_generation(dec: Decoder, ids: list[int], decode: DecodeOptions, sp: SamplingParams, tok,
-                    trace: str | None) -> GenerationResult:
+def _run_generation(
+    dec: Decoder, ids: list[int], decode: DecodeOptions, sp: SamplingParams, tok, trace: str | None
+) -> GenerationResult:
     """One generation; with `trace` (--profile-trace), under torch.profiler, written to that file."""
     if not trace:
         return dec.generate(ids, decode.max_new_tokens, sp, stop_strings=decode.stop or (), tokenizer=tok)
@@ -100,9 +114,17 @@ def _print_generation(args, dec: Decoder, res: GenerationResult, stop: list[str]
         print(json.dumps(_generation_json(dec, res, text)))
         return
     print(text)
-    print_table(metrics_table(m, title="generation" + (f" (steps {dec.shape.steps}, topk {dec.shape.topk}, "
-                                                      f"draft tokens {dec.shape.draft_tokens})"
-                                                      if m.speculative else " (target alone)")))
+    print_table(
+        metrics_table(
+            m,
+            title="generation"
+            + (
+                f" (steps {dec.shape.steps}, topk {dec.shape.topk}, draft tokens {dec.shape.draft_tokens})"
+                if m.speculative
+                else " (target alone)"
+            ),
+        )
+    )
     if (args.profile or args.profile_trace) and m.phases:
         from ..observe.report import phase_table
 
@@ -113,37 +135,49 @@ def _generation_json(dec: Decoder, res: GenerationResult, text: str) -> dict:
     """--json's object: the text, the ids, the metrics (the headline ones first) and, with a draft, the tree."""
     m = res.metrics
     metrics = m.to_dict()
-    keep = ["new_tokens", "tokens_per_s"] + (["accept_length", "accept_rate", "verify_count", "per_position"]
-                                             if m.speculative else [])
+    keep = ["new_tokens", "tokens_per_s"] + (
+        ["accept_length", "accept_rate", "verify_count", "per_position"] if m.speculative else []
+    )
     # which decoder served (ours, deepseek, tp, hf) and how its products ran, with the chooser's reason
     target, draft = dec.target, dec.draft
     choice = target.products_choice
-    served = {"backend": target.backend,
-              "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
-              "draft_precision": draft.precision if draft is not None else None,
-              "prompt_graphs": target.compiled_prompts,
-              "experts": target.experts,
-              "plan": target.plan.as_dict() if target.plan is not None else None}
-    out = {"text": text, "token_ids": res.token_ids,
-           "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
-           "stop_reason": res.stop_reason}
+    served = {
+        "backend": target.backend,
+        "products": {"kind": choice.kind, "reason": choice.reason} if choice is not None else None,
+        "draft_precision": draft.precision if draft is not None else None,
+        "prompt_graphs": target.compiled_prompts,
+        "experts": target.experts,
+        "plan": target.plan.as_dict() if target.plan is not None else None,
+    }
+    out = {
+        "text": text,
+        "token_ids": res.token_ids,
+        "metrics": {k: metrics[k] for k in keep} | {k: v for k, v in metrics.items() if k not in keep} | served,
+        "stop_reason": res.stop_reason,
+    }
     if m.speculative:
         out["tree"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens}
     return out
 
 
 def _generate_args(p):
-    p.add_argument("--target", required=True,
-                   help="target model folder (config.json, safetensors, tokenizer) or a .gguf file")
+    p.add_argument(
+        "--target", required=True, help="target model folder (config.json, safetensors, tokenizer) or a .gguf file"
+    )
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file whose whole content is the prompt (UTF-8)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     DecodeOptions.add_args(p, only=("max_new_tokens",))
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; not empty): decoding "
-                   "ends when the text contains it, and the text printed ends before it, as the server and "
-                   "OpenAI's API return it (--json's token_ids keep the tokens that completed it)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        help="stop string (repeatable; not empty): decoding "
+        "ends when the text contains it, and the text printed ends before it, as the server and "
+        "OpenAI's API return it (--json's token_ids keep the tokens that completed it)",
+    )
     p.add_argument("--baseline", action="store_true", help="decode with the target alone")
     p.add_argument("--auto", action="store_true", help="pick (steps, topk, draft tokens) by a short sweep first")
     p.add_argument("--profile", action="store_true", help="time each phase of the cycle (CUDA events on a GPU)")
@@ -177,8 +211,9 @@ def cmd_sweep(args) -> int:
         try:
             return tuple(int(x) for x in s.split(","))
         except ValueError:
-            raise InputError(f"{s!r} is not a comma-separated list of integers", code="E108",
-                             fix="e.g. --steps 1,3,5") from None
+            raise InputError(
+                f"{s!r} is not a comma-separated list of integers", code="E108", fix="e.g. --steps 1,3,5"
+            ) from None
 
     grid = {"steps": ints(args.steps), "topk": ints(args.topk), "draft_tokens": ints(args.draft_tokens)}
     for name, values in grid.items():
@@ -189,25 +224,29 @@ def cmd_sweep(args) -> int:
 
     need_file(args.prompt_file, "--prompt-file")
     no_file_at(args.out, "--out")
-    no_overlap(args.out, "--out", {"--target": model.target, "--draft": model.draft,
-                                   "--prompt-file": args.prompt_file})
+    no_overlap(args.out, "--out", {"--target": model.target, "--draft": model.draft, "--prompt-file": args.prompt_file})
     check_folders(model.target, model.draft)
     assert model.target is not None  # --target is required
     tok = load_tokenizer(model.target)
     prompts = [encode(tok, p) for p in read_prompts(args.prompt_file)[: args.prompts]]
-    target, draft = load_pair(model.target, model.draft, model.backend, model.device_name, model.dtype_name,
-                              run=model.runtime)
-    res = sweep(target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture,
-                model.allow_other_target)
+    target, draft = load_pair(
+        model.target, model.draft, model.backend, model.device_name, model.dtype_name, run=model.runtime
+    )
+    res = sweep(
+        target, draft, prompts, grid, decode.sampling(), decode.max_new_tokens, model.capture, model.allow_other_target
+    )
     paths = write_results(res, args.out)
     if args.json:
         print(json.dumps(res))
     else:
         print_table(sweep_table(res))
         b = res["best"]
-        print(f"best: --steps {b['steps']} --topk {b['topk']} --draft-tokens {b['draft_tokens']} "
-              f"({b['tokens_per_s']:.1f} tok/s, {b['speedup']:.2f}x, accept length {fmt(b['accept_length'])}); "
-              f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+        print(
+            f"best: --steps {b['steps']} --topk {b['topk']} --draft-tokens {b['draft_tokens']} "
+            f"({b['tokens_per_s']:.1f} tok/s, {b['speedup']:.2f}x, accept length {fmt(b['accept_length'])}); "
+            f"wrote {', '.join(str(p) for p in paths.values())}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -230,8 +269,11 @@ def _sweep_args(p):
 
 cmd_sweep.add_args = _sweep_args
 
-@command("trace", "trace diff A B: put two EAGLE3_DEBUG traces side by side (e.g. vLLM's and eaglekit's), name "
-                 "where they part")
+
+@command(
+    "trace",
+    "trace diff A B: put two EAGLE3_DEBUG traces side by side (e.g. vLLM's and eaglekit's), name where they part",
+)
 def cmd_trace(args) -> int:
     """Compares two trace files (JSON lines from EAGLE3_DEBUG_FILE, written by eaglekit or by the eaglekit plugin
     inside vLLM) record by record at matching (cycle, point) and names the first point where they part: layers,

@@ -62,21 +62,45 @@ def _record_pair(args, model: ModelOptions, max_new_tokens: int) -> None:
     (with --json, the record's gist as one object)."""
     from ..doctor.recorded import write_pair_record
 
-    rec = write_pair_record(model.target, model.draft, args.prompt_file, max_new_tokens, model.capture,
-                            model.backend, model.device_name, model.dtype_name,
-                            log=(lambda m: None) if args.json else print)
+    rec = write_pair_record(
+        model.target,
+        model.draft,
+        args.prompt_file,
+        max_new_tokens,
+        model.capture,
+        model.backend,
+        model.device_name,
+        model.dtype_name,
+        log=(lambda m: None) if args.json else print,
+    )
     if args.json:
-        print(json.dumps({k: rec[k] for k in ("written_by", "steps", "acceptance", "config", "d2t_sha256",
-                                              "target", "run")}))
+        print(
+            json.dumps(
+                {k: rec[k] for k in ("written_by", "steps", "acceptance", "config", "d2t_sha256", "target", "run")}
+            )
+        )
 
 
 def _print_could_not_run(e: EaglekitError, as_json: bool) -> None:
     """Why the doctor could not run (exit status 2)."""
     if as_json:  # the report's shape (eaglekit.doctor.report), with nothing probed
-        print(json.dumps({"status": "could_not_run", "exit_code": 2, "decide": [],
-                          "verdict": f"doctor could not run: {e}", "fault": False, "conclusive": False,
-                          "pair": {}, "findings": [{"code": e.code, "severity": "error", "message": e.message,
-                                                    "fix": e.fix, "evidence": {}}], "probe": []}))
+        print(
+            json.dumps(
+                {
+                    "status": "could_not_run",
+                    "exit_code": 2,
+                    "decide": [],
+                    "verdict": f"doctor could not run: {e}",
+                    "fault": False,
+                    "conclusive": False,
+                    "pair": {},
+                    "findings": [
+                        {"code": e.code, "severity": "error", "message": e.message, "fix": e.fix, "evidence": {}}
+                    ],
+                    "probe": [],
+                }
+            )
+        )
     else:
         print(f"eaglekit doctor: could not run: {e}", file=sys.stderr)
 
@@ -92,7 +116,7 @@ def _name_each_finding_once(res: dict) -> None:
         item = f"; [{f.get('code')}] {f.get('message')}" + (f" (fix: {f['fix']})" if f.get("fix") else "")
         v = res.get("verdict") or ""
         if (i := v.find(item[2:])) >= 0 and (j := v.find(item, i + 1)) >= 0:
-            res["verdict"] = v[:j] + v[j + len(item):]
+            res["verdict"] = v[:j] + v[j + len(item) :]
 
 
 def _print_doctor(res: dict, as_json: bool) -> None:
@@ -120,21 +144,34 @@ def _doctor_args(p):
     ModelOptions.add_args(p, only=("capture_layers",))
     DoctorOptions.add_args(p, only=("time_budget",))
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--record", action="store_true",
-                   help="for a pair you trust (a draft made elsewhere): measure it on the probe prompts and write its "
-                        "training record (eaglekit_record.json) into the draft folder, which later runs of the doctor "
-                        "compare with; no verdict")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="for a pair you trust (a draft made elsewhere): measure it on the probe prompts and write its "
+        "training record (eaglekit_record.json) into the draft folder, which later runs of the doctor "
+        "compare with; no verdict",
+    )
     DoctorOptions.add_args(p, only=("reference_acceptance",))
     add_runtime(p, device=DOCTOR_DEVICE)
     add_tp(p)
-    p.add_argument("--engine", choices=["vllm"], default=None,
-                   help="also run the pair inside this engine (vLLM's offline LLM API, eager, greedy) and compare its "
-                        "own per-position acceptance with eaglekit's on the same prompts")
-    p.add_argument("--engine-python", default=None,
-                   help="python of a venv with the engine (default: this one if it imports vllm, else "
-                        "$EAGLEKIT_VLLM_PYTHON)")
-    p.add_argument("--steps", type=int, default=3, help="chain length k (vLLM num_speculative_tokens; eaglekit "
-                                                         "TreeShape(k, 1, k+1)); default 3")
+    p.add_argument(
+        "--engine",
+        choices=["vllm"],
+        default=None,
+        help="also run the pair inside this engine (vLLM's offline LLM API, eager, greedy) and compare its "
+        "own per-position acceptance with eaglekit's on the same prompts",
+    )
+    p.add_argument(
+        "--engine-python",
+        default=None,
+        help="python of a venv with the engine (default: this one if it imports vllm, else $EAGLEKIT_VLLM_PYTHON)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="chain length k (vLLM num_speculative_tokens; eaglekit TreeShape(k, 1, k+1)); default 3",
+    )
 
 
 cmd_doctor.add_args = _doctor_args
@@ -161,15 +198,18 @@ def cmd_export(args) -> int:
     from ..draft import check_pair
 
     draft.config.capture = check_pair(draft, target, capture_override(args), args.allow_other_target)
-    warnings = export(draft, args.out, args.to, target, resolve_dtype(args.out_dtype),
-                      True if args.with_embedding else None)
+    warnings = export(
+        draft, args.out, args.to, target, resolve_dtype(args.out_dtype), True if args.with_embedding else None
+    )
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     spec = draft.config.capture
     ids = list(spec.input_of()) if args.to == "vllm" else list(spec.after_layers)
-    print(f"wrote {args.to} draft to {args.out}: capture ids {ids} ("
-          f"{'input of layer' if args.to == 'vllm' else 'output of layer'}) = after_layers {list(spec.after_layers)}",
-          file=sys.stderr)
+    print(
+        f"wrote {args.to} draft to {args.out}: capture ids {ids} ("
+        f"{'input of layer' if args.to == 'vllm' else 'output of layer'}) = after_layers {list(spec.after_layers)}",
+        file=sys.stderr,
+    )
     if args.to == "vllm":
         from ..interop.export import verifier_name
 
@@ -182,8 +222,11 @@ def _export_args(p):
     p.add_argument("out", help="output folder")
     p.add_argument("--draft", required=True)
     p.add_argument("--to", required=True, choices=["sglang", "vllm", "specforge"])
-    p.add_argument("--target", required=True, help="the target the draft serves (checked, and the source of the "
-                                                   "embedding and of the default capture)")
+    p.add_argument(
+        "--target",
+        required=True,
+        help="the target the draft serves (checked, and the source of the embedding and of the default capture)",
+    )
     p.add_argument("--out-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--with-embedding", action="store_true", help="store embed_tokens.weight (sglang: off by default)")
     add_capture(p)

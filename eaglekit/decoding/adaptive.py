@@ -236,22 +236,35 @@ class SpecPolicy:
         self._fade()
         if self.since_plain > 0:  # the first plain step after cycles (a probe, or a switch): did speculation still win?
             g = self.gain(rows)
-            self.plain_probe = (min(2 * self.plain_probe, self.probe_ceiling(rows)) if g is not None and g > 1.0
-                                else MIN_PROBE)
+            self.plain_probe = (
+                min(2 * self.plain_probe, self.probe_ceiling(rows)) if g is not None and g > 1.0 else MIN_PROBE
+            )
         self.since_plain = 0
 
     def summary(self) -> dict:
         """The policy's figures, for /server_info and benchmarks: rates, costs (ms) and gains per padded size. Safe
         to call from another thread than the engine's: it reads copies (a dict copy is one step under the GIL)."""
         snap = SpecPolicy(self.positions, self.lengths)  # (its __post_init__ sets the prior: the figures go in after)
-        snap.reached, snap.accepted, snap.spec, snap.plain = (list(self.reached), list(self.accepted), dict(self.spec),
-                                                              dict(self.plain))
+        snap.reached, snap.accepted, snap.spec, snap.plain = (
+            list(self.reached),
+            list(self.accepted),
+            dict(self.spec),
+            dict(self.plain),
+        )
         sizes = sorted({r for r, _ in snap.spec} | set(snap.plain))
-        return {"rates": [round(a, 4) for a in snap.rates()], "lengths": list(snap.lengths),
-                "sizes": {str(r): {"plain_ms": _ms(snap.plain.get(r)),
-                                   "cycle_ms": {str(j): _ms(snap.spec.get((r, j))) for j in snap.lengths},
-                                   "best_length": (snap.best(r) or (None,))[0], "gain": _round(snap.gain(r))}
-                          for r in sizes}}
+        return {
+            "rates": [round(a, 4) for a in snap.rates()],
+            "lengths": list(snap.lengths),
+            "sizes": {
+                str(r): {
+                    "plain_ms": _ms(snap.plain.get(r)),
+                    "cycle_ms": {str(j): _ms(snap.spec.get((r, j))) for j in snap.lengths},
+                    "best_length": (snap.best(r) or (None,))[0],
+                    "gain": _round(snap.gain(r)),
+                }
+                for r in sizes
+            },
+        }
 
     def _fade(self) -> None:
         k = 0.5 ** (1 / HALF_LIFE)

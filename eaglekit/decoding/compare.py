@@ -32,16 +32,28 @@ class RunSet:
     metrics: GenerationMetrics
 
 
-def warm_up(dec: Decoder, prompt, tokens: int, sampling: SamplingParams | None = None, baseline: bool = False,
-            baseline_rows: int | None = None):
+def warm_up(
+    dec: Decoder,
+    prompt,
+    tokens: int,
+    sampling: SamplingParams | None = None,
+    baseline: bool = False,
+    baseline_rows: int | None = None,
+):
     """One short generation whose first-call costs (allocations, CUDA-graph recording, compiles) stay out
     of the timings that follow."""
     if tokens > 0:
         dec.generate(prompt, tokens, sampling, baseline=baseline, baseline_rows=baseline_rows)
 
 
-def decode_set(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams | None = None,
-               baseline: bool = False, warmup: int = 0) -> RunSet:
+def decode_set(
+    dec: Decoder,
+    prompts,
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    baseline: bool = False,
+    warmup: int = 0,
+) -> RunSet:
     """Each prompt decoded in one mode (the draft, or the target alone with baseline=True)."""
     if prompts:
         warm_up(dec, prompts[0], min(max_new_tokens, warmup), sampling, baseline)
@@ -74,27 +86,50 @@ class Comparison:
 
     def summary(self) -> dict:
         E, B = self.eagle.metrics, self.timing_baseline.metrics
-        out = {"accept_length": rounded(E.accept_length, 3), "accept_rate": rounded(E.accept_rate, 4),
-               "per_position": [round(x, 4) for x in E.per_position], "histogram": E.histogram,
-               "baseline_tokens_per_s": round(B.tokens_per_s, 2), "eagle_tokens_per_s": round(E.tokens_per_s, 2),
-               "speedup": round(self.speedup, 3), "identical": self.identical, "prompts": len(self.same),
-               "new_tokens": E.new_tokens, "baseline_rows": self.baseline_rows, "warm_up_s": round(self.warmup_s, 2)}
+        out = {
+            "accept_length": rounded(E.accept_length, 3),
+            "accept_rate": rounded(E.accept_rate, 4),
+            "per_position": [round(x, 4) for x in E.per_position],
+            "histogram": E.histogram,
+            "baseline_tokens_per_s": round(B.tokens_per_s, 2),
+            "eagle_tokens_per_s": round(E.tokens_per_s, 2),
+            "speedup": round(self.speedup, 3),
+            "identical": self.identical,
+            "prompts": len(self.same),
+            "new_tokens": E.new_tokens,
+            "baseline_rows": self.baseline_rows,
+            "warm_up_s": round(self.warmup_s, 2),
+        }
         if self.plain is not None:
-            out["identical_one_row"] = sum(e.token_ids == b.token_ids
-                                           for e, b in zip(self.eagle.results, self.plain.results))
+            out["identical_one_row"] = sum(
+                e.token_ids == b.token_ids for e, b in zip(self.eagle.results, self.plain.results)
+            )
             out["baseline_rows_tokens_per_s"] = round(self.baseline.metrics.tokens_per_s, 2)
         return out
 
     def rows(self) -> list[dict]:
-        return [{"prompt_tokens": n, "new_tokens": e.metrics.new_tokens, "identical": same,
-                 "accept_length": rounded(e.metrics.accept_length, 3),
-                 "baseline_tokens_per_s": round(b.metrics.tokens_per_s, 1),
-                 "eagle_tokens_per_s": round(e.metrics.tokens_per_s, 1)}
-                for n, e, b, same in zip(self.prompt_tokens, self.eagle.results, self.baseline.results, self.same)]
+        return [
+            {
+                "prompt_tokens": n,
+                "new_tokens": e.metrics.new_tokens,
+                "identical": same,
+                "accept_length": rounded(e.metrics.accept_length, 3),
+                "baseline_tokens_per_s": round(b.metrics.tokens_per_s, 1),
+                "eagle_tokens_per_s": round(e.metrics.tokens_per_s, 1),
+            }
+            for n, e, b, same in zip(self.prompt_tokens, self.eagle.results, self.baseline.results, self.same)
+        ]
 
 
-def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, warmup: int = 0,
-            alternate: bool = True, progress: str | None = None) -> Comparison:
+def compare(
+    dec: Decoder,
+    prompts,
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    warmup: int = 0,
+    alternate: bool = True,
+    progress: str | None = None,
+) -> Comparison:
     """Each prompt decoded with the draft and with the target alone. `alternate` swaps the order on every
     other prompt so that neither mode always runs on a warmer cache; `progress` names a tqdm bar."""
     from tqdm import tqdm
@@ -108,10 +143,13 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
             runs.append(("the one-row baseline", {"baseline": True, "baseline_rows": 1}))
         # a first run on a GPU compiles and records for a minute or more: say so, and show each run
         if progress and dec.target.device.type == "cuda":
-            tqdm.write(f"{progress}: warming up; a first run compiles the layers and records CUDA graphs (a minute "
-                       f"or more), later runs reuse the compiled kernels from the cache")
-        with tqdm(total=len(runs), desc=f"{progress}: warm-up", unit="run", leave=False, mininterval=0,
-                  disable=not progress) as bar:
+            tqdm.write(
+                f"{progress}: warming up; a first run compiles the layers and records CUDA graphs (a minute "
+                f"or more), later runs reuse the compiled kernels from the cache"
+            )
+        with tqdm(
+            total=len(runs), desc=f"{progress}: warm-up", unit="run", leave=False, mininterval=0, disable=not progress
+        ) as bar:
             for what, kw in runs:
                 bar.set_description_str(f"{progress}: warm-up, {what}")
                 warm_up(dec, prompts[0], n, sampling, **kw)
@@ -126,7 +164,12 @@ def compare(dec: Decoder, prompts, max_new_tokens: int, sampling: SamplingParams
         eagle.append(res[False])
         if rows > 1:
             plain.append(dec.generate(p, max_new_tokens, sampling, baseline=True, baseline_rows=1))
-    return Comparison([len(p) for p in prompts], RunSet(eagle, aggregate([r.metrics for r in eagle])),
-                      RunSet(base, aggregate([r.metrics for r in base])),
-                      [e.token_ids == b.token_ids for e, b in zip(eagle, base)], rows,
-                      RunSet(plain, aggregate([r.metrics for r in plain])) if plain else None, warmup_s)
+    return Comparison(
+        [len(p) for p in prompts],
+        RunSet(eagle, aggregate([r.metrics for r in eagle])),
+        RunSet(base, aggregate([r.metrics for r in base])),
+        [e.token_ids == b.token_ids for e, b in zip(eagle, base)],
+        rows,
+        RunSet(plain, aggregate([r.metrics for r in plain])) if plain else None,
+        warmup_s,
+    )

@@ -30,13 +30,17 @@ class EngineOptions:
     def __post_init__(self):
         mb = self.max_batch
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise GenerationError(f"max_batch must be an integer >= 1, got {mb!r}", fix="e.g. --max-batch 8",
-                                  code="E307")
+            raise GenerationError(
+                f"max_batch must be an integer >= 1, got {mb!r}", fix="e.g. --max-batch 8", code="E307"
+            )
         pr = self.plain_rows
         if isinstance(pr, bool) or not isinstance(pr, int) or pr < 1:
-            raise GenerationError(f"plain rows must be an integer >= 1, got {pr!r}",
-                                  fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
-                                      "plain step should share (decoding.decoder.resolve_baseline_rows)", code="E300")
+            raise GenerationError(
+                f"plain rows must be an integer >= 1, got {pr!r}",
+                fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
+                "plain step should share (decoding.decoder.resolve_baseline_rows)",
+                code="E300",
+            )
 
     @property
     def tree(self) -> TreeShape:

@@ -42,11 +42,15 @@ def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeSha
     if rows == "auto":
         low = target.dtype in (torch.bfloat16, torch.float16)
         invariant = target.batch_invariant
-        return shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low
-                                      and not invariant) else 1
+        return (
+            shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low and not invariant) else 1
+        )
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise GenerationError(f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",
-                              fix="pass baseline_rows=\"auto\" (the default) or an integer >= 1", code="E300")
+        raise GenerationError(
+            f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",
+            fix='pass baseline_rows="auto" (the default) or an integer >= 1',
+            code="E300",
+        )
     return rows
 
 
@@ -64,9 +68,18 @@ class Decoder:
     static target). `baseline_rows`: the baseline step's rows (resolve_baseline_rows). `draft` and `capture` may be
     set after construction (tests hand in doubles this way): the engine follows them."""
 
-    def __init__(self, target: Target, draft: Eagle3Draft | None = None, shape: TreeShape | None = None,
-                 capture: CaptureSpec | None = None, allow_other_target: bool = False, profile: bool = False,
-                 graphs: bool | str = "auto", profile_ranges: bool = False, baseline_rows: int | str = "auto"):
+    def __init__(
+        self,
+        target: Target,
+        draft: Eagle3Draft | None = None,
+        shape: TreeShape | None = None,
+        capture: CaptureSpec | None = None,
+        allow_other_target: bool = False,
+        profile: bool = False,
+        graphs: bool | str = "auto",
+        profile_ranges: bool = False,
+        baseline_rows: int | str = "auto",
+    ):
         self.target, self.draft = target, draft
         self.shape = shape or TreeShape.make()
         self.baseline_rows = resolve_baseline_rows(baseline_rows, target, draft, self.shape)
@@ -83,11 +96,22 @@ class Decoder:
         key = (id(draft), self.capture if draft is not None else None, rows)
         held, e = self._engines.get(key, (None, None))
         if e is None or held is not draft:
-            e = BatchEngine(self.target, draft, EngineOptions(shape=self.shape, max_batch=1, capture=key[1],
-                                                              pair_checked=True, graphs=self.graphs, adaptive=False,
-                                                              profile=self.profile,
-                                                              profile_ranges=self.profile_ranges, plain_rows=rows,
-                                                              strict_features=True))
+            e = BatchEngine(
+                self.target,
+                draft,
+                EngineOptions(
+                    shape=self.shape,
+                    max_batch=1,
+                    capture=key[1],
+                    pair_checked=True,
+                    graphs=self.graphs,
+                    adaptive=False,
+                    profile=self.profile,
+                    profile_ranges=self.profile_ranges,
+                    plain_rows=rows,
+                    strict_features=True,
+                ),
+            )
             self._engines[key] = (draft, e)
         return e
 
@@ -97,29 +121,45 @@ class Decoder:
         if ids.numel() == 0:
             raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}",
-                                  fix="e.g. --max-new-tokens 128", code="E306")
+            raise GenerationError(
+                f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}",
+                fix="e.g. --max-new-tokens 128",
+                code="E306",
+            )
         V = self.target.info.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise GenerationError(f"prompt token ids must lie in 0..{V - 1}",
-                                  fix="tokenize with the target's tokenizer", code="E305")
+            raise GenerationError(
+                f"prompt token ids must lie in 0..{V - 1}", fix="tokenize with the target's tokenizer", code="E305"
+            )
         ctx, n = self.target.info.max_position_embeddings, ids.numel()
         if n >= ctx and max_new_tokens > 0:  # no --max-new-tokens makes room: only a shorter prompt does
-            raise GenerationError(f"the prompt is {n} tokens; the target's context is {ctx}, so it is {n - ctx + 1} "
-                                  f"token(s) too long to leave room for one new token",
-                                  fix=f"shorten the prompt by at least {n - ctx + 1} tokens", code="E309")
+            raise GenerationError(
+                f"the prompt is {n} tokens; the target's context is {ctx}, so it is {n - ctx + 1} "
+                f"token(s) too long to leave room for one new token",
+                fix=f"shorten the prompt by at least {n - ctx + 1} tokens",
+                code="E309",
+            )
         if n + max_new_tokens > ctx:
             raise GenerationError(
                 f"the prompt ({n} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the target's context of "
                 f"{ctx} positions",
                 fix=f"lower --max-new-tokens to {ctx - n}, or shorten the prompt by {n + max_new_tokens - ctx} tokens",
-                code="E301")
+                code="E301",
+            )
         return ids
 
     # --- entry point -----------------------------------------------------------------------------
-    def generate(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop_strings=(), tokenizer=None, baseline: bool = False, eos_ids=None,
-                 baseline_rows: int | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        stop_strings=(),
+        tokenizer=None,
+        baseline: bool = False,
+        eos_ids=None,
+        baseline_rows: int | None = None,
+    ) -> GenerationResult:
         """`baseline` (or no draft): plain decoding, the target's own output. `baseline_rows` (with baseline=True):
         this call's rows per baseline step instead of the decoder's."""
         sp = sampling or SamplingParams()
@@ -152,9 +192,11 @@ class Decoder:
         if s.exc is not None:  # the engine ends a failed row alone; a batch of one has nothing else to finish
             if isinstance(s.exc, EaglekitError):
                 raise s.exc
-            raise GenerationError(f"the request failed in the engine step: {type(s.exc).__name__}: {s.exc}",
-                                  fix="read the exception named; report it with the request's parameters if they "
-                                      "were valid", code="E311") from s.exc
+            raise GenerationError(
+                f"the request failed in the engine step: {type(s.exc).__name__}: {s.exc}",
+                fix="read the exception named; report it with the request's parameters if they were valid",
+                code="E311",
+            ) from s.exc
         if self.target.device.type == "cuda":
             torch.cuda.synchronize()
         m.elapsed_s = time.perf_counter() - t0

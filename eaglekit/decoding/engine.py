@@ -98,8 +98,9 @@ class BatchEngine:
         self.state = BatchState(max_batch, self.device)
         self.alloc = RowAllocator(self.setup, self.state, shape)
         # (a one-sequence backend reads its row's length on the host each call: never in CUDA graphs)
-        graphs = not self.one_sequence and ((self.device.type == "cuda" and target.static) if o.graphs == "auto"
-                                       else bool(o.graphs))
+        graphs = not self.one_sequence and (
+            (self.device.type == "cuda" and target.static) if o.graphs == "auto" else bool(o.graphs)
+        )
         self.runner = GraphRunner(self.setup, self.state, shape, self.shapes, policy, graphs)
         self.stats = EngineStats(P - 1, self.shapes, o.profile, self.device, ranges=o.profile_ranges)
         self.spec_stats, self.profiler = self.stats.spec, self.stats.profiler  # (read by serve and the Decoder)
@@ -145,8 +146,9 @@ class BatchEngine:
         self.validate(req)
         with self._lock:
             if any(s.req.rid == req.rid for s in (*self.rows, *self.waiting)):
-                raise GenerationError(f"request id {req.rid!r} is already in the engine",
-                                      fix="give every request its own id", code="E307")
+                raise GenerationError(
+                    f"request id {req.rid!r} is already in the engine", fix="give every request its own id", code="E307"
+                )
             eos = self.target.info.eos_token_ids if req.eos_ids is None else req.eos_ids
             em = Emitter(req.max_new_tokens, eos, req.stop_strings, self.tokenizer)
             s = Seq(req, em, make_generator(req.sampling, self.device))
@@ -234,12 +236,17 @@ class BatchEngine:
             n = len(s.req.prompt_ids)
             # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows; the prompt
             # graphs' warm-up, before the first prefill, writes COMPILE_MAX_TOKENS + 1)
-            self._ensure_span(max(n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1,
-                                  self.prefiller.warm_span()))
+            self._ensure_span(
+                max(
+                    n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1,
+                    self.prefiller.warm_span(),
+                )
+            )
             r = len(self.rows)
             self.rows.append(s)
-            take = with_draft and (pays or seeded(s.req.sampling) or
-                                   (not sentinel and self.policy.probe_within(s.req.max_new_tokens)))
+            take = with_draft and (
+                pays or seeded(s.req.sampling) or (not sentinel and self.policy.probe_within(s.req.max_new_tokens))
+            )
             with self.profiler.phase("prefill"):
                 self._guard(s, self._prefill, s, r, take)
             sentinel = sentinel or take
@@ -354,7 +361,7 @@ class BatchEngine:
         with ph("cache_update"):
             c.run("cache_update")
         with ph("host_sync"):
-            host = c.out[:len(self.rows)].tolist()  # the one read per cycle
+            host = c.out[: len(self.rows)].tolist()  # the one read per cycle
         with ph("draft_extend"):
             c.run("draft_extend")
         if first:
@@ -364,8 +371,12 @@ class BatchEngine:
         if self.policy is not None:
             # wall time up to the host read, which waits for the device: in a run of cycles each one's figure
             # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
-            self.policy.observe_cycle(self._padded(), time.perf_counter() - t0,
-                                      [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft], P - 1)
+            self.policy.observe_cycle(
+                self._padded(),
+                time.perf_counter() - t0,
+                [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft],
+                P - 1,
+            )
         for s, row in zip(self.rows, host):
             n = row[0]
             if s.exc is not None:
@@ -375,7 +386,7 @@ class BatchEngine:
                 if s.trail is not None:
                     s.trail.append((n - 1, row[1]))
                 self.stats.drafted(D - 1, n - 1)
-            self._guard(s, self._emit, s, row[2:2 + n])
+            self._guard(s, self._emit, s, row[2 : 2 + n])
 
     def _plain_step(self) -> None:
         ph = self.profiler.phase
@@ -393,7 +404,7 @@ class BatchEngine:
                     self._guard(s, _sample_into, c.next, b, c.plogits[b], s)
             c.run("plain_commit")
         with ph("host_sync"):
-            host = c.next[:len(self.rows)].tolist()
+            host = c.next[: len(self.rows)].tolist()
         self.stats.plain()
         if self.policy is not None:
             self.policy.observe_plain(self._padded(), time.perf_counter() - t0)

@@ -86,13 +86,15 @@ class Cycle:
     def verify(self):
         t = self.tree
         assert t is not None  # (draft_tree ran)
-        self.logits, self.feats = self.setup.target.forward_rows(self.tk, t.tokens, t.depths, t.mask, self.S,
-                                                                 self.setup.capture)
+        self.logits, self.feats = self.setup.target.forward_rows(
+            self.tk, t.tokens, t.depths, t.mask, self.S, self.setup.capture
+        )
 
     def accept(self):
         if self.setup.synthetic is not None:
-            path, n, bonus = accept_synthetic_rows(self.tree, self.logits, self.shape.path_len, self.setup.synthetic,
-                                                   self.use_draft)
+            path, n, bonus = accept_synthetic_rows(
+                self.tree, self.logits, self.shape.path_len, self.setup.synthetic, self.use_draft
+            )
         else:
             path, n, bonus = self._accept(self.tree, self.logits, self.shape.path_len, self.use_draft)
         self.path.copy_(path)
@@ -130,8 +132,11 @@ class Cycle:
         assert self.setup.draft is not None and self.dk is not None and self.h is not None and self.dl is not None
         assert self.feats is not None
         F = self.feats.shape[-1]
-        feats = self.feats if self.chain else self.feats.gather(1, self.path[:, :, None].expand(
-            self.B, self.path.shape[1], F))
+        feats = (
+            self.feats
+            if self.chain
+            else self.feats.gather(1, self.path[:, :, None].expand(self.B, self.path.shape[1], F))
+        )
         h, dl = self.setup.draft.extend_rows(self.dk, feats, self.emitted, self.neff, self.Sd)
         self.h.copy_(h)
         self.dl.copy_(dl)
@@ -159,9 +164,14 @@ class Cycle:
         token the arithmetic a speculative verify gives it (decoding.decoder.resolve_baseline_rows)."""
         B, k, dev = self.B, self.setup.plain_rows, self.root.device
         causal = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril_()
-        logits, feats = self.setup.target.forward_rows(self.tk, self.root[:, None].expand(B, k).contiguous(),
-                                                       torch.arange(k, device=dev).expand(B, k), causal, self.S,
-                                                       self.setup.capture if self.capturing else None)
+        logits, feats = self.setup.target.forward_rows(
+            self.tk,
+            self.root[:, None].expand(B, k).contiguous(),
+            torch.arange(k, device=dev).expand(B, k),
+            causal,
+            self.S,
+            self.setup.capture if self.capturing else None,
+        )
         self.plogits = logits[:, 0]
         self.pfeats = feats[:, :1] if feats is not None else None
         self.next.copy_(self.plogits.argmax(-1))

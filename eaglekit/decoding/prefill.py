@@ -23,8 +23,9 @@ class Prefiller:
         self.setup, self.st, self.strict = setup, st, strict
         # a prompt graph compiled for every length (compile_prompts()) still compiles at its first call: `warm`
         # makes that call at warm-up or before the first prefill
-        self.cold = (setup.target.compiled_prompts
-                     or (setup.draft is not None and setup.draft.compiled_prompt is not None))
+        self.cold = setup.target.compiled_prompts or (
+            setup.draft is not None and setup.draft.compiled_prompt is not None
+        )
 
     def warm_span(self) -> int:
         """The slots a row needs for `warm`'s longest call while it is still due (else 1)."""
@@ -44,8 +45,9 @@ class Prefiller:
         kv.length.zero_()
         causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
         capture = self.setup.capture if with_draft else None
-        logits, feats = target.forward_rows(kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture,
-                                            last=True)
+        logits, feats = target.forward_rows(
+            kv, ids[None], torch.arange(T, device=dev)[None], causal, T, capture, last=True
+        )
         if feats is not None:  # (one host read a prompt)
             assert capture is not None  # (the target captures features only at a capture spec)
             try:
@@ -94,8 +96,9 @@ class Prefiller:
                 ids = torch.arange(T, device=dev)[None]
                 causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
                 kv.length.zero_()
-                _, feats = self.setup.target.forward_rows(kv, ids, ids, causal, T,
-                                                          self.setup.capture if extend else None, last=True)
+                _, feats = self.setup.target.forward_rows(
+                    kv, ids, ids, causal, T, self.setup.capture if extend else None, last=True
+                )
                 if extend:
                     assert dk is not None and draft is not None  # (`extend` says so)
                     dk.length.zero_()

@@ -36,8 +36,21 @@ class Engine(Protocol):
     def profile(self, since: dict | None = None) -> dict | None: ...
 
 
-MEMBERS = ("spec_stats", "synthetic", "policy", "shape", "spec_max_batch", "has_work", "num_running", "num_waiting",
-           "validate", "add", "cancel", "step", "profile")
+MEMBERS = (
+    "spec_stats",
+    "synthetic",
+    "policy",
+    "shape",
+    "spec_max_batch",
+    "has_work",
+    "num_running",
+    "num_waiting",
+    "validate",
+    "add",
+    "cancel",
+    "step",
+    "profile",
+)
 
 
 def missing(engine) -> list[str]:

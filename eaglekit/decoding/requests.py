@@ -65,16 +65,20 @@ class Seq:
         """The failure that ended this row, as its event reports it (a coded error keeps its code)."""
         if self.exc is None:
             return None
-        return str(self.exc).split("\n")[0] if isinstance(self.exc, EaglekitError) else \
-            f"[E311] {type(self.exc).__name__}: {self.exc}"
+        return (
+            str(self.exc).split("\n")[0]
+            if isinstance(self.exc, EaglekitError)
+            else f"[E311] {type(self.exc).__name__}: {self.exc}"
+        )
 
     def event(self) -> Event:
         """This step's event (its tokens, why it finished), and the step's fields cleared for the next."""
         if self.exc is not None:  # nothing of the failed step is emitted: what was sent before stands
             return Event(self.req.rid, [], True, "error", None, None, self.error)
         fin = self.em.done
-        ev = Event(self.req.rid, self.new, fin, REASON.get(self.em.reason) if fin else None, self.accepted,
-                   self.drafted)
+        ev = Event(
+            self.req.rid, self.new, fin, REASON.get(self.em.reason) if fin else None, self.accepted, self.drafted
+        )
         self.new, self.accepted, self.drafted = [], None, None
         return ev
 
@@ -83,26 +87,36 @@ def validate(req: Request, info, tokenizer) -> None:
     """Refuse a request the engine cannot run (`info`: the target's ModelInfo), each with its fix."""
     ids = req.prompt_ids
     if not isinstance(req.max_new_tokens, int) or isinstance(req.max_new_tokens, bool) or req.max_new_tokens < 1:
-        raise GenerationError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}",
-                              fix="ask for at least one new token", code="E301")
+        raise GenerationError(
+            f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}",
+            fix="ask for at least one new token",
+            code="E301",
+        )
     if not isinstance(req.sampling, SamplingParams):
-        raise GenerationError("sampling must be a SamplingParams", fix="build it with SamplingParams(...)",
-                              code="E302")
+        raise GenerationError("sampling must be a SamplingParams", fix="build it with SamplingParams(...)", code="E302")
     if len(ids) == 0:
         raise GenerationError("the prompt is empty", fix="give at least one token", code="E305")
     V = info.vocab_size
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < V for i in ids):
-        raise GenerationError(f"prompt token ids must be integers in 0..{V - 1}",
-                              fix="tokenize with the target's tokenizer", code="E305")
+        raise GenerationError(
+            f"prompt token ids must be integers in 0..{V - 1}", fix="tokenize with the target's tokenizer", code="E305"
+        )
     ctx = info.max_position_embeddings
     if len(ids) + req.max_new_tokens > ctx:
         raise GenerationError(
             f"the prompt ({len(ids)} tokens) plus max_new_tokens ({req.max_new_tokens}) exceeds the target's "
             f"context of {ctx} positions",
             # a prompt of the whole context leaves room for no token: only a shorter prompt helps then
-            fix=(f"lower max_new_tokens to {ctx - len(ids)}, or shorten the prompt" if len(ids) < ctx else
-                 f"shorten the prompt by at least {len(ids) - ctx + 1} tokens"),
-            code="E301")
+            fix=(
+                f"lower max_new_tokens to {ctx - len(ids)}, or shorten the prompt"
+                if len(ids) < ctx
+                else f"shorten the prompt by at least {len(ids) - ctx + 1} tokens"
+            ),
+            code="E301",
+        )
     if any(s for s in req.stop_strings) and tokenizer is None:
-        raise GenerationError("stop strings need a tokenizer to decode the output",
-                              fix="give the engine the target folder's tokenizer, or use token ids", code="E304")
+        raise GenerationError(
+            "stop strings need a tokenizer to decode the output",
+            fix="give the engine the target folder's tokenizer, or use token ids",
+            code="E304",
+        )

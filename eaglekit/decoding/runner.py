@@ -120,8 +120,13 @@ class GraphRunner:
             if (B, self.st.S, self.shape) not in self.cycles:
                 self.record(B)
         elif self.policy is not None and B not in self.policy.plain:
-            self.time_costs(B, {s: Cycle(self.setup, self.st, B, at + s.draft_tokens, at + pending_slots(s), s)
-                                for s in self.shapes.values()})
+            self.time_costs(
+                B,
+                {
+                    s: Cycle(self.setup, self.st, B, at + s.draft_tokens, at + pending_slots(s), s)
+                    for s in self.shapes.values()
+                },
+            )
 
     def warm_sizes(self, sizes: list[int], at: int, graphs: bool, progress: bool = False) -> None:
         """`warm` each padded size in turn, its rows standing at length `at` (BatchState.stand) and idle again after,

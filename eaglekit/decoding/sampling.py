@@ -14,7 +14,7 @@ from ..errors import GenerationError, InputError
 
 # a seed is a signed 64-bit integer, the range the CLI's --seed and the server's `seed` take (torch.Generator reads
 # it as a 64-bit word; outside that range it fails with an OverflowError deep inside the first sampled step)
-SEED_RANGE = (-2**63, 2**63 - 1)
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 # A temperature below this is greedy (vLLM's rule, the same constant). Why: logits / t is computed in float32, and
 # a t in (0, ~1e-38] rounds to 0 (logits / 0 = inf, softmax NaN) while a t a little larger turns a logit gap into
@@ -32,17 +32,24 @@ class SamplingParams:
     def __post_init__(self):
         t, p, k = self.temperature, self.top_p, self.top_k
         if not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
-            raise GenerationError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}",
-                                  fix="e.g. --temperature 0.7", code="E302")
+            raise GenerationError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}",
+                fix="e.g. --temperature 0.7",
+                code="E302",
+            )
         if not isinstance(p, (int, float)) or p != p or not (0 < p <= 1):
             raise GenerationError(f"top_p must lie in (0, 1], got {p!r}", fix="e.g. --top-p 0.9", code="E302")
         if not isinstance(k, int) or k < 0:
-            raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {k!r}", fix="e.g. --top-k 50",
-                                  code="E302")
+            raise GenerationError(
+                f"top_k must be an integer >= 0 (0 = off), got {k!r}", fix="e.g. --top-k 50", code="E302"
+            )
         s = self.seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not SEED_RANGE[0] <= s <= SEED_RANGE[1]):
-            raise InputError(f"seed must be a signed 64-bit integer (in [-2**63, 2**63 - 1]) or None, got {s!r}",
-                             fix="e.g. seed=1234 (None draws a fresh one)", code="E125")
+            raise InputError(
+                f"seed must be a signed 64-bit integer (in [-2**63, 2**63 - 1]) or None, got {s!r}",
+                fix="e.g. seed=1234 (None draws a fresh one)",
+                code="E125",
+            )
         if 0 < t < MIN_TEMPERATURE:  # greedy by definition (MIN_TEMPERATURE): every reader sees temperature 0
             object.__setattr__(self, "temperature", 0.0)
 

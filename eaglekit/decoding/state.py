@@ -54,8 +54,16 @@ class RowTarget(Protocol):
 
     def row_cache(self, batch: int, span: int) -> RowCache: ...
 
-    def forward_rows(self, kv: RowCache, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
-                     capture: CaptureSpec | None = None, last: bool = False): ...
+    def forward_rows(
+        self,
+        kv: RowCache,
+        ids: torch.Tensor,
+        depths: torch.Tensor,
+        block: torch.Tensor,
+        span: int,
+        capture: CaptureSpec | None = None,
+        last: bool = False,
+    ): ...
 
 
 class RowDraft(Protocol):
@@ -84,11 +92,21 @@ class RowDraft(Protocol):
 
     # a chain / a tree for the rows the draft's own way (Eagle3Draft's one-row walk), or None
     # where it has none for these rows (then decoding.tree walks them over step_rows)
-    def chain_rows(self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int, root: torch.Tensor,
-                   span: int) -> torch.Tensor | None: ...
+    def chain_rows(
+        self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, steps: int, root: torch.Tensor, span: int
+    ) -> torch.Tensor | None: ...
 
-    def tree_rows(self, kv: RowCache, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
-                  frame: tuple, steps: int, n_sel: int, span: int) -> tuple | None: ...
+    def tree_rows(
+        self,
+        kv: RowCache,
+        h_last: torch.Tensor,
+        logits_last: torch.Tensor,
+        root: torch.Tensor,
+        frame: tuple,
+        steps: int,
+        n_sel: int,
+        span: int,
+    ) -> tuple | None: ...
 
 
 @dataclass
@@ -152,8 +170,13 @@ class BatchState:
         self.tk.move(src, dst, upto)
         if self.dk is not None:
             # (made with the draft's cache)
-            assert (self.h is not None and self.dl is not None and self.lag_feats is not None
-                    and self.lag_ids is not None and self.lag_n is not None)
+            assert (
+                self.h is not None
+                and self.dl is not None
+                and self.lag_feats is not None
+                and self.lag_ids is not None
+                and self.lag_n is not None
+            )
             self.dk.move(src, dst, draft_upto)
             self.h[dst] = self.h[src]
             self.dl[dst] = self.dl[src]

@@ -15,10 +15,17 @@ class EngineStats:
     (`ranges`: torch.profiler / NVTX ranges too)."""
 
     def __init__(self, positions: int, lengths, profile: bool, device, ranges: bool = False):
-        self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                     "accepted_per_pos": [0] * positions, "spec_cycles": 0, "plain_steps": 0,
-                     "switches_to_plain": 0, "switches_to_spec": 0,
-                     "cycles_by_length": {j: 0 for j in sorted(lengths)}}
+        self.spec: dict[str, Any] = {
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "accepted_per_pos": [0] * positions,
+            "spec_cycles": 0,
+            "plain_steps": 0,
+            "switches_to_plain": 0,
+            "switches_to_spec": 0,
+            "cycles_by_length": {j: 0 for j in sorted(lengths)},
+        }
         self.profiler = Profiler(profile, device, ranges=ranges)
         self.prefills = 0
 
@@ -45,8 +52,7 @@ class EngineStats:
 
     def reading(self) -> tuple[dict, dict]:
         """-> (each phase's seconds so far, the steps they were spent over): read under the engine's lock."""
-        steps = {"cycles": self.spec["spec_cycles"], "plain_steps": self.spec["plain_steps"],
-                 "prefills": self.prefills}
+        steps = {"cycles": self.spec["spec_cycles"], "plain_steps": self.spec["plain_steps"], "prefills": self.prefills}
         return self.profiler.totals(), steps
 
     @staticmethod
@@ -59,10 +65,15 @@ class EngineStats:
             totals = {p: v - since["ms"].get(p, 0.0) / 1e3 for p, v in totals.items()}
         everything = sum(totals.values()) or 1.0
         # what each phase is counted per: a prefill per admitted request, the host read per step of either kind
-        count = {"decode": steps["plain_steps"], "prefill": steps["prefills"],
-                 "host_sync": steps["cycles"] + steps["plain_steps"]}
+        count = {
+            "decode": steps["plain_steps"],
+            "prefill": steps["prefills"],
+            "host_sync": steps["cycles"] + steps["plain_steps"],
+        }
         per = {p: count.get(p, steps["cycles"]) for p in totals}
-        return {**steps,
-                "ms": {p: round(1e3 * v, 3) for p, v in totals.items()},
-                "ms_per_step": {p: round(1e3 * v / per[p], 4) if per[p] else None for p, v in totals.items()},
-                "share": {p: round(v / everything, 4) for p, v in totals.items()}}
+        return {
+            **steps,
+            "ms": {p: round(1e3 * v, 3) for p, v in totals.items()},
+            "ms_per_step": {p: round(1e3 * v / per[p], 4) if per[p] else None for p, v in totals.items()},
+            "share": {p: round(v / everything, 4) for p, v in totals.items()},
+        }

@@ -24,9 +24,12 @@ def check_stop_strings(stops) -> tuple[str, ...]:
     stops = tuple(stops or ())
     chars = sum(len(s) for s in stops)
     if len(stops) > MAX_STOP_STRINGS or chars > MAX_STOP_CHARS:
-        raise GenerationError(f"{len(stops)} stop strings of {chars} characters in all; a request takes at most "
-                              f"{MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters in all",
-                              fix="pass fewer or shorter stop strings", code="E310")
+        raise GenerationError(
+            f"{len(stops)} stop strings of {chars} characters in all; a request takes at most "
+            f"{MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters in all",
+            fix="pass fewer or shorter stop strings",
+            code="E310",
+        )
     return tuple(s for s in stops if s)
 
 
@@ -56,18 +59,18 @@ class TextStream:
     def push(self, ids) -> str:
         """Add tokens; return the text they complete ("" while a character is incomplete)."""
         self.ids.extend(int(i) for i in ids)
-        before = self._decode(self.ids[self.prefix:self.read])
-        now = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        now = self._decode(self.ids[self.prefix :])
         if len(now) > len(before) and not now.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return now[len(before):]
+            return now[len(before) :]
         return ""
 
     def flush(self) -> str:
         """The text of tokens still pending (a character the output really ends inside: send what it is)."""
         if self.read >= len(self.ids):
             return ""
-        out = self._decode(self.ids[self.prefix:])[len(self._decode(self.ids[self.prefix:self.read])):]
+        out = self._decode(self.ids[self.prefix :])[len(self._decode(self.ids[self.prefix : self.read])) :]
         self.read = len(self.ids)
         return out
 
@@ -103,8 +106,11 @@ class Emitter:
         self.eos = set(int(i) for i in eos_ids)
         self.stop_strings = list(check_stop_strings(stop_strings))
         if self.stop_strings and tokenizer is None:
-            raise GenerationError("stop strings need a tokenizer to decode the output",
-                                  fix="give the target folder's tokenizer, or use token ids", code="E304")
+            raise GenerationError(
+                "stop strings need a tokenizer to decode the output",
+                fix="give the target folder's tokenizer, or use token ids",
+                code="E304",
+            )
         self.tokenizer = tokenizer
         self.tokens: list[int] = []
         self.reason: str | None = None
@@ -127,8 +133,11 @@ class Emitter:
             taken += 1
             if int(t) in self.eos:
                 self.reason = "eos"
-            elif (self._matcher is not None and self._stream is not None  # (both made with the stop strings)
-                  and self._matcher.feed(self._stream.push((t,))) is not None):
+            elif (
+                self._matcher is not None
+                and self._stream is not None  # (both made with the stop strings)
+                and self._matcher.feed(self._stream.push((t,))) is not None
+            ):
                 self.reason = "stop_string"
             elif len(self.tokens) >= self.max_new_tokens:
                 self.reason = "length"

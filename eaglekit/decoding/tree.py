@@ -35,17 +35,24 @@ class TreeShape:
     def __post_init__(self):
         s, k, d = self.steps, self.topk, self.draft_tokens
         if not all(isinstance(v, int) for v in (s, k, d)) or s < 1 or k < 1:
-            raise GenerationError(f"steps and topk must be integers >= 1, got steps={s!r} topk={k!r}",
-                                  fix="e.g. --steps 3 --topk 1", code="E303")
+            raise GenerationError(
+                f"steps and topk must be integers >= 1, got steps={s!r} topk={k!r}",
+                fix="e.g. --steps 3 --topk 1",
+                code="E303",
+            )
         if k == 1 and d != s + 1:
             raise GenerationError(
                 f"topk 1 makes a chain of {s} draft tokens, so draft_tokens must be steps + 1 = {s + 1}, got {d}",
-                fix=f"pass --draft-tokens {s + 1} or leave it out", code="E303")
+                fix=f"pass --draft-tokens {s + 1} or leave it out",
+                code="E303",
+            )
         most = 1 + k + (s - 1) * k * k
         if d < 2 or d > most:
             raise GenerationError(
                 f"draft_tokens must lie in 2..{most} for steps={s}, topk={k} (root + candidates), got {d}",
-                fix=f"pass --draft-tokens between 2 and {most}", code="E303")
+                fix=f"pass --draft-tokens between 2 and {most}",
+                code="E303",
+            )
 
     def shorter(self) -> list["TreeShape"]:
         """This shape and the shallower ones an engine may run instead, one per accepted-path length, longest first:
@@ -53,7 +60,7 @@ class TreeShape:
         depth holds."""
         out: dict[int, TreeShape] = {}
         for s in range(self.steps, 0, -1):
-            d = s + 1 if self.topk == 1 else min(self.draft_tokens, 1 + self.topk + (s - 1) * self.topk ** 2)
+            d = s + 1 if self.topk == 1 else min(self.draft_tokens, 1 + self.topk + (s - 1) * self.topk**2)
             shape = self if s == self.steps else TreeShape(s, self.topk, d)
             out.setdefault(shape.path_len, shape)
         return list(out.values())
@@ -83,8 +90,12 @@ def _tree_frame(K: int, P: int, dev) -> tuple:
     slots, level 0. The same every cycle, so made once (not four small kernels a tree). Read only."""
     key = ("tree", K, P, str(dev))
     if key not in _FRAMES:
-        _FRAMES[key] = (torch.full((K,), -1, dtype=torch.long, device=dev), torch.arange(K, device=dev),
-                        torch.zeros(K, P, dtype=torch.bool, device=dev), torch.zeros((), dtype=torch.long, device=dev))
+        _FRAMES[key] = (
+            torch.full((K,), -1, dtype=torch.long, device=dev),
+            torch.arange(K, device=dev),
+            torch.zeros(K, P, dtype=torch.bool, device=dev),
+            torch.zeros((), dtype=torch.long, device=dev),
+        )
     return _FRAMES[key]
 
 
@@ -93,14 +104,18 @@ def _chain_frame(steps: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     key = (steps, str(dev))
     if key not in _FRAMES:
         D = steps + 1
-        _FRAMES[key] = (torch.arange(-1, steps, device=dev).clamp_(min=0), torch.arange(D, device=dev),
-                        torch.ones(D, D, dtype=torch.bool, device=dev).tril_())
+        _FRAMES[key] = (
+            torch.arange(-1, steps, device=dev).clamp_(min=0),
+            torch.arange(D, device=dev),
+            torch.ones(D, D, dtype=torch.bool, device=dev).tril_(),
+        )
     return _FRAMES[key]
 
 
 # --- one tree per row -------------------------------------------------------------------------------
-def expand_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
-                shape: TreeShape, span: int) -> Tree:
+def expand_rows(
+    draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor, shape: TreeShape, span: int
+) -> Tree:
     """Grow one tree per row from the draft's last extend output: h_last [B, H], logits_last [B, Vd], root [B] (each
     row's last emitted token); `kv` is the draft's row cache of those rows (committed lengths kv.length [B]). The
     draft's own walk where it offers one (chain_rows / tree_rows not None: Eagle3Draft's one-row walk, one compiled
@@ -146,8 +161,9 @@ def _chain_rows(draft, kv, h_last, logits_last, root, steps: int, span: int) -> 
     )
 
 
-def _tree_rows(draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor,
-               shape: TreeShape, span: int) -> Tree:
+def _tree_rows(
+    draft, kv, h_last: torch.Tensor, logits_last: torch.Tensor, root: torch.Tensor, shape: TreeShape, span: int
+) -> Tree:
     """The general batched expansion (expand_rows sends chains to `_chain_rows`)."""
     K, dev = shape.topk, logits_last.device
     B = root.shape[0]

@@ -39,15 +39,7 @@ from ..options import DOCTOR_TIME_BUDGET_S, DoctorOptions, ModelOptions
 from .checks import capture_width_finding, folder_findings, recorded_fingerprint
 from .fixes import ids_fix, unsorted_note
 from .identity import DECIDE_TARGET, Identity, reference_check, weights_check
-from .probe import (
-    GENERIC_PROMPTS,
-    Probe,
-    Z,
-    grow,
-    paired_difference,
-    probe_prompts,
-    wirings,
-)
+from .probe import GENERIC_PROMPTS, Probe, Z, grow, paired_difference, probe_prompts, wirings
 from .recorded import REC, acceptance_findings, products_of, settles_wiring, static_findings
 from .recorded import SOURCE as RECORD_SOURCE
 from .report import EXIT, DoctorReport, Finding, WiringRow, status_of
@@ -83,12 +75,12 @@ __all__ = [
 
 _WHY = {
     "shifted -1": "this draft was trained one layer lower than configured: its ids mean 'input of layer i' (vLLM, "
-                  "EAGLE reference) and were read as 'output of layer i' (SGLang config ids, SpecForge): an "
-                  "off-by-one convention mix-up",
+    "EAGLE reference) and were read as 'output of layer i' (SGLang config ids, SpecForge): an "
+    "off-by-one convention mix-up",
     "shifted +1": "this draft was trained one layer higher than configured: its ids mean 'output of layer i' (SGLang "
-                  "config ids, SpecForge) and were read as 'input of layer i': an off-by-one convention mix-up",
+    "config ids, SpecForge) and were read as 'input of layer i': an off-by-one convention mix-up",
     "default [1, n//2-1, n-4]": "this draft was trained on the default capture, not on the configured ids "
-                                "(an engine that ignored its ids would match; its config does not)",
+    "(an engine that ignored its ids would match; its config does not)",
     "embedding instead of the low layer": "this draft was trained with the embedding as its low feature",
     "last layer only": "this draft was trained on the last layer's output",
     "ascending order": "this draft was trained on the same layers in ascending order",
@@ -158,8 +150,9 @@ def diagnose(model: ModelOptions, opts: DoctorOptions | None = None, shape=None)
             return _conclude(run.findings, None, ctx, t0, run.pair)
         if run.record is not None:  # first: a record that settles the wiring shortens the probe to one round
             _stage(bar, "the training record's sample")
-            run.findings += acceptance_findings(run.record, run.target, run.loaded_draft, base, run.target_dir,
-                                                run.findings, fix_ids=_fix)
+            run.findings += acceptance_findings(
+                run.record, run.target, run.loaded_draft, base, run.target_dir, run.findings, fix_ids=_fix
+            )
             ctx.wiring_by_record = settles_wiring(run.findings)
         _probe(run, base, shape, prompts, opts, ctx, t0, bar)
         _stage(bar, "decoding")
@@ -200,8 +193,12 @@ def _load(model: ModelOptions, device: str, bar) -> _Loaded:
     target = load_target(model.target, backend=model.backend, device=device, dtype=model.dtype_name)  # failure: exit 2
     target_dir = target.folder or model.target  # a .gguf: the folder made from it
     # what ran, for the report's pair section: the products are chosen once the draft has loaded
-    pair: dict[str, object] = {"target_backend": target.backend, "device": str(target.device),
-                               "dtype": str(target.dtype).removeprefix("torch."), "products": None}
+    pair: dict[str, object] = {
+        "target_backend": target.backend,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "products": None,
+    }
     draft_dir = Path(model.draft)
     if not (draft_dir / "config.json").is_file():
         raise InputError(f"no draft config.json in {draft_dir}", fix="pass an EAGLE-3 draft folder", code="E101")
@@ -236,16 +233,22 @@ def _check_pair(run: _Loaded, capture: CaptureSpec | None) -> tuple[Identity, Ca
     identity = weights_check(draft.config, run.target_dir, run.record)
     findings += identity.findings
     if draft.config.max_position_embeddings < target.info.max_position_embeddings:
-        findings.append(Finding(
-            "W283", "warning", f"the draft's max_position_embeddings is {draft.config.max_position_embeddings}, "
-            f"the target's {target.info.max_position_embeddings}: past the draft's length its rope positions are "
-            f"ones it never saw, and acceptance collapses on long inputs",
-            f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
-            f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}"))
+        findings.append(
+            Finding(
+                "W283",
+                "warning",
+                f"the draft's max_position_embeddings is {draft.config.max_position_embeddings}, "
+                f"the target's {target.info.max_position_embeddings}: past the draft's length its rope positions are "
+                f"ones it never saw, and acceptance collapses on long inputs",
+                f"set max_position_embeddings to {target.info.max_position_embeddings} in the draft's config.json "
+                f"(the rope settings of the target), or keep inputs below {draft.config.max_position_embeddings}",
+            )
+        )
     draft.fuse()
     kind = products_of(run.record, target)  # the record's, so its runs come back bit for bit; else load_pair's
-    choice = set_pair_products(target, draft, kind, target.device,
-                               why=f"the training record's ({REC} was measured with {kind})")
+    choice = set_pair_products(
+        target, draft, kind, target.device, why=f"the training record's ({REC} was measured with {kind})"
+    )
     run.pair["products"] = {"kind": choice.kind, "reason": choice.reason}
     configured = capture or draft.config.capture or CaptureSpec.default(target.info.num_layers)
     _, problems = pair_problems(draft, target, configured)
@@ -261,13 +264,21 @@ def _probe_base(run: _Loaded, configured: CaptureSpec) -> CaptureSpec | None:
     draft, H, n_layers = run.loaded_draft, run.target.info.hidden_size, run.target.info.num_layers
 
     def fits(spec):
-        return (spec is not None and spec.width(H) == draft.fc.in_features
-                and all(-1 <= i < n_layers for i in spec.after_layers))
+        return (
+            spec is not None
+            and spec.width(H) == draft.fc.in_features
+            and all(-1 <= i < n_layers for i in spec.after_layers)
+        )
 
     base = next((s for s in (configured, draft.config.capture, CaptureSpec.default(n_layers)) if fits(s)), None)
     if base is not None and base != configured:
-        run.findings.append(Finding("I304", "info", f"the configured wiring cannot run, so the probe starts from "
-                                    f"after_layers {list(base.after_layers)}"))
+        run.findings.append(
+            Finding(
+                "I304",
+                "info",
+                f"the configured wiring cannot run, so the probe starts from after_layers {list(base.after_layers)}",
+            )
+        )
     return base
 
 
@@ -277,7 +288,8 @@ def _vocab_recorded(run: _Loaded) -> bool:
 
     draft = run.loaded_draft
     return bool(draft.config.vocab_map_sha) or bool(
-        run.record and run.record.get("d2t_sha256") == vocab_map_sha(draft.d2t))
+        run.record and run.record.get("d2t_sha256") == vocab_map_sha(draft.d2t)
+    )
 
 
 def _trace_and_profile(run: _Loaded, base: CaptureSpec, shape, prompt: list[int], ctx: _Context) -> bool:
@@ -297,14 +309,17 @@ def _trace_and_profile(run: _Loaded, base: CaptureSpec, shape, prompt: list[int]
         return False
     finally:
         trace.configure(enabled=False)
-    ctx.trace = [{k: r.get(k) for k in ("cycle", "point", "shape", "dtype", "layers", "mean", "std", "absmax",
-                                        "nan", "inf")} for r in sink
-                 if r["point"] in ("target.capture", "draft.input.features", "draft.input.fc", "draft.concat")]
+    ctx.trace = [
+        {k: r.get(k) for k in ("cycle", "point", "shape", "dtype", "layers", "mean", "std", "absmax", "nan", "inf")}
+        for r in sink
+        if r["point"] in ("target.capture", "draft.input.features", "draft.input.fc", "draft.concat")
+    ]
     return True
 
 
-def _probe(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions, ctx: _Context,
-           t0: float, bar) -> None:
+def _probe(
+    run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions, ctx: _Context, t0: float, bar
+) -> None:
     """The probe under `base` and its alternatives, grown until every comparison is decided, the draft is shown to
     accept nothing, or the time budget (counted from t0) ends; its rows, the fingerprint's naming of the layers and
     the vocabulary evidence into ctx."""
@@ -340,8 +355,9 @@ def _probe(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opt
     ctx.vocab = vocab_evidence(probe.vocab_pairs, probe.hot)
 
 
-def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions,
-            ctx: _Context) -> None:
+def _decode(
+    run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], opts: DoctorOptions, ctx: _Context
+) -> None:
     """The configured row's accept length decoded (not teacher-forced) over the first three prompts."""
     from ..decoding.decoder import Decoder
     from ..observe.metrics import aggregate, rounded
@@ -351,8 +367,12 @@ def _decode(run: _Loaded, base: CaptureSpec, shape, prompts: list[list[int]], op
         return  # a draft that accepts nothing decodes at accept length ~1, a cycle a token: the verdict needs no figure
     dec = Decoder(run.target, run.loaded_draft, shape, capture=base, allow_other_target=True)
     # None where no verify ran (--max-new-tokens 0 or 1): the verdict reads the teacher-forced figure then
-    conf.decoded_accept_length = rounded(aggregate([dec.generate(p, opts.max_new_tokens).metrics
-                                                    for p in prompts[:min(3, opts.prompts)]]).accept_length, 4)
+    conf.decoded_accept_length = rounded(
+        aggregate(
+            [dec.generate(p, opts.max_new_tokens).metrics for p in prompts[: min(3, opts.prompts)]]
+        ).accept_length,
+        4,
+    )
 
 
 class _Context:
@@ -375,8 +395,9 @@ class _Context:
         self.wiring_by_record = False  # the training record's sample settled the wiring (recorded.settles_wiring)
 
 
-def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float,
-              pair: dict | None = None) -> DoctorReport:
+def _conclude(
+    findings: list[Finding], base: CaptureSpec | None, ctx: _Context | None, t0: float, pair: dict | None = None
+) -> DoctorReport:
     ctx = ctx or _Context()
     unique: dict[tuple, Finding] = {}  # a refusal met twice (the pair check, then the decoder's) is one finding
     for f in findings:
@@ -403,17 +424,32 @@ def _conclude(findings: list[Finding], base: CaptureSpec | None, ctx: _Context |
     conclusive = fault or (shown and target_known and vocab_known)
     if errors:
         # the probe's own E290 / E281 are in probe_text; the training record's E290 is not
-        text = "; ".join(f"[{f.code}] {f.message}" + (f" (fix: {f.fix})" if f.fix and not _in_probe_text(f) else "")
-                         for f in errors if not _in_probe_text(f))
+        text = "; ".join(
+            f"[{f.code}] {f.message}" + (f" (fix: {f.fix})" if f.fix and not _in_probe_text(f) else "")
+            for f in errors
+            if not _in_probe_text(f)
+        )
         text = (text + ". Probe: " if text else "") + probe_text
     elif not conclusive:
         why = [f.message for f in findings if f.code in ("W281", "W285")]
         text = "cannot tell: " + "; ".join([probe_text] + why) + ". What would decide it: " + "; ".join(decide)
     else:
         text = probe_text
-    return DoctorReport(text, fault, conclusive, findings, ctx.rows, ctx.source, ctx.trace, ctx.profile,
-                        ctx.fingerprint, ctx.rounds, round(time.time() - t0, 1), [] if conclusive else decide,
-                        pair or {})
+    return DoctorReport(
+        text,
+        fault,
+        conclusive,
+        findings,
+        ctx.rows,
+        ctx.source,
+        ctx.trace,
+        ctx.profile,
+        ctx.fingerprint,
+        ctx.rounds,
+        round(time.time() - t0, 1),
+        [] if conclusive else decide,
+        pair or {},
+    )
 
 
 def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: list[str]) -> bool:
@@ -422,25 +458,44 @@ def _vocab_findings(findings: list[Finding], ctx: _Context, ran: bool, decide: l
         return True  # a recorded hash that matched settles it (pair_problems reports E217 where it does not)
     ev = ctx.vocab
     if mapping_is_wrong(ev):
-        ex = "; ".join(f"draft id {e['draft_id']}: the target chose {e['target_chose']} at {e['times']} of its "
-                       f"{e['proposed']} proposals, d2t maps it to {e['d2t_maps_to']}" for e in ev["examples"])
-        findings.append(Finding(
-            "E222", "error", f"the vocabulary mapping (d2t) is not the one the draft's lm_head was trained with: of "
-            f"the {ev['ids']} draft ids with a usual token on the probe (the target chose one token at 3 or more of "
-            f"the id's proposals, and at half of them), {ev['wrong']:.0%} stand for "
-            f"another target token than d2t maps them to (the target chose the mapped token at "
-            f"{ev['share_mapped']:.0%} of those positions, the id's usual token at {ev['share_usual']:.0%}; {ex})",
-            "restore the d2t saved with the draft (model.safetensors, offsets: target id = i + d2t[i]); never "
-            "regenerate the vocabulary mapping of a trained draft", ev))
+        ex = "; ".join(
+            f"draft id {e['draft_id']}: the target chose {e['target_chose']} at {e['times']} of its "
+            f"{e['proposed']} proposals, d2t maps it to {e['d2t_maps_to']}"
+            for e in ev["examples"]
+        )
+        findings.append(
+            Finding(
+                "E222",
+                "error",
+                f"the vocabulary mapping (d2t) is not the one the draft's lm_head was trained with: of "
+                f"the {ev['ids']} draft ids with a usual token on the probe (the target chose one token at 3 or more "
+                f"of the id's proposals, and at half of them), {ev['wrong']:.0%} stand for "
+                f"another target token than d2t maps them to (the target chose the mapped token at "
+                f"{ev['share_mapped']:.0%} of those positions, the id's usual token at {ev['share_usual']:.0%}; {ex})",
+                "restore the d2t saved with the draft (model.safetensors, offsets: target id = i + d2t[i]); never "
+                "regenerate the vocabulary mapping of a trained draft",
+                ev,
+            )
+        )
         return True
     if not ran:
         return True
     if ev is None or ev.get("wrong") is None:
-        findings.append(Finding("W285", "warning", f"the draft records no d2t hash and the probe proposed too few "
-                                f"distinct tokens ({(ev or {}).get('ids', 0)} ids at least 3 times) to check the "
-                                f"vocabulary mapping on its own evidence", None, ev or {}))
-        decide.append(f"for the d2t: a longer probe (--time-budget {int(2 * max(ctx.budget, 30))}) or a recorded "
-                      f"d2t hash (eaglekit export writes one)")
+        findings.append(
+            Finding(
+                "W285",
+                "warning",
+                f"the draft records no d2t hash and the probe proposed too few "
+                f"distinct tokens ({(ev or {}).get('ids', 0)} ids at least 3 times) to check the "
+                f"vocabulary mapping on its own evidence",
+                None,
+                ev or {},
+            )
+        )
+        decide.append(
+            f"for the d2t: a longer probe (--time-budget {int(2 * max(ctx.budget, 30))}) or a recorded "
+            f"d2t hash (eaglekit export writes one)"
+        )
         return False
     return True
 
@@ -461,11 +516,23 @@ def _identity_findings(findings: list[Finding], ctx: _Context, ran: list[WiringR
     if ident is not None and ident.findings:  # a weights record with no safetensors to compare it with (W281)
         findings += [f for f in ident.findings if f not in findings]
         return False
-    features = (" (the feature statistics it recorded name the layers it was trained on, not its target: they vary "
-                "more with the probe text than with the target's weights)" if ctx.fingerprint is not None else "")
-    findings.append(Finding("W281", "warning", "the draft records no fingerprint of its target's weights" + features +
-                            ": whether this is that target, or a same-shape one with other weights, could not be "
-                            "checked", DECIDE_TARGET))
+    features = (
+        " (the feature statistics it recorded name the layers it was trained on, not its target: they vary "
+        "more with the probe text than with the target's weights)"
+        if ctx.fingerprint is not None
+        else ""
+    )
+    findings.append(
+        Finding(
+            "W281",
+            "warning",
+            "the draft records no fingerprint of its target's weights"
+            + features
+            + ": whether this is that target, or a same-shape one with other weights, could not be "
+            "checked",
+            DECIDE_TARGET,
+        )
+    )
     return False
 
 
@@ -504,12 +571,16 @@ def _longer(ctx: _Context, rows: list[WiringRow]) -> str:
     """How long a probe would settle the undecided comparisons: positions grow as (Z / |z|)^2."""
     zmin = min(abs(r.z or 0.0) for r in rows)
     if zmin < 0.5:
-        return ("acceptance may never tell them apart (|z| < 0.5: the draft accepts about the same under both, so "
-                "either wiring serves it about as fast)")
+        return (
+            "acceptance may never tell them apart (|z| < 0.5: the draft accepts about the same under both, so "
+            "either wiring serves it about as fast)"
+        )
     need = ctx.positions * (Z / zmin) ** 2
     secs = ctx.probe_seconds * need / max(ctx.positions, 1) + 15
-    return (f"a longer probe: about {int(need)} positions (now {ctx.positions}), about {int(secs)} s here "
-            f"(--time-budget {int(secs) + 10}, or more prompts with --prompt-file)")
+    return (
+        f"a longer probe: about {int(need)} positions (now {ctx.positions}), about {int(secs)} s here "
+        f"(--time-budget {int(secs) + 10}, or more prompts with --prompt-file)"
+    )
 
 
 # the probe's verdict: (its text, the findings it adds, the configured wiring shown right or a fault found, what would
@@ -533,8 +604,13 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     conf = next(r for r in ran if r.wiring == "configured")
     N = ctx.positions
     al = conf.decoded_accept_length if conf.decoded_accept_length is not None else conf.accept_length
-    c = _Configured(list(base.after_layers), _position1(conf), al, N,
-                    f"{N} positions, {len(ctx.rounds)} round{'s' if len(ctx.rounds) != 1 else ''}")
+    c = _Configured(
+        list(base.after_layers),
+        _position1(conf),
+        al,
+        N,
+        f"{N} positions, {len(ctx.rounds)} round{'s' if len(ctx.rounds) != 1 else ''}",
+    )
     best_p1 = max(_position1(r) for r in ran)
     if best_p1 < DEAD:
         return _dead_verdict(best_p1, c, findings)
@@ -543,8 +619,10 @@ def _probe_verdict(ran: list[WiringRow], base: CaptureSpec, ctx: _Context, findi
     if better:
         return _wiring_fault(better[0], c, ctx.label)
     out = _fingerprint_note(ctx)
-    head = (f"the {ctx.label} (after_layers {c.layers}) accepts {c.p1:.0%} at position 1 (teacher-forced), accept "
-            f"length {c.al:.2f}")
+    head = (
+        f"the {ctx.label} (after_layers {c.layers}) accepts {c.p1:.0%} at position 1 (teacher-forced), accept "
+        f"length {c.al:.2f}"
+    )
     if any(f.code == "E290" and f.evidence.get("source") == RECORD_SOURCE for f in findings):
         return f"{head}; the training record's sample names the wiring the draft was trained on (above)", out, True, []
     undecided = [r for r in others if not r.decided]
@@ -559,14 +637,30 @@ def _dead_verdict(best_p1: float, c: _Configured, findings: list[Finding]) -> _V
     one was found, else a fault of its own (E282: an untrained draft, or another target's)."""
     vocab = [f for f in findings if f.code in _VOCAB_FAULTS]
     if vocab:
-        msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
-               f"{c.where}): the effect of the vocabulary mapping fault [{vocab[0].code}]")
+        msg = (
+            f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
+            f"{c.where}): the effect of the vocabulary mapping fault [{vocab[0].code}]"
+        )
         return msg, [], True, []
-    msg = (f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
-           f"{c.where}; a trained draft of its target accepts tens of percent): it is untrained, or it was made for "
-           f"another target")
-    return msg, [Finding("E282", "error", msg, "train the draft for this target (eaglekit train), or pass the draft "
-                         "made for it", {"best_position1": best_p1, "positions": c.positions})], True, []
+    msg = (
+        f"the draft accepts almost nothing under every wiring tried (best {best_p1:.1%} at position 1 over "
+        f"{c.where}; a trained draft of its target accepts tens of percent): it is untrained, or it was made for "
+        f"another target"
+    )
+    return (
+        msg,
+        [
+            Finding(
+                "E282",
+                "error",
+                msg,
+                "train the draft for this target (eaglekit train), or pass the draft made for it",
+                {"best_position1": best_p1, "positions": c.positions},
+            )
+        ],
+        True,
+        [],
+    )
 
 
 def _wiring_fault(b: WiringRow, c: _Configured, label: str) -> _Verdict:
@@ -575,13 +669,26 @@ def _wiring_fault(b: WiringRow, c: _Configured, label: str) -> _Verdict:
     note = unsorted_note(c.layers) if b.wiring == "ascending order" else None
     if note is None:
         note = _shift_note(c.layers, b.after_layers)
-    msg = (f"the {label} accepts {c.p1:.0%} at position 1 (accept length {c.al:.2f}); after_layers "
-           f"{b.after_layers} ({b.wiring}) accepts {_position1(b):.0%} (accept length {b.accept_length:.2f}), "
-           f"the {label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {c.where}): "
-           f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else ""))
-    fault = Finding("E290", "error", msg, _fix(b.after_layers),
-                    {"configured": c.layers, "best": b.after_layers, "diff": b.diff, "se": b.se, "z": b.z,
-                     "positions": c.positions})
+    msg = (
+        f"the {label} accepts {c.p1:.0%} at position 1 (accept length {c.al:.2f}); after_layers "
+        f"{b.after_layers} ({b.wiring}) accepts {_position1(b):.0%} (accept length {b.accept_length:.2f}), "
+        f"the {label} minus it {_pm(b)} accepted tokens per position (z {b.z:.1f}, {c.where}): "
+        f"{_WHY.get(b.wiring, 'this draft was trained with another wiring')}" + (f"; {note}" if note else "")
+    )
+    fault = Finding(
+        "E290",
+        "error",
+        msg,
+        _fix(b.after_layers),
+        {
+            "configured": c.layers,
+            "best": b.after_layers,
+            "diff": b.diff,
+            "se": b.se,
+            "z": b.z,
+            "positions": c.positions,
+        },
+    )
     return f"[E290] {msg}; fix: {_fix(b.after_layers)}", [fault], True, []
 
 
@@ -599,10 +706,17 @@ def _fingerprint_note(ctx: _Context) -> list[Finding]:
     if not ctx.fingerprint:
         return []
     fp_layers = [m["layer"] for m in ctx.fingerprint]
-    return [Finding("I306", "info", f"the feature fingerprint names after_layers {fp_layers} for the draft's "
-                    f"slots over this probe's text (evidence, not a verdict: the recorded statistics move with "
-                    f"the text as much as from one layer to the next, so acceptance decides)", None,
-                    {"slots": ctx.fingerprint})]
+    return [
+        Finding(
+            "I306",
+            "info",
+            f"the feature fingerprint names after_layers {fp_layers} for the draft's "
+            f"slots over this probe's text (evidence, not a verdict: the recorded statistics move with "
+            f"the text as much as from one layer to the next, so acceptance decides)",
+            None,
+            {"slots": ctx.fingerprint},
+        )
+    ]
 
 
 def _closest(others: list[WiringRow], c: _Configured) -> str:
@@ -610,30 +724,36 @@ def _closest(others: list[WiringRow], c: _Configured) -> str:
     if not others:
         return ""
     worst = min(others, key=_z)
-    return (f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
-            f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
-            f"(z {worst.z:.1f}, {c.where})")
+    return (
+        f"; it beats each of the {len(others)} alternatives on the same positions, the closest "
+        f"({worst.wiring}, after_layers {worst.after_layers}) by {_pm(worst)} accepted tokens per position "
+        f"(z {worst.z:.1f}, {c.where})"
+    )
 
 
-def _undecided_verdict(undecided: list[WiringRow], c: _Configured, ctx: _Context, findings: list[Finding]
-                       ) -> _Verdict:
+def _undecided_verdict(undecided: list[WiringRow], c: _Configured, ctx: _Context, findings: list[Finding]) -> _Verdict:
     """Alternatives the probe does not tell apart from the configured wiring: no fault where the training record's
     sample names the trained wiring, else cannot tell (W280) with what a longer probe would take. The text follows
     the verdict's head."""
     ties = ", ".join(f"{r.wiring} (after_layers {r.after_layers}: {_pm(r)}, z {r.z:.1f})" for r in undecided)
     if ctx.wiring_by_record:
         ev = next(f for f in findings if f.code == "I311").evidence
-        msg = (f"the wiring is the one the draft was trained on ({REC}), and on its recorded sample the draft accepts "
-               f"what it accepted at training (accepts {ev['now']:.2f} where it accepted {ev['recorded']:.2f} at "
-               f"training); "
-               f"the probe's first round does not tell {ties} apart from it ({c.where}), and needs not: the record "
-               f"names the trained wiring")
+        msg = (
+            f"the wiring is the one the draft was trained on ({REC}), and on its recorded sample the draft accepts "
+            f"what it accepted at training (accepts {ev['now']:.2f} where it accepted {ev['recorded']:.2f} at "
+            f"training); "
+            f"the probe's first round does not tell {ties} apart from it ({c.where}), and needs not: the record "
+            f"names the trained wiring"
+        )
         return f"{msg}; no wiring fault found", [], True, []
     longer = _longer(ctx, undecided)
-    msg = (f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {c.layers}) minus {ties}, "
-           f"in accepted tokens per position over {c.where} (|z| < {Z:.0f}); the probe stopped at its time budget")
-    warning = Finding("W280", "warning", msg, longer,
-                      {"undecided": [r.wiring for r in undecided], "positions": c.positions})
+    msg = (
+        f"cannot tell these wirings apart on this probe: the {ctx.label} (after_layers {c.layers}) minus {ties}, "
+        f"in accepted tokens per position over {c.where} (|z| < {Z:.0f}); the probe stopped at its time budget"
+    )
+    warning = Finding(
+        "W280", "warning", msg, longer, {"undecided": [r.wiring for r in undecided], "positions": c.positions}
+    )
     return msg, [warning], False, [f"for the wiring: {longer}"]
 
 

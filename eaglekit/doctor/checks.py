@@ -41,17 +41,35 @@ def folder_findings(folder: Path, num_layers: int) -> list[Finding]:
     declared = declared_captures(folder)
     out = _capture_findings(declared, num_layers)
     if not (block.get("target") or {}).get("fingerprint"):
-        out.append(Finding("I302", "info", "the folder records no target fingerprint, so a draft made for another "
-                           "target cannot be told apart by its config; the probe's acceptance is the check"))
+        out.append(
+            Finding(
+                "I302",
+                "info",
+                "the folder records no target fingerprint, so a draft made for another "
+                "target cannot be told apart by its config; the probe's acceptance is the check",
+            )
+        )
     for flag in ("norm_before_residual", "norm_before_fc"):
         if raw.get(flag):
-            out.append(Finding("I303", "info", f"{flag} is set: engines that ignore it compute another function "
-                               f"(SGLang and vLLM versions differ here)"))
+            out.append(
+                Finding(
+                    "I303",
+                    "info",
+                    f"{flag} is set: engines that ignore it compute another function "
+                    f"(SGLang and vLLM versions differ here)",
+                )
+            )
     out += _t2d_finding(folder)
     if not block.get("features"):
-        out.append(Finding("I307", "info", "the folder records no feature fingerprint (drafts trained by eaglekit "
-                           "do), so the report names no layers by the features' statistics; acceptance decides the "
-                           "wiring either way"))
+        out.append(
+            Finding(
+                "I307",
+                "info",
+                "the folder records no feature fingerprint (drafts trained by eaglekit "
+                "do), so the report names no layers by the features' statistics; acceptance decides the "
+                "wiring either way",
+            )
+        )
     out += _sglang_finding(raw, declared)
     return out
 
@@ -62,15 +80,27 @@ def _capture_findings(declared: dict[str, tuple[int, ...]], num_layers: int) -> 
     out = []
     if len(set(declared.values())) > 1:
         parts = "; ".join(f"{k} -> after_layers {list(v)}" for k, v in declared.items())
-        out.append(Finding("E219", "error", f"the folder declares different capture layers in different places: "
-                           f"{parts}", "keep one set of ids, written in each place in that place's convention "
-                           "(eaglekit export does)", {"declared": {k: list(v) for k, v in declared.items()}}))
+        out.append(
+            Finding(
+                "E219",
+                "error",
+                f"the folder declares different capture layers in different places: {parts}",
+                "keep one set of ids, written in each place in that place's convention (eaglekit export does)",
+                {"declared": {k: list(v) for k, v in declared.items()}},
+            )
+        )
     if not declared:
         d = list(CaptureSpec.default(num_layers).after_layers)
-        out.append(Finding("W301", "warning", f"the folder records no capture layers: eaglekit, SGLang and vLLM all "
-                           f"fall back to their default (after_layers {d}); the probe below checks that this is what "
-                           f"the draft was trained on", "record the layers the draft was trained with "
-                           "(eagle_config.eagle_aux_hidden_state_layer_ids)"))
+        out.append(
+            Finding(
+                "W301",
+                "warning",
+                f"the folder records no capture layers: eaglekit, SGLang and vLLM all "
+                f"fall back to their default (after_layers {d}); the probe below checks that this is what "
+                f"the draft was trained on",
+                "record the layers the draft was trained with (eagle_config.eagle_aux_hidden_state_layer_ids)",
+            )
+        )
     return out
 
 
@@ -79,10 +109,17 @@ def _t2d_finding(folder: Path) -> list[Finding]:
     names = _tensor_names(folder)
     if names is None or not any(n.endswith("d2t") for n in names) or any(n.endswith("t2d") for n in names):
         return []
-    return [Finding("I305", "info", "the folder stores d2t but no t2d: eaglekit rebuilds t2d from d2t (the "
-                    "target ids the draft vocabulary covers), as SGLang does; an engine that reads t2d from the "
-                    "checkpoint would not find it", "re-save with eaglekit export, which writes both",
-                    {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))})]
+    return [
+        Finding(
+            "I305",
+            "info",
+            "the folder stores d2t but no t2d: eaglekit rebuilds t2d from d2t (the "
+            "target ids the draft vocabulary covers), as SGLang does; an engine that reads t2d from the "
+            "checkpoint would not find it",
+            "re-save with eaglekit export, which writes both",
+            {"tensors": sorted(n for n in names if n.endswith(("d2t", "t2d")))},
+        )
+    ]
 
 
 def _sglang_finding(raw: dict, declared: dict[str, tuple[int, ...]]) -> list[Finding]:
@@ -94,9 +131,16 @@ def _sglang_finding(raw: dict, declared: dict[str, tuple[int, ...]]) -> list[Fin
         return []
     # eaglekit reads these ids as written ("output of layer"); SGLang's reading depends on its release
     # (a first id other than 1: the releases read them apart, so there is a reading to name)
-    return [Finding("W302", "warning", cast(str, sglang_rule_reading(CaptureSpec.from_output_of(sglang))),
-                    "serve the draft with an SGLang release that always adds +1, or check which layers your "
-                    "release captures for these ids", {"ids": list(sglang)})]
+    return [
+        Finding(
+            "W302",
+            "warning",
+            cast(str, sglang_rule_reading(CaptureSpec.from_output_of(sglang))),
+            "serve the draft with an SGLang release that always adds +1, or check which layers your "
+            "release captures for these ids",
+            {"ids": list(sglang)},
+        )
+    ]
 
 
 def recorded_fingerprint(folder: Path):
@@ -127,7 +171,12 @@ def capture_width_finding(folder: Path, hidden: int, num_layers: int):
         default = list(CaptureSpec.default(num_layers).after_layers)
         fit = default if len(default) == k else None
     fix = ids_fix(fit, fmt) if fit else f"list exactly {k} ids, the layers the draft was trained on"
-    return Finding("E202", "error", f"the folder lists {len(layers)} capture ids {ids}{extra} = after_layers {layers}, "
-                   f"so an engine captures {len(layers)} x {hidden} = {len(layers) * hidden} features, but the draft's "
-                   f"fc was trained on {fc.shape[1]} = {k} x {hidden}", fix,
-                   {"ids": ids, "after_layers": layers, "fc_in": int(fc.shape[1])})
+    return Finding(
+        "E202",
+        "error",
+        f"the folder lists {len(layers)} capture ids {ids}{extra} = after_layers {layers}, "
+        f"so an engine captures {len(layers)} x {hidden} = {len(layers) * hidden} features, but the draft's "
+        f"fc was trained on {fc.shape[1]} = {k} x {hidden}",
+        fix,
+        {"ids": ids, "after_layers": layers, "fc_in": int(fc.shape[1])},
+    )

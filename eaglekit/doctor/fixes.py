@@ -12,8 +12,10 @@ from __future__ import annotations
 from ..draft.checkpoint import CONVENTIONS, FolderFormat
 
 VLLM_READS = "vLLM reads them as 'input of layer i' and sorts them (their order does not matter there)"
-SGLANG_READS = ("SGLang adds +1 to explicit ids to reach its 'input of layer' ids (releases since mid-2026 only "
-                "when the first id is 1)")
+SGLANG_READS = (
+    "SGLang adds +1 to explicit ids to reach its 'input of layer' ids (releases since mid-2026 only "
+    "when the first id is 1)"
+)
 
 
 def convention_of(fmt: FolderFormat | None) -> str:
@@ -36,14 +38,21 @@ def ids_fix(after_layers, fmt: FolderFormat | None, engine: str | None = None) -
     ids = ids_in(layers, conv)
     cli = f"with eaglekit: --capture-layers {','.join(str(i) for i in layers)}"
     if fmt is not None and fmt.name == "eagle":
-        return (f"this EAGLE reference folder has no field for capture ids (its loaders use the default), so "
-                f"after_layers {layers} cannot be written into it: convert it (eaglekit export OUT --to vllm|sglang "
-                f"--draft D --target T) and write them there; {cli}")
-    where = ("at the top level and in eagle_config (eagle_aux_hidden_state_layer_ids)" if conv == "input_of"
-             else "in eagle_config.eagle_aux_hidden_state_layer_ids"
-             + (" and eaglekit.capture.after_layers" if fmt is not None and fmt.name == "eaglekit" else ""))
-    text = (f"write eagle_aux_hidden_state_layer_ids = {ids} {where} (this folder's convention: "
-            f"{CONVENTIONS[conv]}; = eaglekit after_layers {layers})")
+        return (
+            f"this EAGLE reference folder has no field for capture ids (its loaders use the default), so "
+            f"after_layers {layers} cannot be written into it: convert it (eaglekit export OUT --to vllm|sglang "
+            f"--draft D --target T) and write them there; {cli}"
+        )
+    where = (
+        "at the top level and in eagle_config (eagle_aux_hidden_state_layer_ids)"
+        if conv == "input_of"
+        else "in eagle_config.eagle_aux_hidden_state_layer_ids"
+        + (" and eaglekit.capture.after_layers" if fmt is not None and fmt.name == "eaglekit" else "")
+    )
+    text = (
+        f"write eagle_aux_hidden_state_layer_ids = {ids} {where} (this folder's convention: "
+        f"{CONVENTIONS[conv]}; = eaglekit after_layers {layers})"
+    )
     if conv == "input_of":
         text += f"; {VLLM_READS}"
         if engine != "vllm":
@@ -51,8 +60,10 @@ def ids_fix(after_layers, fmt: FolderFormat | None, engine: str | None = None) -
     else:
         text += f"; {SGLANG_READS}"
         if ids and ids[0] != 1:
-            text += (f": the first id here is {ids[0]}, so a release with that rule reads them as input of layer, "
-                     f"one layer low; check the server's resolved ids")
+            text += (
+                f": the first id here is {ids[0]}, so a release with that rule reads them as input of layer, "
+                f"one layer low; check the server's resolved ids"
+            )
     if ids != sorted(ids):
         text += "; keep them ascending"
     return f"{text}; {cli}"
@@ -63,5 +74,7 @@ def unsorted_note(ids) -> str | None:
     ids = list(ids)
     if ids == sorted(ids):
         return None
-    return (f"the ids {ids} are not in ascending order: vLLM sorts them ({sorted(set(ids))}), eaglekit and SGLang "
-            f"concatenate the captures in the order written, so the engines feed the draft different features")
+    return (
+        f"the ids {ids} are not in ascending order: vLLM sorts them ({sorted(set(ids))}), eaglekit and SGLang "
+        f"concatenate the captures in the order written, so the engines feed the draft different features"
+    )

@@ -27,11 +27,13 @@ from .report import Finding
 # acceptance below the reference by more than this (absolute) or 3 standard errors, whichever is larger
 REFERENCE_SLACK = 0.05
 
-DECIDE_TARGET = ("a record of the draft's target: re-export the draft against the target it was trained on (eaglekit "
-                 "export OUT --to vllm|sglang --draft D --target T writes the fingerprint of T's weights), or pass "
-                 "--reference-acceptance A, the position-1 acceptance eaglekit doctor reports for the draft on its "
-                 "own target; or, once this pair is trusted, eaglekit doctor --record, which records the target's "
-                 "weights with the draft's acceptance for later runs")
+DECIDE_TARGET = (
+    "a record of the draft's target: re-export the draft against the target it was trained on (eaglekit "
+    "export OUT --to vllm|sglang --draft D --target T writes the fingerprint of T's weights), or pass "
+    "--reference-acceptance A, the position-1 acceptance eaglekit doctor reports for the draft on its "
+    "own target; or, once this pair is trusted, eaglekit doctor --record, which records the target's "
+    "weights with the draft's acceptance for later runs"
+)
 
 
 @dataclass
@@ -52,19 +54,45 @@ def weights_check(config, target_dir, record: dict | None = None) -> Identity:
         return Identity()
     cur = weights_fingerprint(target_dir)
     if cur is None:
-        return Identity(findings=[Finding("W281", "warning", "the draft records its target's weights, but this "
-                                          "target has no safetensors to compare them with", DECIDE_TARGET)])
+        return Identity(
+            findings=[
+                Finding(
+                    "W281",
+                    "warning",
+                    "the draft records its target's weights, but this target has no safetensors to compare them with",
+                    DECIDE_TARGET,
+                )
+            ]
+        )
     if cur["sha256"] == rec.get("sha256"):
-        return Identity(True, True, "weights", [Finding("I308", "info", f"the target's weights are the ones the "
-                                                        f"draft records (fingerprint {cur['sha256']})")])
+        return Identity(
+            True,
+            True,
+            "weights",
+            [
+                Finding(
+                    "I308", "info", f"the target's weights are the ones the draft records (fingerprint {cur['sha256']})"
+                )
+            ],
+        )
     d = weights_distance(rec, cur)
     size = f"the sampled weights differ by {d:.1%} (relative)" if d is not None else "an older fingerprint"
-    return Identity(True, False, "weights", [Finding(
-        "E220", "error", f"the draft was made for a target with other weights of the same shapes: its recorded "
-        f"weights fingerprint {rec.get('sha256')} is not this target's {cur['sha256']}; {size}",
-        "serve the draft with the target it was trained on, or train / fine-tune a draft for this one (eaglekit "
-        "train --init-draft D keeps its vocabulary)", {"recorded": rec.get("sha256"), "target": cur["sha256"],
-                                                        "distance": d})])
+    return Identity(
+        True,
+        False,
+        "weights",
+        [
+            Finding(
+                "E220",
+                "error",
+                f"the draft was made for a target with other weights of the same shapes: its recorded "
+                f"weights fingerprint {rec.get('sha256')} is not this target's {cur['sha256']}; {size}",
+                "serve the draft with the target it was trained on, or train / fine-tune a draft for this one "
+                "(eaglekit train --init-draft D keeps its vocabulary)",
+                {"recorded": rec.get("sha256"), "target": cur["sha256"], "distance": d},
+            )
+        ],
+    )
 
 
 def reference_check(p1: float, positions: int, reference: float) -> Finding:
@@ -72,9 +100,19 @@ def reference_check(p1: float, positions: int, reference: float) -> Finding:
     slack = max(REFERENCE_SLACK, 3 * se)
     ev = {"position1": p1, "reference": reference, "slack": round(slack, 4), "positions": positions}
     if p1 < reference - slack:
-        return Finding("E284", "error", f"the configured wiring accepts {p1:.1%} at position 1, below the reference "
-                       f"{reference:.1%} measured on the draft's own target by more than {slack:.1%}: this is not the "
-                       f"target the draft was made for (or a fault the probe does not vary)",
-                       "serve the draft with the target it was trained on", ev)
-    return Finding("I310", "info", f"position-1 acceptance {p1:.1%} is within {slack:.1%} of the reference "
-                   f"{reference:.1%}", None, ev)
+        return Finding(
+            "E284",
+            "error",
+            f"the configured wiring accepts {p1:.1%} at position 1, below the reference "
+            f"{reference:.1%} measured on the draft's own target by more than {slack:.1%}: this is not the "
+            f"target the draft was made for (or a fault the probe does not vary)",
+            "serve the draft with the target it was trained on",
+            ev,
+        )
+    return Finding(
+        "I310",
+        "info",
+        f"position-1 acceptance {p1:.1%} is within {slack:.1%} of the reference {reference:.1%}",
+        None,
+        ev,
+    )

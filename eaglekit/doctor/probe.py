@@ -29,7 +29,7 @@ from .report import WiringRow
 # decide it in ~5 s (z 3.0 and -4.6 over 1846; docs/performance.md#d42). Code, prose,
 # question-and-answer and chat, as targets are served.
 GENERIC_PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "The three primary colours are",
     "import os\nimport sys\n\n\ndef main(argv):\n",
     "Once upon a time, in a small village by the sea,",
@@ -41,8 +41,8 @@ GENERIC_PROMPTS = [
     "SELECT name, COUNT(*) AS orders\nFROM customers\nJOIN orders ON",
     "#include <stdio.h>\n\nint main(int argc, char **argv) {\n",
     "function debounce(fn, wait) {\n  let timer;\n",
-    "if [ -f \"$CONFIG\" ]; then\n    source \"$CONFIG\"\nfi\n",
-    "    def __repr__(self):\n        return f\"",
+    'if [ -f "$CONFIG" ]; then\n    source "$CONFIG"\nfi\n',
+    '    def __repr__(self):\n        return f"',
     "try:\n    with open(path) as f:\n        data = json.load(f)\nexcept",
     "# Installation\n\nTo install the package, run",
     "The French Revolution began in 1789 when",
@@ -166,7 +166,7 @@ class Probe:
 
         dev, lm = self.target.device, self.target.lm_head_weight()
         for i in range(0, len(new), chunk):
-            part = new[i:i + chunk]
+            part = new[i : i + chunk]
             ids, _, valid = pad_batch([Example(s.ids, [1] * len(s.ids)) for s in part])
             ids, valid = ids.to(dev), valid.to(dev)
             hidden, feats = self.target.features(ids, valid.long(), self.all_layers)
@@ -221,8 +221,11 @@ class Probe:
         rows = []
         ran = [n for n, _ in self.cands if self.fits[n]]
         conf_runs = self._runs("configured") if "configured" in ran else None
-        conf_hit = [s.outcome["configured"][0][0][s.outcome["configured"][1][0]] for s in self.seqs] \
-            if "configured" in ran else None
+        conf_hit = (
+            [s.outcome["configured"][0][0][s.outcome["configured"][1][0]] for s in self.seqs]
+            if "configured" in ran
+            else None
+        )
         for name, spec in self.cands:
             if not self.fits[name]:
                 rows.append(WiringRow(name, list(spec.after_layers), refused="E202"))
@@ -232,9 +235,14 @@ class Probe:
             acc = (corr / cnt.clamp(min=1)).tolist()
             runs = self._runs(name)
             n = sum(r.numel() for r in runs)
-            row = WiringRow(name, list(spec.after_layers), accept_length=round(simulated_accept_length(acc), 4),
-                            per_position=[round(a, 4) for a in acc], positions=n,
-                            mean_run=round(float(sum(r.sum() for r in runs)) / max(n, 1), 4))
+            row = WiringRow(
+                name,
+                list(spec.after_layers),
+                accept_length=round(simulated_accept_length(acc), 4),
+                per_position=[round(a, 4) for a in acc],
+                positions=n,
+                mean_run=round(float(sum(r.sum() for r in runs)) / max(n, 1), 4),
+            )
             if conf_runs is not None and name != "configured":
                 assert conf_hit is not None  # computed with conf_runs
                 diff, se = paired_difference(conf_runs, runs)
@@ -267,8 +275,16 @@ def paired_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[flo
     return mean, max(clustered, iid)
 
 
-def grow(probe: Probe, prompts: list[list[int]], n_prompts: int, max_new: int, budget_s: float, t_start: float,
-         settled, bar=None) -> list[dict]:
+def grow(
+    probe: Probe,
+    prompts: list[list[int]],
+    n_prompts: int,
+    max_new: int,
+    budget_s: float,
+    t_start: float,
+    settled,
+    bar=None,
+) -> list[dict]:
     """Rounds: the first n_prompts prompts; then, while `settled(probe)` is False and the next round (estimated from
     the last) fits the budget, the next n_prompts prompts, then longer continuations of all of them."""
     rounds: list[dict] = []
@@ -277,7 +293,7 @@ def grow(probe: Probe, prompts: list[list[int]], n_prompts: int, max_new: int, b
     while True:
         t = time.time()
         if used < len(prompts):
-            take = prompts[used:used + n_prompts]
+            take = prompts[used : used + n_prompts]
             used += len(take)
             probe.add(take, max_new)
             what = f"+{len(take)} prompts"
@@ -286,8 +302,15 @@ def grow(probe: Probe, prompts: list[list[int]], n_prompts: int, max_new: int, b
         else:
             break
         last = time.time() - t
-        rounds.append({"round": len(rounds) + 1, "added": what, "sequences": len(probe.seqs),
-                       "positions": probe.positions, "seconds": round(last, 1)})
+        rounds.append(
+            {
+                "round": len(rounds) + 1,
+                "added": what,
+                "sequences": len(probe.seqs),
+                "positions": probe.positions,
+                "seconds": round(last, 1),
+            }
+        )
         if bar is not None:
             bar.update(1)
             bar.set_postfix(positions=probe.positions)

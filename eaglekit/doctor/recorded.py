@@ -45,16 +45,20 @@ DROP = 0.05
 # standard errors: stricter than Z, as the check looks after every chunk of sequences
 EARLY_SEQUENCES, Z_EARLY = 16, 4.0
 REC = "its training record, eaglekit_record.json"
-_TIE = ("eaglekit ignores this flag (the draft keeps its own lm_head of draft_vocab_size rows), so no acceptance "
-        "measured here shows it; an engine that honours it ties the draft's lm_head to the token embedding and "
-        "computes another function than the one trained (or refuses the shapes)")
+_TIE = (
+    "eaglekit ignores this flag (the draft keeps its own lm_head of draft_vocab_size rows), so no acceptance "
+    "measured here shows it; an engine that honours it ties the draft's lm_head to the token embedding and "
+    "computes another function than the one trained (or refuses the shapes)"
+)
 
 
 def _where(draft_dir: Path, field: str) -> str:
     raw = json.loads((draft_dir / "config.json").read_text())
     layer = raw.get("transformer_layer_config")
-    if layer is not None and (field in layer or field.startswith(("rope", "hidden", "intermediate", "num_", "head",
-                                                                   "rms", "tie", "vocab", "attention"))):
+    if layer is not None and (
+        field in layer
+        or field.startswith(("rope", "hidden", "intermediate", "num_", "head", "rms", "tie", "vocab", "attention"))
+    ):
         return "transformer_layer_config in config.json"
     return "config.json"
 
@@ -71,29 +75,47 @@ def static_findings(rec: dict, draft_dir, draft, target_dir, findings: list[Find
         if now.get(k) == was:
             continue
         why = _TIE if k == "tie_word_embeddings" else "the draft computes another function than the one trained"
-        out.append(Finding("E224", "error", f"the draft's config sets {k} = {json.dumps(now.get(k))}, but the draft "
-                           f"was trained with {k} = {json.dumps(was)} ({REC}): {why}",
-                           f"set {k} back to {json.dumps(was)} in {_where(draft_dir, k)}",
-                           {"field": k, "recorded": was, "now": now.get(k)}))
+        out.append(
+            Finding(
+                "E224",
+                "error",
+                f"the draft's config sets {k} = {json.dumps(now.get(k))}, but the draft "
+                f"was trained with {k} = {json.dumps(was)} ({REC}): {why}",
+                f"set {k} back to {json.dumps(was)} in {_where(draft_dir, k)}",
+                {"field": k, "recorded": was, "now": now.get(k)},
+            )
+        )
     have = {f.code for f in findings}
     d2t = vocab_map_sha(draft.d2t)
     if rec.get("d2t_sha256") and d2t != rec["d2t_sha256"] and "E217" not in have:
-        out.append(Finding("E217", "error", f"the draft's d2t is not the mapping recorded at training (digest "
-                           f"{d2t}, recorded {rec['d2t_sha256']} in {REC}): lm_head rows propose other tokens than "
-                           f"they were trained for", "restore the d2t saved with the draft; never regenerate the "
-                           "vocabulary mapping of a trained draft", {"recorded": rec["d2t_sha256"], "now": d2t}))
+        out.append(
+            Finding(
+                "E217",
+                "error",
+                f"the draft's d2t is not the mapping recorded at training (digest "
+                f"{d2t}, recorded {rec['d2t_sha256']} in {REC}): lm_head rows propose other tokens than "
+                f"they were trained for",
+                "restore the d2t saved with the draft; never regenerate the vocabulary mapping of a trained draft",
+                {"recorded": rec["d2t_sha256"], "now": d2t},
+            )
+        )
     t = rec.get("target") or {}
     cur = tokenizer_digests(target_dir)
-    moved = [k for k in ("tokenizer", "chat_template") if t.get(k) != cur[k] and (t.get(k) or cur[k])
-             and k in t]
+    moved = [k for k in ("tokenizer", "chat_template") if t.get(k) != cur[k] and (t.get(k) or cur[k]) and k in t]
     if moved and "E215" not in have:
         what = " and ".join({"tokenizer": "tokenizer", "chat_template": "chat template"}[k] for k in moved)
         diff = ", ".join(f"{k}: {t.get(k) or 'none'} recorded, {cur[k] or 'none'} now" for k in moved)
-        out.append(Finding("E215", "error", f"the target folder's {what} is not the one the draft was trained with "
-                           f"({diff}; {REC}): "
-                           f"prompts are rendered into other tokens than the draft learned on",
-                           "serve with the tokenizer and chat template the draft was trained with",
-                           {k: {"recorded": t.get(k), "now": cur[k]} for k in moved}))
+        out.append(
+            Finding(
+                "E215",
+                "error",
+                f"the target folder's {what} is not the one the draft was trained with "
+                f"({diff}; {REC}): "
+                f"prompts are rendered into other tokens than the draft learned on",
+                "serve with the tokenizer and chat template the draft was trained with",
+                {k: {"recorded": t.get(k), "now": cur[k]} for k in moved},
+            )
+        )
     return out
 
 
@@ -170,8 +192,11 @@ def settles_wiring(findings: list[Finding]) -> bool:
     """Whether the training record's sample settled the wiring: the configured one is the one trained and accepts as
     at training (I311 with the capture unchanged), or the trained one accepts as at training where the configured
     one does not (E290 from the record)."""
-    return any((f.code == "I311" and f.evidence.get("capture_unchanged")) or
-               (f.code == "E290" and f.evidence.get("source") == SOURCE) for f in findings)
+    return any(
+        (f.code == "I311" and f.evidence.get("capture_unchanged"))
+        or (f.code == "E290" and f.evidence.get("source") == SOURCE)
+        for f in findings
+    )
 
 
 SOURCE = "training record"
@@ -214,8 +239,9 @@ def _wiring_worse(accepted: tuple, gap: tuple[float, float, float], z: float) ->
     return gap[2] >= z and accepted[2] > 0
 
 
-def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[str], base,
-                    fix_ids, losses: list[list[torch.Tensor]]) -> Finding | None:
+def _wiring_finding(
+    rec: dict, trained, steps: int, now: list[str], then: list[str], base, fix_ids, losses: list[list[torch.Tensor]]
+) -> Finding | None:
     """Where the capture moved since training: the sample measured again under the recorded capture. If that accepts
     as at training and the configured wiring fits the target worse than it on the same positions by Z standard
     errors of the training loss, accepting less, the wiring is the cause (E290, the fix in the folder's
@@ -228,19 +254,36 @@ def _wiring_finding(rec: dict, trained, steps: int, now: list[str], then: list[s
         return None
     was, is_, diff, se, z, N = accepted
     ldiff, lse, lz = gap
-    msg = (f"the draft was trained on after_layers {cap} ({REC}) and is configured with "
-           f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
-           f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
-           f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position, its training loss {ldiff:+.3f} ± "
-           f"{lse:.3f} a position (z {lz:.1f}; teacher-forced, chain of {steps}, {N} positions)")
-    return Finding("E290", "error", msg, fix_ids(list(cap)),
-                   {"configured": list(base.after_layers), "best": list(cap), "diff": round(-diff, 4),
-                    "se": round(se, 4), "z": round(-z, 2), "loss_diff": round(ldiff, 4), "loss_se": round(lse, 4),
-                    "loss_z": round(lz, 2), "positions": N, "source": SOURCE})
+    msg = (
+        f"the draft was trained on after_layers {cap} ({REC}) and is configured with "
+        f"{list(base.after_layers)}: on its recorded sample it accepts {is_:.2f} as configured and {was:.2f} under "
+        f"the trained wiring ({holds[1]:.2f} at training), the configured wiring minus the trained "
+        f"{0.0 - diff + 0.0:+.3f} ± {se:.3f} accepted tokens per position, its training loss {ldiff:+.3f} ± "
+        f"{lse:.3f} a position (z {lz:.1f}; teacher-forced, chain of {steps}, {N} positions)"
+    )
+    return Finding(
+        "E290",
+        "error",
+        msg,
+        fix_ids(list(cap)),
+        {
+            "configured": list(base.after_layers),
+            "best": list(cap),
+            "diff": round(-diff, 4),
+            "se": round(se, 4),
+            "z": round(-z, 2),
+            "loss_diff": round(ldiff, 4),
+            "loss_se": round(lse, 4),
+            "loss_z": round(lz, 2),
+            "positions": N,
+            "source": SOURCE,
+        },
+    )
 
 
-def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list[Finding],
-                        fix_ids=None) -> list[Finding]:
+def acceptance_findings(
+    rec: dict, target, draft, base, target_dir, static: list[Finding], fix_ids=None
+) -> list[Finding]:
     """The draft measured again on the recorded sample and compared with the record. `fix_ids(after_layers)`: the
     fix for a wiring fault in the folder's convention (None: no wiring verdict from the record)."""
     from ..train.record import measure_each
@@ -251,16 +294,28 @@ def acceptance_findings(rec: dict, target, draft, base, target_dir, static: list
     # where the capture moved, the recorded one is measured in the same target pass (a wiring verdict needs both)
     trained = _trained_capture(rec, target, base) if not fields and fix_ids is not None else None
     losses: list[list[torch.Tensor]] = []
-    now, *then = measure_each(target, draft, seqs, [base] + ([trained] if trained is not None else []), steps,
-                              stop=lambda runs, lost: _decided(rec["runs"], runs, lost), losses=losses)
+    now, *then = measure_each(
+        target,
+        draft,
+        seqs,
+        [base] + ([trained] if trained is not None else []),
+        steps,
+        stop=lambda runs, lost: _decided(rec["runs"], runs, lost),
+        losses=losses,
+    )
     a, b = _paired(rec["runs"], now)
     if not a:
         return [Finding("I311", "info", "the training record's sample has no position to measure again", None, {})]
     # (a check that ended early compares its first sequences: _paired stops at the shorter list)
-    again = _against_record(rec, _compared(a, b), steps=steps, sequences=len(a), recorded=len(seqs),
-                            moved=changes(rec, target, target_dir, base))
-    wiring = (_wiring_finding(rec, trained, steps, now, then[0], base, fix_ids, losses) if trained is not None
-              else None)
+    again = _against_record(
+        rec,
+        _compared(a, b),
+        steps=steps,
+        sequences=len(a),
+        recorded=len(seqs),
+        moved=changes(rec, target, target_dir, base),
+    )
+    wiring = _wiring_finding(rec, trained, steps, now, then[0], base, fix_ids, losses) if trained is not None else None
     if wiring is not None:
         return [wiring]
     if _dropped(again.diff, again.se):
@@ -281,17 +336,34 @@ class _Remeasured:
     ev: dict  # the evidence of every finding made from it
 
 
-def _against_record(rec: dict, compared: tuple[float, float, float, float, float, int], steps: int,
-                    sequences: int, recorded: int, moved: list[str]) -> _Remeasured:
+def _against_record(
+    rec: dict,
+    compared: tuple[float, float, float, float, float, int],
+    steps: int,
+    sequences: int,
+    recorded: int,
+    moved: list[str],
+) -> _Remeasured:
     """The comparison in the findings' words and evidence. `compared`: _compared(recorded runs, runs now) over the
     `sequences` measured again, of the `recorded` ones."""
     was, is_, diff, se, z, N = compared
-    ev = {"recorded": round(was, 4), "now": round(is_, 4), "drop": round(diff, 4), "se": round(se, 4),
-          "z": round(z, 2), "positions": N, "sequences": sequences, "steps": steps, "changed": moved,
-          "written_by": rec.get("written_by")}
+    ev = {
+        "recorded": round(was, 4),
+        "now": round(is_, 4),
+        "drop": round(diff, 4),
+        "se": round(se, 4),
+        "z": round(z, 2),
+        "positions": N,
+        "sequences": sequences,
+        "steps": steps,
+        "changed": moved,
+        "written_by": rec.get("written_by"),
+    }
     of = f"{sequences} of the {recorded}" if sequences < recorded else f"the {sequences}"
-    where = (f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
-             f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}")
+    where = (
+        f"teacher-forced accept length, chain of {steps}, on {of} sequences it was recorded on "
+        f"({N} positions): {0.0 - diff + 0.0:+.3f} ± {se:.3f} tokens per position, z {0.0 - z + 0.0:.1f}"
+    )
     return _Remeasured(was, is_, diff, se, where, moved, ev)
 
 
@@ -301,16 +373,31 @@ def _drop_finding(rec: dict, again: _Remeasured, fields: list[Finding]) -> Findi
     label = {"E217": "the d2t", "E215": "the tokenizer / chat template"}
     named = [f"{f.evidence.get('field') or label[f.code]} ({f.code})" for f in fields]
     since = "; ".join(again.moved + ([f"config and files: {', '.join(named)}"] if named else []))
-    only_run = not fields and again.moved and all(m.startswith(("the target's dtype", "the products"))
-                                                  for m in again.moved)
-    fix = (fields[0].fix if fields else
-           f"run the target as at training ({(rec.get('run') or {}).get('dtype')}, products "
-           f"{(rec.get('run') or {}).get('products')})" if only_run else
-           "serve the draft as it was trained: its own target, wiring, config and files (see what changed)")
-    return Finding("E223", "error", f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
-                   f"({again.where}). Changed since training: " + (since or "nothing the record holds (config "
-                   "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
-                   "products): the cause is outside it"), fix, again.ev)
+    only_run = (
+        not fields and again.moved and all(m.startswith(("the target's dtype", "the products")) for m in again.moved)
+    )
+    fix = (
+        fields[0].fix
+        if fields
+        else f"run the target as at training ({(rec.get('run') or {}).get('dtype')}, products "
+        f"{(rec.get('run') or {}).get('products')})"
+        if only_run
+        else "serve the draft as it was trained: its own target, wiring, config and files (see what changed)"
+    )
+    return Finding(
+        "E223",
+        "error",
+        f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
+        f"({again.where}). Changed since training: "
+        + (
+            since
+            or "nothing the record holds (config "
+            "fields, d2t, target weights and config fingerprints, tokenizer, chat template, dtype, "
+            "products): the cause is outside it"
+        ),
+        fix,
+        again.ev,
+    )
 
 
 def _holds_findings(rec: dict, again: _Remeasured, base, fields: list[Finding]) -> list[Finding]:
@@ -318,18 +405,42 @@ def _holds_findings(rec: dict, again: _Remeasured, base, fields: list[Finding]) 
     the recorded one (another dtype or other products)."""
     cap = (rec.get("config") or {}).get("capture")
     again.ev["capture_unchanged"] = cap is not None and list(base.after_layers) == list(cap) and not fields
-    out = [Finding("I311", "info", f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
-                   f"({again.where}): within the interval (a drop counts past {Z:.0f} standard errors and {DROP} "
-                   f"tokens)", None, again.ev)]
+    out = [
+        Finding(
+            "I311",
+            "info",
+            f"the draft accepts {again.is_:.2f} where it accepted {again.was:.2f} at training "
+            f"({again.where}): within the interval (a drop counts past {Z:.0f} standard errors and {DROP} "
+            f"tokens)",
+            None,
+            again.ev,
+        )
+    ]
     run = [m for m in again.moved if m.startswith(("the target's dtype", "the products"))]
     if run:
-        out.append(Finding("I312", "info", f"the run differs from the training record's ({'; '.join(run)}), and "
-                           f"acceptance holds: {again.where}", None, again.ev))
+        out.append(
+            Finding(
+                "I312",
+                "info",
+                f"the run differs from the training record's ({'; '.join(run)}), and acceptance holds: {again.where}",
+                None,
+                again.ev,
+            )
+        )
     return out
 
 
-def write_pair_record(target_dir, draft_dir, prompt_file=None, max_new_tokens: int = 64, capture=None,
-                      backend="auto", device="cpu", dtype=None, log=print) -> dict:
+def write_pair_record(
+    target_dir,
+    draft_dir,
+    prompt_file=None,
+    max_new_tokens: int = 64,
+    capture=None,
+    backend="auto",
+    device="cpu",
+    dtype=None,
+    log=print,
+) -> dict:
     """`eaglekit doctor --record`: the record of a pair the user trusts (a draft made elsewhere), on the probe's
     prompts continued by the target, written beside the draft for later runs of the doctor to hold it against."""
     from ..capture import CaptureSpec
@@ -340,16 +451,26 @@ def write_pair_record(target_dir, draft_dir, prompt_file=None, max_new_tokens: i
 
     target = load_target(target_dir, backend=backend, device=device, dtype=dtype)
     draft = loaded_as_doctor(target, draft_dir)
-    spec = (capture or draft.config.capture or CaptureSpec.default(target.info.num_layers))
+    spec = capture or draft.config.capture or CaptureSpec.default(target.info.num_layers)
     prompts, source = probe_prompts(target_dir, prompt_file, target.info.vocab_size)
     prompts = prompts[:MAX_SEQUENCES]
     # continued only as far as the sample keeps (MAX_TOKENS a sequence)
     new = max(0, min(max_new_tokens, MAX_TOKENS - min(len(p) for p in prompts)))
     seqs = greedy_texts(target, prompts, new, tuple(target.info.eos_token_ids)) if new else prompts
-    rec = build_record(target, target_dir, draft_dir, seqs, spec, "eaglekit doctor --record",
-                       f"{source}, continued by the target ({new} tokens)", draft=draft)
+    rec = build_record(
+        target,
+        target_dir,
+        draft_dir,
+        seqs,
+        spec,
+        "eaglekit doctor --record",
+        f"{source}, continued by the target ({new} tokens)",
+        draft=draft,
+    )
     path = write_record(draft_dir, rec)
     a = rec["acceptance"]
-    log(f"eaglekit doctor --record: accept length {a['accept_length']:.2f} (teacher-forced, chain of {rec['steps']}) "
-        f"over {a['positions']} positions of {a['sequences']} sequences; written to {path}")
+    log(
+        f"eaglekit doctor --record: accept length {a['accept_length']:.2f} (teacher-forced, chain of {rec['steps']}) "
+        f"over {a['positions']} positions of {a['sequences']} sequences; written to {path}"
+    )
     return rec

@@ -61,12 +61,30 @@ EXIT = {"clean": 0, "fault": 1, "could_not_run": 2, "cannot_tell": 3}
 # the codes that say a file of the pair could not be read at all (missing, truncated, not JSON, not a draft, a field
 # of the wrong type): the doctor then says nothing of the wiring, and it is the same "could not run" for the draft
 # as for the target. A pair whose files read but do not fit (E107: the weights against the config, E2xx) is a fault.
-UNREADABLE = frozenset({"E101", "E102", "E105", "E106", "E110", "E112", "E116", "E117", "E118",
-                        "E150", "E151", "E152", "E153", "E154", "E155"})
+UNREADABLE = frozenset(
+    {
+        "E101",
+        "E102",
+        "E105",
+        "E106",
+        "E110",
+        "E112",
+        "E116",
+        "E117",
+        "E118",
+        "E150",
+        "E151",
+        "E152",
+        "E153",
+        "E154",
+        "E155",
+    }
+)
 
 
 def unreadable(findings) -> list:
     """The error findings (Finding or its JSON) that say a file of the pair could not be read."""
+
     def get(f, k):
         return f.get(k) if isinstance(f, dict) else getattr(f, k)
 
@@ -107,12 +125,22 @@ class DoctorReport:
     def to_json(self) -> dict:
         status = self.status
         verdict = self.verdict if status != "could_not_run" else f"doctor could not run: {self.verdict}"
-        out = {"status": status, "exit_code": self.exit_code, "decide": self.decide,
-               "verdict": verdict, "fault": status == "fault",
-               "conclusive": self.conclusive and status != "could_not_run", "pair": self.pair,
-               "findings": [asdict(f) for f in self.findings], "probe": [r.to_json() for r in self.probe],
-               "probe_prompts": self.probe_prompts, "trace": self.trace, "profile_ms": self.profile_ms,
-               "rounds": self.rounds, "seconds": self.seconds}
+        out = {
+            "status": status,
+            "exit_code": self.exit_code,
+            "decide": self.decide,
+            "verdict": verdict,
+            "fault": status == "fault",
+            "conclusive": self.conclusive and status != "could_not_run",
+            "pair": self.pair,
+            "findings": [asdict(f) for f in self.findings],
+            "probe": [r.to_json() for r in self.probe],
+            "probe_prompts": self.probe_prompts,
+            "trace": self.trace,
+            "profile_ms": self.profile_ms,
+            "rounds": self.rounds,
+            "seconds": self.seconds,
+        }
         if self.fingerprint is not None:
             out["fingerprint"] = self.fingerprint
         return out

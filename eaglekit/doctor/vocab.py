@@ -56,15 +56,26 @@ def vocab_evidence(pairs: list[tuple[torch.Tensor, torch.Tensor]], hot: torch.Te
     freq = torch.bincount(y, minlength=V).double() / y.numel()
     lift = (top.double() / total[ids].double()) / freq[usual].clamp(min=1e-12)
     wrong = usual != mapped
-    ex = [{"draft_id": int(a), "proposed": int(total[a]), "target_chose": int(u), "times": int(t),
-           "d2t_maps_to": int(m)}
-          for a, u, t, m in zip(ids[wrong].tolist(), usual[wrong].tolist(), top[wrong].tolist(),
-                                mapped[wrong].tolist())][:3]
-    return {"ids": int(ids.numel()), "wrong": round(float(wrong.double().mean()), 4),
-            "share_mapped": round(float(at_mapped.sum() / n), 4), "share_usual": round(float(top.sum() / n), 4),
-            "lift": round(float(lift.median()), 2), "positions": int(j.numel()), "examples": ex}
+    ex = [
+        {"draft_id": int(a), "proposed": int(total[a]), "target_chose": int(u), "times": int(t), "d2t_maps_to": int(m)}
+        for a, u, t, m in zip(ids[wrong].tolist(), usual[wrong].tolist(), top[wrong].tolist(), mapped[wrong].tolist())
+    ][:3]
+    return {
+        "ids": int(ids.numel()),
+        "wrong": round(float(wrong.double().mean()), 4),
+        "share_mapped": round(float(at_mapped.sum() / n), 4),
+        "share_usual": round(float(top.sum() / n), 4),
+        "lift": round(float(lift.median()), 2),
+        "positions": int(j.numel()),
+        "examples": ex,
+    }
 
 
 def mapping_is_wrong(ev: dict | None) -> TypeGuard[dict]:
-    return bool(ev and ev.get("wrong") is not None and ev["wrong"] >= WRONG_SHARE and ev.get("lift", 0) >= MIN_LIFT
-                and ev["share_usual"] >= 2 * ev["share_mapped"] + 0.05)
+    return bool(
+        ev
+        and ev.get("wrong") is not None
+        and ev["wrong"] >= WRONG_SHARE
+        and ev.get("lift", 0) >= MIN_LIFT
+        and ev["share_usual"] >= 2 * ev["share_mapped"] + 0.05
+    )

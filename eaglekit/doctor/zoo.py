@@ -96,11 +96,13 @@ def no_record(d: Path) -> Path:
 
 def set_ids(d: Path, ids) -> Path:
     """Capture ids written into a vLLM folder (both places vLLM may read)."""
+
     def f(c):
         c["eagle_aux_hidden_state_layer_ids"] = list(ids)
         c.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = list(ids)
         blk = c.get("eaglekit") or {}
         blk.pop("capture", None)  # a record of the old ids would conflict (E219): the folder's ids are the fault
+
     return _edit_config(d, f)
 
 
@@ -138,8 +140,13 @@ def qwen2_target(src: Path, dst: Path) -> Path:
 
     _copy(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False, sliding_window=None,
-               max_window_layers=cfg["num_hidden_layers"])
+    cfg.update(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=cfg["num_hidden_layers"],
+    )
     cfg.pop("attention_bias", None)
     cfg.pop("mlp_bias", None)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -148,7 +155,7 @@ def qwen2_target(src: Path, dst: Path) -> Path:
     for f in sorted(dst.glob("*.safetensors")):
         w = load_file(f)
         for k in [k for k in w if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))]:
-            b = k[:-len("weight")] + "bias"
+            b = k[: -len("weight")] + "bias"
             rows = w[k].shape[0]
             w[b] = (0.5 * torch.randn(rows, generator=g) if "k_proj" in k else torch.zeros(rows)).to(w[k].dtype)
             index["weight_map"][b] = f.name
@@ -161,7 +168,7 @@ def shuffle_d2t(w: dict, share: float = 0.1, seed: int = 3) -> None:
     """`share` of the draft ids exchange their target tokens among themselves (t2d unchanged: the same set)."""
     n = w["d2t"].numel()
     g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(n, generator=g)[:int(n * share)]
+    pick = torch.randperm(n, generator=g)[: int(n * share)]
     ids = torch.arange(n) + w["d2t"].long()
     ids[pick] = ids[pick[torch.randperm(pick.numel(), generator=g)]]
     w["d2t"] = (ids - torch.arange(n)).to(w["d2t"].dtype)
@@ -236,6 +243,7 @@ class Pairs:
 # --- the cases ------------------------------------------------------------------------------------------------
 def _v(family, *edits, third=False, kwargs=None):
     """A case built on the family's vLLM export: a copy with `edits` applied (each fn(draft_dir))."""
+
     def build(p: Pairs, out: Path):
         d = _copy(p.vllm(family), out / "draft")
         if third:
@@ -243,16 +251,19 @@ def _v(family, *edits, third=False, kwargs=None):
         for e in edits:
             e(d)
         return p.target(family), d, dict(kwargs or {})
+
     return build
 
 
 def _e(family, *edits, target=None, kwargs=None):
     """A case built on the family's eaglekit folder; `target(p, out)` gives another target folder."""
+
     def build(p: Pairs, out: Path):
         d = _copy(p.draft(family), out / "draft")
         for e in edits:
             e(d)
         return (target(p, out) if target else p.target(family)), d, dict(kwargs or {})
+
     return build
 
 
@@ -276,9 +287,11 @@ def _no_weights(d: Path) -> Path:
 
 def _recorded(family, target=None, kwargs=None):
     """A case built on the family's third-party draft recorded by `doctor --record` (Pairs.recorded_third_party)."""
+
     def build(p: Pairs, out: Path):
         d = _copy(p.recorded_third_party(family), out / "draft")
         return (target(p, out) if target else p.target(family)), d, dict(kwargs or {})
+
     return build
 
 
@@ -305,8 +318,11 @@ def _untrained(p: Pairs, out: Path):
     from ..models import load_target
 
     t = load_target(p.target("llama"))
-    return p.target("llama"), save_draft(new_draft(t, capture=CaptureSpec((1, 5, 8)), draft_vocab_size=4096, seed=1),
-                                         out / "draft"), {}
+    return (
+        p.target("llama"),
+        save_draft(new_draft(t, capture=CaptureSpec((1, 5, 8)), draft_vocab_size=4096, seed=1), out / "draft"),
+        {},
+    )
 
 
 def _other_hidden(p: Pairs, out: Path):
@@ -318,103 +334,347 @@ def _other_hidden(p: Pairs, out: Path):
 
 CASES = [
     Case("clean", "llama", "nothing: the demo pair exported for vLLM", "clean", build=_v("llama")),
-    Case("clean-eaglekit-folder", "llama", "nothing: the demo pair as shipped", "clean", build=_e("llama"),
-         engine=False),
-    Case("clean-third-party", "llama", "nothing, but the draft records nothing of its target (eaglekit block "
-         "removed)", "cannot_tell", build=_v("llama", third=True)),
-    Case("ids+1-vllm", "llama", "aux ids one layer high in vLLM's convention ([3, 7, 10]), no eaglekit block",
-         "fault", ("E290", "E291"), _v("llama", lambda d: set_ids(d, [3, 7, 10]), third=True), issue_row="1"),
-    Case("ids-1-vllm", "llama", "SpecForge's 'output of' ids ([1, 5, 8]) written into a vLLM folder", "fault",
-         ("E290", "E291"), _v("llama", lambda d: set_ids(d, [1, 5, 8]))),
-    Case("ids+2-vllm", "llama", "aux ids two layers high ([4, 8, 11]), no eaglekit block", "fault",
-         ("E290", "E291"), _v("llama", lambda d: set_ids(d, [4, 8, 11]), third=True), issue_row="7"),
-    Case("ids-reversed", "llama", "the right ids in reverse order ([9, 6, 2])", "fault", ("E290",),
-         _v("llama", lambda d: set_ids(d, [9, 6, 2])), issue_row="5", engine_expect="clean", engine_warn=("W282",)),
-    Case("extra-embedding", "llama", "the embedding captured too: ids [0, 2, 6, 9] (reference 7.1)", "fault",
-         ("E202", "E293"), _v("llama", lambda d: set_ids(d, [0, 2, 6, 9])), quick=True),
-    Case("last-layer-only", "llama", "one capture, the last layer ([12]) (reference 7.11)", "fault",
-         ("E202", "E293"), _v("llama", lambda d: set_ids(d, [12])), quick=True),
-    Case("no-ids", "llama", "no ids in the config; the draft was trained on the default (reference 10.2)", "clean",
-         build=_v("llama", lambda d: _edit_config(d, lambda c: (c.pop("eagle_aux_hidden_state_layer_ids"),
-                                                                c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids"),
-                                                                c["eaglekit"].pop("capture")))), warn=("W301",)),
-    Case("d2t-missing", "llama", "d2t and t2d absent (reference 7.4)", "fault", ("E210", "E293"),
-         _v("llama", _w(lambda w: (w.pop("d2t"), w.pop("t2d")))), quick=True),
-    Case("d2t-absolute", "llama", "d2t written as absolute ids (reference 7.5)", "fault", ("E207", "E293"),
-         _v("llama", _w(_abs_d2t)), quick=True),
-    Case("d2t-rolled", "llama", "d2t rolled by one, no eaglekit block (no hash)", "fault", ("E222",),
-         _v("llama", _w(roll_d2t), third=True), issue_row="3"),
-    Case("d2t-rolled-hash", "llama", "d2t rolled by one, the draft's recorded d2t hash kept", "fault", ("E217",),
-         _v("llama", _w(roll_d2t)), quick=True, issue_row="4"),
-    Case("d2t-regenerated", "llama", "another valid vocabulary mapping (reference 7.6)", "fault", ("E217",),
-         _e("llama", _w(_regenerated)), quick=True, engine=False),
-    Case("other-weights", "llama", "a same-shape target with other weights (5% perturbed), weights recorded",
-         "fault", ("E220",), lambda p, out: (perturb_target(p.target("llama"), out / "target"),
-                                             _copy(p.vllm("llama"), out / "draft"), {})),
+    Case(
+        "clean-eaglekit-folder", "llama", "nothing: the demo pair as shipped", "clean", build=_e("llama"), engine=False
+    ),
+    Case(
+        "clean-third-party",
+        "llama",
+        "nothing, but the draft records nothing of its target (eaglekit block removed)",
+        "cannot_tell",
+        build=_v("llama", third=True),
+    ),
+    Case(
+        "ids+1-vllm",
+        "llama",
+        "aux ids one layer high in vLLM's convention ([3, 7, 10]), no eaglekit block",
+        "fault",
+        ("E290", "E291"),
+        _v("llama", lambda d: set_ids(d, [3, 7, 10]), third=True),
+        issue_row="1",
+    ),
+    Case(
+        "ids-1-vllm",
+        "llama",
+        "SpecForge's 'output of' ids ([1, 5, 8]) written into a vLLM folder",
+        "fault",
+        ("E290", "E291"),
+        _v("llama", lambda d: set_ids(d, [1, 5, 8])),
+    ),
+    Case(
+        "ids+2-vllm",
+        "llama",
+        "aux ids two layers high ([4, 8, 11]), no eaglekit block",
+        "fault",
+        ("E290", "E291"),
+        _v("llama", lambda d: set_ids(d, [4, 8, 11]), third=True),
+        issue_row="7",
+    ),
+    Case(
+        "ids-reversed",
+        "llama",
+        "the right ids in reverse order ([9, 6, 2])",
+        "fault",
+        ("E290",),
+        _v("llama", lambda d: set_ids(d, [9, 6, 2])),
+        issue_row="5",
+        engine_expect="clean",
+        engine_warn=("W282",),
+    ),
+    Case(
+        "extra-embedding",
+        "llama",
+        "the embedding captured too: ids [0, 2, 6, 9] (reference 7.1)",
+        "fault",
+        ("E202", "E293"),
+        _v("llama", lambda d: set_ids(d, [0, 2, 6, 9])),
+        quick=True,
+    ),
+    Case(
+        "last-layer-only",
+        "llama",
+        "one capture, the last layer ([12]) (reference 7.11)",
+        "fault",
+        ("E202", "E293"),
+        _v("llama", lambda d: set_ids(d, [12])),
+        quick=True,
+    ),
+    Case(
+        "no-ids",
+        "llama",
+        "no ids in the config; the draft was trained on the default (reference 10.2)",
+        "clean",
+        build=_v(
+            "llama",
+            lambda d: _edit_config(
+                d,
+                lambda c: (
+                    c.pop("eagle_aux_hidden_state_layer_ids"),
+                    c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids"),
+                    c["eaglekit"].pop("capture"),
+                ),
+            ),
+        ),
+        warn=("W301",),
+    ),
+    Case(
+        "d2t-missing",
+        "llama",
+        "d2t and t2d absent (reference 7.4)",
+        "fault",
+        ("E210", "E293"),
+        _v("llama", _w(lambda w: (w.pop("d2t"), w.pop("t2d")))),
+        quick=True,
+    ),
+    Case(
+        "d2t-absolute",
+        "llama",
+        "d2t written as absolute ids (reference 7.5)",
+        "fault",
+        ("E207", "E293"),
+        _v("llama", _w(_abs_d2t)),
+        quick=True,
+    ),
+    Case(
+        "d2t-rolled",
+        "llama",
+        "d2t rolled by one, no eaglekit block (no hash)",
+        "fault",
+        ("E222",),
+        _v("llama", _w(roll_d2t), third=True),
+        issue_row="3",
+    ),
+    Case(
+        "d2t-rolled-hash",
+        "llama",
+        "d2t rolled by one, the draft's recorded d2t hash kept",
+        "fault",
+        ("E217",),
+        _v("llama", _w(roll_d2t)),
+        quick=True,
+        issue_row="4",
+    ),
+    Case(
+        "d2t-regenerated",
+        "llama",
+        "another valid vocabulary mapping (reference 7.6)",
+        "fault",
+        ("E217",),
+        _e("llama", _w(_regenerated)),
+        quick=True,
+        engine=False,
+    ),
+    Case(
+        "other-weights",
+        "llama",
+        "a same-shape target with other weights (5% perturbed), weights recorded",
+        "fault",
+        ("E220",),
+        lambda p, out: (perturb_target(p.target("llama"), out / "target"), _copy(p.vllm("llama"), out / "draft"), {}),
+    ),
     # a draft that records its features and not its target's weights (as drafts trained before weights fingerprints):
     # the features' statistics move with the probe text as much as with the weights (identity.py), so nothing decides
-    Case("other-weights-features", "llama", "the same, the draft recording only its features", "cannot_tell",
-         build=_e("llama", _no_weights, target=_perturbed("llama")), engine=False),
-    Case("own-target-features", "llama", "nothing: the draft's own target in a folder without its prompts, the draft "
-         "recording only its features (its statistics far from the built-in prompts')", "cannot_tell",
-         build=_e("llama", _no_weights, target=lambda p, out: _copy(p.target("llama"), out / "target")),
-         engine=False),
-    Case("other-weights-third-party", "llama", "the same, no eaglekit block", "cannot_tell",
-         build=lambda p, out: (perturb_target(p.target("llama"), out / "target"),
-                               third_party(_copy(p.vllm("llama"), out / "draft")), {}), issue_row="2"),
-    Case("other-config", "llama", "a draft recorded for a target of another shape (reference 7.7)", "fault",
-         ("E208",), _v("llama", _c(lambda c: c["eaglekit"]["target"].update(fingerprint="0123456789abcdef"))),
-         quick=False),
-    Case("other-tokenizer", "llama", "trained with another tokenizer / chat template (reference 7.9, 10)", "fault",
-         ("E215",), _v("llama", _c(lambda c: c["eaglekit"]["target"].update(tokenizer="fedcba9876543210"))),
-         quick=False),
-    Case("other-vocab", "llama", "the draft config declares another vocabulary", "fault",
-         ("E203", "E205", "E214", "E107", "E293"),
-         _v("llama", _c(lambda c: c["transformer_layer_config"].update(vocab_size=8000))), quick=True, issue_row="6"),
-    Case("other-hidden", "llama", "a draft of hidden size 128 with no target_hidden_size (reference 7.8)", "fault",
-         ("E203", "E204", "E107", "E202", "E293"), _other_hidden, quick=True, issue_row="8"),
-    Case("norm-undeclared", "llama", "a norm_before_fc weight the config does not declare (reference 7.10, 7.12)",
-         "fault", ("E218", "E293"), _v("llama", _w(lambda w: w.__setitem__(
-             "fc_norm.weight", torch.ones(768, dtype=torch.bfloat16)))), quick=True),
-    Case("conflicting-ids", "llama", "two places of the folder declare different layers", "fault", ("E219",),
-         _e("llama", _c(lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 5, 8]))), engine=False),
-    Case("short-context", "llama", "the draft's max_position_embeddings far below the target's (reference 7.14)",
-         "clean", build=_v("llama", _c(lambda c: c["transformer_layer_config"].update(max_position_embeddings=512))),
-         warn=("W283",)),
+    Case(
+        "other-weights-features",
+        "llama",
+        "the same, the draft recording only its features",
+        "cannot_tell",
+        build=_e("llama", _no_weights, target=_perturbed("llama")),
+        engine=False,
+    ),
+    Case(
+        "own-target-features",
+        "llama",
+        "nothing: the draft's own target in a folder without its prompts, the draft "
+        "recording only its features (its statistics far from the built-in prompts')",
+        "cannot_tell",
+        build=_e("llama", _no_weights, target=lambda p, out: _copy(p.target("llama"), out / "target")),
+        engine=False,
+    ),
+    Case(
+        "other-weights-third-party",
+        "llama",
+        "the same, no eaglekit block",
+        "cannot_tell",
+        build=lambda p, out: (
+            perturb_target(p.target("llama"), out / "target"),
+            third_party(_copy(p.vllm("llama"), out / "draft")),
+            {},
+        ),
+        issue_row="2",
+    ),
+    Case(
+        "other-config",
+        "llama",
+        "a draft recorded for a target of another shape (reference 7.7)",
+        "fault",
+        ("E208",),
+        _v("llama", _c(lambda c: c["eaglekit"]["target"].update(fingerprint="0123456789abcdef"))),
+        quick=False,
+    ),
+    Case(
+        "other-tokenizer",
+        "llama",
+        "trained with another tokenizer / chat template (reference 7.9, 10)",
+        "fault",
+        ("E215",),
+        _v("llama", _c(lambda c: c["eaglekit"]["target"].update(tokenizer="fedcba9876543210"))),
+        quick=False,
+    ),
+    Case(
+        "other-vocab",
+        "llama",
+        "the draft config declares another vocabulary",
+        "fault",
+        ("E203", "E205", "E214", "E107", "E293"),
+        _v("llama", _c(lambda c: c["transformer_layer_config"].update(vocab_size=8000))),
+        quick=True,
+        issue_row="6",
+    ),
+    Case(
+        "other-hidden",
+        "llama",
+        "a draft of hidden size 128 with no target_hidden_size (reference 7.8)",
+        "fault",
+        ("E203", "E204", "E107", "E202", "E293"),
+        _other_hidden,
+        quick=True,
+        issue_row="8",
+    ),
+    Case(
+        "norm-undeclared",
+        "llama",
+        "a norm_before_fc weight the config does not declare (reference 7.10, 7.12)",
+        "fault",
+        ("E218", "E293"),
+        _v("llama", _w(lambda w: w.__setitem__("fc_norm.weight", torch.ones(768, dtype=torch.bfloat16)))),
+        quick=True,
+    ),
+    Case(
+        "conflicting-ids",
+        "llama",
+        "two places of the folder declare different layers",
+        "fault",
+        ("E219",),
+        _e("llama", _c(lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 5, 8]))),
+        engine=False,
+    ),
+    Case(
+        "short-context",
+        "llama",
+        "the draft's max_position_embeddings far below the target's (reference 7.14)",
+        "clean",
+        build=_v("llama", _c(lambda c: c["transformer_layer_config"].update(max_position_embeddings=512))),
+        warn=("W283",),
+    ),
     Case("untrained", "llama", "an untrained draft", "fault", ("E282",), _untrained, engine=False),
     # faults outside the layer wiring, found by the training record (issue 64; eaglekit.doctor.recorded)
-    Case("rope-theta", "llama", "the draft's rope_theta changed in its config (10000 -> 500000)", "fault",
-         ("E224", "E223"), _v("llama", _c(lambda c: c["transformer_layer_config"].update(rope_theta=500000.0))),
-         engine=False),
-    Case("norm-before-residual", "llama", "norm_before_residual flipped in the draft's config", "fault",
-         ("E224", "E223"), _v("llama", _c(lambda c: c.update(norm_before_residual=True))), engine=False),
-    Case("d2t-shuffled-10pct", "llama", "10% of the d2t entries shuffled among themselves, the config's d2t hash "
-         "removed", "fault", ("E217", "E223", "E222"),
-         _v("llama", _w(shuffle_d2t), _c(lambda c: c["eaglekit"].pop("vocab_map_sha256"))), engine=False),
-    Case("tie-word-embeddings", "llama", "tie_word_embeddings set on a draft with its own lm_head (eaglekit ignores "
-         "it; an engine that honours it ties lm_head to the embedding)", "fault", ("E224",),
-         _v("llama", _c(lambda c: c["transformer_layer_config"].update(tie_word_embeddings=True))), engine=False),
-    Case("other-chat-template", "llama", "a draft from another tool recorded with doctor --record, served with "
-         "another chat template", "fault", ("E215",),
-         _recorded("llama", target=lambda p, out: other_chat_template(p.target("llama"), out / "target")),
-         engine=False),
-    Case("clean-recorded", "llama", "nothing: a draft from another tool (no eaglekit block), recorded with doctor "
-         "--record on its own target", "clean", build=_recorded("llama"), engine=False),
-    Case("clean-bfloat16", "llama", "nothing: the demo pair exported for vLLM, run in bfloat16 (recorded in "
-         "float32)", "clean", build=_v("llama", kwargs={"dtype": "bfloat16"}), warn=("I312",), engine=False),
-    Case("clean-builtin-prompts", "llama", "nothing: the demo pair as shipped, its target in a folder without its "
-         "prompts (the probe takes the built-in ones; the record its own sample)", "clean",
-         build=_e("llama", target=_no_prompts), engine=False),
+    Case(
+        "rope-theta",
+        "llama",
+        "the draft's rope_theta changed in its config (10000 -> 500000)",
+        "fault",
+        ("E224", "E223"),
+        _v("llama", _c(lambda c: c["transformer_layer_config"].update(rope_theta=500000.0))),
+        engine=False,
+    ),
+    Case(
+        "norm-before-residual",
+        "llama",
+        "norm_before_residual flipped in the draft's config",
+        "fault",
+        ("E224", "E223"),
+        _v("llama", _c(lambda c: c.update(norm_before_residual=True))),
+        engine=False,
+    ),
+    Case(
+        "d2t-shuffled-10pct",
+        "llama",
+        "10% of the d2t entries shuffled among themselves, the config's d2t hash removed",
+        "fault",
+        ("E217", "E223", "E222"),
+        _v("llama", _w(shuffle_d2t), _c(lambda c: c["eaglekit"].pop("vocab_map_sha256"))),
+        engine=False,
+    ),
+    Case(
+        "tie-word-embeddings",
+        "llama",
+        "tie_word_embeddings set on a draft with its own lm_head (eaglekit ignores "
+        "it; an engine that honours it ties lm_head to the embedding)",
+        "fault",
+        ("E224",),
+        _v("llama", _c(lambda c: c["transformer_layer_config"].update(tie_word_embeddings=True))),
+        engine=False,
+    ),
+    Case(
+        "other-chat-template",
+        "llama",
+        "a draft from another tool recorded with doctor --record, served with another chat template",
+        "fault",
+        ("E215",),
+        _recorded("llama", target=lambda p, out: other_chat_template(p.target("llama"), out / "target")),
+        engine=False,
+    ),
+    Case(
+        "clean-recorded",
+        "llama",
+        "nothing: a draft from another tool (no eaglekit block), recorded with doctor --record on its own target",
+        "clean",
+        build=_recorded("llama"),
+        engine=False,
+    ),
+    Case(
+        "clean-bfloat16",
+        "llama",
+        "nothing: the demo pair exported for vLLM, run in bfloat16 (recorded in float32)",
+        "clean",
+        build=_v("llama", kwargs={"dtype": "bfloat16"}),
+        warn=("I312",),
+        engine=False,
+    ),
+    Case(
+        "clean-builtin-prompts",
+        "llama",
+        "nothing: the demo pair as shipped, its target in a folder without its "
+        "prompts (the probe takes the built-in ones; the record its own sample)",
+        "clean",
+        build=_e("llama", target=_no_prompts),
+        engine=False,
+    ),
     Case("qwen2-clean", "qwen2", "nothing: the Qwen2 pair exported for vLLM", "clean", build=_v("qwen2")),
-    Case("qwen2-ids+1", "qwen2", "aux ids one layer high in vLLM's convention", "fault", ("E290", "E291"),
-         _v("qwen2", lambda d: set_ids(d, [3, 7, 10]))),
-    Case("qwen2-d2t-rolled", "qwen2", "d2t rolled by one, no eaglekit block", "fault", ("E222",),
-         _v("qwen2", _w(roll_d2t), third=True)),
-    Case("qwen2-other-weights", "qwen2", "a same-shape Qwen2 target with other weights", "fault", ("E220",),
-         lambda p, out: (perturb_target(p.target("qwen2"), out / "target"), _copy(p.vllm("qwen2"), out / "draft"),
-                         {})),
-    Case("qwen2-extra-embedding", "qwen2", "the embedding captured too", "fault", ("E202", "E293"),
-         _v("qwen2", lambda d: set_ids(d, [0, 2, 6, 9])), quick=True),
+    Case(
+        "qwen2-ids+1",
+        "qwen2",
+        "aux ids one layer high in vLLM's convention",
+        "fault",
+        ("E290", "E291"),
+        _v("qwen2", lambda d: set_ids(d, [3, 7, 10])),
+    ),
+    Case(
+        "qwen2-d2t-rolled",
+        "qwen2",
+        "d2t rolled by one, no eaglekit block",
+        "fault",
+        ("E222",),
+        _v("qwen2", _w(roll_d2t), third=True),
+    ),
+    Case(
+        "qwen2-other-weights",
+        "qwen2",
+        "a same-shape Qwen2 target with other weights",
+        "fault",
+        ("E220",),
+        lambda p, out: (perturb_target(p.target("qwen2"), out / "target"), _copy(p.vllm("qwen2"), out / "draft"), {}),
+    ),
+    Case(
+        "qwen2-extra-embedding",
+        "qwen2",
+        "the embedding captured too",
+        "fault",
+        ("E202", "E293"),
+        _v("qwen2", lambda d: set_ids(d, [0, 2, 6, 9])),
+        quick=True,
+    ),
 ]
 
 
@@ -452,21 +712,47 @@ def run_case(case: Case, pairs: Pairs, out: Path, runner) -> dict:
     try:
         res = runner(ModelOptions(target=target, draft=draft, device=DOCTOR_DEVICE, **kw))
     except EaglekitError as e:  # the doctor could not run: exit 2, never a verdict
-        res = {"status": "could_not_run", "exit_code": 2, "fault": False, "verdict": f"could not run: {e}",
-               "findings": [{"code": e.code, "severity": "error", "message": e.message}]}
+        res = {
+            "status": "could_not_run",
+            "exit_code": 2,
+            "fault": False,
+            "verdict": f"could not run: {e}",
+            "findings": [{"code": e.code, "severity": "error", "message": e.message}],
+        }
     got = outcome(case, res, engine="engine" in res)
     errors = [f for f in res.get("findings") or [] if f["severity"] == "error"]
     alone = res.get("eaglekit_alone")  # the engine doctor carries the doctor's own verdict: both tables, one run
-    extra = {"alone": {"status": alone["status"], "outcome": outcome(case, alone),
-                       "codes": [f["code"] for f in alone["findings"] if f["severity"] == "error"],
-                       "verdict": (alone.get("verdict") or "")[:1500], "decide": alone.get("decide") or []}} \
-        if alone else {}
-    return {**extra, "case": case.name, "family": case.family, "fault": case.fault, "expect": case.expect,
-            "expect_codes": list(case.codes), "issue_row": case.issue_row, "status": res.get("status"),
-            "exit_code": res.get("exit_code"), "codes": [f["code"] for f in errors] or
-            [f["code"] for f in res.get("findings") or [] if f["code"] in case.warn],
-            "outcome": got, "verdict": res.get("verdict", "")[:1500], "decide": res.get("decide") or [],
-            "fixes": [f.get("fix") for f in errors if f.get("fix")][:2], "seconds": round(time.time() - t0, 1)}
+    extra = (
+        {
+            "alone": {
+                "status": alone["status"],
+                "outcome": outcome(case, alone),
+                "codes": [f["code"] for f in alone["findings"] if f["severity"] == "error"],
+                "verdict": (alone.get("verdict") or "")[:1500],
+                "decide": alone.get("decide") or [],
+            }
+        }
+        if alone
+        else {}
+    )
+    return {
+        **extra,
+        "case": case.name,
+        "family": case.family,
+        "fault": case.fault,
+        "expect": case.expect,
+        "expect_codes": list(case.codes),
+        "issue_row": case.issue_row,
+        "status": res.get("status"),
+        "exit_code": res.get("exit_code"),
+        "codes": [f["code"] for f in errors]
+        or [f["code"] for f in res.get("findings") or [] if f["code"] in case.warn],
+        "outcome": got,
+        "verdict": res.get("verdict", "")[:1500],
+        "decide": res.get("decide") or [],
+        "fixes": [f.get("fix") for f in errors if f.get("fix")][:2],
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def confusion(rows: list[dict]) -> dict:
@@ -475,8 +761,12 @@ def confusion(rows: list[dict]) -> dict:
         table[r["outcome"]] += 1
     n = len(rows)
     faults = [r for r in rows if r["expect"] == "fault"]
-    table.update(cases=n, right_share=round(table["right"] / n, 3) if n else None,
-                 faults=len(faults), faults_right=sum(r["outcome"] == "right" for r in faults))
+    table.update(
+        cases=n,
+        right_share=round(table["right"] / n, 3) if n else None,
+        faults=len(faults),
+        faults_right=sum(r["outcome"] == "right" for r in faults),
+    )
     return table
 
 
@@ -486,11 +776,15 @@ def print_table(rows: list[dict], title: str) -> None:
     print(f"{'case':<{w}}  {'family':<6}  {'expect':<11}  {'status':<12}  {'codes':<18}  outcome")
     for r in rows:
         exp = r["expect"] + (f" {'/'.join(r['expect_codes'])}" if r["expect_codes"] else "")
-        print(f"{r['case']:<{w}}  {r['family']:<6}  {exp[:11]:<11}  {r['status']!s:<12}  "
-              f"{','.join(r['codes'])[:18]:<18}  {r['outcome']}")
+        print(
+            f"{r['case']:<{w}}  {r['family']:<6}  {exp[:11]:<11}  {r['status']!s:<12}  "
+            f"{','.join(r['codes'])[:18]:<18}  {r['outcome']}"
+        )
     c = confusion(rows)
-    print("confusion: " + ", ".join(f"{o} {c[o]}" for o in OUTCOMES) + f" of {c['cases']} cases "
-          f"({c['right_share']:.0%} right)")
+    print(
+        "confusion: " + ", ".join(f"{o} {c[o]}" for o in OUTCOMES) + f" of {c['cases']} cases "
+        f"({c['right_share']:.0%} right)"
+    )
 
 
 def run_zoo(runner, out: Path, only=None, quick: bool = False, engine: bool = False, log=print) -> list[dict]:
@@ -528,8 +822,10 @@ def main(argv=None, runner=None, title="eaglekit doctor") -> int:
     if args.json:
         from ..io import atomic_write_json
 
-        atomic_write_json(args.json, {"doctor": title, "rows": rows, "confusion": confusion(rows),
-                                      "seconds": round(time.time() - t0, 1)})
+        atomic_write_json(
+            args.json,
+            {"doctor": title, "rows": rows, "confusion": confusion(rows), "seconds": round(time.time() - t0, 1)},
+        )
     c = confusion(rows)
     return 0 if c["false clean"] == 0 and c["false alarm"] == 0 else 1
 

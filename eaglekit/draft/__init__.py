@@ -14,15 +14,20 @@ from .checkpoint import load_draft, save_draft, t2d_from_d2t, vocab_map_sha
 from .model import DraftConfig, Eagle3Draft
 
 
-def pair_problems(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
-                  allow_other_target: bool = False) -> tuple[CaptureSpec, list[ContractError]]:
+def pair_problems(
+    draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None, allow_other_target: bool = False
+) -> tuple[CaptureSpec, list[ContractError]]:
     """Every way `draft` does not fit `target`, each a ContractError with its code (none: they fit): the
     fault classes of docs/faults.md that show in the configs and tensors (the rest only in acceptance: the
     doctor). `capture` overrides what the draft declares (the doctor's probe, or a user who knows better)."""
     c, t = draft.config, target.info
     spec = capture or c.capture or CaptureSpec.default(t.num_layers)
-    out = [*_width_problems(draft, t, spec), *_vocab_problems(c, t), *_d2t_problems(draft, t),
-           *_provenance_problems(c, target, allow_other_target)]
+    out = [
+        *_width_problems(draft, t, spec),
+        *_vocab_problems(c, t),
+        *_d2t_problems(draft, t),
+        *_provenance_problems(c, target, allow_other_target),
+    ]
     return spec, out
 
 
@@ -31,12 +36,16 @@ def _width_problems(draft: Eagle3Draft, t: TargetInfo, spec: CaptureSpec) -> lis
     fc's input width against the captures."""
     c = draft.config
     if c.t_hidden != t.hidden_size:
-        return [ContractError(
-            f"the draft was built for a target hidden size of {c.t_hidden} "
-            f"({'target_hidden_size' if c.target_hidden_size else 'hidden_size'} in its config) but this target's "
-            f"hidden size is {t.hidden_size}",
-            fix="use a draft trained for this target; if the draft's hidden size differs from the target's, its "
-            "config must declare target_hidden_size", code="E204")]
+        return [
+            ContractError(
+                f"the draft was built for a target hidden size of {c.t_hidden} "
+                f"({'target_hidden_size' if c.target_hidden_size else 'hidden_size'} in its config) but this target's "
+                f"hidden size is {t.hidden_size}",
+                fix="use a draft trained for this target; if the draft's hidden size differs from the target's, its "
+                "config must declare target_hidden_size",
+                code="E204",
+            )
+        ]
     out: list[ContractError] = []
     for check in (lambda: spec.validate(t.num_layers), lambda: spec.check_fc(draft.fc.in_features, t.hidden_size)):
         try:
@@ -50,13 +59,21 @@ def _vocab_problems(c: DraftConfig, t: TargetInfo) -> list[ContractError]:
     """E205, E206: the vocabulary the draft embeds and the one it proposes from, against the target's."""
     out: list[ContractError] = []
     if c.vocab_size != t.vocab_size:
-        out.append(ContractError(f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has "
-                                 f"{t.vocab_size}", fix="use a draft trained for this target (same tokenizer)",
-                                 code="E205"))
+        out.append(
+            ContractError(
+                f"the draft embeds a vocabulary of {c.vocab_size} tokens, the target has {t.vocab_size}",
+                fix="use a draft trained for this target (same tokenizer)",
+                code="E205",
+            )
+        )
     if c.draft_vocab_size > t.vocab_size:
-        out.append(ContractError(f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's "
-                                 f"({t.vocab_size})", fix="draft_vocab_size must be at most the target vocab size",
-                                 code="E206"))
+        out.append(
+            ContractError(
+                f"the draft vocabulary ({c.draft_vocab_size}) is larger than the target's ({t.vocab_size})",
+                fix="draft_vocab_size must be at most the target vocab size",
+                code="E206",
+            )
+        )
     return out
 
 
@@ -68,27 +85,45 @@ def _d2t_problems(draft: Eagle3Draft, t: TargetInfo) -> list[ContractError]:
     ids = torch.arange(c.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     bad = int(((ids < 0) | (ids >= t.vocab_size)).sum())
     if bad:
-        out.append(ContractError(
-            f"{bad} of {c.draft_vocab_size} d2t entries map outside the target vocabulary (0..{t.vocab_size - 1}); "
-            f"d2t must hold offsets (target_id = i + d2t[i]), not absolute ids",
-            fix="rewrite d2t as target_ids - arange(draft_vocab_size)", code="E207"))
+        out.append(
+            ContractError(
+                f"{bad} of {c.draft_vocab_size} d2t entries map outside the target vocabulary (0..{t.vocab_size - 1}); "
+                f"d2t must hold offsets (target_id = i + d2t[i]), not absolute ids",
+                fix="rewrite d2t as target_ids - arange(draft_vocab_size)",
+                code="E207",
+            )
+        )
     else:
         dup = c.draft_vocab_size - int(torch.unique(ids).numel())
         if dup:
-            out.append(ContractError(f"d2t maps {dup} draft ids onto target ids another draft id already has: "
-                                     f"the mapping must be one-to-one", fix="rebuild d2t from a list of distinct "
-                                     "target ids", code="E212"))
+            out.append(
+                ContractError(
+                    f"d2t maps {dup} draft ids onto target ids another draft id already has: "
+                    f"the mapping must be one-to-one",
+                    fix="rebuild d2t from a list of distinct target ids",
+                    code="E212",
+                )
+            )
         t2d = torch.zeros(draft.t2d.numel(), dtype=torch.bool, device=draft.t2d.device)
         t2d[ids[ids < t2d.numel()]] = True
         if draft.t2d.numel() != t.vocab_size or not torch.equal(t2d, draft.t2d.bool()):
-            out.append(ContractError(f"t2d does not mark the target ids d2t maps to ({int(draft.t2d.sum())} marked, "
-                                     f"{int(t2d.sum())} expected)", fix="derive t2d from d2t (eaglekit writes it so)",
-                                     code="E213"))
+            out.append(
+                ContractError(
+                    f"t2d does not mark the target ids d2t maps to ({int(draft.t2d.sum())} marked, "
+                    f"{int(t2d.sum())} expected)",
+                    fix="derive t2d from d2t (eaglekit writes it so)",
+                    code="E213",
+                )
+            )
     if c.vocab_map_sha and c.vocab_map_sha != vocab_map_sha(draft.d2t):
-        out.append(ContractError(
-            "the draft's d2t is not the mapping its lm_head was trained with (the recorded hash differs): "
-            "each lm_head row would propose the wrong token", fix="restore the d2t saved with the draft; never "
-            "regenerate the vocabulary mapping of a trained draft", code="E217"))
+        out.append(
+            ContractError(
+                "the draft's d2t is not the mapping its lm_head was trained with (the recorded hash differs): "
+                "each lm_head row would propose the wrong token",
+                fix="restore the d2t saved with the draft; never regenerate the vocabulary mapping of a trained draft",
+                code="E217",
+            )
+        )
     return out
 
 
@@ -98,22 +133,30 @@ def _provenance_problems(c: DraftConfig, target: Target, allow_other_target: boo
     t = target.info
     out: list[ContractError] = []
     if c.target_fingerprint and c.target_fingerprint != t.fingerprint and not allow_other_target:
-        out.append(ContractError(
-            f"the draft was trained for a target with fingerprint {c.target_fingerprint}, this target's is "
-            f"{t.fingerprint} (a different architecture, size or vocabulary)",
-            fix="use the draft's own target, or pass --allow-other-target if you know they are compatible",
-            code="E208"))
+        out.append(
+            ContractError(
+                f"the draft was trained for a target with fingerprint {c.target_fingerprint}, this target's is "
+                f"{t.fingerprint} (a different architecture, size or vocabulary)",
+                fix="use the draft's own target, or pass --allow-other-target if you know they are compatible",
+                code="E208",
+            )
+        )
     tok = target.tokenizer_fingerprint
     if c.target_tokenizer and tok and c.target_tokenizer != tok and not allow_other_target:
-        out.append(ContractError(
-            f"the draft was trained with a tokenizer / chat template of fingerprint {c.target_tokenizer}, the "
-            f"target folder's is {tok}: prompts would be rendered differently than in training",
-            fix="use the tokenizer and chat template the draft was trained with", code="E215"))
+        out.append(
+            ContractError(
+                f"the draft was trained with a tokenizer / chat template of fingerprint {c.target_tokenizer}, the "
+                f"target folder's is {tok}: prompts would be rendered differently than in training",
+                fix="use the tokenizer and chat template the draft was trained with",
+                code="E215",
+            )
+        )
     return out
 
 
-def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None,
-               allow_other_target: bool = False) -> CaptureSpec:
+def check_pair(
+    draft: Eagle3Draft, target: Target, capture: CaptureSpec | None = None, allow_other_target: bool = False
+) -> CaptureSpec:
     """Refuse a draft that does not fit `target` (the first problem found); return the CaptureSpec to run with."""
     spec, problems = pair_problems(draft, target, capture, allow_other_target)
     if problems:
@@ -121,9 +164,18 @@ def check_pair(draft: Eagle3Draft, target: Target, capture: CaptureSpec | None =
     return spec
 
 
-def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_size: int | None = None,
-              hidden_size: int | None = None, intermediate_size: int | None = None, num_heads: int | None = None,
-              num_kv_heads: int | None = None, seed: int = 0, dtype=torch.float32, rope=None) -> Eagle3Draft:
+def new_draft(
+    target: Target,
+    capture: CaptureSpec | None = None,
+    draft_vocab_size: int | None = None,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    seed: int = 0,
+    dtype=torch.float32,
+    rope=None,
+) -> Eagle3Draft:
     """A randomly initialised draft shaped for `target` (the starting point of training, and of tests)."""
     t = target.info
     tc = target.cfg
@@ -163,6 +215,14 @@ def new_draft(target: Target, capture: CaptureSpec | None = None, draft_vocab_si
     return draft.to(device=target.device, dtype=dtype)
 
 
-__all__ = ["Draft", "DraftConfig", "Eagle3Draft",
-           "check_pair", "load_draft", "new_draft", "pair_problems", "save_draft",
-           "vocab_map_sha"]
+__all__ = [
+    "Draft",
+    "DraftConfig",
+    "Eagle3Draft",
+    "check_pair",
+    "load_draft",
+    "new_draft",
+    "pair_problems",
+    "save_draft",
+    "vocab_map_sha",
+]

@@ -85,8 +85,16 @@ class Draft(ABC):
         (default: all E). -> (hidden [H], logits [Vd] float32) of entry n - 1."""
 
     @abstractmethod
-    def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor | None, pending: tuple[torch.Tensor, torch.Tensor] | None = None, widen: bool = True):
+    def step(
+        self,
+        hidden: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        pending: tuple[torch.Tensor, torch.Tensor] | None = None,
+        widen: bool = True,
+    ):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
         logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
@@ -96,9 +104,12 @@ class Draft(ABC):
         """A cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the draft's own
         sequence as one row (layers.OwnRow)."""
         if batch != 1:
-            raise GenerationError(f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
-                                  fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
-                                  "serve with --max-batch 1", code="E308")
+            raise GenerationError(
+                f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
+                fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
+                "serve with --max-batch 1",
+                code="E308",
+            )
         from ..models.layers import OwnRow
 
         return OwnRow(self, span, lambda: int(self.committed))
@@ -109,8 +120,10 @@ class Draft(ABC):
         kv.sync()
         k = int(n[0])
         if k == 0:  # an idle row commits nothing (its hidden and logits are not read)
-            return (torch.zeros(1, self.hidden_size, dtype=self.dtype, device=feats.device),
-                    torch.zeros(1, self.draft_vocab_size, dtype=torch.float32, device=feats.device))
+            return (
+                torch.zeros(1, self.hidden_size, dtype=self.dtype, device=feats.device),
+                torch.zeros(1, self.draft_vocab_size, dtype=torch.float32, device=feats.device),
+            )
         h, logits = self.extend(feats[0], next_ids[0], n[0])
         kv.length += k
         return h[None], logits.float()[None]
@@ -120,7 +133,7 @@ class Draft(ABC):
         kv.sync()
         S = self.span  # the engine's masks cover the span it attends over; `step` takes the sequence's whole span
         full = torch.zeros(mask.shape[1], S, dtype=torch.bool, device=mask.device)
-        full[:, :mask.shape[2]] = mask[0, :, :S]
+        full[:, : mask.shape[2]] = mask[0, :, :S]
         h, logits = self.step(hidden[0], ids[0], positions[0], slots[0], full)
         return h[None], logits.float()[None]
 
@@ -137,8 +150,11 @@ class Draft(ABC):
     # --- what eaglekit.pair sets on a draft (a draft without the feature keeps its own way) ---------------------
     def quantize(self, mode: str = "int8") -> None:
         """The products from int8 weights (where `quantizes`)."""
-        raise InputError(f"the {type(self).__name__} draft cannot be quantized", code="E108",
-                         fix="leave out --draft-quant, or pass none")
+        raise InputError(
+            f"the {type(self).__name__} draft cannot be quantized",
+            code="E108",
+            fix="leave out --draft-quant, or pass none",
+        )
 
     def set_products(self, kind) -> None:
         """Run the draft's products as `kind` says (eaglekit.kernels.products). Default: a draft without a products

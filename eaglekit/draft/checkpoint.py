@@ -48,10 +48,18 @@ from ..models.layers import Rotary
 from ..models.weights import load_state_dict_into, read_folder_tensors
 from .model import DraftConfig, Eagle3Draft
 
-FORMATS = {"eaglekit": "eaglekit (SGLang layout + eaglekit block)", "sglang": "SGLang / SpecForge",
-           "vllm": "vLLM speculators", "eagle": "EAGLE reference (SafeAILab)"}
-CONVENTIONS = {"after_layers": "after_layers (output of layer i)", "output_of": "output of layer i (SGLang config ids)",
-               "input_of": "input of layer i (vLLM, EAGLE reference)", None: "no ids recorded (engine default)"}
+FORMATS = {
+    "eaglekit": "eaglekit (SGLang layout + eaglekit block)",
+    "sglang": "SGLang / SpecForge",
+    "vllm": "vLLM speculators",
+    "eagle": "EAGLE reference (SafeAILab)",
+}
+CONVENTIONS = {
+    "after_layers": "after_layers (output of layer i)",
+    "output_of": "output of layer i (SGLang config ids)",
+    "input_of": "input of layer i (vLLM, EAGLE reference)",
+    None: "no ids recorded (engine default)",
+}
 OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # weights a speculators training checkpoint may carry that belong to the verifier, not to the draft
 VERIFIER_COPIES = ("verifier_norm.weight", "verifier_lm_head.weight")
@@ -78,8 +86,9 @@ def sliding_window_of(raw: dict) -> int | None:
     return None
 
 
-def config_from_json(raw: dict, where: str, fc_in: int | None = None, capture: CaptureSpec | None = None
-                     ) -> DraftConfig:
+def config_from_json(
+    raw: dict, where: str, fc_in: int | None = None, capture: CaptureSpec | None = None
+) -> DraftConfig:
     """A DraftConfig from a config in the SGLang layout; `capture` comes converted to after_layers by
     `read_folder`, which knows the convention the folder's ids were written in."""
     try:
@@ -157,12 +166,17 @@ def config_to_json(c: DraftConfig, dtype: str = "bfloat16") -> dict:
     if c.fc_bias:
         out["bias"] = True
     if c.capture is not None:
-        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.capture.after_layers),
-                               "use_aux_hidden_state": True}
+        out["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": list(c.capture.after_layers),
+            "use_aux_hidden_state": True,
+        }
         block: dict[str, Any] = {"version": __version__, "capture": c.capture.to_dict()}
         if c.target_fingerprint:
-            block["target"] = {"fingerprint": c.target_fingerprint, "vocab_size": c.target_vocab_size,
-                               "num_layers": c.target_num_layers}
+            block["target"] = {
+                "fingerprint": c.target_fingerprint,
+                "vocab_size": c.target_vocab_size,
+                "num_layers": c.target_num_layers,
+            }
             if c.target_tokenizer:
                 block["target"]["tokenizer"] = c.target_tokenizer
             if c.target_weights:  # which weights, not only which shapes (a fine-tune shares the config)
@@ -196,8 +210,11 @@ def _read_tensors(folder: Path) -> tuple[dict, str]:
         try:
             return torch.load(bin_file, map_location="cpu", weights_only=True), bin_file.name
         except Exception as e:  # noqa: BLE001 (any unpickling failure is a bad file)
-            raise InputError(f"{bin_file} cannot be read as a weights-only checkpoint ({e})",
-                             fix="convert it to safetensors", code="E105") from None
+            raise InputError(
+                f"{bin_file} cannot be read as a weights-only checkpoint ({e})",
+                fix="convert it to safetensors",
+                code="E105",
+            ) from None
     return read_folder_tensors(folder, "draft"), "model.safetensors"
 
 
@@ -206,10 +223,10 @@ def _our_names(tensors: dict, cfg: dict) -> dict:
     for k, v in tensors.items():
         for p in ("model.", "draft_model."):
             if k.startswith(p):
-                k = k[len(p):]
+                k = k[len(p) :]
                 break
         if k.startswith("layers.0."):  # speculators names the one layer layers.0; SGLang / SpecForge midlayer
-            k = "midlayer." + k[len("layers.0."):]
+            k = "midlayer." + k[len("layers.0.") :]
         if k in VERIFIER_COPIES:
             continue
         out[k] = v
@@ -223,13 +240,20 @@ def _from_speculators(raw: dict) -> dict:
     layer = dict(raw.get("transformer_layer_config") or {})
     kind = layer.get("model_type", "llama")
     if kind not in ("llama", None):
-        raise InputError(f"the speculators draft's transformer_layer_config is a {kind!r} layer; eaglekit's draft "
-                         f"layer is the Llama one (vLLM maps llama -> Eagle3LlamaForCausalLM)",
-                         fix="train the draft with a llama transformer_layer_config", code="E112")
-    cfg = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-           "draft_vocab_size": raw.get("draft_vocab_size", layer.get("vocab_size")),
-           # vLLM's speculators reader defaults this to True when the field is absent
-           "norm_before_residual": raw.get("norm_before_residual", True)}
+        raise InputError(
+            f"the speculators draft's transformer_layer_config is a {kind!r} layer; eaglekit's draft "
+            f"layer is the Llama one (vLLM maps llama -> Eagle3LlamaForCausalLM)",
+            fix="train the draft with a llama transformer_layer_config",
+            code="E112",
+        )
+    cfg = {
+        **layer,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "draft_vocab_size": raw.get("draft_vocab_size", layer.get("vocab_size")),
+        # vLLM's speculators reader defaults this to True when the field is absent
+        "norm_before_residual": raw.get("norm_before_residual", True),
+    }
     for k in ("target_hidden_size", "norm_before_fc", "fc_norm", "norm_output", "eaglekit"):
         if raw.get(k) is not None:
             cfg[k] = raw[k]
@@ -240,8 +264,9 @@ def read_folder(folder: str | Path) -> tuple[dict, dict, FolderFormat]:
     """Any layout -> (config in the SGLang layout, tensors under our names, the FolderFormat read)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"draft folder {folder} does not exist", fix="pass the path of an EAGLE-3 draft folder",
-                         code="E101")
+        raise InputError(
+            f"draft folder {folder} does not exist", fix="pass the path of an EAGLE-3 draft folder", code="E101"
+        )
     raw = read_json(folder / "config.json", "draft config")
     tensors, wfile = _read_tensors(folder)
     archs = raw.get("architectures") or []
@@ -251,8 +276,13 @@ def read_folder(folder: str | Path) -> tuple[dict, dict, FolderFormat]:
     if "Eagle3Speculator" in archs or "speculators_config" in raw or "transformer_layer_config" in raw:
         cfg = _from_speculators(raw)
         ids = top or nested  # speculators: top level; some versions nest it: both mean "input of layer i"
-        fmt = FolderFormat("vllm", "input_of" if ids else None, tuple(ids) if ids else None,
-                           CaptureSpec.from_input_of(ids) if ids else None, wfile)
+        fmt = FolderFormat(
+            "vllm",
+            "input_of" if ids else None,
+            tuple(ids) if ids else None,
+            CaptureSpec.from_input_of(ids) if ids else None,
+            wfile,
+        )
     elif block.get("capture"):
         cfg = dict(raw)
         spec = CaptureSpec.from_dict(block["capture"])
@@ -262,19 +292,37 @@ def read_folder(folder: str | Path) -> tuple[dict, dict, FolderFormat]:
         if nested:
             fmt = FolderFormat("sglang", "output_of", tuple(nested), CaptureSpec.from_output_of(nested), wfile)
         elif top:  # the vLLM spelling inside an SGLang-layout folder
-            fmt = FolderFormat("sglang", "input_of", tuple(top), CaptureSpec.from_input_of(top), wfile,
-                               ("ids found at the top level, read in vLLM's 'input of layer' convention",))
+            fmt = FolderFormat(
+                "sglang",
+                "input_of",
+                tuple(top),
+                CaptureSpec.from_input_of(top),
+                wfile,
+                ("ids found at the top level, read in vLLM's 'input of layer' convention",),
+            )
         else:
             fmt = FolderFormat("sglang", None, None, None, wfile)
-    elif (raw.get("num_hidden_layers") == 1 and any(k.endswith("fc.weight") for k in tensors)
-          and any("midlayer." in k for k in tensors)):
+    elif (
+        raw.get("num_hidden_layers") == 1
+        and any(k.endswith("fc.weight") for k in tensors)
+        and any("midlayer." in k for k in tensors)
+    ):
         cfg = {**raw, "architectures": ["LlamaForCausalLMEagle3"]}
-        fmt = FolderFormat("eagle", None, None, None, wfile,
-                           ("the EAGLE reference captures the inputs of layers [2, n//2, n-3]: the default",))
+        fmt = FolderFormat(
+            "eagle",
+            None,
+            None,
+            None,
+            wfile,
+            ("the EAGLE reference captures the inputs of layers [2, n//2, n-3]: the default",),
+        )
     else:
-        raise InputError(f"{folder / 'config.json'} describes {archs[0] if archs else 'no architecture'}, not an "
-                         f"EAGLE-3 draft (architectures {archs})",
-                         fix="pass the draft folder as --draft (a full model folder goes to --target)", code="E110")
+        raise InputError(
+            f"{folder / 'config.json'} describes {archs[0] if archs else 'no architecture'}, not an "
+            f"EAGLE-3 draft (architectures {archs})",
+            fix="pass the draft folder as --draft (a full model folder goes to --target)",
+            code="E110",
+        )
     tensors = _our_names(tensors, cfg)
     if "fc.bias" in tensors:
         cfg["bias"] = True  # SGLang's spelling of a bias on fc
@@ -292,7 +340,8 @@ def declared_captures(folder: str | Path) -> dict[str, tuple[int, ...]]:
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if nested:
         out["eagle_config ids" + (" (vLLM: input of layer)" if vllm else " (SGLang: output of layer)")] = (
-            CaptureSpec.from_input_of(nested) if vllm else CaptureSpec.from_output_of(nested)).after_layers
+            CaptureSpec.from_input_of(nested) if vllm else CaptureSpec.from_output_of(nested)
+        ).after_layers
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     if top:
         out["top-level ids (vLLM: input of layer)"] = CaptureSpec.from_input_of(top).after_layers
@@ -313,8 +362,9 @@ def _unused_hint(extra: list[str]) -> str:
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
 
 
-def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
-               with_embedding: bool = False) -> Path:
+def save_draft(
+    draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torch.bfloat16, with_embedding: bool = False
+) -> Path:
     """Write config.json + model.safetensors atomically (weights first, config last)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -326,20 +376,24 @@ def save_draft(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype = torc
     return folder
 
 
-def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weight: torch.Tensor | None = None
-               ) -> Eagle3Draft:
+def load_draft(
+    folder: str | Path, device="cpu", dtype=torch.float32, embed_weight: torch.Tensor | None = None
+) -> Eagle3Draft:
     """Load a draft folder. The embedding comes from the folder if stored, else `embed_weight` (the target's)."""
     folder = Path(folder)
     raw, tensors, fmt = read_folder(folder)
     fc = tensors.get("fc.weight")
-    cfg = config_from_json(raw, str(folder / "config.json"), fc_in=fc.shape[1] if fc is not None else None,
-                           capture=fmt.capture)
+    cfg = config_from_json(
+        raw, str(folder / "config.json"), fc_in=fc.shape[1] if fc is not None else None, capture=fmt.capture
+    )
     if "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise ContractError(
                 f"draft in {folder} has a reduced vocabulary ({cfg.draft_vocab_size} of {cfg.vocab_size} target "
                 f"tokens) but no d2t tensor: draft id i would be read as target id i",
-                fix="add the d2t offsets the draft was trained with (eaglekit train writes them)", code="E210")
+                fix="add the d2t offsets the draft was trained with (eaglekit train writes them)",
+                code="E210",
+            )
         tensors["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
     tensors["d2t"] = tensors["d2t"].long()  # some writers store it as int32 or float
     if "t2d" not in tensors:
@@ -347,20 +401,27 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
     tensors["t2d"] = tensors["t2d"].bool()
     if "embed_tokens.weight" not in tensors:
         if embed_weight is None:
-            raise InputError(f"draft in {folder} stores no embed_tokens.weight and no target embedding was given",
-                             fix="load the draft together with its target", code="E111")
+            raise InputError(
+                f"draft in {folder} stores no embed_tokens.weight and no target embedding was given",
+                fix="load the draft together with its target",
+                code="E111",
+            )
         if tuple(embed_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ContractError(
                 f"the draft's hidden size {cfg.hidden_size} and vocabulary {cfg.vocab_size} do not fit the target "
                 f"embedding {tuple(embed_weight.shape)}; the draft reuses the target's token embedding",
-                fix="use a draft made for this target, or one that stores its own embed_tokens.weight", code="E203")
+                fix="use a draft made for this target, or one that stores its own embed_tokens.weight",
+                code="E203",
+            )
         tensors["embed_tokens.weight"] = embed_weight
     lm = tensors.get("lm_head.weight")
     if lm is not None and lm.shape[0] != cfg.draft_vocab_size:
         raise ContractError(
             f"lm_head.weight in {folder} has {lm.shape[0]} rows but config.json declares draft_vocab_size "
-            f"{cfg.draft_vocab_size}", fix="set draft_vocab_size to the lm_head's row count (and check d2t)",
-            code="E214")
+            f"{cfg.draft_vocab_size}",
+            fix="set draft_vocab_size to the lm_head's row count (and check d2t)",
+            code="E214",
+        )
     with torch.device("meta"):
         draft = Eagle3Draft(cfg)
     extra = sorted(set(tensors) - set(draft.state_dict()))
@@ -368,8 +429,11 @@ def load_draft(folder: str | Path, device="cpu", dtype=torch.float32, embed_weig
         raise ContractError(
             f"the checkpoint in {folder} holds tensors this config does not use: {extra[:5]}{_unused_hint(extra)}; "
             f"a loader that ignores them computes something other than what was trained",
-            fix="declare the options the draft was trained with in config.json (" + ", ".join(OPTIONS)
-            + ", attention_bias)", code="E218")
+            fix="declare the options the draft was trained with in config.json ("
+            + ", ".join(OPTIONS)
+            + ", attention_bias)",
+            code="E218",
+        )
     load_state_dict_into(draft, tensors, folder, dtype=dtype, device=device)
     assert cfg.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
     draft.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)  # non-persistent buffer: rebuilt, not loaded

@@ -29,8 +29,16 @@ def chain_steps(draft, h, logits_last, m, cols, kv, steps: int, root=None):
     pending = draft.takes_pending(1)
 
     def step(h, ids, slot, mask):  # (a chain node sees every slot below its own: base = its slot, block [[1]])
-        h, logits, _ = draft._whole(h[None], ids[None], slot, kv, slot, mask[None], False,
-                                    pending=(slot.view(1), draft._one) if pending else None)
+        h, logits, _ = draft._whole(
+            h[None],
+            ids[None],
+            slot,
+            kv,
+            slot,
+            mask[None],
+            False,
+            pending=(slot.view(1), draft._one) if pending else None,
+        )
         return h[0], logits[0]
 
     return draft.walk_chain(step, h, logits_last, m, cols, steps, root)
@@ -48,8 +56,9 @@ def tree_steps(draft, h_last, logits_last, root, m, cols, kv, frame: tuple, step
     pick = draft.walks.pick
 
     def step(hidden, ids, pos, slots, mask, anc):
-        h, logits, _ = draft._whole(hidden[None], ids[None], pos, kv, slots, mask[None], False,
-                                    pending=(m.view(1), anc) if pending else None)
+        h, logits, _ = draft._whole(
+            hidden[None], ids[None], pos, kv, slots, mask[None], False, pending=(m.view(1), anc) if pending else None
+        )
         return h[0], logits[0]
 
     def top(logits, k):
@@ -58,8 +67,7 @@ def tree_steps(draft, h_last, logits_last, root, m, cols, kv, frame: tuple, step
         p, i = pick(logits.reshape(-1, logits.shape[-1]), k)
         return p.view(*logits.shape[:-1], k), i.view(*logits.shape[:-1], k)
 
-    return walk_tree(WalkFns(step, draft.to_target_ids, top), h_last, logits_last, root, m, cols, frame,
-                     steps, n_sel)
+    return walk_tree(WalkFns(step, draft.to_target_ids, top), h_last, logits_last, root, m, cols, frame, steps, n_sel)
 
 
 def pick_op(logits_last, K: int):
@@ -105,8 +113,7 @@ class LayerWalks:
         kv = span_dynamic(cols, layer)  # the span symbolic (cols stands for a mask's last dimension)
         return self.chain_graph(draft, h_last.view(1, -1), logits_last, m, cols, kv, steps, root)
 
-    def tree(self, draft, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int,
-             n_sel: int):
+    def tree(self, draft, layer, m, span: int, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int):
         """A tree over one sequence's cache layer with m committed entries (as chain)."""
         self.pick = pick_op(logits_last, frame[1].numel())
         cols = torch.arange(span, device=logits_last.device)

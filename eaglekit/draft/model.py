@@ -41,22 +41,57 @@ class Eagle3Draft(Eagle3Network, Draft):
         self._consts: dict = {}  # small constants of the decode calls (aranges, causal blocks, ...), made once
 
     # --- the forward through the compiled graphs where they serve ------------------------------------
-    def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None,
-                head_at=None, pending=None):
+    def forward(
+        self,
+        hidden,
+        ids,
+        positions,
+        kv=None,
+        slots=None,
+        mask=None,
+        from_target=True,
+        extra_kv=None,
+        head_at=None,
+        pending=None,
+    ):
         """Eagle3Network.forward, through a compiled graph where one is made for the call's shape; tracing (which
         records the inputs), a sliding window (which writes slot positions) and extra_kv run eagerly."""
         prompt = in_prompt()
-        if (self.compiled_prompt is not None and prompt and ids.shape[0] == 1 and ids.shape[1] > 1 and not trace.ENABLED
-                and extra_kv is None and self.config.sliding_window is None and compiles_any_length(self.products)):
+        if (
+            self.compiled_prompt is not None
+            and prompt
+            and ids.shape[0] == 1
+            and ids.shape[1] > 1
+            and not trace.ENABLED
+            and extra_kv is None
+            and self.config.sliding_window is None
+            and compiles_any_length(self.products)
+        ):
             # one row's extend over a prompt or a catch-up window: the whole forward as one graph for every length
             # (several rows' catch-up stays eager: a graph of its own would compile while requests wait). The one
             # row's features and ids re-viewed with the strides a prompt's have: a catch-up's are slices of the
             # engine's window, whose row stride the graph would compile once more for (contiguous() keeps a size-1
             # dimension's stride)
-            return self.compiled_prompt(self, hidden[0].unsqueeze(0), ids[0].unsqueeze(0), positions, kv, slots, mask,
-                                        from_target, head_at, pending)
-        if (self.compiled_whole is not None and not trace.ENABLED and extra_kv is None and not prompt
-                and self.config.sliding_window is None and ids.shape[1] <= COMPILE_MAX_TOKENS):
+            return self.compiled_prompt(
+                self,
+                hidden[0].unsqueeze(0),
+                ids[0].unsqueeze(0),
+                positions,
+                kv,
+                slots,
+                mask,
+                from_target,
+                head_at,
+                pending,
+            )
+        if (
+            self.compiled_whole is not None
+            and not trace.ENABLED
+            and extra_kv is None
+            and not prompt
+            and self.config.sliding_window is None
+            and ids.shape[1] <= COMPILE_MAX_TOKENS
+        ):
             # the fc, the embedding and the rotary's cos/sin inside the compiled graph too: inductor fuses them into
             # the layer's own kernels, where eager code ran ~6 small kernels a draft step
             kv = span_dynamic(mask, kv)
@@ -139,8 +174,11 @@ class Eagle3Draft(Eagle3Network, Draft):
             raise InputError(f"draft attention {kind!r} is not sdpa or hopper", code="E108", fix="pass sdpa or hopper")
         c, p = self.config, self.norm.weight
         assert c.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
-        on = kind == "hopper" and c.sliding_window is None and hopper.draft_reason(
-            c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
+        on = (
+            kind == "hopper"
+            and c.sliding_window is None
+            and hopper.draft_reason(c.num_heads, c.num_kv_heads, c.head_dim, p.device, p.dtype) is None
+        )
         if on:  # the op and its kernels made now, not at a first call that a CUDA graph's capture may be recording
             try:
                 hopper.kernels_for(p.device)
@@ -172,7 +210,8 @@ class Eagle3Draft(Eagle3Network, Draft):
         carries the span's size (span_dynamic, the layer) and costs no kernel (an expanded view; its values are
         False: were it ever read, it would hide every key, not pass for a mask). Default span: the own cache's."""
         return self._const(("unread",), lambda dev: torch.zeros(1, 1, 1, dtype=torch.bool, device=dev)).expand(
-            1, T, self.span if span is None else span)
+            1, T, self.span if span is None else span
+        )
 
     def _const(self, key: tuple, make) -> torch.Tensor:
         """self._consts[key] on the draft's device, made by make(device) the first time (read only)."""
@@ -216,8 +255,17 @@ class Eagle3Draft(Eagle3Network, Draft):
             mask, pending = self._unread_mask(E), (m.view(1), self._causal(E))
         else:
             mask, pending = span_mask(m, self._causal(E), self.span), None
-        h, logits, _ = self(feats.to(self.dtype)[None], next_ids[None], slots, self.cache.layer(0), slots,
-                            mask, from_target=True, head_at=(n - 1).view(1), pending=pending)
+        h, logits, _ = self(
+            feats.to(self.dtype)[None],
+            next_ids[None],
+            slots,
+            self.cache.layer(0),
+            slots,
+            mask,
+            from_target=True,
+            head_at=(n - 1).view(1),
+            pending=pending,
+        )
         self.cache.length += n
         return h[0, 0], logits[0, 0].float()
 
@@ -233,8 +281,16 @@ class Eagle3Draft(Eagle3Network, Draft):
                 raise ValueError("Eagle3Draft.step: no mask, and no pending form this draft's attention takes")
             mask = self._unread_mask(ids.shape[0])[0]
         assert self.cache is not None  # (a sequence steps after `reset`)
-        h, logits, _ = self(hidden[None], ids[None], positions, self.cache.layer(0), slots, mask[None],
-                            from_target=False, pending=pending)
+        h, logits, _ = self(
+            hidden[None],
+            ids[None],
+            positions,
+            self.cache.layer(0),
+            slots,
+            mask[None],
+            from_target=False,
+            pending=pending,
+        )
         return h[0], logits[0].float() if widen else logits[0]
 
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
@@ -271,8 +327,18 @@ class Eagle3Draft(Eagle3Network, Draft):
             slots, pending = m[:, None] + torch.arange(E, device=next_ids.device), None
             causal = torch.ones(1, E, E, dtype=torch.bool, device=next_ids.device).tril_()
             mask = span_mask_rows(m, causal, span)
-        h, logits, _ = self._rows_forward(kv, feats.to(self.dtype), next_ids, slots, kv.layer(0), slots, mask,
-                                          from_target=True, head_at=(n - 1).clamp(min=0), pending=pending)
+        h, logits, _ = self._rows_forward(
+            kv,
+            feats.to(self.dtype),
+            next_ids,
+            slots,
+            kv.layer(0),
+            slots,
+            mask,
+            from_target=True,
+            head_at=(n - 1).clamp(min=0),
+            pending=pending,
+        )
         kv.length += n
         return h[:, 0], logits[:, 0].float()
 
@@ -298,16 +364,18 @@ class Eagle3Draft(Eagle3Network, Draft):
         return self.walks.chain(self, kv.layer(0), kv.length[0], span, h_last, logits_last[0], steps, root[0])[None]
 
     @torch.inference_mode()
-    def tree_rows(self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int,
-                  span: int) -> tuple | None:
+    def tree_rows(
+        self, kv: RowKV, h_last, logits_last, root, frame: tuple, steps: int, n_sel: int, span: int
+    ) -> tuple | None:
         """A tree for one row as one walk over the layer (draft.walk's rule; compiled or eager as chain_rows: compiled,
         the levels, picks and bookkeeping are one graph, where inductor fuses the bookkeeping into the layer's kernels:
         docs/performance.md#d25) -> (tokens, parents, depths, mask) each with a row dimension of 1; None where
         chain_rows gives None."""
         if not self._walks_row(kv):
             return None
-        grown = self.walks.tree(self, kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps,
-                                n_sel)
+        grown = self.walks.tree(
+            self, kv.layer(0), kv.length[0], span, h_last[0], logits_last[0], root[0], frame, steps, n_sel
+        )
         return tuple(x[None] for x in grown)
 
     @torch.inference_mode()

@@ -82,8 +82,9 @@ class DraftLayer(nn.Module):
         H = c.hidden_size
         assert c.head_dim is not None  # (DraftConfig.__post_init__ resolves it)
         self.norm_before_residual = c.norm_before_residual
-        self.self_attn = Attention(2 * H, c.num_heads, c.num_kv_heads, c.head_dim, H,
-                                   qkv_bias=c.attention_bias, o_bias=c.attention_bias)
+        self.self_attn = Attention(
+            2 * H, c.num_heads, c.num_kv_heads, c.head_dim, H, qkv_bias=c.attention_bias, o_bias=c.attention_bias
+        )
         self.mlp = MLP(H, c.intermediate_size)
         self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
@@ -103,8 +104,6 @@ class DraftLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h), residual=h), new_kv
 
 
-
-
 class Eagle3Network(nn.Module):
     """The EAGLE-3 draft's network (module docstring). Its state besides the weights is what the forward reads:
     the products' policy (None: F.linear) and, for a sliding window over a cache, the slots' positions."""
@@ -121,14 +120,19 @@ class Eagle3Network(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
         self.fc = nn.Linear(c.fc_in, H, bias=c.fc_bias)
         self.input_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
-        self.fc_norm = (nn.ModuleList(RMSNorm(c.t_hidden, c.rms_norm_eps) for _ in range(c.num_captures))
-                        if c.fc_norm else None)
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(c.t_hidden, c.rms_norm_eps) for _ in range(c.num_captures)) if c.fc_norm else None
+        )
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size
-                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(c.vocab_size, dtype=torch.bool)
+            if c.draft_vocab_size == c.vocab_size
+            else torch.zeros(c.vocab_size, dtype=torch.bool),
+        )
         self.rotary = Rotary(c.head_dim, c.rope)
         self.products = None  # the fc's, the layer's and the lm_head's products policy (the runner's set_products)
         # position of each cache slot (sliding window over a cache only): one sequence's [S], or while a rows call
@@ -143,7 +147,10 @@ class Eagle3Network(nn.Module):
             got_s = f"{got} = {got // Ht} x {Ht}" if got % Ht == 0 else str(got)
             raise ContractError(
                 f"draft fc expects {self.fc.in_features} = {self.config.num_captures} x {Ht} features but received "
-                f"{got_s}", fix="capture exactly the layers the draft was trained on", code="E202")
+                f"{got_s}",
+                fix="capture exactly the layers the draft was trained on",
+                code="E202",
+            )
         if trace.ENABLED:
             layers = list(self.config.capture.after_layers) if self.config.capture else None
             trace.record("draft.input.features", feats, layers=layers)
@@ -155,8 +162,19 @@ class Eagle3Network(nn.Module):
             trace.record("draft.input.fc", h)
         return h
 
-    def forward(self, hidden, ids, positions, kv=None, slots=None, mask=None, from_target=True, extra_kv=None,
-                head_at=None, pending=None):
+    def forward(
+        self,
+        hidden,
+        ids,
+        positions,
+        kv=None,
+        slots=None,
+        mask=None,
+        from_target=True,
+        extra_kv=None,
+        head_at=None,
+        pending=None,
+    ):
         """hidden [B, T, C*H_t] (from_target) or [B, T, H] (own output); ids [B, T] target ids.
 
         Returns (h [B, T, H] pre-norm, logits [B, T, draft_vocab], new (k, v)). `head_at` [B] (long): only row
@@ -185,11 +203,13 @@ class Eagle3Network(nn.Module):
         """forward without tracing, a sliding window or extra_kv: what compile() compiles whole."""
         h = self.project(hidden) if from_target else hidden
         cos, sin = self.rotary(positions, h.dtype)
-        return self._layer_and_head(self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask, head_at=head_at,
-                                    pending=pending)
+        return self._layer_and_head(
+            self.embed_tokens(ids).to(h.dtype), h, cos, sin, kv, slots, mask, head_at=head_at, pending=pending
+        )
 
-    def _layer_and_head(self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, head_at=None,
-                        pending=None):
+    def _layer_and_head(
+        self, emb, h, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, head_at=None, pending=None
+    ):
         """The layer, the norm and the lm_head: what compile() compiles (the head's product, the largest weight the
         draft reads per step, then becomes one kernel with the norm)."""
         h, new_kv = self.midlayer(emb, h, cos, sin, kv, slots, mask, extra_kv, pending)

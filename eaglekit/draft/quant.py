@@ -14,21 +14,25 @@ def quantize_draft(draft, mode: str = "int8") -> None:
     from ..kernels import int8
 
     if mode not in int8.MODES:
-        raise InputError(f"draft quantization {mode!r} is not one of {', '.join(int8.MODES)}", code="E108",
-                         fix="pass --draft-quant int8, or leave it out")
+        raise InputError(
+            f"draft quantization {mode!r} is not one of {', '.join(int8.MODES)}",
+            code="E108",
+            fix="pass --draft-quant int8, or leave it out",
+        )
     if draft.quantized is not None:
         return
     attn, mlp = draft.midlayer.self_attn, draft.midlayer.mlp
-    names = ["fc", "lm_head"] + [f"midlayer.self_attn.{n}_proj" for n in "qkvo"] + \
-            [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
+    names = (
+        ["fc", "lm_head"]
+        + [f"midlayer.self_attn.{n}_proj" for n in "qkvo"]
+        + [f"midlayer.mlp.{n}_proj" for n in ("gate", "up", "down")]
+    )
     int8.quantize_linears(draft, names)
     if attn.qkv_weight is not None:
         # the projections become Int8Linear modules (the call interface of the nn.Linear they replace)
-        attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused(
-            [attn.q_proj, attn.k_proj, attn.v_proj])
+        attn.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj) = int8.fused([attn.q_proj, attn.k_proj, attn.v_proj])
         attn.qkv_bias = None  # (in the fused Int8Linear)
     if mlp.gate_up_weight is not None:
-        mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused(
-            [mlp.gate_proj, mlp.up_proj])
+        mlp.gate_up_weight, (mlp.gate_proj, mlp.up_proj) = int8.fused([mlp.gate_proj, mlp.up_proj])
     draft.quantized = mode
     draft.set_products(None)

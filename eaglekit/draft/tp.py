@@ -19,12 +19,20 @@ def tp_draft(draft_cfg, group: TPGroup):
     the alternative to running the draft replicated, for measuring which is faster. Random weights."""
     c = draft_cfg
     W = group.world
-    for name, n in (("draft heads", c.num_heads), ("draft kv heads", c.num_kv_heads),
-                    ("draft MLP width", c.intermediate_size)):
+    for name, n in (
+        ("draft heads", c.num_heads),
+        ("draft kv heads", c.num_kv_heads),
+        ("draft MLP width", c.intermediate_size),
+    ):
         if n % W:
             raise InputError(f"{name} {n} is not divisible by {W}", fix="run the draft replicated", code="E144")
-    local = dataclasses.replace(c, num_heads=c.num_heads // W, num_kv_heads=c.num_kv_heads // W,
-                                intermediate_size=c.intermediate_size // W, head_dim=c.head_dim)
+    local = dataclasses.replace(
+        c,
+        num_heads=c.num_heads // W,
+        num_kv_heads=c.num_kv_heads // W,
+        intermediate_size=c.intermediate_size // W,
+        head_dim=c.head_dim,
+    )
     with torch.device("meta"):
         d = Eagle3Draft(local)
         a, m = d.midlayer.self_attn, d.midlayer.mlp

@@ -32,8 +32,9 @@ class WalkFns(NamedTuple):
     top: Callable
 
 
-def walk_tree(fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int,
-              with_mask: bool = True) -> tuple:
+def walk_tree(
+    fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, steps: int, n_sel: int, with_mask: bool = True
+) -> tuple:
     """The tree's levels and selection over `fns` (WalkFns); m committed entries, cols arange(span), frame
     eaglekit.decoding.tree's `_tree_frame`. -> (tokens, parents, depths, mask) of the tree. Eagle3Draft's one-row
     tree runs it eagerly or inside one compiled graph (the same code, so the same trees)."""
@@ -48,8 +49,9 @@ def walk_tree(fns: WalkFns, h_last, logits_last, root, m, cols, frame: tuple, st
         anc, mask, pos, slots = frontier(f_anc, cols, m, lv, K, with_mask)
         h, logits = step(f_hidden, f_ids, pos, slots, mask, anc)
         cp, ci = top(logits, K)  # [K, K]
-        cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = advance(f_scores, cp, ci, f_cand, h, anc,
-                                                                                   lv, K, to_target)
+        cs, toks, pars, f_scores, f_ids, f_cand, f_hidden, f_anc, lv = advance(
+            f_scores, cp, ci, f_cand, h, anc, lv, K, to_target
+        )
         cand_scores.append(cs)
         cand_tokens.append(toks)
         cand_parents.append(pars)
@@ -79,19 +81,31 @@ def advance(f_scores, cp, ci, f_cand, h, anc, lv, K: int, to_target):
     scores, pick = topk.small_topk(cs, K)
     row = pick // K
     offset = K + lv * (K * K)
-    return (cs, tokens, f_cand.repeat_interleave(K), scores, to_target(tokens[pick]), offset + pick, h[row], anc[row],
-            lv + 1)
+    return (
+        cs,
+        tokens,
+        f_cand.repeat_interleave(K),
+        scores,
+        to_target(tokens[pick]),
+        offset + pick,
+        h[row],
+        anc[row],
+        lv + 1,
+    )
 
 
-def select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int, root,
-            to_target):
+def select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, steps: int, n_sel: int, root, to_target):
     """The tree: the n_sel best candidates of all levels by score * DECAY**depth, in generation order (parents
     before children), under the root -> (the tree's tokens: `root` then theirs through `to_target`, target ids;
     parents, depths and the ancestor mask with the root)."""
     scores, tokens, parents = torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(cand_parents)
     dev = scores.device
-    depths = torch.cat([torch.full((K if level == 1 else K * K,), level, dtype=torch.long, device=dev)
-                        for level in range(1, steps + 1)])
+    depths = torch.cat(
+        [
+            torch.full((K if level == 1 else K * K,), level, dtype=torch.long, device=dev)
+            for level in range(1, steps + 1)
+        ]
+    )
     key = scores * torch.exp(depths.float() * math.log(DECAY))  # (no host scalar: recordable in a CUDA graph)
     sel = topk.small_top_sorted(key, n_sel)  # generation order: parents before children
     node_of = torch.full((scores.numel(),), -1, dtype=torch.long, device=dev)
@@ -102,7 +116,9 @@ def select(cand_scores: list, cand_tokens: list, cand_parents: list, K: int, ste
     anc = torch.eye(n_sel + 1, dtype=torch.bool, device=dev)
     for _ in range(steps):  # each pass adds one more generation of ancestors
         anc = anc | anc[all_parents]
-    return (torch.cat([root.view(1), to_target(tokens[sel])]), all_parents,
-            torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]), anc)
-
-
+    return (
+        torch.cat([root.view(1), to_target(tokens[sel])]),
+        all_parents,
+        torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[sel]]),
+        anc,
+    )

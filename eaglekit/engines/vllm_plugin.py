@@ -94,8 +94,9 @@ def _config(**fields) -> None:
             f.write(json.dumps(rec) + "\n")
     if trace._sink is not None:
         trace._sink.append(rec)
-    print(f"[EAGLE3_DEBUG] {ENGINE} engine.config " + " ".join(f"{k}={v}" for k, v in fields.items()),
-          file=trace._stream)
+    print(
+        f"[EAGLE3_DEBUG] {ENGINE} engine.config " + " ".join(f"{k}={v}" for k, v in fields.items()), file=trace._stream
+    )
 
 
 def vllm_member(obj, name: str, default=None):
@@ -149,6 +150,7 @@ def _patch_runner() -> None:
             ids = fn(self, *a, **k)
             _state["config"]["ids_from_config"] = list(ids) if ids else None
             return ids
+
         return run
 
     _wrap(GPUModelRunner, "_get_eagle3_aux_layers_from_config", from_config, optional=True)
@@ -161,10 +163,15 @@ def _patch_runner() -> None:
             resolved = list(self.aux_hidden_state_layers)
             _state["layers"] = [i - 1 for i in resolved]
             given = _state["config"].get("ids_from_config")
-            _config(aux_layer_ids=list(layers), aux_layer_ids_resolved=resolved, after_layers=_state["layers"],
-                    ids_source="draft config" if given else "vLLM default (the draft's config gives no ids)",
-                    num_layers=len(vllm_member(self, "layers", []) or []))
+            _config(
+                aux_layer_ids=list(layers),
+                aux_layer_ids_resolved=resolved,
+                after_layers=_state["layers"],
+                ids_source="draft config" if given else "vLLM default (the draft's config gives no ids)",
+                num_layers=len(vllm_member(self, "layers", []) or []),
+            )
             return out
+
         return run
 
     _wrap(EagleModelMixin, "_set_aux_hidden_state_layers", set_layers)
@@ -185,6 +192,7 @@ def _patch_target() -> None:
                 if _tracing():
                     _trace_capture(self, out[1])
             return out
+
         return run
 
     _wrap(LlamaModel, "forward", forward)
@@ -202,8 +210,7 @@ def _trace_capture(model, aux: list) -> None:
     for i, h in zip(layers, aux):
         s = trace.stats(h)
         per_layer.append({"after_layer": i, **{k: s[k] for k in ("mean", "std", "absmax", "nan", "inf", "head")}})
-    _record("target.capture", feats, layers=layers, hidden=aux[0].shape[-1], tokens=feats.shape[0],
-            per_layer=per_layer)
+    _record("target.capture", feats, layers=layers, hidden=aux[0].shape[-1], tokens=feats.shape[0], per_layer=per_layer)
 
 
 # --- the draft: fc input / output, each step's inputs, the concatenation -----------------------------
@@ -220,6 +227,7 @@ def _patch_draft() -> None:
                 _record("draft.input.fc", out)
             _state["from_target"] = True  # the next draft forward starts from these projected features
             return out
+
         return run
 
     _wrap(m.Eagle3LlamaForCausalLM, "combine_hidden_states", combine)
@@ -229,6 +237,7 @@ def _patch_draft() -> None:
             out = fn(self, *a, **k)
             _draft_config(self)
             return out
+
         return run
 
     _wrap(m.Eagle3LlamaForCausalLM, "load_weights", load)
@@ -242,6 +251,7 @@ def _patch_draft() -> None:
                 _record("draft.input.embedding", emb)
             _state["from_target"] = False
             return fn(self, input_ids, positions, hidden_states, input_embeds, *a, **k)
+
         return run
 
     _wrap(m.LlamaModel, "forward", model_forward)
@@ -256,6 +266,7 @@ def _patch_draft() -> None:
                 x = torch.cat([self.input_layernorm(embeds), h], dim=-1)
                 _record("draft.concat", x, width=x.shape[-1])
             return fn(self, positions, embeds, hidden_states, residual, *a, **k)
+
         return run
 
     _wrap(m.LlamaDecoderLayer, "forward", layer_forward)
@@ -264,14 +275,18 @@ def _patch_draft() -> None:
 def _draft_config(model) -> None:
     c, inner = model.config, model.model
     d2t = vllm_member(model, "draft_id_to_target_id")
-    fields = {"fc_in": vllm_member(inner, "fc_input_size"), "fc_out": c.hidden_size,
-              "num_aux_hidden_states": vllm_member(inner, "num_aux_hidden_states"),
-              "target_hidden_size": vllm_member(c, "target_hidden_size", c.hidden_size),
-              "draft_vocab_size": c.draft_vocab_size, "vocab_size": c.vocab_size,
-              "norm_before_fc": bool(vllm_member(inner, "norm_before_fc", False)),
-              "fc_norm": vllm_member(inner, "fc_norm") is not None,
-              "norm_before_residual": bool(vllm_member(c, "norm_before_residual", False)),
-              "d2t": None}
+    fields = {
+        "fc_in": vllm_member(inner, "fc_input_size"),
+        "fc_out": c.hidden_size,
+        "num_aux_hidden_states": vllm_member(inner, "num_aux_hidden_states"),
+        "target_hidden_size": vllm_member(c, "target_hidden_size", c.hidden_size),
+        "draft_vocab_size": c.draft_vocab_size,
+        "vocab_size": c.vocab_size,
+        "norm_before_fc": bool(vllm_member(inner, "norm_before_fc", False)),
+        "fc_norm": vllm_member(inner, "fc_norm") is not None,
+        "norm_before_residual": bool(vllm_member(c, "norm_before_residual", False)),
+        "d2t": None,
+    }
     if d2t is not None:
         import torch
 
@@ -279,6 +294,9 @@ def _draft_config(model) -> None:
 
         v = d2t.detach().cpu().long()
         # the hash eaglekit records in a draft's config (vocab_map_sha256): equal hashes, equal mappings
-        fields["d2t"] = {"nonzero": int((v != 0).sum()), "max_target_id": int((v + torch.arange(v.numel())).max()),
-                         "sha256": vocab_map_sha(v)}
+        fields["d2t"] = {
+            "nonzero": int((v != 0).sum()),
+            "max_target_id": int((v + torch.arange(v.numel())).max()),
+            "sha256": vocab_map_sha(v),
+        }
     _config(**fields)

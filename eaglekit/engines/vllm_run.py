@@ -45,12 +45,21 @@ def run(job: dict) -> dict:
     spec = None
     if job.get("draft"):
         spec = {"method": "eagle3", "model": job["draft"], "num_speculative_tokens": int(job["k"])}
-    llm = LLM(model=job["target"], tokenizer=job["target"], speculative_config=spec, enforce_eager=True,
-              dtype=job.get("dtype", "float32"), max_model_len=int(job.get("max_model_len", 512)),
-              seed=0, disable_log_stats=False, **job.get("llm_kwargs", {}))
+    llm = LLM(
+        model=job["target"],
+        tokenizer=job["target"],
+        speculative_config=spec,
+        enforce_eager=True,
+        dtype=job.get("dtype", "float32"),
+        max_model_len=int(job.get("max_model_len", 512)),
+        seed=0,
+        disable_log_stats=False,
+        **job.get("llm_kwargs", {}),
+    )
     load_s = time.time() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]),
-                        stop_token_ids=list(job.get("eos_ids") or []) or None)
+    sp = SamplingParams(
+        temperature=0.0, max_tokens=int(job["max_tokens"]), stop_token_ids=list(job.get("eos_ids") or []) or None
+    )
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
     t1 = time.time()
     if job.get("one_at_a_time"):
@@ -67,11 +76,16 @@ def run(job: dict) -> dict:
             counters[m.name] = list(values)
         elif value is not None:
             counters[m.name] = value
-    return {"outputs": [list(o.outputs[0].token_ids) for o in outs],
-            "finish_reasons": [o.outputs[0].finish_reason for o in outs],
-            "counters": counters, "config": vllm_plugin._state["config"],
-            "config_records": [r for r in sink if r.get("point") == "engine.config"],
-            "vllm_version": __import__("vllm").__version__, "load_s": round(load_s, 1), "generate_s": round(gen_s, 1)}
+    return {
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "finish_reasons": [o.outputs[0].finish_reason for o in outs],
+        "counters": counters,
+        "config": vllm_plugin._state["config"],
+        "config_records": [r for r in sink if r.get("point") == "engine.config"],
+        "vllm_version": __import__("vllm").__version__,
+        "load_s": round(load_s, 1),
+        "generate_s": round(gen_s, 1),
+    }
 
 
 def main() -> int:

@@ -75,14 +75,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None
 def _invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, what: str) -> None:
     """fn's row r of x[:1] alone equals its row r inside x[:5] and x[:16], bit for bit."""
     for r in PICKED:
-        alone = fn(x[r:r + 1])
+        alone = fn(x[r : r + 1])
         for m in ROWS:
-            if not torch.equal(fn(x[:m])[r:r + 1], alone):
+            if not torch.equal(fn(x[:m])[r : r + 1], alone):
                 raise CheckFailed(f"{what}: row {r} alone differs from row {r} inside {m} rows (not batch-invariant)")
 
 
 def _product_check(linear, dtype, device, N: int, K: int, tol: float, invariant: bool, w=None, ref_w=None):
-    w = _rand(N, K, dtype=dtype, device=device, seed=1, scale=K ** -0.5) if w is None else w
+    w = _rand(N, K, dtype=dtype, device=device, seed=1, scale=K**-0.5) if w is None else w
     x = _rand(max(ROWS), K, dtype=dtype, device=device, seed=2)
     ref_w = w if ref_w is None else ref_w
     y = linear(x, w)
@@ -99,7 +99,7 @@ def check_aten(device: str) -> str:
 
 def check_onednn(device: str) -> str:
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        w = _rand(256, 512, dtype=dtype, device=device, seed=1, scale=512 ** -0.5)
+        w = _rand(256, 512, dtype=dtype, device=device, seed=1, scale=512**-0.5)
         _product_check(products.OneDNN([w]).linear, dtype, device, 256, 512, tol, True, w=w)
     return "fp32 and bf16: rows alone = rows in 5 and 16, bit for bit; values against float64"
 
@@ -119,9 +119,9 @@ def check_hopper(device: str) -> str:
 def check_int8(device: str) -> str:
     from .int8 import Int8Linear
 
-    w = _rand(1024, 2048, dtype=torch.bfloat16, device=device, seed=1, scale=2048 ** -0.5)
+    w = _rand(1024, 2048, dtype=torch.bfloat16, device=device, seed=1, scale=2048**-0.5)
     lin = Int8Linear.of(w)
-    widened = (lin.qweight.double() * lin.scale.double()[:, None])
+    widened = lin.qweight.double() * lin.scale.double()[:, None]
     _product_check(lambda x, _: lin(x), torch.bfloat16, device, 1024, 2048, 2e-2, True, w=w, ref_w=widened)
     return "int8 weight, bf16 rows: rows alone = rows in 5 and 16, bit for bit; values against float64"
 
@@ -141,15 +141,15 @@ def check_moe(device: str) -> str:
     from . import moe_gemv
 
     E, I, D, k = 16, 352, 512, 4
-    gate_up = _rand(E, 2 * I, D, dtype=torch.bfloat16, device=device, seed=4, scale=D ** -0.5)
-    down = _rand(E, D, I, dtype=torch.bfloat16, device=device, seed=5, scale=I ** -0.5)
+    gate_up = _rand(E, 2 * I, D, dtype=torch.bfloat16, device=device, seed=4, scale=D**-0.5)
+    down = _rand(E, D, I, dtype=torch.bfloat16, device=device, seed=5, scale=I**-0.5)
     x = _rand(max(ROWS), D, dtype=torch.bfloat16, device=device, seed=6)
     g = torch.Generator().manual_seed(7)
     idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(max(ROWS))]).to(device)
     w = torch.rand(max(ROWS), k, generator=g).to(device)
     y = moe_gemv.experts(x, gate_up, down, idx, w)
     _close(y, moe_gemv.reference(x.double(), gate_up.double(), down.double(), idx, w.double()), 2e-2, "experts")
-    _invariant(lambda xs: moe_gemv.experts(xs, gate_up, down, idx[:len(xs)], w[:len(xs)]), x, "experts")
+    _invariant(lambda xs: moe_gemv.experts(xs, gate_up, down, idx[: len(xs)], w[: len(xs)]), x, "experts")
     return "bf16, 16 experts top-4: tokens alone = tokens in 5 and 16, bit for bit; values against float64"
 
 
@@ -197,8 +197,9 @@ def table(rows: list[Row]):
         t.add_column(col, overflow="fold")
     for r in rows:
         check = {"pass": "[green]pass[/green]", "FAIL": "[red]FAIL[/red]"}.get(r.check, r.check)
-        t.add_row(r.kind, "yes" if r.runs else "no", check, "-" if r.seconds is None else f"{r.seconds:.2f} s",
-                  r.reason)
+        t.add_row(
+            r.kind, "yes" if r.runs else "no", check, "-" if r.seconds is None else f"{r.seconds:.2f} s", r.reason
+        )
     return t
 
 
@@ -206,8 +207,9 @@ def main(argv=None) -> int:
     """`eaglekit kernels check [--json] [--only KIND ...]`: 0 when every kind that runs here passed, 1 if one failed."""
     ap = argparse.ArgumentParser(prog="eaglekit kernels check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    ap.add_argument("--only", nargs="+", choices=list(KINDS), metavar="KIND",
-                    help=f"check these kinds only ({', '.join(KINDS)})")
+    ap.add_argument(
+        "--only", nargs="+", choices=list(KINDS), metavar="KIND", help=f"check these kinds only ({', '.join(KINDS)})"
+    )
     args = ap.parse_args(argv)
     rows = run(args.only)
     failed = any(r.check == "FAIL" for r in rows)

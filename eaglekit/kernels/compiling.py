@@ -100,6 +100,7 @@ def compile_prompt(fn):
             return compiled(*args, **kwargs)
         finally:
             fx_config.use_duck_shape = prev
+
     return call
 
 

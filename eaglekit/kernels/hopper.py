@@ -98,9 +98,12 @@ def shape_reason(cfg) -> str | None:
     heads = _heads_reason(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     checks = [
         (heads is None, heads),
-        (cfg.hidden_size % 2048 == 0 and cfg.intermediate_size % 2048 == 0
-         and cfg.num_heads * cfg.head_dim % 2048 == 0,
-         "hidden, intermediate and attention widths must be multiples of 2048"),
+        (
+            cfg.hidden_size % 2048 == 0
+            and cfg.intermediate_size % 2048 == 0
+            and cfg.num_heads * cfg.head_dim % 2048 == 0,
+            "hidden, intermediate and attention widths must be multiples of 2048",
+        ),
         (not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias), "biases are not supported"),
         (not cfg.qk_norm, "q/k norms are not supported"),
         (cfg.sliding_window is None, "sliding-window attention is not supported"),
@@ -111,8 +114,12 @@ def shape_reason(cfg) -> str | None:
 
 # --- the build: nvcc at first use, cached by the digests of the sources and of the compiler ---------------------------
 def find_nvcc() -> str | None:
-    for cand in (os.environ.get("CUDACXX"), os.environ.get("CUDA_HOME") and f"{os.environ['CUDA_HOME']}/bin/nvcc",
-                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+    for cand in (
+        os.environ.get("CUDACXX"),
+        os.environ.get("CUDA_HOME") and f"{os.environ['CUDA_HOME']}/bin/nvcc",
+        shutil.which("nvcc"),
+        "/usr/local/cuda/bin/nvcc",
+    ):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
@@ -131,8 +138,17 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def build_command(nvcc: str, out: Path) -> list[str]:
-    return [nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-o", str(out),
-            str(SOURCE)]
+    return [
+        nvcc,
+        "-O3",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        "-o",
+        str(out),
+        str(SOURCE),
+    ]
 
 
 def _digest(data: bytes) -> str:
@@ -142,8 +158,10 @@ def _digest(data: bytes) -> str:
 def source_digest() -> str:
     missing = [p.name for p in SOURCES if not p.exists()]
     if missing:
-        raise Unavailable(f"this eaglekit install lacks {', '.join(missing)} (its CUDA source): reinstall eaglekit, or "
-                          "use --products invariant")
+        raise Unavailable(
+            f"this eaglekit install lacks {', '.join(missing)} (its CUDA source): reinstall eaglekit, or "
+            "use --products invariant"
+        )
     return _digest(b"".join(p.read_bytes() for p in SOURCES))
 
 
@@ -177,8 +195,11 @@ def build(nvcc: str, path: Path) -> float:
     os.close(fd)
     t0 = time.perf_counter()
     # (a one-time cost a user should see: the next run loads the cached library in milliseconds)
-    print(f"eaglekit: building the hopper kernels with nvcc (first use, ~10-60 s) into {path.parent}",
-          file=sys.stderr, flush=True)
+    print(
+        f"eaglekit: building the hopper kernels with nvcc (first use, ~10-60 s) into {path.parent}",
+        file=sys.stderr,
+        flush=True,
+    )
     run = subprocess.run(build_command(nvcc, Path(tmp)), capture_output=True, text=True)
     if run.returncode != 0:
         os.unlink(tmp)
@@ -198,8 +219,10 @@ def library() -> ctypes.CDLL:
     if nvcc is None:
         path = prebuilt()
         if path is None:
-            raise Unavailable("products 'hopper' builds its CUDA kernels with nvcc, and none was found: set CUDA_HOME "
-                              "or put nvcc on PATH, or use --products invariant")
+            raise Unavailable(
+                "products 'hopper' builds its CUDA kernels with nvcc, and none was found: set CUDA_HOME "
+                "or put nvcc on PATH, or use --products invariant"
+            )
     else:
         path = library_path(nvcc)
         if not path.exists():
@@ -219,15 +242,50 @@ _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class LinearArgs(ctypes.Structure):
-    _fields_ = [("epi", _i), ("W", _p), ("x", _p), ("y", _p), ("res", _p), ("M", _i), ("N", _i), ("K", _i),
-                ("ldx", _i), ("ss_in", _p), ("nss", _i), ("eps", _f), ("xg", _p), ("g", _p), ("ss_out", _p),
-                ("grid", _i), ("stream", _p)]
+    _fields_ = [
+        ("epi", _i),
+        ("W", _p),
+        ("x", _p),
+        ("y", _p),
+        ("res", _p),
+        ("M", _i),
+        ("N", _i),
+        ("K", _i),
+        ("ldx", _i),
+        ("ss_in", _p),
+        ("nss", _i),
+        ("eps", _f),
+        ("xg", _p),
+        ("g", _p),
+        ("ss_out", _p),
+        ("grid", _i),
+        ("stream", _p),
+    ]
 
 
 class QkvArgs(ctypes.Structure):
-    _fields_ = [("W", _p), ("x", _p), ("q_out", _p), ("M", _i), ("K", _i), ("ldx", _i), ("H", _i), ("Hkv", _i),
-                ("hd", _i), ("kc", _p), ("vc", _p), ("pos", _p), ("inv_freq", _p), ("base", _p), ("cap", _i),
-                ("ss_in", _p), ("nss", _i), ("eps", _f), ("grid", _i), ("stream", _p)]
+    _fields_ = [
+        ("W", _p),
+        ("x", _p),
+        ("q_out", _p),
+        ("M", _i),
+        ("K", _i),
+        ("ldx", _i),
+        ("H", _i),
+        ("Hkv", _i),
+        ("hd", _i),
+        ("kc", _p),
+        ("vc", _p),
+        ("pos", _p),
+        ("inv_freq", _p),
+        ("base", _p),
+        ("cap", _i),
+        ("ss_in", _p),
+        ("nss", _i),
+        ("eps", _f),
+        ("grid", _i),
+        ("stream", _p),
+    ]
 
 
 class RmsArgs(ctypes.Structure):
@@ -235,16 +293,47 @@ class RmsArgs(ctypes.Structure):
 
 
 class AttnArgs(ctypes.Structure):
-    _fields_ = [("rep", _i), ("q", _p), ("ldq", _i), ("K", _p), ("V", _p), ("cap", _i), ("base", _p), ("block", _p),
-                ("cols", _i), ("acc", _p), ("ml", _p), ("tickets", _p), ("out", _p), ("ldo", _i), ("rows", _i),
-                ("hkv", _i), ("parts", _i), ("first", _p), ("kn", _p), ("vn", _p), ("kn_t", _i), ("kn_h", _i),
-                ("vn_t", _i), ("vn_h", _i), ("stream", _p)]
+    _fields_ = [
+        ("rep", _i),
+        ("q", _p),
+        ("ldq", _i),
+        ("K", _p),
+        ("V", _p),
+        ("cap", _i),
+        ("base", _p),
+        ("block", _p),
+        ("cols", _i),
+        ("acc", _p),
+        ("ml", _p),
+        ("tickets", _p),
+        ("out", _p),
+        ("ldo", _i),
+        ("rows", _i),
+        ("hkv", _i),
+        ("parts", _i),
+        ("first", _p),
+        ("kn", _p),
+        ("vn", _p),
+        ("kn_t", _i),
+        ("kn_h", _i),
+        ("vn_t", _i),
+        ("vn_h", _i),
+        ("stream", _p),
+    ]
 
 
-ENTRY_POINTS = {"ek_hopper_linear": LinearArgs, "ek_hopper_qkv": QkvArgs, "ek_hopper_rms": RmsArgs,
-                "ek_hopper_attn": AttnArgs}
-C_STRUCTS = {LinearArgs: "ek_hopper_linear_args", QkvArgs: "ek_hopper_qkv_args", RmsArgs: "ek_hopper_rms_args",
-             AttnArgs: "ek_hopper_attn_args"}
+ENTRY_POINTS = {
+    "ek_hopper_linear": LinearArgs,
+    "ek_hopper_qkv": QkvArgs,
+    "ek_hopper_rms": RmsArgs,
+    "ek_hopper_attn": AttnArgs,
+}
+C_STRUCTS = {
+    LinearArgs: "ek_hopper_linear_args",
+    QkvArgs: "ek_hopper_qkv_args",
+    RmsArgs: "ek_hopper_rms_args",
+    AttnArgs: "ek_hopper_attn_args",
+}
 
 
 def _stream() -> int:
@@ -276,9 +365,18 @@ class Kernels:
     def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
         """Whether `linear` takes y = x @ w^T (else the caller's fallback)."""
         rows = x.numel() // x.shape[-1] if x.numel() else 0
-        return (x.is_cuda and x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and w.dim() == 2
-                and x.shape[-1] == w.shape[1] and w.shape[1] % 2048 == 0 and w.shape[0] % 8 == 0
-                and w.is_contiguous() and x.is_contiguous() and 1 <= rows <= MAX_ROWS)
+        return (
+            x.is_cuda
+            and x.dtype == torch.bfloat16
+            and w.dtype == torch.bfloat16
+            and w.dim() == 2
+            and x.shape[-1] == w.shape[1]
+            and w.shape[1] % 2048 == 0
+            and w.shape[0] % 8 == 0
+            and w.is_contiguous()
+            and x.is_contiguous()
+            and 1 <= rows <= MAX_ROWS
+        )
 
     @staticmethod
     def _norm(norm) -> dict:
@@ -289,8 +387,15 @@ class Kernels:
         assert ss.dtype == torch.float32 and ss.dim() == 2 and ss.is_contiguous()
         return {"ss_in": ss.data_ptr(), "nss": ss.shape[1], "eps": eps}
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, epi: int = EPI_PLAIN, res: torch.Tensor | None = None,
-               norm=None, stats: torch.Tensor | None = None):
+    def linear(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        epi: int = EPI_PLAIN,
+        res: torch.Tensor | None = None,
+        norm=None,
+        stats: torch.Tensor | None = None,
+    ):
         """x [.., K] @ w[N, K]^T, then the epilogue: EPI_RESID adds `res` (x's shape with N), EPI_SWIGLU takes w as
         [gate; up] rows and gives silu(gate) * up ([.., N / 2]).
 
@@ -308,9 +413,26 @@ class Kernels:
             assert epi == EPI_RESID and stats.shape == (N,) and stats.dtype == y.dtype and stats.is_contiguous()
             xg = torch.empty_like(y)
             ss = torch.empty(M, N // 8, device=x.device, dtype=torch.float32)
-        self._call("ek_hopper_linear", LinearArgs(
-            epi=epi, W=w.data_ptr(), x=x.data_ptr(), y=y.data_ptr(), res=_ptr(res), M=M, N=N, K=K, ldx=K,
-            **self._norm(norm), xg=_ptr(xg), g=_ptr(stats), ss_out=_ptr(ss), grid=self.grid, stream=_stream()))
+        self._call(
+            "ek_hopper_linear",
+            LinearArgs(
+                epi=epi,
+                W=w.data_ptr(),
+                x=x.data_ptr(),
+                y=y.data_ptr(),
+                res=_ptr(res),
+                M=M,
+                N=N,
+                K=K,
+                ldx=K,
+                **self._norm(norm),
+                xg=_ptr(xg),
+                g=_ptr(stats),
+                ss_out=_ptr(ss),
+                grid=self.grid,
+                stream=_stream(),
+            ),
+        )
         return y if stats is None else (y, xg, ss)
 
     def rms_stats(self, x: torch.Tensor, w: torch.Tensor):
@@ -319,8 +441,10 @@ class Kernels:
         M = x.numel() // K
         y = torch.empty_like(x)
         ss = torch.empty(M, 1, device=x.device, dtype=torch.float32)
-        self._call("ek_hopper_rms", RmsArgs(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), M=M, K=K,
-                                            ss=ss.data_ptr(), stream=_stream()))
+        self._call(
+            "ek_hopper_rms",
+            RmsArgs(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), M=M, K=K, ss=ss.data_ptr(), stream=_stream()),
+        )
         return y, ss
 
     def qkv(self, h, w, heads: tuple[int, int, int], kc, vc, pos, inv_freq, base, norm=None) -> torch.Tensor:
@@ -332,10 +456,29 @@ class Kernels:
         assert kc.is_contiguous() and vc.is_contiguous() and pos.is_contiguous() and inv_freq.is_contiguous()
         assert base.dtype == pos.dtype == torch.int64 and pos.shape == (M,) and inv_freq.dtype == torch.float32
         q = torch.empty(M, H * hd, device=h.device, dtype=h.dtype)
-        self._call("ek_hopper_qkv", QkvArgs(
-            W=w.data_ptr(), x=h.data_ptr(), q_out=q.data_ptr(), M=M, K=K, ldx=K, H=H, Hkv=Hkv, hd=hd,
-            kc=kc.data_ptr(), vc=vc.data_ptr(), pos=pos.data_ptr(), inv_freq=inv_freq.data_ptr(),
-            base=base.data_ptr(), cap=kc.shape[1], **self._norm(norm), grid=self.grid, stream=_stream()))
+        self._call(
+            "ek_hopper_qkv",
+            QkvArgs(
+                W=w.data_ptr(),
+                x=h.data_ptr(),
+                q_out=q.data_ptr(),
+                M=M,
+                K=K,
+                ldx=K,
+                H=H,
+                Hkv=Hkv,
+                hd=hd,
+                kc=kc.data_ptr(),
+                vc=vc.data_ptr(),
+                pos=pos.data_ptr(),
+                inv_freq=inv_freq.data_ptr(),
+                base=base.data_ptr(),
+                cap=kc.shape[1],
+                **self._norm(norm),
+                grid=self.grid,
+                stream=_stream(),
+            ),
+        )
         return q
 
     def scratch(self, rows: int, span: int, Hkv: int, rep: int):
@@ -368,15 +511,43 @@ class Kernels:
             first, kn, vn = new
             assert first.dtype == torch.int64 and kn.shape == vn.shape == (M, Hkv, hd)
             # (16-byte rows: the kernel moves them in uint4s)
-            kn, vn = (t if t.stride(-1) == 1 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0
-                      and t.data_ptr() % 16 == 0 else t.contiguous() for t in (kn, vn))
+            kn, vn = (
+                t
+                if t.stride(-1) == 1 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0 and t.data_ptr() % 16 == 0
+                else t.contiguous()
+                for t in (kn, vn)
+            )
             strides = (kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1))
-        self._call("ek_hopper_attn", AttnArgs(
-            rep=H // Hkv, q=q.data_ptr(), ldq=q.stride(0), K=kc.data_ptr(), V=vc.data_ptr(), cap=kc.stride(0) // hd,
-            base=base.data_ptr(), block=block.data_ptr(), cols=block.shape[1], acc=acc.data_ptr(), ml=ml.data_ptr(),
-            tickets=self.tickets.data_ptr(), out=out.data_ptr(), ldo=out.stride(0), rows=M, hkv=Hkv, parts=parts,
-            first=_ptr(first), kn=_ptr(kn), vn=_ptr(vn), kn_t=strides[0], kn_h=strides[1], vn_t=strides[2],
-            vn_h=strides[3], stream=_stream()))
+        self._call(
+            "ek_hopper_attn",
+            AttnArgs(
+                rep=H // Hkv,
+                q=q.data_ptr(),
+                ldq=q.stride(0),
+                K=kc.data_ptr(),
+                V=vc.data_ptr(),
+                cap=kc.stride(0) // hd,
+                base=base.data_ptr(),
+                block=block.data_ptr(),
+                cols=block.shape[1],
+                acc=acc.data_ptr(),
+                ml=ml.data_ptr(),
+                tickets=self.tickets.data_ptr(),
+                out=out.data_ptr(),
+                ldo=out.stride(0),
+                rows=M,
+                hkv=Hkv,
+                parts=parts,
+                first=_ptr(first),
+                kn=_ptr(kn),
+                vn=_ptr(vn),
+                kn_t=strides[0],
+                kn_h=strides[1],
+                vn_t=strides[2],
+                vn_h=strides[3],
+                stream=_stream(),
+            ),
+        )
         return out
 
     def layers(self, layers, x, pos, inv_freq, cache_layer, base, block, scratch, capture=(), caught=None):
@@ -394,14 +565,16 @@ class Kernels:
             a, m, kv = layer.self_attn, layer.mlp, cache_layer(i)
             heads = (a.num_heads, a.num_kv_heads, a.head_dim)
             post = layer.post_attention_layernorm
-            q = self.qkv(xg, a.qkv_weight, heads, kv[0][0], kv[1][0], pos, inv_freq, base,
-                         norm=(ss, layer.input_layernorm.eps))
+            q = self.qkv(
+                xg, a.qkv_weight, heads, kv[0][0], kv[1][0], pos, inv_freq, base, norm=(ss, layer.input_layernorm.eps)
+            )
             o = self.attn(q, kv[0][0], kv[1][0], base, block, heads, scratch)
             x2, hg, hs = self.linear(o, a.o_proj.weight, EPI_RESID, x2, stats=post.weight)
             act = self.linear(hg, m.gate_up_weight, EPI_SWIGLU, norm=(hs, post.eps))
             if i + 1 < len(layers):
-                x2, xg, ss = self.linear(act, m.down_proj.weight, EPI_RESID, x2,
-                                         stats=layers[i + 1].input_layernorm.weight)
+                x2, xg, ss = self.linear(
+                    act, m.down_proj.weight, EPI_RESID, x2, stats=layers[i + 1].input_layernorm.weight
+                )
             else:
                 x2 = self.linear(act, m.down_proj.weight, EPI_RESID, x2)
             if i in capture:
@@ -454,14 +627,23 @@ def _register_pending():
     from .compiling import op_name
 
     @custom_op(op_name("pending_attention", __file__, *SOURCES), mutates_args=("k", "v"), device_types="cuda")
-    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kn: torch.Tensor, vn: torch.Tensor, base: torch.Tensor,
-           block: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    def op(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kn: torch.Tensor,
+        vn: torch.Tensor,
+        base: torch.Tensor,
+        block: torch.Tensor,
+        first: torch.Tensor,
+    ) -> torch.Tensor:
         T, Hkv, (_, S, hd) = q.shape[0], k.shape[0], k.shape
         H = q.shape[1] // hd
         kb = kernels_for(q.device)
         q = q if q.stride(1) == 1 else q.contiguous()
-        return kb.attn(q, k, v, base, block.contiguous(), (H, Hkv, hd), kb.scratch(T, S, Hkv, H // Hkv),
-                       new=(first, kn, vn))
+        return kb.attn(
+            q, k, v, base, block.contiguous(), (H, Hkv, hd), kb.scratch(T, S, Hkv, H // Hkv), new=(first, kn, vn)
+        )
 
     @op.register_fake
     def _(q, k, v, kn, vn, base, block, first):

@@ -75,8 +75,16 @@ class Int8Linear(nn.Module):
         """invariant_gemm.epilogue(x @ W^T + bias, residual, gated), W = qweight * scale."""
         one_row = x.numel() == x.shape[-1]
         inductor = ONE_ROW == "inductor" and one_row and torch.compiler.is_compiling()
-        return invariant_gemm.linear(x, self.qweight, self.bias, enabled=not inductor, exact=True, residual=residual,
-                             gated=gated, scale=self.scale)
+        return invariant_gemm.linear(
+            x,
+            self.qweight,
+            self.bias,
+            enabled=not inductor,
+            exact=True,
+            residual=residual,
+            gated=gated,
+            scale=self.scale,
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -96,8 +104,11 @@ def fused(parts: list[nn.Module]) -> tuple[Int8Linear, list[Int8Linear]]:
     """One Int8Linear over the parts' rows (their order) and each part again as a view of it: per-row scales make
     quantizing the concatenation the same as concatenating the quantized parts."""
     q = cast("list[Int8Linear]", parts)  # (quantize_linears made each part an Int8Linear)
-    whole = Int8Linear(torch.cat([p.qweight for p in q]), torch.cat([p.scale for p in q]),
-                       None if q[0].bias is None else torch.cat([cast(torch.Tensor, p.bias) for p in q]))
+    whole = Int8Linear(
+        torch.cat([p.qweight for p in q]),
+        torch.cat([p.scale for p in q]),
+        None if q[0].bias is None else torch.cat([cast(torch.Tensor, p.bias) for p in q]),
+    )
     views: list[Int8Linear] = []
     i = 0
     for p in q:

@@ -48,8 +48,9 @@ def usable(x: torch.Tensor, head_dim: int) -> bool:
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def visible(mask: torch.Tensor,
-            base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def visible(
+    mask: torch.Tensor, base: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """mask [B, T, S] bool -> (slots [B, T, S] int32: each row's visible slots first, ascending; count [B, T] int32;
     old [B, T] int32: how many of them lie below base [B|1], i.e. are read from the cache when `attend` gets this
     call's keys apart; None without base). Fixed shapes, no host sync (CUDA graphs record it). Compute it once per
@@ -66,9 +67,15 @@ def visible(mask: torch.Tensor,
     return slots[..., :S], count, (mask & below).sum(-1, dtype=torch.int32)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
-           old: torch.Tensor | None = None,
-           new: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    count: torch.Tensor,
+    old: torch.Tensor | None = None,
+    new: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Softmax attention of q [B, H, T, hd] over k, v [B, Hkv, S, hd] (H a multiple of Hkv), each row t reading the
     keys at slots[b, t, :count[b, t]] in that order (`visible`; slots/count/old may have batch 1 for all rows).
     `new` = (k_new, v_new [B, Hkv, T, hd], base [B|1]): slots from base[b] on are read from k_new/v_new at slot - base
@@ -115,14 +122,34 @@ def _build():
         # [B, H, T, hd] over [B, T, H, hd] memory: the caller's transpose back to [B, T, H * hd] is a view
         out = torch.empty(B, T, H, hd, device=q.device, dtype=q.dtype).transpose(1, 2)
         _attend_parts(wrap(attend_part), q, k, v, new, seen, (acc, ml), (block_m, block_d))
-        wrap(attend_merge)[(B * T, H)](acc, ml, out, T, H, hd, out.stride(0), out.stride(1), out.stride(2),
-                                       BLOCK_D=block_d, PARTS=PARTS, num_warps=1)
+        wrap(attend_merge)[(B * T, H)](
+            acc,
+            ml,
+            out,
+            T,
+            H,
+            hd,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            BLOCK_D=block_d,
+            PARTS=PARTS,
+            num_warps=1,
+        )
         return out
 
     @triton_op(op_name("invariant_attention", __file__, invariant_attention_triton.__file__), mutates_args=())
-    def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor,
-                            v_new: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, count: torch.Tensor,
-                            old: torch.Tensor) -> torch.Tensor:
+    def invariant_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        base: torch.Tensor,
+        slots: torch.Tensor,
+        count: torch.Tensor,
+        old: torch.Tensor,
+    ) -> torch.Tensor:
         return run(q, k, v, k_new, v_new, base, slots, count, old, wrap_triton)
 
     return SimpleNamespace(op=invariant_attention, run=run)
@@ -162,10 +189,45 @@ def _attend_parts(kernel, q, k, v, new, seen, partials, blocks) -> None:
     sbb = 1 if base.shape[0] > 1 else 0
     sgb = old.stride(0) if old.shape[0] > 1 else 0
     kernel[(B * T, Hkv, PARTS)](
-        q, k, v, k_new, v_new, base, slots, count, old, acc, ml, T, H, hd,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2), sbb,
-        ssb, slots.stride(1), scb, sgb,
-        SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634, REP=rep, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d, CHUNK=CHUNK, PARTS=PARTS, IEEE=q.dtype == torch.float32, DIRECT=DIRECT,
-        num_warps=WARPS)
+        q,
+        k,
+        v,
+        k_new,
+        v_new,
+        base,
+        slots,
+        count,
+        old,
+        acc,
+        ml,
+        T,
+        H,
+        hd,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        k_new.stride(0),
+        k_new.stride(1),
+        k_new.stride(2),
+        sbb,
+        ssb,
+        slots.stride(1),
+        scb,
+        sgb,
+        SCALE=(1.0 / math.sqrt(hd)) * 1.4426950408889634,
+        REP=rep,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        CHUNK=CHUNK,
+        PARTS=PARTS,
+        IEEE=q.dtype == torch.float32,
+        DIRECT=DIRECT,
+        num_warps=WARPS,
+    )

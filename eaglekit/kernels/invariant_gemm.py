@@ -115,8 +115,11 @@ def int8_rule(N: int, K: int) -> tuple[int, int, int, int, int]:
 
 
 # tile configs `tune` tries: (block_n, block_k, split, warps, stages)
-GRID = [c for c in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4), (4, 8), (3, 5))
-        if c[4] * (16 + c[0]) * c[1] * 2 <= 200 * 1024]  # the stages' tiles fit an H100/H200's shared memory
+GRID = [
+    c
+    for c in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4), (4, 8), (3, 5))
+    if c[4] * (16 + c[0]) * c[1] * 2 <= 200 * 1024
+]  # the stages' tiles fit an H100/H200's shared memory
 
 
 def table_path() -> Path:
@@ -188,10 +191,20 @@ def tune(shapes, rows: int = 6, write: bool = True, log=print) -> dict:
         best = min(times, key=times.__getitem__)
         found[f"{N}x{K}"] = "cublas" if best == "cublas" else list(best)
         gb = N * K * 2 / 1e9
-        report.append({"N": N, "K": K, "rows": rows, "best": found[f"{N}x{K}"], "best_tb_s": gb / times[best],
-                       "cublas_tb_s": gb / times["cublas"]})
-        log(f"invariant_gemm tune {N}x{K} at {rows} rows: {found[f'{N}x{K}']} {gb / times[best]:.2f} TB/s "
-            f"(cuBLAS {gb / times['cublas']:.2f})")
+        report.append(
+            {
+                "N": N,
+                "K": K,
+                "rows": rows,
+                "best": found[f"{N}x{K}"],
+                "best_tb_s": gb / times[best],
+                "cublas_tb_s": gb / times["cublas"],
+            }
+        )
+        log(
+            f"invariant_gemm tune {N}x{K} at {rows} rows: {found[f'{N}x{K}']} {gb / times[best]:.2f} TB/s "
+            f"(cuBLAS {gb / times['cublas']:.2f})"
+        )
         del ws
     if write:
         save_entries(found)
@@ -226,8 +239,10 @@ def tiles_for(M: int, block_n: int, most: int | str | None = None) -> tuple[int,
     checks it)."""
     most = SHARED_TILES if most is None else most
     if most not in (1, 2, 4):
-        raise ValueError(f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "
-                         "of them (1, the default: a program a tile)")
+        raise ValueError(
+            f"16-row tiles a program must be 1, 2 or 4, got {most!r}: set $EAGLEKIT_GEMM_TILES to one "
+            "of them (1, the default: a program a tile)"
+        )
     if most == 1 or torch.compiler.is_compiling():
         # `most` tiles without reading M: inside a compiled graph M may be symbolic (a prompt graph's, one for every
         # length), and reading it would hold the graph to one tile count, each new count compiling a graph of its own
@@ -239,9 +254,17 @@ def tiles_for(M: int, block_n: int, most: int | str | None = None) -> tuple[int,
     return tiles, min(block_n, max(16, block_n // tiles))
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, enabled: bool = True,
-           exact: bool = False, residual: torch.Tensor | None = None, gated: bool = False,
-           rope: tuple | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None = None,
+    enabled: bool = True,
+    exact: bool = False,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    rope: tuple | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """epilogue(F.linear(x, w, b), residual, gated), through the small-M kernel where `enabled`, `usable` and not
     tuned to cuBLAS (`exact`: through the kernel even where cuBLAS was faster, so every product of the model is
     batch-invariant). The kernel does the epilogue itself (one kernel, not three) unless there is a bias.
@@ -311,8 +334,12 @@ def kernels():
         from . import invariant_gemm_triton
         from .compiling import op_name
 
-        name = op_name("small_m_linear", __file__, invariant_gemm_triton.__file__,
-                       extra=json.dumps(table, sort_keys=True) + f"tiles{SHARED_TILES}")
+        name = op_name(
+            "small_m_linear",
+            __file__,
+            invariant_gemm_triton.__file__,
+            extra=json.dumps(table, sort_keys=True) + f"tiles{SHARED_TILES}",
+        )
         if name not in _BUILT:
             _BUILT[name] = _build(name)
         _KERNELS, _NAMED_FOR = _BUILT[name], (table, SHARED_TILES)
@@ -322,9 +349,17 @@ def kernels():
 def _build(name: str):
     from .invariant_gemm_triton import smallm_partial, smallm_sum
 
-    def run(x: torch.Tensor, w: torch.Tensor, cfg, wrap=lambda k: k, residual: torch.Tensor | None = None,
-            gated: bool = False, rope: tuple | None = None, scale: torch.Tensor | None = None,
-            tiles: int | None = None) -> torch.Tensor:
+    def run(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        cfg,
+        wrap=lambda k: k,
+        residual: torch.Tensor | None = None,
+        gated: bool = False,
+        rope: tuple | None = None,
+        scale: torch.Tensor | None = None,
+        tiles: int | None = None,
+    ) -> torch.Tensor:
         """`rope` = (cos, sin [M, head_dim], rope_cols): rotary on the output's heads below column rope_cols (cfg's
         block_n is then per half head, as rope_config gives; one slice of K). `scale`: w is int8 (`linear`).
         `tiles`: at most this many 16-row tiles a program (default SHARED_TILES; tiles_for)."""
@@ -341,29 +376,57 @@ def _build(name: str):
         cos, sin, rope_cols, half = _rotary_operands(x, rope, N, cfg, block_n, gated, residual)
         grid_n = triton_cdiv(N, 2 * block_n) if rope is not None else triton_cdiv(N, block_n)
         wrap(smallm_partial)[(grid_n, split, triton_cdiv(M, 16 * per_program))](
-            x, w, part, r, cos, sin, scale if scale is not None else x, cos.stride(0), rope_cols, M, N, K,
-            x.stride(0), w.stride(0), k_slice, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=split == 1, GATED=gated,
-            RESIDUAL=residual is not None, HALF=half, SCALED=scale is not None, UP=gated or half > 0,
-            TILES=per_program, num_warps=warps, num_stages=stages)
+            x,
+            w,
+            part,
+            r,
+            cos,
+            sin,
+            scale if scale is not None else x,
+            cos.stride(0),
+            rope_cols,
+            M,
+            N,
+            K,
+            x.stride(0),
+            w.stride(0),
+            k_slice,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            DIRECT=split == 1,
+            GATED=gated,
+            RESIDUAL=residual is not None,
+            HALF=half,
+            SCALED=scale is not None,
+            UP=gated or half > 0,
+            TILES=per_program,
+            num_warps=warps,
+            num_stages=stages,
+        )
         if split > 1:
-            wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated,
-                                                          RESIDUAL=residual is not None)
+            wrap(smallm_sum)[(triton_cdiv(M * N, 1024),)](
+                part, r, y, M, N, SPLIT=split, BLOCK=1024, GATED=gated, RESIDUAL=residual is not None
+            )
         return y
 
     return SimpleNamespace(op=_register(name, run), run=run)
 
 
 # _build's helpers stay in this file: the op's name carries its digest (compiling.op_name), so a change renames it
-def _rotary_operands(x: torch.Tensor, rope: tuple | None, N: int, cfg, block_n: int, gated: bool,
-                     residual: torch.Tensor | None) -> tuple:
+def _rotary_operands(
+    x: torch.Tensor, rope: tuple | None, N: int, cfg, block_n: int, gated: bool, residual: torch.Tensor | None
+) -> tuple:
     """(cos, sin, rope_cols, half) as smallm_partial reads them (x stands in for cos and sin without a rotary, half
     0); refuses a rotary the launch cannot do (`run`'s docstring)."""
     cos, sin, rope_cols = rope if rope is not None else (x, x, 0)
     half = cos.shape[-1] // 2 if rope is not None else 0
-    if rope is not None and (gated or residual is not None or N % (2 * half) or cfg[2] != 1
-                             or half % block_n or block_n < 16):
-        raise ValueError(f"rotary in the product needs heads of {2 * half} tiling the output, one slice of K and "
-                         f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}")
+    if rope is not None and (
+        gated or residual is not None or N % (2 * half) or cfg[2] != 1 or half % block_n or block_n < 16
+    ):
+        raise ValueError(
+            f"rotary in the product needs heads of {2 * half} tiling the output, one slice of K and "
+            f"a block_n of 16 or more dividing half a head, no other epilogue; got N={N}, {cfg}"
+        )
     return cos.contiguous(), sin.contiguous(), rope_cols, half
 
 
@@ -373,9 +436,17 @@ def _register(name: str, run):
     from torch.library import triton_op, wrap_triton
 
     @triton_op(name, mutates_args=())
-    def small_m_linear(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor], gated: bool,
-                       cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], rope_cols: int,
-                       exact: bool, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    def small_m_linear(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        gated: bool,
+        cos: Optional[torch.Tensor],
+        sin: Optional[torch.Tensor],
+        rope_cols: int,
+        exact: bool,
+        scale: Optional[torch.Tensor],
+    ) -> torch.Tensor:
         cfg = config(w.shape[0], w.shape[1], exact, int8=scale is not None)
         assert cfg is not None  # (the op runs only where plan() found a config for this weight)
         rope = (cos, sin, rope_cols) if cos is not None else None

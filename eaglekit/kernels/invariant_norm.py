@@ -61,8 +61,9 @@ def _build():
         y = torch.empty_like(xc)
         rows = xc.numel() // D
         block = triton.next_power_of_2(D)
-        wrap_triton(rms_norm_rows)[(rows,)](xc, weight.to(x.dtype).contiguous(), y, D, EPS=eps, BLOCK=block,
-                                            num_warps=4 if block <= 4096 else 8)
+        wrap_triton(rms_norm_rows)[(rows,)](
+            xc, weight.to(x.dtype).contiguous(), y, D, EPS=eps, BLOCK=block, num_warps=4 if block <= 4096 else 8
+        )
         return y
 
     return SimpleNamespace(op=invariant_rms_norm)

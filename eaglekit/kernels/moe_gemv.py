@@ -41,8 +41,12 @@ BLOCK_R, BLOCK_K = 8, 256  # down: 8 output rows x 256 columns of I a load
 
 def usable(x: torch.Tensor, pairs: int) -> bool:
     """Whether `experts` runs the kernels for x [N, D] with `pairs` (token, expert) pairs."""
-    return (HAVE_TRITON and x.dtype in (torch.bfloat16, torch.float16) and pairs <= MAX_PAIRS
-            and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"))
+    return (
+        HAVE_TRITON
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and pairs <= MAX_PAIRS
+        and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    )
 
 
 def reference(x, gate_up, down, idx, w):
@@ -79,15 +83,17 @@ def kernels():
             act = torch.empty((N * k, I), device=x.device, dtype=x.dtype)
             y = torch.empty((N, D), device=x.device, dtype=x.dtype)
             wrap(moe_gemv_triton.gate_up_act)[(N * k, triton_cdiv(I, BLOCK_I))](
-                x, gate_up, ids, act, I, D, k, gate_up.stride(0), gate_up.stride(1), BLOCK_I=BLOCK_I,
-                BLOCK_D=BLOCK_D)
+                x, gate_up, ids, act, I, D, k, gate_up.stride(0), gate_up.stride(1), BLOCK_I=BLOCK_I, BLOCK_D=BLOCK_D
+            )
             wrap(moe_gemv_triton.down_sum)[(N, triton_cdiv(D, BLOCK_R))](
-                act, down, ids, wt, y, I, D, k, down.stride(0), down.stride(1), BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K)
+                act, down, ids, wt, y, I, D, k, down.stride(0), down.stride(1), BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K
+            )
             return y
 
         @triton_op(op_name("moe_gemv", __file__, moe_gemv_triton.__file__), mutates_args=())
-        def moe_gemv(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, idx: torch.Tensor,
-                     w: torch.Tensor) -> torch.Tensor:
+        def moe_gemv(
+            x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, idx: torch.Tensor, w: torch.Tensor
+        ) -> torch.Tensor:
             return run(x, gate_up, down, idx, w, wrap_triton)
 
         _OPS = SimpleNamespace(op=moe_gemv, run=run)

@@ -134,16 +134,29 @@ class OneDNN(Aten):
         self.batch_invariant = True
         with torch.no_grad():
             for w in weights:
-                if (id(w) not in self.packed and w.device.type == "cpu" and w.dim() == 2
-                        and w.dtype in (torch.float32, torch.bfloat16)):
-                    self.packed[id(w)] = (weakref.ref(w), w._version,
-                                          torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+                if (
+                    id(w) not in self.packed
+                    and w.device.type == "cpu"
+                    and w.dim() == 2
+                    and w.dtype in (torch.float32, torch.bfloat16)
+                ):
+                    self.packed[id(w)] = (
+                        weakref.ref(w),
+                        w._version,
+                        torch.ops.mkldnn._reorder_linear_weight(w.detach(), None),
+                    )
                     self.batch_invariant = self.batch_invariant and w.dtype == torch.float32
 
     def linear(self, x, w, b=None):
         e = self.packed.get(id(w))
-        if (e is None or e[0]() is not w or e[1] != w._version or x.dtype != w.dtype or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+        if (
+            e is None
+            or e[0]() is not w
+            or e[1] != w._version
+            or x.dtype != w.dtype
+            or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+        ):
             return F.linear(x, w, b)
         return torch.ops.mkldnn._linear_pointwise(x, e[2], b, "none", [], "")
 
@@ -178,8 +191,18 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     model of the same shapes loaded again in this process (same dtype and thread count) reuses the result unless
     `again`. oneDNN is not tried where its packed copy of the weights would take over half the free memory."""
     c = target.cfg
-    key = (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size, target.dtype,
-           torch.get_num_threads(), reps, rows)
+    key = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.vocab_size,
+        target.dtype,
+        torch.get_num_threads(),
+        reps,
+        rows,
+    )
     if key in _PICKED and not again:
         target.set_products(_PICKED[key]["products"])
         return _PICKED[key]
@@ -213,8 +236,9 @@ def pick_cpu(target, reps: int = 7, rows: int = 6, again: bool = False) -> dict:
     target.set_products(policies[best])
     _PICKED[key] = {"products": best, "ms": ms, "rows": rows}
     if not fits:
-        _PICKED[key]["onednn_skipped"] = (f"its packed weights ({need / 2**30:.1f} GiB) would take over half the free "
-                                          "memory")
+        _PICKED[key]["onednn_skipped"] = (
+            f"its packed weights ({need / 2**30:.1f} GiB) would take over half the free memory"
+        )
     return _PICKED[key]
 
 
@@ -255,14 +279,20 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
     times the tree's tokens), where known."""
     device = str(device)
     if not own_decoder(target):
-        return Choice(None, "this target has no products policy (transformers-backed, DeepSeek-family or a "
-                            "tensor-parallel rank): its own F.linear products")
+        return Choice(
+            None,
+            "this target has no products policy (transformers-backed, DeepSeek-family or a "
+            "tensor-parallel rank): its own F.linear products",
+        )
     if device == "cpu":
         if compiled(target):
             return Choice(None, "compiled layers on a CPU: inductor's products (oneDNN's packs cannot be traced)")
         if target.compiled_prompts:
-            return Choice(None, "prompt graphs on a CPU: F.linear's products (oneDNN's packs have no compiled form "
-                                "for a length that changes)")
+            return Choice(
+                None,
+                "prompt graphs on a CPU: F.linear's products (oneDNN's packs have no compiled form "
+                "for a length that changes)",
+            )
         return Choice("pick", "CPU: aten and onednn timed on this machine (a step and a 6-row verify)")
     if not device.startswith("cuda"):
         return Choice(None, f"F.linear on {device}")
@@ -275,14 +305,20 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
         # verify that fits), so a server with a draft takes the products a server without one takes: F.linear
         # throughout made each plain step of the demo pair 2.2x slower on an H200 (0.94 ms against 0.43), and a draft
         # that never pays served at 0.53x of no draft (docs/performance.md#d20)
-        return Choice("invariant", f"batched forwards of up to {rows} rows (serve): batch-invariant Triton kernels "
-                                   f"for every forward of up to {invariant_gemm.MAX_ROWS} rows, F.linear for larger "
-                                   f"verifies, whose tokens are not batch-invariant (keep --max-batch times the "
-                                   f"tree's tokens within {invariant_gemm.MAX_ROWS} for every token to be; "
-                                   f"--products aten for F.linear throughout)")
+        return Choice(
+            "invariant",
+            f"batched forwards of up to {rows} rows (serve): batch-invariant Triton kernels "
+            f"for every forward of up to {invariant_gemm.MAX_ROWS} rows, F.linear for larger "
+            f"verifies, whose tokens are not batch-invariant (keep --max-batch times the "
+            f"tree's tokens within {invariant_gemm.MAX_ROWS} for every token to be; "
+            f"--products aten for F.linear throughout)",
+        )
     if batched:  # hopper's kernels run one row: a request would change bits as the batch grows past one
-        return Choice("invariant", "batched rows (serve): batch-invariant Triton kernels at every batch size, so a "
-                                   "request's greedy output is the same bits whatever shares the batch")
+        return Choice(
+            "invariant",
+            "batched rows (serve): batch-invariant Triton kernels at every batch size, so a "
+            "request's greedy output is the same bits whatever shares the batch",
+        )
     why_not = hopper_reason(target)
     if why_not is None:
         return Choice("hopper", "bf16 on an sm_90 GPU with nvcc: the Hopper layer kernels (fastest; batch-invariant)")
@@ -292,15 +328,19 @@ def choose(target, device, batched: bool = False, rows: int | None = None) -> Ch
 def check_kind(kind: str, target, device) -> tuple[str, str] | None:
     """(why the named `kind` cannot run this target on `device`, the fix), or None where it can."""
     if not own_decoder(target):
-        return ("it needs eaglekit's Llama-family decoder on one device",
-                "leave out --products for transformers-backed, DeepSeek-family or tensor-parallel targets")
+        return (
+            "it needs eaglekit's Llama-family decoder on one device",
+            "leave out --products for transformers-backed, DeepSeek-family or tensor-parallel targets",
+        )
     if kind == "onednn" and not (str(device) == "cpu" and onednn_available()):
         return "onednn runs on a CPU whose torch has oneDNN", "use --products aten (or auto) here"
     if kind == "onednn" and compiled(target):
         return "onednn cannot run inside torch.compile'd layers", "leave out --compile, or use --products aten"
     if kind == "onednn" and target.compiled_prompts:
-        return ("onednn's packed products have no compiled form for a length that changes (--prompt-graphs)",
-                "leave out --prompt-graphs, or use --products aten")
+        return (
+            "onednn's packed products have no compiled form for a length that changes (--prompt-graphs)",
+            "leave out --prompt-graphs, or use --products aten",
+        )
     if kind in ("invariant", "hopper") and not (str(device).startswith("cuda") and invariant_gemm.HAVE_TRITON):
         return f"{kind} is a GPU kernel (Triton)", "use it with --device cuda and triton installed"
     if kind == "hopper" and (why := hopper_reason(target)) is not None:

@@ -106,8 +106,20 @@ def _launch(logits: torch.Tensor, k: int, wrap=lambda kernel: kernel) -> tuple[t
     p_out = torch.empty(R, k, dtype=torch.float32, device=dev)
     i_out = torch.empty(R, k, dtype=torch.int64, device=dev)
     wrap(topk_triton.chunk_top)[(R, CH)](x, vals, ids, m, s, V, CH=CH, K=k, BLOCK=BLOCK, num_warps=4)
-    wrap(topk_triton.merge_top)[(R,)](vals, ids, m, s, p_out, i_out, V, CH=CH, K=k, CB=triton.next_power_of_2(CH),
-                                       NB=triton.next_power_of_2(CH * k), num_warps=1)
+    wrap(topk_triton.merge_top)[(R,)](
+        vals,
+        ids,
+        m,
+        s,
+        p_out,
+        i_out,
+        V,
+        CH=CH,
+        K=k,
+        CB=triton.next_power_of_2(CH),
+        NB=triton.next_power_of_2(CH * k),
+        num_warps=1,
+    )
     return p_out.view(*lead, k), i_out.view(*lead, k)
 
 

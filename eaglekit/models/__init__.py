@@ -8,14 +8,7 @@ import torch
 
 from ..errors import InputError
 from .base import Target, TargetInfo
-from .config import (
-    FAMILIES,
-    TargetConfig,
-    check_config_values,
-    check_folder_json,
-    load_target_config,
-    read_json,
-)
+from .config import FAMILIES, TargetConfig, check_config_values, check_folder_json, load_target_config, read_json
 from .deepseek_config import DEEPSEEK_FAMILIES, load_deepseek_config
 
 BACKENDS = ("auto", "ours", "hf")
@@ -27,8 +20,15 @@ def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.
     if name in (None, "auto"):
         # bf16 matmuls are slow on most CPUs and the demo models are small: float32 there
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float64": torch.float64,
+    }
     if name not in table:
         raise InputError(f"unknown dtype {name!r}", fix=f"use one of {', '.join(table)}", code="E108")
     return table[name]
@@ -51,8 +51,11 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     tp = current()
     if tp is not None and tp.world > 1:  # inside a tensor-parallel launch: this rank's shards, on its device
         if backend == "hf":
-            raise InputError("tensor parallelism (--tp / torchrun) runs eaglekit's own decoder only",
-                             fix="leave out --backend hf (or run without --tp)", code="E108")
+            raise InputError(
+                "tensor parallelism (--tp / torchrun) runs eaglekit's own decoder only",
+                fix="leave out --backend hf (or run without --tp)",
+                code="E108",
+            )
         device, backend = str(tp.device), "tp"
     dt = resolve_dtype(dtype, device)
     raw = read_json(folder / "config.json", "target config")
@@ -69,9 +72,12 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
             except InputError:
                 backend = "hf"  # e.g. an unusual rope type or routing: transformers handles it
     if backend == "tp" and deepseek:
-        raise InputError("tensor parallelism (--tp / torchrun) runs eaglekit's Llama-family decoder only; DeepSeek "
-                         "models run on one device (docs/deepseek.md: how TP of MLA and EP of the experts would go)",
-                         fix="run without --tp (one GPU), or with --backend hf", code="E192")
+        raise InputError(
+            "tensor parallelism (--tp / torchrun) runs eaglekit's Llama-family decoder only; DeepSeek "
+            "models run on one device (docs/deepseek.md: how TP of MLA and EP of the experts would go)",
+            fix="run without --tp (one GPU), or with --backend hf",
+            code="E192",
+        )
     if backend == "ours" and deepseek:
         from .deepseek import DeepSeekTarget
 
@@ -96,5 +102,14 @@ def load_target(folder: str | Path, backend: str = "auto", device: str = "cpu", 
     return target
 
 
-__all__ = ["BACKENDS", "DEEPSEEK_FAMILIES", "FAMILIES", "Target", "TargetConfig", "TargetInfo", "load_target",
-           "load_target_config", "resolve_dtype"]
+__all__ = [
+    "BACKENDS",
+    "DEEPSEEK_FAMILIES",
+    "FAMILIES",
+    "Target",
+    "TargetConfig",
+    "TargetInfo",
+    "load_target",
+    "load_target_config",
+    "resolve_dtype",
+]

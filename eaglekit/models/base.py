@@ -49,9 +49,12 @@ def check_finite(feats: torch.Tensor, spec: CaptureSpec, hidden: int) -> None:
         from ..errors import FeatureError
 
         where = [f"after_layers {layer}: {int(n)}" for layer, n in zip(spec.after_layers, bad.tolist()) if n]
-        raise FeatureError(f"NaN or inf in the captured target features ({', '.join(where)} non-finite values)",
-                           fix="the target overflows there: run it in float32 / bfloat16 instead of float16, or "
-                           "check the weights of that layer", code="E401")
+        raise FeatureError(
+            f"NaN or inf in the captured target features ({', '.join(where)} non-finite values)",
+            fix="the target overflows there: run it in float32 / bfloat16 instead of float16, or "
+            "check the weights of that layer",
+            code="E401",
+        )
 
 
 class Target(ABC):
@@ -87,8 +90,9 @@ class Target(ABC):
     def _trace(self, feats, T, capture: CaptureSpec | None):
         if feats is not None and trace.ENABLED:
             assert capture is not None  # (features are captured only at a capture spec)
-            trace.record("target.capture", feats, layers=list(capture.after_layers),
-                         hidden=self.info.hidden_size, tokens=T)
+            trace.record(
+                "target.capture", feats, layers=list(capture.after_layers), hidden=self.info.hidden_size, tokens=T
+            )
 
     # --- sequence state ------------------------------------------------------------------------
     @abstractmethod
@@ -105,8 +109,9 @@ class Target(ABC):
         """Commit the n tokens just written (a prompt)."""
 
     @torch.inference_mode()
-    def verify(self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor,
-               capture: CaptureSpec | None = None):
+    def verify(
+        self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, capture: CaptureSpec | None = None
+    ):
         """T pending tokens at slots [length, length + T) -> (logits [T, V] float32, features or None)."""
         logits, feats = self._forward(ids, depths, tree_mask, capture)
         self._trace(feats, ids.numel(), capture)
@@ -138,8 +143,11 @@ class Target(ABC):
     def prefill(self, ids: torch.Tensor, capture: CaptureSpec | None = None):
         T = ids.numel()
         if T > self.span:
-            raise GenerationError(f"the prompt needs {T} cache slots but the cache holds {self.span}",
-                                  fix="shorten the prompt or lower --max-new-tokens", code="E301")
+            raise GenerationError(
+                f"the prompt needs {T} cache slots but the cache holds {self.span}",
+                fix="shorten the prompt or lower --max-new-tokens",
+                code="E301",
+            )
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
         with prompt_calls():  # a prompt's length changes from call to call: no compiled graph per length
             logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal, capture)
@@ -162,8 +170,9 @@ class Target(ABC):
         return logits[0]
 
     # --- batched generation for regeneration ----------------------------------------------------
-    def generate_batch(self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int,
-                       eos_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    def generate_batch(
+        self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int, eos_ids: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         """Continue left-padded prompts ids [B, P] (pad [B]: padding per row, never attended to) by up to
         `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed` (through `sp.probs(logits)`, the one
         definition of the distribution), stopping once every row has emitted an EOS -> new tokens [B, T <= max_new]
@@ -180,15 +189,26 @@ class Target(ABC):
         """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the target's own
         sequence as one row (layers.OwnRow)."""
         if batch != 1:
-            raise GenerationError(f"the {type(self).__name__} backend does not decode batches",
-                                  fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
-                                  "Qwen3), or serve with a batch size of 1", code="E308")
+            raise GenerationError(
+                f"the {type(self).__name__} backend does not decode batches",
+                fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
+                "Qwen3), or serve with a batch size of 1",
+                code="E308",
+            )
         from .layers import OwnRow
 
         return OwnRow(self, span, lambda: self.length)
 
-    def forward_rows(self, kv, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, span: int,
-                     capture: CaptureSpec | None = None, last: bool = False):
+    def forward_rows(
+        self,
+        kv,
+        ids: torch.Tensor,
+        depths: torch.Tensor,
+        block: torch.Tensor,
+        span: int,
+        capture: CaptureSpec | None = None,
+        last: bool = False,
+    ):
         """Per row b of `kv`: write ids[b] ([B, T]) at slots [length[b], length[b] + T), each token seeing the
         row's committed prefix and the new tokens block[b] ([B|1, T, T]) allows, at positions length[b] +
         depths[b]; attention over the first `span` slots. Lengths are not advanced.
@@ -239,23 +259,35 @@ class Target(ABC):
     # --- what eaglekit.pair asks of a target beyond decoding: refused where compiles / takes_products / experts say no
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decode-time layers (where `compiles`)."""
-        raise InputError("--compile needs eaglekit's own decoder (--backend ours)", code="E108",
-                         fix="leave out --compile for transformers-backed targets")
+        raise InputError(
+            "--compile needs eaglekit's own decoder (--backend ours)",
+            code="E108",
+            fix="leave out --compile for transformers-backed targets",
+        )
 
     def compile_prompts(self, on: bool = True) -> None:
         """Prompts through one graph compiled for every length (where `compiles`)."""
-        raise InputError("--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
-                         code="E108", fix="leave out --prompt-graphs for this target")
+        raise InputError(
+            "--prompt-graphs needs eaglekit's own decoder (Llama or DeepSeek family, one process)",
+            code="E108",
+            fix="leave out --prompt-graphs for this target",
+        )
 
     def set_products(self, kind) -> None:
         """Run the decode products as `kind` says (where `takes_products`; eaglekit.kernels.products)."""
-        raise InputError(f"the {type(self).__name__} backend has no products policy", code="E108",
-                         fix="leave out --products for transformers-backed, DeepSeek-family or tensor-parallel targets")
+        raise InputError(
+            f"the {type(self).__name__} backend has no products policy",
+            code="E108",
+            fix="leave out --products for transformers-backed, DeepSeek-family or tensor-parallel targets",
+        )
 
     def set_experts(self, mode: str | None) -> None:
         """Run the routed experts as `mode` says (where `experts` is not None: a mixture-of-experts target)."""
-        raise InputError(f"the {type(self).__name__} backend has no routed experts", code="E108",
-                         fix="leave out --experts for this target")
+        raise InputError(
+            f"the {type(self).__name__} backend has no routed experts",
+            code="E108",
+            fix="leave out --experts for this target",
+        )
 
     @abstractmethod
     def embed_weight(self) -> torch.Tensor: ...
@@ -324,9 +356,10 @@ def generate_left_padded(net, cache, ids, pad, max_new: int, sp, seed: int, eos_
         out[:, t] = tok
         done |= torch.isin(tok, eos)
         if t + 1 == max_new or bool(done.all()):
-            return out[:, :t + 1]
+            return out[:, : t + 1]
         slot = P + t
-        h, _ = net(tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev),
-                   real[:, None, :slot + 1])
+        h, _ = net(
+            tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev), real[:, None, : slot + 1]
+        )
         last = h[:, -1]
     return out

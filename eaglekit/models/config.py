@@ -54,9 +54,21 @@ class TargetConfig:
     fingerprint: str = ""
 
 
-_FINGERPRINT_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
-                     "moe_intermediate_size", "n_routed_experts", "kv_lora_rank", "q_lora_rank")
+_FINGERPRINT_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "kv_lora_rank",
+    "q_lora_rank",
+)
 
 
 def config_fingerprint(raw: dict) -> str:
@@ -104,9 +116,13 @@ def rope_json(rope: RopeConfig) -> dict:
     """The config.json fields (v4 spelling, read by every engine) that describe `rope`."""
     out: dict[str, Any] = {"rope_theta": rope.theta}
     if rope.kind != "default":
-        out["rope_scaling"] = {"rope_type": rope.kind, "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-                               "high_freq_factor": rope.high_freq_factor,
-                               "original_max_position_embeddings": rope.original_max_position_embeddings}
+        out["rope_scaling"] = {
+            "rope_type": rope.kind,
+            "factor": rope.factor,
+            "low_freq_factor": rope.low_freq_factor,
+            "high_freq_factor": rope.high_freq_factor,
+            "original_max_position_embeddings": rope.original_max_position_embeddings,
+        }
     return out
 
 
@@ -128,11 +144,15 @@ def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
         )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
-        raise InputError(f"hidden_act {act!r} in {where} is not supported (only silu)", code="E104",
-                         fix="use --backend hf")
+        raise InputError(
+            f"hidden_act {act!r} in {where} is not supported (only silu)", code="E104", fix="use --backend hf"
+        )
     if family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
-        raise InputError(f"{family} with use_sliding_window=true is not supported by the compact decoder",
-                         fix="use --backend hf", code="E104")
+        raise InputError(
+            f"{family} with use_sliding_window=true is not supported by the compact decoder",
+            fix="use --backend hf",
+            code="E104",
+        )
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -161,8 +181,9 @@ def parse_target_config(raw: dict, where: str = "config.json") -> TargetConfig:
             fingerprint=config_fingerprint(raw),
         )
     except KeyError as e:
-        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder",
-                         code="E102") from None
+        raise InputError(
+            f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder", code="E102"
+        ) from None
     return cfg
 
 
@@ -173,15 +194,26 @@ def load_target_config(folder: str | Path) -> TargetConfig:
 
 # --- field checks before any loader reads the folder ------------------------------------------------------------
 # integer fields of a Hugging Face config: (smallest value, required for the compact decoder's families)
-_INT_FIELDS = {"hidden_size": (1, True), "num_hidden_layers": (1, True), "num_attention_heads": (1, True),
-               "vocab_size": (1, True), "intermediate_size": (1, False), "num_key_value_heads": (1, False),
-               "head_dim": (1, False), "max_position_embeddings": (1, False), "draft_vocab_size": (1, False)}
+_INT_FIELDS = {
+    "hidden_size": (1, True),
+    "num_hidden_layers": (1, True),
+    "num_attention_heads": (1, True),
+    "vocab_size": (1, True),
+    "intermediate_size": (1, False),
+    "num_key_value_heads": (1, False),
+    "head_dim": (1, False),
+    "max_position_embeddings": (1, False),
+    "draft_vocab_size": (1, False),
+}
 _ID_LISTS = ("eagle_aux_hidden_state_layer_ids",)
 
 
 def _bad_field(where: str, name: str, value, rule: str) -> InputError:
-    return InputError(f"{where}: the field {name!r} is {json.dumps(value)}, which is not {rule}", code="E117",
-                      fix=f"write {name} as {rule} in {where}")
+    return InputError(
+        f"{where}: the field {name!r} is {json.dumps(value)}, which is not {rule}",
+        code="E117",
+        fix=f"write {name} as {rule} in {where}",
+    )
 
 
 def _non_finite(obj, path: str = ""):
@@ -206,8 +238,11 @@ def check_config_values(raw: dict, where: str = "config.json", target: bool = Tr
     for name, (lo, required) in _INT_FIELDS.items():
         if name not in raw or raw[name] is None:
             if required and family:
-                raise InputError(f"{where} lacks the field {name!r}", code="E102",
-                                 fix=f"add {name} to {where} (re-export the model folder)")
+                raise InputError(
+                    f"{where} lacks the field {name!r}",
+                    code="E102",
+                    fix=f"add {name} to {where} (re-export the model folder)",
+                )
             continue
         v = raw[name]
         if isinstance(v, bool) or not isinstance(v, int):
@@ -223,8 +258,9 @@ def check_config_values(raw: dict, where: str = "config.json", target: bool = Tr
             raise _bad_field(where, scope.rstrip("."), obj, "an object")
         for name in _ID_LISTS:
             v = (obj or {}).get(name)
-            if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                  for i in v)):
+            if v is not None and not (
+                isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+            ):
                 raise _bad_field(where, scope + name, v, "a list of integers, e.g. [1, 5, 8]")
 
 

@@ -86,10 +86,19 @@ class DeepSeekModel(nn.Module):
         # the compiled layer serves the small fixed shapes of decoding; prompts run plain, or through the one graph
         # compiled for every length (prompt_layer)
         prompt = in_prompt()
-        fast = self.compiled_layer if (self.compiled_layer is not None and cache is not None and not prompt
-                                       and ids.shape[1] <= COMPILE_MAX_TOKENS) else None
-        any_length = (self.prompt_layer if prompt and cache is not None and ids.shape[0] == 1 and ids.shape[1] > 1
-                      else None)
+        fast = (
+            self.compiled_layer
+            if (
+                self.compiled_layer is not None
+                and cache is not None
+                and not prompt
+                and ids.shape[1] <= COMPILE_MAX_TOKENS
+            )
+            else None
+        )
+        any_length = (
+            self.prompt_layer if prompt and cache is not None and ids.shape[0] == 1 and ids.shape[1] > 1 else None
+        )
         for i, layer in enumerate(self.model.layers):
             kv = cache.layer(i) if cache is not None else None
             if fast is not None:
@@ -128,11 +137,15 @@ def convert_checkpoint(tensors: dict[str, torch.Tensor], c: DeepSeekConfig, fold
     for prefix, per in experts.items():
         missing = [i for i in range(E) if i not in per or len(per[i]) != 3]
         if missing:
-            raise InputError(f"checkpoint in {folder} lacks weights of {len(missing)} experts of {prefix} (e.g. expert "
-                             f"{missing[0]}); config.json says n_routed_experts {E}",
-                             fix="check that config.json belongs to these weights", code="E107")
-        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([per[i]["gate_proj"], per[i]["up_proj"]]) for i in
-                                                     range(E)])
+            raise InputError(
+                f"checkpoint in {folder} lacks weights of {len(missing)} experts of {prefix} (e.g. expert "
+                f"{missing[0]}); config.json says n_routed_experts {E}",
+                fix="check that config.json belongs to these weights",
+                code="E107",
+            )
+        out[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([per[i]["gate_proj"], per[i]["up_proj"]]) for i in range(E)]
+        )
         out[f"{prefix}.down_proj"] = torch.stack([per[i]["down_proj"] for i in range(E)])
         per.clear()
     return out
@@ -149,8 +162,15 @@ class DeepSeekTarget(StaticCacheTarget):
         self.config = c = net.config
         self.device, self.dtype = torch.device(device), dtype
         self.experts = "auto"  # the routed experts' mode (set_experts)
-        self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
-                               c.eos_token_ids, c.fingerprint)
+        self.info = TargetInfo(
+            c.family,
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.max_position_embeddings,
+            c.eos_token_ids,
+            c.fingerprint,
+        )
         self.cache: LatentCache | None = None
 
     @classmethod
@@ -163,8 +183,14 @@ class DeepSeekTarget(StaticCacheTarget):
         if cfg.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
         router = {k: v for k, v in tensors.items() if k.endswith((".mlp.gate.weight", ".e_score_correction_bias"))}
-        load_state_dict_into(net, tensors, folder, dtype=dtype, device=device,
-                             tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {})
+        load_state_dict_into(
+            net,
+            tensors,
+            folder,
+            dtype=dtype,
+            device=device,
+            tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {},
+        )
         for k, v in router.items():  # the router stays float32 (its scores decide which experts run)
             mod, _, name = k.rpartition(".")
             t = v.to(device=device, dtype=torch.float32)
@@ -265,8 +291,7 @@ class DeepSeekTarget(StaticCacheTarget):
     @torch.inference_mode()
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
         c = self.config
-        cache = LatentCache(c.num_layers, c.latent_width, ids.shape[1] + max_new, ids.shape[0], self.device,
-                            self.dtype)
+        cache = LatentCache(c.num_layers, c.latent_width, ids.shape[1] + max_new, ids.shape[0], self.device, self.dtype)
         return generate_left_padded(self.net, cache, ids, pad, max_new, sp, seed, eos_ids)
 
     @torch.no_grad()

@@ -53,7 +53,7 @@ def mla_inv_freq(dim: int, rope: MLARope) -> tuple[torch.Tensor, float]:
     default and YaRN rope initialisers compute them for a rotary dimension `dim`."""
     exps = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     if rope.kind == "default":
-        return 1.0 / (rope.theta ** exps), 1.0
+        return 1.0 / (rope.theta**exps), 1.0
     factor = rope.factor
     if rope.attention_factor is not None:
         att = float(rope.attention_factor)
@@ -63,8 +63,9 @@ def mla_inv_freq(dim: int, rope: MLARope) -> tuple[torch.Tensor, float]:
         att = yarn_get_mscale(factor)
 
     def corr_dim(rot):
-        return ((dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi)))
-                / (2 * math.log(rope.theta)))
+        return (dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi))) / (
+            2 * math.log(rope.theta)
+        )
 
     low, high = corr_dim(rope.beta_fast), corr_dim(rope.beta_slow)
     if rope.truncate:
@@ -73,7 +74,7 @@ def mla_inv_freq(dim: int, rope: MLARope) -> tuple[torch.Tensor, float]:
     if low == high:
         high += 0.001  # a zero-width ramp
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos = rope.theta ** exps
+    pos = rope.theta**exps
     extrapolated = 1 - ramp  # the share of the original (extrapolated) frequency
     inv = (1.0 / (factor * pos)) * (1 - extrapolated) + (1.0 / pos) * extrapolated
     return inv, att
@@ -128,7 +129,7 @@ class DeepSeekConfig:
     def softmax_scale(self) -> float:
         """qk_head_dim ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared where the rope is scaled (the
         DeepSeek reference scales the whole q.k, not only its rotary part)."""
-        s = self.qk_head_dim ** -0.5
+        s = self.qk_head_dim**-0.5
         if self.rope.kind != "default" and self.rope.mscale_all_dim:
             m = yarn_get_mscale(self.rope.factor, self.rope.mscale_all_dim)
             s = s * m * m
@@ -139,9 +140,11 @@ class DeepSeekConfig:
 
 
 def _unsupported(what: str, where: str) -> InputError:
-    return InputError(f"{what} in {where} is not implemented by eaglekit's DeepSeek decoder",
-                      fix="load this target with --backend hf (the transformers adapter runs what transformers runs)",
-                      code="E190")
+    return InputError(
+        f"{what} in {where} is not implemented by eaglekit's DeepSeek decoder",
+        fix="load this target with --backend hf (the transformers adapter runs what transformers runs)",
+        code="E190",
+    )
 
 
 def mla_rope_from(raw: dict, where: str = "config.json") -> MLARope:
@@ -155,8 +158,11 @@ def mla_rope_from(raw: dict, where: str = "config.json") -> MLARope:
         raise _unsupported(f"rope type {kind!r}", where)
     if kind == "default":
         return MLARope(theta=theta)
-    orig = raw.get("original_max_position_embeddings") or src.get("original_max_position_embeddings") \
+    orig = (
+        raw.get("original_max_position_embeddings")
+        or src.get("original_max_position_embeddings")
         or raw.get("max_position_embeddings", 4096)
+    )
     factor = src.get("factor")
     if factor is None:
         factor = float(raw.get("max_position_embeddings", 4096)) / float(orig)
@@ -165,10 +171,18 @@ def mla_rope_from(raw: dict, where: str = "config.json") -> MLARope:
         v = src.get(k)
         return None if v is None else float(v)
 
-    return MLARope(theta=theta, kind="yarn", factor=float(factor), original_max_position_embeddings=int(orig),
-                   beta_fast=float(src.get("beta_fast") or 32), beta_slow=float(src.get("beta_slow") or 1),
-                   mscale=opt("mscale"), mscale_all_dim=opt("mscale_all_dim"),
-                   attention_factor=opt("attention_factor"), truncate=bool(src.get("truncate", True)))
+    return MLARope(
+        theta=theta,
+        kind="yarn",
+        factor=float(factor),
+        original_max_position_embeddings=int(orig),
+        beta_fast=float(src.get("beta_fast") or 32),
+        beta_slow=float(src.get("beta_slow") or 1),
+        mscale=opt("mscale"),
+        mscale_all_dim=opt("mscale_all_dim"),
+        attention_factor=opt("attention_factor"),
+        truncate=bool(src.get("truncate", True)),
+    )
 
 
 def _check_supported(raw: dict, where: str) -> str:
@@ -176,18 +190,25 @@ def _check_supported(raw: dict, where: str) -> str:
     E190 through _unsupported): another family, another activation, MoE on some layers only, quantized weights."""
     family = raw.get("model_type")
     if family not in DEEPSEEK_FAMILIES:
-        raise InputError(f"model_type {family!r} in {where} is not a DeepSeek family ({', '.join(DEEPSEEK_FAMILIES)})",
-                         fix="load it with the backend of its family (auto picks it)", code="E104")
+        raise InputError(
+            f"model_type {family!r} in {where} is not a DeepSeek family ({', '.join(DEEPSEEK_FAMILIES)})",
+            fix="load it with the backend of its family (auto picks it)",
+            code="E104",
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise _unsupported(f"hidden_act {act!r}", where)
     if int(raw.get("moe_layer_freq", 1) or 1) != 1:
-        raise _unsupported(f"moe_layer_freq {raw.get('moe_layer_freq')} (MoE every layer past the dense ones only)",
-                           where)
+        raise _unsupported(
+            f"moe_layer_freq {raw.get('moe_layer_freq')} (MoE every layer past the dense ones only)", where
+        )
     quant = raw.get("quantization_config")
     if quant:  # DeepSeek-V3 / Kimi-K2 ship block-FP8 weights with per-block scales (weight_scale_inv)
-        raise _unsupported(f"quantization_config {quant.get('quant_method', quant)!r} (FP8 / quantized weights; "
-                           "eaglekit's decoder reads bf16 / fp16 / fp32 checkpoints)", where)
+        raise _unsupported(
+            f"quantization_config {quant.get('quant_method', quant)!r} (FP8 / quantized weights; "
+            "eaglekit's decoder reads bf16 / fp16 / fp32 checkpoints)",
+            where,
+        )
     return family
 
 
@@ -198,8 +219,9 @@ def _routing(raw: dict, where: str, v2: bool) -> dict:
     family = raw.get("model_type")
     scoring = "softmax" if v2 else "sigmoid"
     if raw.get("scoring_func") not in (None, scoring):
-        raise _unsupported(f"scoring_func {raw.get('scoring_func')!r} for {family} (transformers scores it by "
-                           f"{scoring})", where)
+        raise _unsupported(
+            f"scoring_func {raw.get('scoring_func')!r} for {family} (transformers scores it by {scoring})", where
+        )
     method = raw.get("topk_method") or ("greedy" if v2 else "noaux_tc")
     if v2 and method not in ("greedy", "group_limited_greedy"):
         raise _unsupported(f"topk_method {method!r}", where)
@@ -209,13 +231,27 @@ def _routing(raw: dict, where: str, v2: bool) -> dict:
         n_group = 1
     topk_group = int(raw.get("topk_group") or 1) if n_group > 1 else 1
     k = int(raw.get("num_experts_per_tok") or 0)
-    if n_routed and (k < 1 or k > n_routed or n_routed % n_group or topk_group > n_group
-                     or (not v2 and n_group > 1 and n_routed // n_group < 2)):
-        raise InputError(f"{where}: the routing does not fit its experts (n_routed_experts {n_routed}, "
-                         f"num_experts_per_tok {k}, n_group {n_group}, topk_group {topk_group})",
-                         fix="check config.json against the model's weights", code="E191")
-    return dict(scoring=scoring, topk_method=method, n_routed_experts=n_routed, num_experts_per_tok=k,
-                n_group=n_group, topk_group=topk_group)
+    if n_routed and (
+        k < 1
+        or k > n_routed
+        or n_routed % n_group
+        or topk_group > n_group
+        or (not v2 and n_group > 1 and n_routed // n_group < 2)
+    ):
+        raise InputError(
+            f"{where}: the routing does not fit its experts (n_routed_experts {n_routed}, "
+            f"num_experts_per_tok {k}, n_group {n_group}, topk_group {topk_group})",
+            fix="check config.json against the model's weights",
+            code="E191",
+        )
+    return dict(
+        scoring=scoring,
+        topk_method=method,
+        n_routed_experts=n_routed,
+        num_experts_per_tok=k,
+        n_group=n_group,
+        topk_group=topk_group,
+    )
 
 
 def _mla_heads(raw: dict, where: str) -> int:
@@ -267,11 +303,15 @@ def parse_deepseek_config(raw: dict, where: str = "config.json") -> DeepSeekConf
             fingerprint=config_fingerprint(raw),
         )
     except KeyError as e:
-        raise InputError(f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder",
-                         code="E102") from None
+        raise InputError(
+            f"{where} lacks the field {e.args[0]!r}", fix="re-export the model folder", code="E102"
+        ) from None
     if cfg.qk_rope_head_dim % 2:
-        raise InputError(f"{where}: qk_rope_head_dim {cfg.qk_rope_head_dim} is odd (rotary pairs)",
-                         fix="check config.json", code="E191")
+        raise InputError(
+            f"{where}: qk_rope_head_dim {cfg.qk_rope_head_dim} is odd (rotary pairs)",
+            fix="check config.json",
+            code="E191",
+        )
     return cfg
 
 

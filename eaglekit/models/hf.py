@@ -30,8 +30,11 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
         return layers
     lists = [m for m in base.modules() if isinstance(m, torch.nn.ModuleList)]
     if not lists:
-        raise InputError(f"cannot find the decoder layers of {type(model).__name__}", code="E104",
-                         fix="this architecture has no layer list eaglekit can hook")
+        raise InputError(
+            f"cannot find the decoder layers of {type(model).__name__}",
+            code="E104",
+            fix="this architecture has no layer list eaglekit can hook",
+        )
     return max(lists, key=len)
 
 
@@ -46,8 +49,15 @@ class HFTarget(Target):
         eos = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         fp = config_fingerprint(cfg.to_dict())
         self.layers = _decoder_layers(model)
-        self.info = TargetInfo(cfg.model_type, cfg.vocab_size, cfg.hidden_size, len(self.layers),
-                               _member(cfg, "max_position_embeddings", 4096), eos, fp)
+        self.info = TargetInfo(
+            cfg.model_type,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            len(self.layers),
+            _member(cfg, "max_position_embeddings", 4096),
+            eos,
+            fp,
+        )
         self._caught: dict[int, torch.Tensor] = {}
         self._hooked: set[int] = set()
         self._wanted: frozenset[int] = frozenset()
@@ -74,14 +84,17 @@ class HFTarget(Target):
                 f"transformers does not know the architecture in {folder / 'config.json'} ({e})",
                 fix=f"eaglekit runs {', '.join(FAMILIES)} with its own decoder and any architecture your "
                 "transformers version supports through --backend hf; upgrade transformers for newer ones",
-                code="E104") from None
+                code="E104",
+            ) from None
         extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # grouped_mm lacks float64
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype, local_files_only=True,
-                                                         **extra)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, dtype=dtype, local_files_only=True, **extra
+            )
         except (OSError, ValueError) as e:
-            raise InputError(f"transformers could not load {folder}: {e}", fix="check the weights files",
-                             code="E106") from None
+            raise InputError(
+                f"transformers could not load {folder}: {e}", fix="check the weights files", code="E106"
+            ) from None
         return cls(model.to(device), device, dtype)
 
     # --- capture ---------------------------------------------------------------------------------
@@ -102,6 +115,7 @@ class HFTarget(Target):
         def fn(_mod, _inp, out):
             if idx in self._wanted:
                 self._caught[idx] = out[0] if isinstance(out, tuple) else out
+
         return fn
 
     def _gather(self, capture):
@@ -133,8 +147,13 @@ class HFTarget(Target):
         add = torch.zeros((1, 1, T, L + T), dtype=self.dtype, device=self.device)
         add.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
         self._want(capture)
-        out = self.model(input_ids=ids.view(1, T), attention_mask=add, position_ids=(L + depths).view(1, T),
-                         use_cache=True, **{self._cache_kw: self.cache})  # the cache is updated in place
+        out = self.model(
+            input_ids=ids.view(1, T),
+            attention_mask=add,
+            position_ids=(L + depths).view(1, T),
+            use_cache=True,
+            **{self._cache_kw: self.cache},
+        )  # the cache is updated in place
         return out.logits[0].float(), (self._gather(capture)[0] if capture is not None else None)
 
     def _advance(self, n: int) -> None:

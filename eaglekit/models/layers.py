@@ -115,8 +115,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     pending_kernel: Callable[..., torch.Tensor] | None  # (set in __init__)
 
-    def __init__(self, in_dim: int, num_heads: int, num_kv_heads: int, head_dim: int, out_dim: int,
-                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
+    def __init__(
+        self,
+        in_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        out_dim: int,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        eps: float = 1e-6,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=qkv_bias)
@@ -144,8 +154,9 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = _fuse_rows([self.q_proj, self.k_proj, self.v_proj], "bias")
 
-    def forward(self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None, residual=None,
-                pending=None):
+    def forward(
+        self, x, cos, sin, kv=None, slots=None, mask=None, extra_kv=None, visible=None, residual=None, pending=None
+    ):
         """x [B, T, in] -> (o_proj(attention) + `residual` (if given; added in o's kernel where the policy fuses),
         this call's (k, v)). kv: (k_cache, v_cache) each [B, Hkv, S_max, hd] or None. `visible`:
         eaglekit.kernels.invariant_attention's (slots, count, old) for `mask` and this call's first slot, base: then the
@@ -194,8 +205,11 @@ class Attention(nn.Module):
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         rope = None
         if self.qkv_weight is not None:
-            if (self.products is not None and self.q_norm is None
-                    and self.products.takes_rope(x, self.qkv_weight, self.qkv_bias, hd)):
+            if (
+                self.products is not None
+                and self.q_norm is None
+                and self.products.takes_rope(x, self.qkv_weight, self.qkv_bias, hd)
+            ):
                 # the product rotates q and k itself: cos/sin one row per token, as x's rows
                 rope = (*(c.expand(B, T, hd).reshape(B * T, hd) for c in (cos, sin)), (H + Hkv) * hd)
             qkv = product(self.products, x, self.qkv_weight, self.qkv_bias, rope=rope)
@@ -218,12 +232,21 @@ class Attention(nn.Module):
         B, H, T, hd = q.shape
         k_cache, v_cache = kv
         if not (B == 1 and slots.dim() == 1 and T <= 64 and pending[1].shape[-1] <= 64):
-            raise ValueError(f"the pending form takes one sequence of <= 64 rows and columns, got B={B}, "
-                             f"T={T}, block {tuple(pending[1].shape)} (see Eagle3Draft.takes_pending)")
+            raise ValueError(
+                f"the pending form takes one sequence of <= 64 rows and columns, got B={B}, "
+                f"T={T}, block {tuple(pending[1].shape)} (see Eagle3Draft.takes_pending)"
+            )
         assert self.pending_kernel is not None  # (forward calls it only with a kernel set)
         rows = q[0].transpose(0, 1).reshape(T, H * hd)
-        out = self.pending_kernel(rows, k_cache[0, :, :S], v_cache[0, :, :S], k_in[0].transpose(0, 1),
-                                  v_in[0].transpose(0, 1), *pending, slots[:1])
+        out = self.pending_kernel(
+            rows,
+            k_cache[0, :, :S],
+            v_cache[0, :, :S],
+            k_in[0].transpose(0, 1),
+            v_in[0].transpose(0, 1),
+            *pending,
+            slots[:1],
+        )
         return out.view(B, T, H * hd)
 
     def _sdpa(self, q, k, v, mask, cached: bool):
@@ -242,8 +265,9 @@ class Attention(nn.Module):
         if gqa and cached and q.is_cuda and 2 <= T <= FOLD_GQA_MAX_TOKENS:
             out = sdpa_folded(q, k, v, attn_mask)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                 is_causal=mask is None and not cached, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=mask is None and not cached, enable_gqa=gqa
+            )
         return out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
 
 
@@ -349,13 +373,18 @@ def _fuse_rows(linears, attr: str = "weight") -> torch.Tensor:
     i = 0
     for m, p in zip(linears, parts):
         n = p.shape[0]
-        getattr(m, attr).data = fused[i:i + n]
+        getattr(m, attr).data = fused[i : i + n]
         i += n
     return fused
 
 
-def span_mask(length: torch.Tensor, block: torch.Tensor, S: int, sliding_window: int | None = None,
-              depths: torch.Tensor | None = None) -> torch.Tensor:
+def span_mask(
+    length: torch.Tensor,
+    block: torch.Tensor,
+    S: int,
+    sliding_window: int | None = None,
+    depths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[1, T, S] bool for T new tokens written at slots [length, length + T): each sees every committed
     slot (< length) and the new slots its row of `block` [T, T] allows. `length` is a 0-d device tensor, so
     the shapes depend only on (T, S): one CUDA graph serves every step."""
@@ -408,8 +437,13 @@ class KVCache:
         self.length += n
 
 
-def span_mask_rows(length: torch.Tensor, block: torch.Tensor, S: int, sliding_window: int | None = None,
-                   depths: torch.Tensor | None = None) -> torch.Tensor:
+def span_mask_rows(
+    length: torch.Tensor,
+    block: torch.Tensor,
+    S: int,
+    sliding_window: int | None = None,
+    depths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """span_mask with one committed length per row: length [B], block [B|1, T, T], depths [B, T] -> [B, T, S].
     Row b's T new tokens sit at slots [length[b], length[b] + T)."""
     T = block.shape[-1]
@@ -473,12 +507,15 @@ class OwnRow:
             self.owner.reset(self.span)
             return
         if want < have or not same_span:
-            raise RuntimeError(f"the backend's sequence changed under its one-row cache ({have} entries, span "
-                               f"{self.owner.span}; the row expects {want}, span {self.span}): "
-                               "another engine used it mid-sequence")
+            raise RuntimeError(
+                f"the backend's sequence changed under its one-row cache ({have} entries, span "
+                f"{self.owner.span}; the row expects {want}, span {self.span}): "
+                "another engine used it mid-sequence"
+            )
         d = want - have
-        self.owner.keep(torch.arange(d, device=self.length.device), torch.tensor(d, device=self.length.device),
-                        in_place=True)
+        self.owner.keep(
+            torch.arange(d, device=self.length.device), torch.tensor(d, device=self.length.device), in_place=True
+        )
 
     def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
         self.owner.keep(path[0], n[0])
@@ -501,8 +538,9 @@ class RowKV:
     position of the entry in each slot [B, S_max + 1], for a sliding window over entries whose slot is not their
     position (a draft tree's pending nodes)."""
 
-    def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch, device="cpu", dtype=torch.float32,
-                 _views=None):
+    def __init__(
+        self, num_layers, num_kv_heads, head_dim, max_len, batch, device="cpu", dtype=torch.float32, _views=None
+    ):
         self.pos: torch.Tensor | None = None
         if _views is not None:
             self.k, self.v, self.length, *pos = _views  # (k, v, length[, pos])
@@ -531,8 +569,19 @@ class RowKV:
         return self.k.shape[1]
 
     def rows(self, lo: int, hi: int) -> "RowKV":
-        return RowKV(0, 0, 0, 0, 0, _views=(self.k[:, lo:hi], self.v[:, lo:hi], self.length[lo:hi],
-                                            None if self.pos is None else self.pos[lo:hi]))
+        return RowKV(
+            0,
+            0,
+            0,
+            0,
+            0,
+            _views=(
+                self.k[:, lo:hi],
+                self.v[:, lo:hi],
+                self.length[lo:hi],
+                None if self.pos is None else self.pos[lo:hi],
+            ),
+        )
 
     def layer(self, i):
         return self.k[i], self.v[i]
@@ -542,8 +591,9 @@ class RowKV:
         L, B, H, _, hd = self.k.shape
         P = path.shape[1]
         src = (self.length[:, None] + path)[None, :, None, :, None].expand(L, B, H, P, hd)
-        dst = ((self.length[:, None] + torch.arange(P, device=path.device))[None, :, None, :, None]
-               .expand(L, B, H, P, hd))
+        dst = (self.length[:, None] + torch.arange(P, device=path.device))[None, :, None, :, None].expand(
+            L, B, H, P, hd
+        )
         self.k.scatter_(3, dst, self.k.gather(3, src))  # gather copies first: overlaps are fine
         self.v.scatter_(3, dst, self.v.gather(3, src))
         self.length += n
@@ -567,5 +617,5 @@ class RowKV:
         if self.pos is not None:
             pos = new.track_positions().pos
             assert pos is not None  # (track_positions made it)
-            pos[:, :self.pos.shape[1]] = self.pos
+            pos[:, : self.pos.shape[1]] = self.pos
         return new

@@ -39,8 +39,17 @@ from .weights import load_state_dict_into, read_folder_tensors
 class DecoderLayer(nn.Module):
     def __init__(self, c: TargetConfig):
         super().__init__()
-        self.self_attn = Attention(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
-                                   qkv_bias=c.qkv_bias, o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.rms_norm_eps)
+        self.self_attn = Attention(
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.hidden_size,
+            qkv_bias=c.qkv_bias,
+            o_bias=c.o_bias,
+            qk_norm=c.qk_norm,
+            eps=c.rms_norm_eps,
+        )
         self.mlp = MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -74,8 +83,17 @@ class LlamaModel(nn.Module):
         self.prompt_layer = None  # set by LlamaTarget.compile_prompts()
         self.products = None  # the lm_head's policy; set by LlamaTarget.set_products()
 
-    def forward(self, ids, positions, cache: KVCache | None = None, slots=None, mask=None,
-                capture: tuple[int, ...] = (), block=None, span=None):
+    def forward(
+        self,
+        ids,
+        positions,
+        cache: KVCache | None = None,
+        slots=None,
+        mask=None,
+        capture: tuple[int, ...] = (),
+        block=None,
+        span=None,
+    ):
         """ids [B, T]; positions [T] or [B, T]. Returns (normed hidden [B, T, H], features [B, T, C*H] | None).
         `block` [T, T] and `span` instead of slots and mask: a decode call of one sequence through products "hopper"
         (its T tokens at slots cache.length + t, each seeing the committed prefix and the tokens its row of block
@@ -92,12 +110,25 @@ class LlamaModel(nn.Module):
         small = ids.shape[1] <= COMPILE_MAX_TOKENS
         prompt = in_prompt()
         fast = self.compiled_layer if (self.compiled_layer is not None and small and not prompt) else None
-        any_length = (self.prompt_layer if prompt and ids.shape[0] == 1 and ids.shape[1] > 1 and cache is not None
-                      and compiles_any_length(self.products) else None)
+        any_length = (
+            self.prompt_layer
+            if prompt
+            and ids.shape[0] == 1
+            and ids.shape[1] > 1
+            and cache is not None
+            and compiles_any_length(self.products)
+            else None
+        )
         # batch-invariant attention (products "invariant"): each row's visible slots, found once for all layers
         vis = None
-        if (small and cache is not None and mask is not None and self.products is not None and self.products.attention
-                and invariant_attention.usable(x, self.config.head_dim)):
+        if (
+            small
+            and cache is not None
+            and mask is not None
+            and self.products is not None
+            and self.products.attention
+            and invariant_attention.usable(x, self.config.head_dim)
+        ):
             # base: this call's first slot (its T tokens go to base, base + 1, ...: LlamaTarget writes at L + arange(T))
             base = slots[:, 0] if slots.dim() == 2 else slots[:1]
             vis = (*invariant_attention.visible(mask, base), base)
@@ -123,8 +154,9 @@ class LlamaModel(nn.Module):
         scratch = kern.scratch(T, span, c.num_kv_heads, c.num_heads // c.num_kv_heads)
         pos, block = positions.reshape(T).contiguous(), block.contiguous()
         inv_freq = self.rotary.inv_freq.float().contiguous()
-        x = kern.layers(self.model.layers, x, pos, inv_freq, cache.layer, cache.length.view(1), block, scratch,
-                      capture, caught)
+        x = kern.layers(
+            self.model.layers, x, pos, inv_freq, cache.layer, cache.length.view(1), block, scratch, capture, caught
+        )
         return self._finish(x, caught, capture)
 
 
@@ -141,8 +173,15 @@ class LlamaTarget(StaticCacheTarget):
         self.cfg = net.config
         self.device, self.dtype = torch.device(device), dtype
         c = self.cfg
-        self.info = TargetInfo(c.family, c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings,
-                               c.eos_token_ids, c.fingerprint)
+        self.info = TargetInfo(
+            c.family,
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.max_position_embeddings,
+            c.eos_token_ids,
+            c.fingerprint,
+        )
         self.cache: KVCache | None = None
 
     @classmethod
@@ -154,8 +193,14 @@ class LlamaTarget(StaticCacheTarget):
         tensors = read_folder_tensors(folder, "target")
         if cfg.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
-        load_state_dict_into(net, tensors, folder, dtype=dtype, device=device,
-                             tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {})
+        load_state_dict_into(
+            net,
+            tensors,
+            folder,
+            dtype=dtype,
+            device=device,
+            tied={"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {},
+        )
         net.rotary = Rotary(cfg.head_dim, cfg.rope).to(device)
         target = cls(net, device, dtype)
         target.fuse()
@@ -261,8 +306,9 @@ class LlamaTarget(StaticCacheTarget):
     @torch.inference_mode()
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
         c = self.net.config  # this process's KV heads
-        cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, ids.shape[1] + max_new, ids.shape[0], self.device,
-                        self.dtype)
+        cache = KVCache(
+            c.num_layers, c.num_kv_heads, c.head_dim, ids.shape[1] + max_new, ids.shape[0], self.device, self.dtype
+        )
         return generate_left_padded(self.net, cache, ids, pad, max_new, sp, seed, eos_ids)
 
     @torch.no_grad()

@@ -70,8 +70,13 @@ class MLA(nn.Module):
         super().__init__()
         self.c = c
         H, D = c.num_heads, c.hidden_size
-        self.H, self.dn, self.dr, self.dv, self.kvr = H, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, \
-            c.kv_lora_rank
+        self.H, self.dn, self.dr, self.dv, self.kvr = (
+            H,
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.v_head_dim,
+            c.kv_lora_rank,
+        )
         if c.q_lora_rank is None:
             self.q_proj = nn.Linear(D, H * c.qk_head_dim, bias=False)
         else:
@@ -124,7 +129,7 @@ class MLA(nn.Module):
                 kv.scatter_(1, slots[:, :, None].expand(B, T, kvr + dr), new)
             else:
                 kv.index_copy_(1, slots, new)
-            rows = kv[:, :mask.shape[-1]]
+            rows = kv[:, : mask.shape[-1]]
         else:
             rows = new
         if kv is not None and T <= ABSORB_MAX_TOKENS:
@@ -136,7 +141,7 @@ class MLA(nn.Module):
     def _w(self):
         """kv_b_proj's weight per head: W_UK [H, nope, kvr] and W_UV [H, v, kvr] (views, no copy)."""
         w = self.kv_b_proj.weight.view(self.H, self.dn + self.dv, self.kvr)
-        return w[:, :self.dn], w[:, self.dn:]
+        return w[:, : self.dn], w[:, self.dn :]
 
     def _absorbed(self, q_nope, q_pe, rows, mask):
         B, T, H, _ = q_nope.shape
@@ -150,19 +155,20 @@ class MLA(nn.Module):
         # finite rows instead of turning NaN, and a masked slot's weight is still exactly 0 (exp underflows)
         scores = scores.masked_fill(~mask[:, :, None, :], torch.finfo(scores.dtype).min)
         p = scores.softmax(-1).to(rows.dtype).view(B, T * H, S)
-        o_lat = torch.bmm(p, rows[..., :self.kvr]).view(B, T, H, self.kvr)
+        o_lat = torch.bmm(p, rows[..., : self.kvr]).view(B, T, H, self.kvr)
         return torch.einsum("bthc,hvc->bthv", o_lat, w_uv)  # [B, T, H, v]
 
     def _expanded(self, q_nope, q_pe, rows, mask):
         B, T, H, _ = q_nope.shape
         S = rows.shape[1]
-        kvb = self.kv_b_proj(rows[..., :self.kvr]).view(B, S, H, self.dn + self.dv)
+        kvb = self.kv_b_proj(rows[..., : self.kvr]).view(B, S, H, self.dn + self.dv)
         k_nope, v = kvb.split([self.dn, self.dv], dim=-1)
-        k = torch.cat([k_nope, rows[..., self.kvr:][:, :, None, :].expand(B, S, H, self.dr)], dim=-1)
+        k = torch.cat([k_nope, rows[..., self.kvr :][:, :, None, :].expand(B, S, H, self.dr)], dim=-1)
         q = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)
         attn_mask = mask[:, None] if mask is not None else None
-        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
-                                             is_causal=mask is None, scale=self.scale)
+        out = F.scaled_dot_product_attention(
+            q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=mask is None, scale=self.scale
+        )
         return out.transpose(1, 2)  # [B, T, H, v]
 
 

@@ -50,12 +50,17 @@ def grouped_usable(h: torch.Tensor, widths: tuple[int, ...]) -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     if h.device.type == "cpu":
-        return h.dtype == torch.bfloat16 or (h.dtype in (torch.float32, torch.float16)
-                                             and not torch.compiler.is_compiling())
+        return h.dtype == torch.bfloat16 or (
+            h.dtype in (torch.float32, torch.float16) and not torch.compiler.is_compiling()
+        )
     # (get_device_properties, not get_device_capability: torch.compile folds the former to a constant at trace time,
     # so the compiled layer keeps no call for it)
-    return (h.is_cuda and h.dtype == torch.bfloat16 and all(n % 8 == 0 for n in widths)
-            and torch.cuda.get_device_properties(h.device).major in (9, 10))
+    return (
+        h.is_cuda
+        and h.dtype == torch.bfloat16
+        and all(n % 8 == 0 for n in widths)
+        and torch.cuda.get_device_properties(h.device).major in (9, 10)
+    )
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -206,8 +211,11 @@ class MoE(nn.Module):
         super().__init__()
         self.gate = Router(c)
         self.experts = Experts(c)
-        self.shared_experts = (MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, bias=c.mlp_bias)
-                               if c.n_shared_experts else None)
+        self.shared_experts = (
+            MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, bias=c.mlp_bias)
+            if c.n_shared_experts
+            else None
+        )
 
     def forward(self, x, prompt: bool = False):
         B, T, D = x.shape

@@ -58,8 +58,13 @@ class VocabParallelLinear(nn.Linear):
 
 
 def local_config(cfg: TargetConfig, world: int) -> TargetConfig:
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
-                               intermediate_size=cfg.intermediate_size // world, tie_word_embeddings=False)
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // world,
+        num_kv_heads=cfg.num_kv_heads // world,
+        intermediate_size=cfg.intermediate_size // world,
+        tie_word_embeddings=False,
+    )
 
 
 def build_local(cfg: TargetConfig, group: TPGroup, vocab_parallel: bool, dtype=torch.float32) -> LlamaModel:
@@ -80,8 +85,9 @@ def _build_local(cfg, group, vocab_parallel):
         for layer in net.model.layers:
             a, m = layer.self_attn, layer.mlp
             a.o_proj = RowParallelLinear(a.o_proj.in_features, cfg.hidden_size, a.o_proj.bias is not None, group)
-            m.down_proj = RowParallelLinear(m.down_proj.in_features, cfg.hidden_size, m.down_proj.bias is not None,
-                                            group)
+            m.down_proj = RowParallelLinear(
+                m.down_proj.in_features, cfg.hidden_size, m.down_proj.bias is not None, group
+            )
         if vocab_parallel:
             net.lm_head = VocabParallelLinear(cfg.hidden_size, cfg.vocab_size // group.world, group)
     return net
@@ -121,19 +127,27 @@ def _weight_files(folder: Path) -> dict[str, Path]:
         try:
             wm = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
-            raise InputError(f"target index {index} is malformed ({e})", fix="re-export the checkpoint",
-                             code="E105") from None
+            raise InputError(
+                f"target index {index} is malformed ({e})", fix="re-export the checkpoint", code="E105"
+            ) from None
         missing = sorted({folder / s for s in wm.values() if not (folder / s).is_file()})
         if missing:
-            raise InputError(f"target shard {missing[0]} named by {index.name} is missing",
-                             fix="copy every shard listed in the index", code="E106")
+            raise InputError(
+                f"target shard {missing[0]} named by {index.name} is missing",
+                fix="copy every shard listed in the index",
+                code="E106",
+            )
         return {k: folder / s for k, s in wm.items()}
-    raise InputError(f"target folder {folder} has no model.safetensors or model.safetensors.index.json",
-                     fix="save the model with safetensors (save_pretrained does by default)", code="E106")
+    raise InputError(
+        f"target folder {folder} has no model.safetensors or model.safetensors.index.json",
+        fix="save the model with safetensors (save_pretrained does by default)",
+        code="E106",
+    )
 
 
-def read_shards(folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup, vocab_parallel: bool,
-                device, dtype) -> dict[str, torch.Tensor]:
+def read_shards(
+    folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup, vocab_parallel: bool, device, dtype
+) -> dict[str, torch.Tensor]:
     """This rank's slices only, read with safe_open + get_slice (the whole model is never in memory)."""
     from safetensors import SafetensorError, safe_open
 
@@ -146,8 +160,11 @@ def read_shards(folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup
             if name == "lm_head.weight" and cfg.tie_word_embeddings:
                 src = "model.embed_tokens.weight"
             if src not in files:
-                raise InputError(f"checkpoint in {folder} lacks the tensor {src}", code="E107",
-                                 fix="check that config.json belongs to these weights")
+                raise InputError(
+                    f"checkpoint in {folder} lacks the tensor {src}",
+                    code="E107",
+                    fix="check that config.json belongs to these weights",
+                )
             f = handles.get(files[src])
             if f is None:
                 f = handles[files[src]] = safe_open(str(files[src]), framework="pt")
@@ -158,15 +175,19 @@ def read_shards(folder: Path, net: LlamaModel, cfg: TargetConfig, group: TPGroup
                 t = sl[:]
             else:
                 dim, s = cut
-                t = sl[s.start:s.stop] if dim == 0 else sl[:, s.start:s.stop]
+                t = sl[s.start : s.stop] if dim == 0 else sl[:, s.start : s.stop]
             if tuple(t.shape) != tuple(p.shape):
-                raise InputError(f"tensor {src} in {folder} has shape {tuple(full)}, which does not fit config.json "
-                                 f"(this rank's share should be {tuple(p.shape)})",
-                                 fix="check that config.json belongs to these weights", code="E107")
+                raise InputError(
+                    f"tensor {src} in {folder} has shape {tuple(full)}, which does not fit config.json "
+                    f"(this rank's share should be {tuple(p.shape)})",
+                    fix="check that config.json belongs to these weights",
+                    code="E107",
+                )
             state[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
     except (SafetensorError, OSError) as e:
-        raise InputError(f"target weights in {folder} cannot be read ({e})", code="E105",
-                         fix="re-copy or re-export the checkpoint") from None
+        raise InputError(
+            f"target weights in {folder} cannot be read ({e})", code="E105", fix="re-copy or re-export the checkpoint"
+        ) from None
     return state
 
 
@@ -187,11 +208,18 @@ class TPLlamaTarget(LlamaTarget):
     @classmethod
     # a rank loads on its group's device, not on a device of the caller's choosing
     def from_folder(  # type: ignore[override]
-            cls, folder, group: TPGroup, dtype=torch.float32, lm_head: str = "auto") -> "TPLlamaTarget":
+        cls, folder, group: TPGroup, dtype=torch.float32, lm_head: str = "auto"
+    ) -> "TPLlamaTarget":
         folder = Path(folder)
         cfg = load_target_config(folder)
-        vp = pick_lm_head(lm_head, cfg.vocab_size, cfg.hidden_size, group.world, group.device,
-                          torch.tensor([], dtype=dtype).element_size())
+        vp = pick_lm_head(
+            lm_head,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            group.world,
+            group.device,
+            torch.tensor([], dtype=dtype).element_size(),
+        )
         net = build_local(cfg, group, vp)
         state = read_shards(folder, net, cfg, group, vp, group.device, dtype)
         net.load_state_dict(state, strict=True, assign=True)
@@ -201,12 +229,25 @@ class TPLlamaTarget(LlamaTarget):
         return target
 
     @classmethod
-    def random(cls, cfg: TargetConfig, group: TPGroup, dtype=torch.bfloat16, lm_head: str = "auto",
-               seed: int = 0, std: float = 0.02) -> "TPLlamaTarget":
+    def random(
+        cls,
+        cfg: TargetConfig,
+        group: TPGroup,
+        dtype=torch.bfloat16,
+        lm_head: str = "auto",
+        seed: int = 0,
+        std: float = 0.02,
+    ) -> "TPLlamaTarget":
         """Random weights made directly on this rank's device, shard by shard (benchmarks: no checkpoint).
         Replicated tensors get the same values on every rank (their seed ignores the rank)."""
-        vp = pick_lm_head(lm_head, cfg.vocab_size, cfg.hidden_size, group.world, group.device,
-                          torch.tensor([], dtype=dtype).element_size())
+        vp = pick_lm_head(
+            lm_head,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            group.world,
+            group.device,
+            torch.tensor([], dtype=dtype).element_size(),
+        )
         net = build_local(cfg, group, vp, dtype).to_empty(device=group.device)
         with torch.no_grad():
             for name, p in net.named_parameters():
@@ -241,4 +282,3 @@ class TPLlamaTarget(LlamaTarget):
 
 def load_tp_target(folder, group: TPGroup, dtype, lm_head: str = "auto") -> TPLlamaTarget:
     return TPLlamaTarget.from_folder(folder, group, dtype, lm_head)
-

@@ -38,42 +38,68 @@ def read_folder_tensors(folder: str | Path, what: str) -> dict[str, torch.Tensor
 
         weight_map = read_json(index, f"{what} weights index").get("weight_map")
         if not isinstance(weight_map, dict):
-            raise InputError(f"{what} weights index {index} has no weight_map object",
-                             fix="re-export the checkpoint", code="E154")
+            raise InputError(
+                f"{what} weights index {index} has no weight_map object", fix="re-export the checkpoint", code="E154"
+            )
         tensors: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
             p = folder / shard
             if not p.is_file():
-                raise InputError(f"{what} shard {p} named by {index.name} is missing",
-                                 fix="copy every shard listed in the index", code="E106")
+                raise InputError(
+                    f"{what} shard {p} named by {index.name} is missing",
+                    fix="copy every shard listed in the index",
+                    code="E106",
+                )
             tensors.update(_open_file(p, what))
         missing = [k for k in weight_map if k not in tensors]
         if missing:
-            raise InputError(f"{what} index lists {len(missing)} tensors absent from the shards, e.g. {missing[:3]}",
-                             fix="re-export the checkpoint", code="E105")
+            raise InputError(
+                f"{what} index lists {len(missing)} tensors absent from the shards, e.g. {missing[:3]}",
+                fix="re-export the checkpoint",
+                code="E105",
+            )
         return tensors
     others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     hint = f" (found {', '.join(others[:3])}: only safetensors are read)" if others else ""
-    raise InputError(f"{what} folder {folder} has no model.safetensors or model.safetensors.index.json{hint}",
-                     fix="save the model with safetensors (save_pretrained does by default)", code="E106")
+    raise InputError(
+        f"{what} folder {folder} has no model.safetensors or model.safetensors.index.json{hint}",
+        fix="save the model with safetensors (save_pretrained does by default)",
+        code="E106",
+    )
 
 
-def load_state_dict_into(net: nn.Module, tensors: dict[str, torch.Tensor], folder, dtype, device,
-                         tied: dict[str, str] | None = None, optional: tuple[str, ...] = ()) -> None:
+def load_state_dict_into(
+    net: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    folder,
+    dtype,
+    device,
+    tied: dict[str, str] | None = None,
+    optional: tuple[str, ...] = (),
+) -> None:
     """Strict load with readable errors; `tied` maps a parameter to the one it shares storage with."""
     tied = tied or {}
     expected = {k: v for k, v in net.state_dict(keep_vars=True).items() if k not in tied}
     missing = [k for k in expected if k not in tensors and k not in optional]
     if missing:
-        raise InputError(f"checkpoint in {folder} lacks {len(missing)} tensors the model needs, e.g. {missing[:4]}",
-                         fix="check that config.json belongs to these weights", code="E107")
-    bad = [(k, tuple(tensors[k].shape), tuple(v.shape)) for k, v in expected.items()
-           if k in tensors and tuple(tensors[k].shape) != tuple(v.shape)]
+        raise InputError(
+            f"checkpoint in {folder} lacks {len(missing)} tensors the model needs, e.g. {missing[:4]}",
+            fix="check that config.json belongs to these weights",
+            code="E107",
+        )
+    bad = [
+        (k, tuple(tensors[k].shape), tuple(v.shape))
+        for k, v in expected.items()
+        if k in tensors and tuple(tensors[k].shape) != tuple(v.shape)
+    ]
     if bad:
         k, got, want = bad[0]
-        raise InputError(f"tensor {k} in {folder} has shape {got} but config.json implies {want}"
-                         + (f" ({len(bad) - 1} more mismatches)" if len(bad) > 1 else ""),
-                         fix="check that config.json belongs to these weights", code="E107")
+        raise InputError(
+            f"tensor {k} in {folder} has shape {got} but config.json implies {want}"
+            + (f" ({len(bad) - 1} more mismatches)" if len(bad) > 1 else ""),
+            fix="check that config.json belongs to these weights",
+            code="E107",
+        )
     state = {}
     for k, v in expected.items():
         if k in tensors:

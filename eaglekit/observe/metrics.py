@@ -67,12 +67,21 @@ class GenerationMetrics:
         return h
 
     def to_dict(self) -> dict:
-        d: dict[str, object] = {"new_tokens": self.new_tokens, "prompt_tokens": self.prompt_tokens,
-                                "elapsed_s": round(self.elapsed_s, 6), "tokens_per_s": round(self.tokens_per_s, 3)}
+        d: dict[str, object] = {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+        }
         if self.speculative:
-            d.update(accept_length=rounded(self.accept_length, 4), accept_rate=rounded(self.accept_rate, 4),
-                     verify_count=self.verify_count, per_position=[round(x, 4) for x in self.per_position],
-                     histogram=self.histogram, draft_tokens=self.draft_tokens)
+            d.update(
+                accept_length=rounded(self.accept_length, 4),
+                accept_rate=rounded(self.accept_rate, 4),
+                verify_count=self.verify_count,
+                per_position=[round(x, 4) for x in self.per_position],
+                histogram=self.histogram,
+                draft_tokens=self.draft_tokens,
+            )
         if self.phases:
             d["phases_s"] = {k: round(v, 6) for k, v in self.phases.items()}
         return d

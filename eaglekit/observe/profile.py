@@ -12,6 +12,7 @@ _NULL = contextlib.nullcontext()
 # timed events held before the completed ones are added up (a server's profile runs for days)
 FOLD_AT = 4096
 
+
 class Profiler:
     """`ranges=True` also opens a torch.profiler range (and an NVTX range on a GPU) per phase, for
     `--profile-trace`."""

@@ -53,20 +53,28 @@ def per_position_table(rows: dict[str, list[float]], title: str = "acceptance pe
 
 
 def sweep_table(res: dict) -> Table:
-    t = Table(title=f"sweep: {res['prompts']} prompts x {res['max_new_tokens']} tokens, temperature "
-                    f"{res['temperature']}, baseline {res['baseline_tokens_per_s']:.1f} tok/s on {res['device']}")
+    t = Table(
+        title=f"sweep: {res['prompts']} prompts x {res['max_new_tokens']} tokens, temperature "
+        f"{res['temperature']}, baseline {res['baseline_tokens_per_s']:.1f} tok/s on {res['device']}"
+    )
     for c in ("steps", "topk", "draft tokens", "accept length", "tokens/s", "speedup"):
         t.add_column(c, justify="right")
     best = res["best"]
     for r in sorted(res["rows"], key=lambda r: -r["tokens_per_s"]):
         mark = " <- best" if r is best or r == best else ""
-        t.add_row(str(r["steps"]), str(r["topk"]), str(r["draft_tokens"]), fmt(r["accept_length"]),
-                  f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x{mark}")
+        t.add_row(
+            str(r["steps"]),
+            str(r["topk"]),
+            str(r["draft_tokens"]),
+            fmt(r["accept_length"]),
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['speedup']:.2f}x{mark}",
+        )
     return t
 
 
 def products_line(products: dict | None) -> str:
-    """"products: KIND (reason)" for a products choice as JSON ({"kind", "reason"}: eaglekit.kernels.products.Choice);
+    """ "products: KIND (reason)" for a products choice as JSON ({"kind", "reason"}: eaglekit.kernels.products.Choice);
     kind None is F.linear, or what inductor makes of it where the layers are compiled (the reason says which)."""
     if not products:
         return "products: not chosen (the draft did not load)"
@@ -77,8 +85,12 @@ def doctor_report(res: dict) -> None:
     c = _console
     pair = res.get("pair")
     if pair:  # what ran: a verdict's figures (and a cannot-tell's timings) depend on it
-        c.print(f"pair: target backend {pair.get('target_backend')} on {pair.get('device')}, {pair.get('dtype')}; "
-                f"{products_line(pair.get('products'))}", markup=False, highlight=False)
+        c.print(
+            f"pair: target backend {pair.get('target_backend')} on {pair.get('device')}, {pair.get('dtype')}; "
+            f"{products_line(pair.get('products'))}",
+            markup=False,
+            highlight=False,
+        )
     if res["findings"]:
         t = Table(title="findings")
         for col in ("code", "severity", "message"):
@@ -91,22 +103,45 @@ def doctor_report(res: dict) -> None:
         for col in ("cycle", "point", "shape", "layers", "mean", "std", "absmax", "nan/inf"):
             t.add_column(col)
         for r in res["trace"][:8]:
-            t.add_row(str(r["cycle"]), r["point"], str(tuple(r["shape"])), str(r.get("layers") or ""),
-                      f"{r['mean']:.3g}", f"{r['std']:.3g}", f"{r['absmax']:.3g}", f"{r['nan']}/{r['inf']}")
+            t.add_row(
+                str(r["cycle"]),
+                r["point"],
+                str(tuple(r["shape"])),
+                str(r.get("layers") or ""),
+                f"{r['mean']:.3g}",
+                f"{r['std']:.3g}",
+                f"{r['absmax']:.3g}",
+                f"{r['nan']}/{r['inf']}",
+            )
         c.print(t)
     if res["probe"]:
-        t = Table(title=f"probe: acceptance per wiring, teacher-forced over the target's continuations "
-                        f"({res.get('probe_prompts')})")
-        for col in ("wiring", "after_layers", "per position", "simulated / decoded accept length",
-                    "configured minus this (paired, ± s.e.)"):
+        t = Table(
+            title=f"probe: acceptance per wiring, teacher-forced over the target's continuations "
+            f"({res.get('probe_prompts')})"
+        )
+        for col in (
+            "wiring",
+            "after_layers",
+            "per position",
+            "simulated / decoded accept length",
+            "configured minus this (paired, ± s.e.)",
+        ):
             t.add_column(col)
         for r in res["probe"]:
             if "accept_length" in r:
                 dec = f" / {r['decoded_accept_length']:.2f}" if "decoded_accept_length" in r else ""
-                pm = (f"{r['diff']:+.3f} ± {r['se']:.3f} (z {r['z']:.1f})" + ("" if r.get("decided") else ", undecided")
-                      if "diff" in r else "")
-                t.add_row(r["wiring"], str(r["after_layers"]), " ".join(f"{x:.1%}" for x in r["per_position"]),
-                          f"{r['accept_length']:.2f}{dec}", pm)
+                pm = (
+                    f"{r['diff']:+.3f} ± {r['se']:.3f} (z {r['z']:.1f})" + ("" if r.get("decided") else ", undecided")
+                    if "diff" in r
+                    else ""
+                )
+                t.add_row(
+                    r["wiring"],
+                    str(r["after_layers"]),
+                    " ".join(f"{x:.1%}" for x in r["per_position"]),
+                    f"{r['accept_length']:.2f}{dec}",
+                    pm,
+                )
             else:
                 t.add_row(r["wiring"], str(r["after_layers"]), f"refused [{r['refused']}]", "", "")
         c.print(t)
@@ -115,6 +150,14 @@ def doctor_report(res: dict) -> None:
     if res.get("status") == "could_not_run":
         c.print("[bold red]COULD NOT RUN[/]: " + res["verdict"].removeprefix("doctor could not run: "))
     else:
-        c.print(("[bold red]FAULT[/]: " if res["fault"] else "[bold yellow]CANNOT TELL[/]: "
-                 if not res.get("conclusive", True) else "[bold green]OK[/]: ") + res["verdict"])
+        c.print(
+            (
+                "[bold red]FAULT[/]: "
+                if res["fault"]
+                else "[bold yellow]CANNOT TELL[/]: "
+                if not res.get("conclusive", True)
+                else "[bold green]OK[/]: "
+            )
+            + res["verdict"]
+        )
     c.print(f"({res['seconds']}s)")

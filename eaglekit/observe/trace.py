@@ -34,8 +34,13 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def configure(enabled: bool | None = None, steps: int | None = None, file: str | None = None,
-              sink: list | None = None, stream=None) -> None:
+def configure(
+    enabled: bool | None = None,
+    steps: int | None = None,
+    file: str | None = None,
+    sink: list | None = None,
+    stream=None,
+) -> None:
     """(Re)read the environment, or set tracing explicitly (tests, `eaglekit doctor`).
 
     `sink`: a list that receives each record as a dict, in addition to the other outputs."""
@@ -102,9 +107,12 @@ def record(point: str, tensor, **meta) -> dict | None:
     if RANK is not None:
         rec["rank"] = RANK
     extras = " ".join(f"{k}={v}" for k, v in meta.items())
-    return _emit(rec, f"{point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} device={rec['device']} {extras} "
-                      f"mean={rec['mean']:.4g} std={rec['std']:.4g} absmax={rec['absmax']:.4g} nan={rec['nan']} "
-                      f"inf={rec['inf']} head={rec['head']}")
+    return _emit(
+        rec,
+        f"{point:<22} shape={tuple(rec['shape'])} dtype={rec['dtype']} device={rec['device']} {extras} "
+        f"mean={rec['mean']:.4g} std={rec['std']:.4g} absmax={rec['absmax']:.4g} nan={rec['nan']} "
+        f"inf={rec['inf']} head={rec['head']}",
+    )
 
 
 def _emit(rec: dict, text: str) -> dict:

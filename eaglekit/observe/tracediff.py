@@ -25,16 +25,23 @@ from pathlib import Path
 
 from ..errors import InputError
 
-ORDER = ("target.capture", "draft.input.features", "draft.input.fc", "draft.input.embedding", "draft.concat",
-         "draft.input.hidden")
+ORDER = (
+    "target.capture",
+    "draft.input.features",
+    "draft.input.fc",
+    "draft.input.embedding",
+    "draft.concat",
+    "draft.input.hidden",
+)
 STATS = ("mean", "std", "absmax")
 
 
 def load(path) -> list[dict]:
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"trace file {p} does not exist", fix="write one with EAGLE3_DEBUG=1 EAGLE3_DEBUG_FILE=PATH",
-                         code="E101")
+        raise InputError(
+            f"trace file {p} does not exist", fix="write one with EAGLE3_DEBUG=1 EAGLE3_DEBUG_FILE=PATH", code="E101"
+        )
     out = []
     for n, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():
@@ -42,15 +49,20 @@ def load(path) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            raise InputError(f"{p}:{n} is not a JSON line", fix="pass a file written through EAGLE3_DEBUG_FILE",
-                             code="E105") from None
+            raise InputError(
+                f"{p}:{n} is not a JSON line", fix="pass a file written through EAGLE3_DEBUG_FILE", code="E105"
+            ) from None
         if not isinstance(rec, dict) or "point" not in rec or "cycle" not in rec:
-            raise InputError(f"{p}:{n} is not a trace record (no point / cycle)", code="E105",
-                             fix="pass a file written through EAGLE3_DEBUG_FILE")
+            raise InputError(
+                f"{p}:{n} is not a trace record (no point / cycle)",
+                code="E105",
+                fix="pass a file written through EAGLE3_DEBUG_FILE",
+            )
         out.append(rec)
     if not out:
-        raise InputError(f"trace file {p} holds no records", fix="was EAGLE3_DEBUG=1 set when it was written?",
-                         code="E105")
+        raise InputError(
+            f"trace file {p} holds no records", fix="was EAGLE3_DEBUG=1 set when it was written?", code="E105"
+        )
     return out
 
 
@@ -79,9 +91,16 @@ def _pool(recs: list[dict]) -> dict:
     mean = sum(wi * r["mean"] for wi, r in zip(w, recs)) / W
     var = sum(wi * (r["std"] ** 2 + (r["mean"] - mean) ** 2) for wi, r in zip(w, recs)) / W
     out = dict(recs[0])
-    out.update(shape=[N] + _shape(recs[0])[1:], tokens=N, mean=mean, std=math.sqrt(var),
-               absmax=max(r["absmax"] for r in recs), nan=sum(r["nan"] for r in recs), inf=sum(r["inf"] for r in recs),
-               merged_cycles=[int(r["cycle"]) for r in recs])
+    out.update(
+        shape=[N] + _shape(recs[0])[1:],
+        tokens=N,
+        mean=mean,
+        std=math.sqrt(var),
+        absmax=max(r["absmax"] for r in recs),
+        nan=sum(r["nan"] for r in recs),
+        inf=sum(r["inf"] for r in recs),
+        merged_cycles=[int(r["cycle"]) for r in recs],
+    )
     out.pop("per_layer", None)
     return out
 
@@ -148,8 +167,10 @@ def _compare(ra, rb, full: bool, rtol, atol) -> list[str]:
         if pa and pb and len(pa) == len(pb):
             for x, y in zip(pa, pb):
                 if not all(_close(x[k], y[k], rtol, atol) for k in STATS):
-                    out.append(f"layer {x.get('after_layer')}/{y.get('after_layer')} stats "
-                               f"mean {x['mean']:.4g} vs {y['mean']:.4g}, std {x['std']:.4g} vs {y['std']:.4g}")
+                    out.append(
+                        f"layer {x.get('after_layer')}/{y.get('after_layer')} stats "
+                        f"mean {x['mean']:.4g} vs {y['mean']:.4g}, std {x['std']:.4g} vs {y['std']:.4g}"
+                    )
     return out
 
 
@@ -172,36 +193,60 @@ def diff(path_a, path_b, rtol: float = 1e-3, atol: float = 1e-4) -> dict:
         compared_full += full
         compared_width += not full
         if d:
-            parts.append({"cycle": cy, "point": pt, "differences": d,
-                          "a": {k: a[(cy, pt)].get(k) for k in ("shape", "layers", "mean", "std", "absmax")},
-                          "b": {k: b[(cy, pt)].get(k) for k in ("shape", "layers", "mean", "std", "absmax")}})
+            parts.append(
+                {
+                    "cycle": cy,
+                    "point": pt,
+                    "differences": d,
+                    "a": {k: a[(cy, pt)].get(k) for k in ("shape", "layers", "mean", "std", "absmax")},
+                    "b": {k: b[(cy, pt)].get(k) for k in ("shape", "layers", "mean", "std", "absmax")},
+                }
+            )
     cyc = sorted({c for c, _ in both})
-    compared = (f"{len(both)} (cycle, point) pairs over cycles {cyc[0]}-{cyc[-1]}: {compared_full} in full (shape, "
-                f"layers, statistics at rtol {rtol:g}, atol {atol:g}; target.capture at every cycle, the draft points "
-                f"at cycle 0), {compared_width} by width and layers only (draft points at cycles >= 1, where the "
-                f"engines batch the draft extend differently)") if both else "nothing: no (cycle, point) in common"
+    compared = (
+        (
+            f"{len(both)} (cycle, point) pairs over cycles {cyc[0]}-{cyc[-1]}: {compared_full} in full (shape, "
+            f"layers, statistics at rtol {rtol:g}, atol {atol:g}; target.capture at every cycle, the draft points "
+            f"at cycle 0), {compared_width} by width and layers only (draft points at cycles >= 1, where the "
+            f"engines batch the draft extend differently)"
+        )
+        if both
+        else "nothing: no (cycle, point) in common"
+    )
     cfg = [r for r in ra + rb if r["point"] == "engine.config"]
-    return {"a": {"path": str(path_a), "engine": engine_of(ra), "records": len(ra)},
-            "b": {"path": str(path_b), "engine": engine_of(rb), "records": len(rb)},
-            "compared": compared, "pairs": [list(k) for k in both], "merged": note, "only_in_a": only_a,
-            "only_in_b": only_b,
-            "agree": not parts and bool(both), "first": parts[0] if parts else None, "partings": len(parts),
-            "parts": parts[:20], "engine_config": cfg[-1] if cfg else None}
+    return {
+        "a": {"path": str(path_a), "engine": engine_of(ra), "records": len(ra)},
+        "b": {"path": str(path_b), "engine": engine_of(rb), "records": len(rb)},
+        "compared": compared,
+        "pairs": [list(k) for k in both],
+        "merged": note,
+        "only_in_a": only_a,
+        "only_in_b": only_b,
+        "agree": not parts and bool(both),
+        "first": parts[0] if parts else None,
+        "partings": len(parts),
+        "parts": parts[:20],
+        "engine_config": cfg[-1] if cfg else None,
+    }
 
 
 def format_diff(res: dict) -> str:
     a, b = res["a"], res["b"]
-    lines = [f"A: {a['path']} ({a['engine']}, {a['records']} records)",
-             f"B: {b['path']} ({b['engine']}, {b['records']} records)",
-             f"compared: {res['compared']}"]
+    lines = [
+        f"A: {a['path']} ({a['engine']}, {a['records']} records)",
+        f"B: {b['path']} ({b['engine']}, {b['records']} records)",
+        f"compared: {res['compared']}",
+    ]
     if res["merged"]:
         lines.append(f"aligned: {res['merged']}")
     if res["only_in_a"] or res["only_in_b"]:
         lines.append(f"not compared (one side only): A {res['only_in_a'] or '-'}, B {res['only_in_b'] or '-'}")
     c = res.get("engine_config")
     if c and c.get("aux_layer_ids") is not None:
-        lines.append(f"engine config: {c['engine']} resolved aux layer ids {c['aux_layer_ids']} ('input of layer') = "
-                     f"after_layers {c.get('after_layers')} ({c.get('ids_source')})")
+        lines.append(
+            f"engine config: {c['engine']} resolved aux layer ids {c['aux_layer_ids']} ('input of layer') = "
+            f"after_layers {c.get('after_layers')} ({c.get('ids_source')})"
+        )
     f = res["first"]
     if f is None:
         lines.append("agree: no difference at any compared point" if res["agree"] else "nothing to compare")

@@ -89,8 +89,13 @@ class _Exchange:
         self.app, self.p, self.prompt_ids, self.chat, self.h = app, p, prompt_ids, chat, h
         self.detok = Detokenizer(app.tokenizer, p.stop)
         self.created = int(time.time())
-        self.head = {"id": h.rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": self.created, "model": p.model, **app.fingerprint}
+        self.head = {
+            "id": h.rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": self.created,
+            "model": p.model,
+            **app.fingerprint,
+        }
 
     async def push(self, ids, final: bool) -> str:
         """On the loop up to INLINE_DETOK_TOKENS (module docstring), else in the text pool."""
@@ -107,8 +112,12 @@ class _Exchange:
         if h.drafts == 0:
             return None
         assert h.accept_length is not None  # a request that drafted has verified
-        return {"accept_length": round(h.accept_length, 4), "num_drafts": h.drafts,
-                "num_draft_tokens": h.draft_tokens, "num_accepted_tokens": h.accepted}
+        return {
+            "accept_length": round(h.accept_length, 4),
+            "num_drafts": h.drafts,
+            "num_draft_tokens": h.draft_tokens,
+            "num_accepted_tokens": h.accepted,
+        }
 
     def finish_reason(self) -> str:
         return "length" if self.h.stop_reason == "length" else "stop"
@@ -118,8 +127,12 @@ class _Exchange:
         if not self.chat:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr}
         if final:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": fr}
+            return {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": fr,
+            }
         return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": fr}
 
     async def chunks(self):
@@ -127,8 +140,19 @@ class _Exchange:
         p, h = self.p, self.h
         try:
             if self.chat:
-                yield _sse({**self.head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}]})
+                yield _sse(
+                    {
+                        **self.head,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
             async for ev in h:
                 text = await self.push(ev.token_ids, ev.finished)
                 fr = self.finish_reason() if ev.finished else None
@@ -174,10 +198,16 @@ class _Exchange:
             h.cancel()  # no-op when finished; frees the slot when the client went away
         if work not in done:
             return Response(status_code=499)  # nobody is listening
-        return {"id": h.rid, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
-                "model": self.p.model, **self.app.fingerprint,
-                "choices": [self.choice(work.result(), self.finish_reason(), True)], "usage": self.usage(),
-                "spec_decode": self.spec()}
+        return {
+            "id": h.rid,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.p.model,
+            **self.app.fingerprint,
+            "choices": [self.choice(work.result(), self.finish_reason(), True)],
+            "usage": self.usage(),
+            "spec_decode": self.spec(),
+        }
 
 
 class ServeApp:
@@ -187,15 +217,26 @@ class ServeApp:
     `context`: the target's context length in tokens. `.app` is the FastAPI application; `app.state.drain()` is what
     SIGTERM runs before uvicorn closes the connections (eaglekit.serve.server)."""
 
-    def __init__(self, engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
-                 info: dict | None = None, speculative: bool = False, positions: int = 0,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        opts: ServeOptions,
+        context: int,
+        chat_template: str | None = None,
+        info: dict | None = None,
+        speculative: bool = False,
+        positions: int = 0,
+        vocab_size: int | None = None,
+    ):
         if not opts.served_model_name:
             raise ValueError("build_app: opts.served_model_name names no model")
         lacks = missing(engine)
         if lacks:
-            raise TypeError(f"build_app: {type(engine).__name__} is not an engine "
-                            f"(eaglekit.decoding.protocols.Engine): it lacks {', '.join(lacks)}")
+            raise TypeError(
+                f"build_app: {type(engine).__name__} is not an engine "
+                f"(eaglekit.decoding.protocols.Engine): it lacks {', '.join(lacks)}"
+            )
         self.engine, self.tokenizer, self.opts, self.context = engine, tokenizer, opts, context
         self.served: list[str] = list(opts.served_model_name)
         self.chat_template, self.info, self.vocab_size = chat_template, info, vocab_size
@@ -215,8 +256,13 @@ class ServeApp:
 
     @staticmethod
     def _finished(h: Handle) -> None:
-        _trace("serve.request.done", rid=h.rid, reason=h.stop_reason, completion_tokens=h.tokens,
-               accept_length=None if h.accept_length is None else round(h.accept_length, 4))
+        _trace(
+            "serve.request.done",
+            rid=h.rid,
+            reason=h.stop_reason,
+            completion_tokens=h.tokens,
+            accept_length=None if h.accept_length is None else round(h.accept_length, 4),
+        )
 
     @asynccontextmanager
     async def _lifespan(self, app):
@@ -253,8 +299,9 @@ class ServeApp:
         return Response(status_code=499)  # the client left mid-upload: nobody reads this, nothing to log
 
     async def _http_error(self, request, e):
-        return JSONResponse(ApiError(e.status_code, str(e.detail), code=str(e.status_code)).body(),
-                            status_code=e.status_code)
+        return JSONResponse(
+            ApiError(e.status_code, str(e.detail), code=str(e.status_code)).body(), status_code=e.status_code
+        )
 
     async def _bug(self, request, e):
         return JSONResponse(ApiError(500, f"internal error: {e!r}", code="internal_error").body(), status_code=500)
@@ -266,9 +313,20 @@ class ServeApp:
         return {"status": "ok"}
 
     async def models(self):
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.started,
-                                            "owned_by": "eaglekit", "root": self.served[0],
-                                            "max_model_len": self.context} for name in self.served]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.started,
+                    "owned_by": "eaglekit",
+                    "root": self.served[0],
+                    "max_model_len": self.context,
+                }
+                for name in self.served
+            ],
+        }
 
     async def prom(self):
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -281,14 +339,27 @@ class ServeApp:
         policy = engine.policy
         phases = engine.profile()  # (eaglekit serve --profile: each phase's time since the start; else None)
         avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
-        return {**(self.info or {}), "served_model_name": self.served[0], "max_batch": self.opts.max_batch,
-                "max_queue": self.opts.max_queue, "context_length": self.context,
-                "internal_states": [{"avg_spec_accept_length": avg, "num_running": engine.num_running,
-                                     "num_waiting": engine.num_waiting, "in_flight": len(sched.handles),
-                                     "cancelled": sched.cancelled, "engine_steps": sched.steps,
-                                     "engine_step_errors": sched.step_errors, "spec_stats": s,
-                                     "spec_policy": policy.summary() if policy is not None else None,
-                                     "phase_profile": phases}]}
+        return {
+            **(self.info or {}),
+            "served_model_name": self.served[0],
+            "max_batch": self.opts.max_batch,
+            "max_queue": self.opts.max_queue,
+            "context_length": self.context,
+            "internal_states": [
+                {
+                    "avg_spec_accept_length": avg,
+                    "num_running": engine.num_running,
+                    "num_waiting": engine.num_waiting,
+                    "in_flight": len(sched.handles),
+                    "cancelled": sched.cancelled,
+                    "engine_steps": sched.steps,
+                    "engine_step_errors": sched.step_errors,
+                    "spec_stats": s,
+                    "spec_policy": policy.summary() if policy is not None else None,
+                    "phase_profile": phases,
+                }
+            ],
+        }
 
     # --- generation ----------------------------------------------------------------------------------
     async def completions(self, request: Request):
@@ -329,17 +400,30 @@ class ServeApp:
         context = self.context
         max_tokens = p.max_tokens if p.max_tokens is not None else default_max
         if len(prompt_ids) >= context:  # no room for one new token, whatever max_tokens says
-            raise bad(f"the prompt is {len(prompt_ids)} tokens, {len(prompt_ids) - context + 1} more than the "
-                      f"model's context of {context} tokens leaves for it (one token is kept for the answer); "
-                      f"shorten it", "messages" if p.messages is not None else "prompt", "context_length_exceeded")
+            raise bad(
+                f"the prompt is {len(prompt_ids)} tokens, {len(prompt_ids) - context + 1} more than the "
+                f"model's context of {context} tokens leaves for it (one token is kept for the answer); "
+                f"shorten it",
+                "messages" if p.messages is not None else "prompt",
+                "context_length_exceeded",
+            )
         if len(prompt_ids) + max_tokens > context:
-            raise bad(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
-                      f"context of {context} tokens", "max_tokens" if p.max_tokens is not None else "prompt",
-                      "context_length_exceeded")
+            raise bad(
+                f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+                f"context of {context} tokens",
+                "max_tokens" if p.max_tokens is not None else "prompt",
+                "context_length_exceeded",
+            )
         try:
             sp = SamplingParams(p.temperature, p.top_p, p.top_k, p.seed)
-            req = Request(rid=rid, prompt_ids=prompt_ids, max_new_tokens=max_tokens, sampling=sp,
-                          stop_strings=p.stop, eos_ids=() if p.ignore_eos else None)
+            req = Request(
+                rid=rid,
+                prompt_ids=prompt_ids,
+                max_new_tokens=max_tokens,
+                sampling=sp,
+                stop_strings=p.stop,
+                eos_ids=() if p.ignore_eos else None,
+            )
             self.engine.validate(req)
         except EaglekitError as e:
             raise from_eaglekit(e) from None
@@ -350,16 +434,33 @@ class ServeApp:
         remaining = max(self.context - len(prompt_ids), 1)
         req = self._make_request(p, prompt_ids, remaining if chat else min(16, remaining), rid)
         h = self.sched.submit(req)
-        _trace("serve.request", rid=rid, prompt_tokens=len(prompt_ids), max_tokens=req.max_new_tokens,
-               temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, stop=list(p.stop), stream=p.stream)
+        _trace(
+            "serve.request",
+            rid=rid,
+            prompt_tokens=len(prompt_ids),
+            max_tokens=req.max_new_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            stop=list(p.stop),
+            stream=p.stream,
+        )
         x = _Exchange(self, p, prompt_ids, chat, h)
         if p.stream:
             return _SSE(x.chunks(), h)
         return await x.whole(request)
 
 
-def build_app(engine, tokenizer, opts: ServeOptions, context: int, chat_template: str | None = None,
-              info: dict | None = None, speculative: bool = False, positions: int = 0,
-              vocab_size: int | None = None) -> FastAPI:
+def build_app(
+    engine,
+    tokenizer,
+    opts: ServeOptions,
+    context: int,
+    chat_template: str | None = None,
+    info: dict | None = None,
+    speculative: bool = False,
+    positions: int = 0,
+    vocab_size: int | None = None,
+) -> FastAPI:
     """The FastAPI application of a ServeApp (which says what each argument is)."""
     return ServeApp(engine, tokenizer, opts, context, chat_template, info, speculative, positions, vocab_size).app

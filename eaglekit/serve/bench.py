@@ -34,8 +34,11 @@ import httpx
 
 from ..errors import InputError
 
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "demo" / "prompts.jsonl"
 
@@ -68,7 +71,7 @@ class RequestResult:
 
 
 # --- parsing ------------------------------------------------------------------------------------------
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -117,11 +120,16 @@ def spec_figures(before: dict, after: dict) -> dict | None:
     drafts, dtoks, acc = (d[k] for k in SPEC_COUNTERS)
     pos = sorted(after["per_pos"])
     per = [after["per_pos"][p] - before.get("per_pos", {}).get(p, 0.0) for p in pos]
-    return {"source": "vllm /metrics", "drafts": int(drafts), "draft_tokens": int(dtoks), "accepted_tokens": int(acc),
-            "accepted_per_pos": [int(x) for x in per],
-            "mean_acceptance_length": 1 + acc / drafts if drafts else None,
-            "acceptance_rate": acc / dtoks if dtoks else None,
-            "acceptance_per_pos": [x / drafts for x in per] if drafts else None}
+    return {
+        "source": "vllm /metrics",
+        "drafts": int(drafts),
+        "draft_tokens": int(dtoks),
+        "accepted_tokens": int(acc),
+        "accepted_per_pos": [int(x) for x in per],
+        "mean_acceptance_length": 1 + acc / drafts if drafts else None,
+        "acceptance_rate": acc / dtoks if dtoks else None,
+        "acceptance_per_pos": [x / drafts for x in per] if drafts else None,
+    }
 
 
 def parse_sse(lines) -> list[dict | str]:
@@ -131,7 +139,7 @@ def parse_sse(lines) -> list[dict | str]:
         line = line.strip()
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             out.append("[DONE]")
         elif data:
@@ -171,18 +179,30 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     ok = [r for r in results if r.ok]
     out_toks = sum(r.output_tokens for r in ok)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1 and r.ttft is not None]
-    return {"completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
-            "request_throughput": len(ok) / duration if duration > 0 else None,
-            "output_tokens": out_toks, "output_throughput": out_toks / duration if duration > 0 else None,
-            "ttft_ms": stats_ms([r.ttft for r in ok if r.ttft is not None]), "tpot_ms": stats_ms(tpot),
-            "itl_ms": stats_ms([x for r in ok for x in r.itl]), "e2el_ms": stats_ms([r.latency for r in ok]),
-            "errors": sorted({r.error for r in results if not r.ok})[:5]}
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration if duration > 0 else None,
+        "output_tokens": out_toks,
+        "output_throughput": out_toks / duration if duration > 0 else None,
+        "ttft_ms": stats_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": stats_ms(tpot),
+        "itl_ms": stats_ms([x for r in ok for x in r.itl]),
+        "e2el_ms": stats_ms([r.latency for r in ok]),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+    }
 
 
 # --- the client ---------------------------------------------------------------------------------------
 def _payload(opts: BenchOptions, model: str, prompt: str) -> tuple[str, dict]:
-    body = {"model": model, "max_tokens": opts.max_tokens, "temperature": opts.temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "max_tokens": opts.max_tokens,
+        "temperature": opts.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if opts.ignore_eos:
         body["ignore_eos"] = True  # vLLM and SGLang extension: fixed-length outputs
     if opts.api == "chat":
@@ -249,13 +269,16 @@ async def _server_figures(client: httpx.AsyncClient) -> tuple[dict | None, dict 
 def sglang_figures(info: dict | None) -> dict | None:
     states = (info or {}).get("internal_states") or []
     if states and isinstance(states[0], dict) and states[0].get("avg_spec_accept_length") is not None:
-        return {"source": "sglang /server_info (since server start)",
-                "mean_acceptance_length": float(states[0]["avg_spec_accept_length"])}
+        return {
+            "source": "sglang /server_info (since server start)",
+            "mean_acceptance_length": float(states[0]["avg_spec_accept_length"]),
+        }
     return None
 
 
-async def run_level(client: httpx.AsyncClient, opts: BenchOptions, model: str, prompts: list[str],
-                    concurrency: int) -> dict:
+async def run_level(
+    client: httpx.AsyncClient, opts: BenchOptions, model: str, prompts: list[str], concurrency: int
+) -> dict:
     before, _ = await _server_figures(client)
     sem = asyncio.Semaphore(concurrency)
     rng = random.Random(opts.seed)
@@ -268,9 +291,10 @@ async def run_level(client: httpx.AsyncClient, opts: BenchOptions, model: str, p
                 return None
             path, body = _payload(opts, model, prompt)
             try:
-                return await asyncio.wait_for(one_request(client, path, body),
-                                              max(deadline - time.perf_counter(), 0.001)
-                                              if deadline < math.inf else None)
+                return await asyncio.wait_for(
+                    one_request(client, path, body),
+                    max(deadline - time.perf_counter(), 0.001) if deadline < math.inf else None,
+                )
             except asyncio.TimeoutError:
                 return RequestResult(False, "cut at --max-seconds")
 
@@ -314,18 +338,28 @@ async def bench(opts: BenchOptions, transport: httpx.AsyncBaseTransport | None =
         raise InputError(f"unknown api {opts.api!r}", fix="use completions or chat", code="E108")
     prompts = load_prompts(opts.prompts)
     limits = httpx.Limits(max_connections=max(opts.concurrency) + 4)
-    async with httpx.AsyncClient(base_url=opts.endpoint.rstrip("/"), timeout=opts.timeout_s, limits=limits,
-                                 transport=transport) as c:
+    async with httpx.AsyncClient(
+        base_url=opts.endpoint.rstrip("/"), timeout=opts.timeout_s, limits=limits, transport=transport
+    ) as c:
         try:
             model = opts.model or await _model_name(c)
         except httpx.HTTPError as e:
-            raise InputError(f"no OpenAI-compatible server answers at {opts.endpoint} ({type(e).__name__}: {e})",
-                             fix="start the server, or pass the right --endpoint (e.g. http://127.0.0.1:8000)",
-                             code="E176") from None
+            raise InputError(
+                f"no OpenAI-compatible server answers at {opts.endpoint} ({type(e).__name__}: {e})",
+                fix="start the server, or pass the right --endpoint (e.g. http://127.0.0.1:8000)",
+                code="E176",
+            ) from None
         levels = []
         for conc in opts.concurrency:
-            levels.append({"endpoint": opts.endpoint, "api": opts.api, "model": model, "max_tokens": opts.max_tokens,
-                           **await run_level(c, opts, model, prompts, conc)})
+            levels.append(
+                {
+                    "endpoint": opts.endpoint,
+                    "api": opts.api,
+                    "model": model,
+                    "max_tokens": opts.max_tokens,
+                    **await run_level(c, opts, model, prompts, conc),
+                }
+            )
         return levels
 
 
@@ -344,8 +378,11 @@ def render(levels: list[dict], console=None) -> None:
 
     console = console or Console()
     for lv in levels:
-        t = Table(title=f"{lv['api']} {lv['endpoint']}  model {lv['model']}  concurrency {lv['concurrency']}  "
-                        f"rate {lv['request_rate']}", show_header=True)
+        t = Table(
+            title=f"{lv['api']} {lv['endpoint']}  model {lv['model']}  concurrency {lv['concurrency']}  "
+            f"rate {lv['request_rate']}",
+            show_header=True,
+        )
         t.add_column("metric")
         t.add_column("value", justify="right")
         t.add_row("completed / failed", f"{lv['completed']} / {lv['failed']}")
@@ -356,15 +393,20 @@ def render(levels: list[dict], console=None) -> None:
             s = lv[key]
             t.add_row(f"{name} mean / median / p99 (ms)", f"{_f(s['mean'])} / {_f(s['median'])} / {_f(s['p99'])}")
         if lv.get("synthetic_acceptance"):
-            t.add_row("SYNTHETIC ACCEPTANCE", f"benchmark mode, accept length "
-                      f"{lv['synthetic_acceptance'].get('accept_length')}: output is not the target's")
+            t.add_row(
+                "SYNTHETIC ACCEPTANCE",
+                f"benchmark mode, accept length "
+                f"{lv['synthetic_acceptance'].get('accept_length')}: output is not the target's",
+            )
         sd = lv.get("spec_decode")
         if sd:
             t.add_row("spec decode", sd["source"])
             t.add_row("mean acceptance length", _f(sd.get("mean_acceptance_length"), 4))
             if "drafts" in sd:
-                t.add_row("drafts / draft tokens / accepted", f"{sd['drafts']} / {sd['draft_tokens']} / "
-                          f"{sd['accepted_tokens']}")
+                t.add_row(
+                    "drafts / draft tokens / accepted",
+                    f"{sd['drafts']} / {sd['draft_tokens']} / {sd['accepted_tokens']}",
+                )
                 t.add_row("acceptance rate", _f(sd["acceptance_rate"], 4))
                 if sd["acceptance_per_pos"]:
                     t.add_row("acceptance per position", " / ".join(f"{x:.4f}" for x in sd["acceptance_per_pos"]))

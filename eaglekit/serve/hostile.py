@@ -15,8 +15,14 @@ import urllib.request
 from typing import cast
 
 
-def request(port: int, path: str, body: bytes | None = None, method: str = "POST", timeout: float = 60.0,
-            headers: dict | None = None) -> tuple[int, dict | str]:
+def request(
+    port: int,
+    path: str,
+    body: bytes | None = None,
+    method: str = "POST",
+    timeout: float = 60.0,
+    headers: dict | None = None,
+) -> tuple[int, dict | str]:
     """(status, JSON body or text) of one request; an HTTP error status is returned, not raised."""
     h = {"Content-Type": "application/json", **(headers or {})}
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=h, method=method)
@@ -81,12 +87,21 @@ class StreamTimer(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.times, self.events, self.error = port, [], [], None
         self.stop = threading.Event()
-        self.body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                "stream": True, "ignore_eos": True}).encode()
+        self.body = json.dumps(
+            {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        ).encode()
 
     def run(self):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=self.body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions", data=self.body, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 for line in r:
@@ -154,13 +169,20 @@ def big_body(port: int, model: str, mb: float = 10.0, stream_tokens: int = 1500)
     hth.join(60)
     st.stop.set()
     st.join(60)
-    return {"status": res["status"], "error": res["body"], "seconds": round(res["seconds"], 3),
-            "send_error": res["send_error"],
-            "stream_max_gap_s": _r(st.max_gap(t0, t1)), "stream_max_gap_before_s": _r(st.max_gap(tb, t0, inside=True)),
-            "stream_median_gap_s": _r(st.median_gap()),
-            "stream_chunks_during": st.count(t0, t1), "stream_error": st.error,
-            "health_max_s": _r(max(lat) if lat else None), "health_polls": len(lat),
-            "health_max_before_s": _r(max(base) if base else None)}
+    return {
+        "status": res["status"],
+        "error": res["body"],
+        "seconds": round(res["seconds"], 3),
+        "send_error": res["send_error"],
+        "stream_max_gap_s": _r(st.max_gap(t0, t1)),
+        "stream_max_gap_before_s": _r(st.max_gap(tb, t0, inside=True)),
+        "stream_median_gap_s": _r(st.median_gap()),
+        "stream_chunks_during": st.count(t0, t1),
+        "stream_error": st.error,
+        "health_max_s": _r(max(lat) if lat else None),
+        "health_polls": len(lat),
+        "health_max_before_s": _r(max(base) if base else None),
+    }
 
 
 def stalled_uploads(port: int, n: int = 4, wait_s: float = 10.0) -> dict:
@@ -189,8 +211,13 @@ def stalled_uploads(port: int, n: int = 4, wait_s: float = 10.0) -> dict:
         except ConnectionResetError:
             pass
         s.close()
-    return {"held_open_body": held["body"], "held_open_headers": held["headers"], "of": n, "wait_s": wait_s,
-            "statuses": sorted(set(statuses))}
+    return {
+        "held_open_body": held["body"],
+        "held_open_headers": held["headers"],
+        "of": n,
+        "wait_s": wait_s,
+        "statuses": sorted(set(statuses)),
+    }
 
 
 def abandoned_uploads(port: int, n: int = 3) -> None:
@@ -204,15 +231,23 @@ def abandoned_uploads(port: int, n: int = 3) -> None:
 def malformed(port: int, model: str) -> dict:
     """Bodies that once gave a 500: {case: (status, error code, param)}."""
     cases = {
-        "lone surrogate in the prompt": ("/v1/completions", b'{"model": "%s", "prompt": "abc\\ud800", "max_tokens": 2}'
-                                         % model.encode()),
-        "lone surrogate in a chat message": ("/v1/chat/completions", b'{"model": "%s", "messages": [{"role": "user", '
-                                             b'"content": "hi \\udc80"}]}' % model.encode()),
-        "seed 2**70": ("/v1/completions", json.dumps({"model": model, "prompt": "x", "max_tokens": 2,
-                                                      "seed": 2**70}).encode()),
+        "lone surrogate in the prompt": (
+            "/v1/completions",
+            b'{"model": "%s", "prompt": "abc\\ud800", "max_tokens": 2}' % model.encode(),
+        ),
+        "lone surrogate in a chat message": (
+            "/v1/chat/completions",
+            b'{"model": "%s", "messages": [{"role": "user", "content": "hi \\udc80"}]}' % model.encode(),
+        ),
+        "seed 2**70": (
+            "/v1/completions",
+            json.dumps({"model": model, "prompt": "x", "max_tokens": 2, "seed": 2**70}).encode(),
+        ),
         "JSON nested 100,000 deep": ("/v1/completions", b"[" * 100000 + b"]" * 100000),
-        "prompt longer than the context": ("/v1/completions", json.dumps({"model": model, "prompt": "x = 1\n" * 3000,
-                                                                          "max_tokens": 2}).encode()),
+        "prompt longer than the context": (
+            "/v1/completions",
+            json.dumps({"model": model, "prompt": "x = 1\n" * 3000, "max_tokens": 2}).encode(),
+        ),
     }
     out = {}
     for name, (path, body) in cases.items():
@@ -252,7 +287,11 @@ def drain_past_timeout(port: int, model: str, terminate, wait_exit, max_tokens: 
     st.join(120)
     rc = wait_exit()
     b = plain.get("body")
-    return {"plain_status": plain.get("status"),
-            "plain_error": b.get("error") if isinstance(b, dict) else b,
-            "stream_tail": st.events[-2:], "stream_error": st.error, "exit_status": rc,
-            "seconds_to_exit": round(time.perf_counter() - t0, 2)}
+    return {
+        "plain_status": plain.get("status"),
+        "plain_error": b.get("error") if isinstance(b, dict) else b,
+        "stream_tail": st.events[-2:],
+        "stream_error": st.error,
+        "exit_status": rc,
+        "seconds_to_exit": round(time.perf_counter() - t0, 2),
+    }

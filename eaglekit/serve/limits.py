@@ -26,15 +26,20 @@ CLOSE = {"Connection": "close"}  # a refused body is not read to its end: the co
 
 class TooLarge(ApiError):
     def __init__(self, size: int, limit: int, at_least: bool = False):
-        super().__init__(413, f"the request body is {'more than ' if at_least else ''}{size} bytes; this server "
-                              f"takes at most {limit} (--max-body-mb {limit / 2**20:g})", code="request_too_large")
+        super().__init__(
+            413,
+            f"the request body is {'more than ' if at_least else ''}{size} bytes; this server "
+            f"takes at most {limit} (--max-body-mb {limit / 2**20:g})",
+            code="request_too_large",
+        )
         self.headers = CLOSE
 
 
 class TooSlow(ApiError):
     def __init__(self, timeout: float):
-        super().__init__(408, f"the request body did not arrive within {timeout:g} s (--read-timeout)",
-                         code="request_timeout")
+        super().__init__(
+            408, f"the request body did not arrive within {timeout:g} s (--read-timeout)", code="request_timeout"
+        )
         self.headers = CLOSE
 
 
@@ -122,6 +127,11 @@ class PromptBound:
 
     def check(self, text: str, param: str) -> None:
         if self.max_chars is not None and len(text) > self.max_chars:
-            raise ApiError(400, f"the prompt is {len(text)} characters, more than any {self.context}-token "
-                                f"context can hold (at most {self.max_chars} characters with this tokenizer); "
-                                f"shorten it", param, "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt is {len(text)} characters, more than any {self.context}-token "
+                f"context can hold (at most {self.max_chars} characters with this tokenizer); "
+                f"shorten it",
+                param,
+                "context_length_exceeded",
+            )

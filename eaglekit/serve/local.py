@@ -20,15 +20,21 @@ class LocalServer:
     """`args`: the `eaglekit serve` arguments after --host/--port (target, draft, device...). `log`: a file for
     the server's output (None: discarded). Raises RuntimeError if the server exits or is not up in time."""
 
-    def __init__(self, args: list[str], log: str | Path | None = None, env: dict | None = None,
-                 startup_s: float = 120.0, cwd: str | Path | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        log: str | Path | None = None,
+        env: dict | None = None,
+        startup_s: float = 120.0,
+        cwd: str | Path | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "eaglekit.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               *args]
+        cmd = [sys.executable, "-m", "eaglekit.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.log = open(log, "w") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=dict(os.environ, **(env or {})), stdout=self.log,
-                                     stderr=self.log)
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=dict(os.environ, **(env or {})), stdout=self.log, stderr=self.log
+        )
         deadline = time.monotonic() + startup_s
         while True:
             if self.proc.poll() is not None:

@@ -19,13 +19,19 @@ from ..tokenizer import chat_template_of, token_ids
 class ApiError(Exception):
     """An HTTP error with OpenAI's body: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
-                             413: "invalid_request_error", 429: "rate_limit_exceeded",
-                             503: "service_unavailable"}.get(status, "server_error")
+        self.type = type or {
+            400: "invalid_request_error",
+            404: "not_found_error",
+            408: "invalid_request_error",
+            413: "invalid_request_error",
+            429: "rate_limit_exceeded",
+            503: "service_unavailable",
+        }.get(status, "server_error")
         self.headers: dict | None = None  # extra response headers (Connection: close for an unread body)
 
     def body(self) -> dict:
@@ -44,6 +50,7 @@ def from_eaglekit(e: EaglekitError, param: str | None = None) -> ApiError:
 @dataclass
 class Parsed:
     """What a route needs after validation; `prompt_ids` is filled by the route (completion or chat)."""
+
     model: str
     stream: bool
     include_usage: bool
@@ -59,7 +66,7 @@ class Parsed:
     extra: dict = field(default_factory=dict)
 
 
-SEED_RANGE = (-2**63, 2**63 - 1)  # a signed 64-bit integer, as vLLM's `seed` (torch seeds a generator with it)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a signed 64-bit integer, as vLLM's `seed` (torch seeds a generator with it)
 
 
 # digits an integer literal of a body may have: every integer field's range fits in 20 (a seed is 64-bit). A longer one
@@ -121,9 +128,12 @@ def check_text(s: str, param: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise bad(f"'{param}' holds a lone surrogate (U+{ord(s[e.start]):04X} at character {e.start}): a JSON "
-                  f"\\u escape of a high surrogate must be followed by its low half", param,
-                  "invalid_unicode") from None
+        raise bad(
+            f"'{param}' holds a lone surrogate (U+{ord(s[e.start]):04X} at character {e.start}): a JSON "
+            f"\\u escape of a high surrogate must be followed by its low half",
+            param,
+            "invalid_unicode",
+        ) from None
     return s
 
 
@@ -176,11 +186,17 @@ def parse_common(body: dict, served: list[str], chat: bool) -> Parsed:
         raise bad("'ignore_eos' must be true or false", "ignore_eos")
     top_k = _num(body, "top_k", 0, lo=-1, integer=True)
     return Parsed(
-        model=model, stream=stream, include_usage=bool(opts.get("include_usage")), max_tokens=max_tokens,
+        model=model,
+        stream=stream,
+        include_usage=bool(opts.get("include_usage")),
+        max_tokens=max_tokens,
         temperature=float(_num(body, "temperature", 1.0, lo=0, hi=2)),
-        top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1)), top_k=max(top_k, 0),
-        seed=_num(body, "seed", None, *SEED_RANGE, integer=True), stop=tuple(s for s in stop if s),
-        ignore_eos=ignore_eos)
+        top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1)),
+        top_k=max(top_k, 0),
+        seed=_num(body, "seed", None, *SEED_RANGE, integer=True),
+        stop=tuple(s for s in stop if s),
+        ignore_eos=ignore_eos,
+    )
 
 
 def parse_completion(body: dict, served: list[str]) -> Parsed:
@@ -196,8 +212,11 @@ def parse_completion(body: dict, served: list[str]) -> Parsed:
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         pass
     elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
-        raise bad(f"a batch of {len(prompt)} prompts was sent; this server takes one prompt per request", "prompt",
-                  "unsupported")
+        raise bad(
+            f"a batch of {len(prompt)} prompts was sent; this server takes one prompt per request",
+            "prompt",
+            "unsupported",
+        )
     else:
         raise bad("'prompt' must be a non-empty string or a list of token ids", "prompt")
     p.prompt = prompt
@@ -218,16 +237,21 @@ def parse_chat(body: dict, served: list[str]) -> Parsed:
             texts = []
             for part in content:
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content",
-                              "unsupported")
+                    raise bad(
+                        f"messages[{i}].content: only text parts are supported", f"messages[{i}].content", "unsupported"
+                    )
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None:
             content = ""
         elif not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
-        out.append({"role": check_text(m["role"], f"messages[{i}].role"),
-                    "content": check_text(content, f"messages[{i}].content")})
+        out.append(
+            {
+                "role": check_text(m["role"], f"messages[{i}].role"),
+                "content": check_text(content, f"messages[{i}].content"),
+            }
+        )
     p.messages = out
     return p
 
@@ -237,11 +261,13 @@ def chat_ids(tokenizer, messages: list[dict], template: str | None) -> list[int]
     tokenized as `eaglekit generate --chat` does, so that server and CLI give the draft the same ids."""
     template = template or chat_template_of(tokenizer)
     if not template:
-        raise bad("this model has no chat template, so /v1/chat/completions cannot render messages",
-                  "messages", "no_chat_template")
+        raise bad(
+            "this model has no chat template, so /v1/chat/completions cannot render messages",
+            "messages",
+            "no_chat_template",
+        )
     try:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            chat_template=template)
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, chat_template=template)
     except Exception as e:  # a jinja error raised by the template itself (e.g. "roles must alternate")
         raise bad(f"the chat template refused these messages: {e}", "messages", "chat_template_error") from None
     return token_ids(out)

@@ -100,8 +100,12 @@ class Scheduler:
             raise ApiError(503, "the engine thread is not running (see the server log)", code="engine_down")
         if len(self.handles) >= self.capacity:
             self.metrics.reject("queue_full")
-            raise ApiError(429, f"the queue is full ({len(self.handles)} requests in flight, at most "
-                                f"{self.capacity} = max batch + max queue); retry later", code="queue_full")
+            raise ApiError(
+                429,
+                f"the queue is full ({len(self.handles)} requests in flight, at most "
+                f"{self.capacity} = max batch + max queue); retry later",
+                code="queue_full",
+            )
         h = Handle(self, req)
         self.handles[req.rid] = h
         self._post(("add", req))
@@ -161,8 +165,14 @@ class Scheduler:
         while self.handles and time.monotonic() - t0 < timeout:
             await asyncio.sleep(0.05)
         for h in list(self.handles.values()):
-            h.cancel(ApiError(503, f"the server is shutting down and this request did not finish within "
-                                   f"--drain-timeout ({timeout:g} s)", code="shutting_down"))
+            h.cancel(
+                ApiError(
+                    503,
+                    f"the server is shutting down and this request did not finish within "
+                    f"--drain-timeout ({timeout:g} s)",
+                    code="shutting_down",
+                )
+            )
 
     async def close(self) -> None:
         """Stop the engine thread without blocking the event loop (it may be inside a step)."""

@@ -35,8 +35,13 @@ def roles(messages: list) -> list[dict]:
         if "role" in m:
             out.append({"role": m["role"], "content": m.get("content", "")})
         else:
-            role = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                    "system": "system"}.get(m.get("from"), m.get("from"))
+            role = {
+                "human": "user",
+                "user": "user",
+                "gpt": "assistant",
+                "assistant": "assistant",
+                "system": "system",
+            }.get(m.get("from"), m.get("from"))
             out.append({"role": role, "content": m.get("value", "")})
     return out
 
@@ -44,8 +49,11 @@ def roles(messages: list) -> list[dict]:
 def chat_example(tokenizer, messages: list[dict]) -> Example:
     """Render with the chat template; mark the tokens of assistant contents (found by character spans)."""
     if not chat_template_of(tokenizer):
-        raise InputError("chat data needs a tokenizer with a chat template",
-                         fix="add chat_template to tokenizer_config.json, or give plain text data", code="E109")
+        raise InputError(
+            "chat data needs a tokenizer with a chat template",
+            fix="add chat_template to tokenizer_config.json, or give plain text data",
+            code="E109",
+        )
     messages = roles(messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans, pos = [], 0
@@ -66,7 +74,7 @@ def chat_example(tokenizer, messages: list[dict]) -> Example:
 def _windows(ex: Example, max_len: int, min_len: int = 8) -> list[Example]:
     out = []
     for i in range(0, len(ex), max_len):
-        ids, mask = ex.input_ids[i:i + max_len], ex.loss_mask[i:i + max_len]
+        ids, mask = ex.input_ids[i : i + max_len], ex.loss_mask[i : i + max_len]
         if len(ids) >= min_len and any(mask):
             out.append(Example(ids, mask))
     return out
@@ -85,8 +93,11 @@ def _is_ints(v) -> bool:
 def _need(f, n, name, value, ok: bool, rule: str) -> None:
     if not ok:
         shown = json.dumps(value)
-        raise InputError(f"{f}:{n}: '{name}' is {shown if len(shown) <= 60 else shown[:57] + '...'}, not {rule}",
-                         code="E119", fix=f"write '{name}' as {rule} at {f}:{n}")
+        raise InputError(
+            f"{f}:{n}: '{name}' is {shown if len(shown) <= 60 else shown[:57] + '...'}, not {rule}",
+            code="E119",
+            fix=f"write '{name}' as {rule} at {f}:{n}",
+        )
 
 
 def read_records(path: str | Path):
@@ -100,26 +111,44 @@ def read_records(path: str | Path):
             continue
         for n, obj in iter_jsonl(f):
             if not isinstance(obj, dict):
-                raise InputError(f"{f}:{n} is a JSON {type(obj).__name__}, not an object", code="E119",
-                                 fix='one object per line, e.g. {"text": "..."}')
+                raise InputError(
+                    f"{f}:{n} is a JSON {type(obj).__name__}, not an object",
+                    code="E119",
+                    fix='one object per line, e.g. {"text": "..."}',
+                )
             if "input_ids" in obj:
                 ids, mask = obj["input_ids"], obj.get("loss_mask")
                 _need(f, n, "input_ids", ids, _is_ints(ids), "a list of token ids")
-                _need(f, n, "loss_mask", mask, mask is None or (_is_ints(mask) and len(mask) == len(ids)),
-                      f"a list of 0/1 as long as input_ids ({len(ids)})")
+                _need(
+                    f,
+                    n,
+                    "loss_mask",
+                    mask,
+                    mask is None or (_is_ints(mask) and len(mask) == len(ids)),
+                    f"a list of 0/1 as long as input_ids ({len(ids)})",
+                )
                 yield "tokens", Example(ids, mask if mask is not None else [1] * len(ids))
             elif "messages" in obj or "conversations" in obj:
                 key = "messages" if "messages" in obj else "conversations"
                 msgs = obj[key]
-                _need(f, n, key, msgs, isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs),
-                      "a list of {role, content} objects")
+                _need(
+                    f,
+                    n,
+                    key,
+                    msgs,
+                    isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs),
+                    "a list of {role, content} objects",
+                )
                 yield "chat", msgs
             elif "text" in obj:
                 _need(f, n, "text", obj["text"], isinstance(obj["text"], str), "a string")
                 yield "text", obj["text"]
             else:
-                raise InputError(f"{f}:{n} has none of input_ids, messages, conversations, text",
-                                 fix="see `eaglekit train --help` for the accepted formats", code="E102")
+                raise InputError(
+                    f"{f}:{n} has none of input_ids, messages, conversations, text",
+                    fix="see `eaglekit train --help` for the accepted formats",
+                    code="E102",
+                )
 
 
 def load_examples(path, tokenizer, max_len: int) -> list[Example]:
@@ -127,8 +156,11 @@ def load_examples(path, tokenizer, max_len: int) -> list[Example]:
     for kind, rec in read_records(path):
         if kind == "text":
             if tokenizer is None:
-                raise InputError("text data needs the target's tokenizer", code="E109",
-                                 fix="put the tokenizer files in the target folder")
+                raise InputError(
+                    "text data needs the target's tokenizer",
+                    code="E109",
+                    fix="put the tokenizer files in the target folder",
+                )
             ids = tokenizer(rec, add_special_tokens=False)["input_ids"]
             ex = Example(list(ids), [1] * len(ids))
         elif kind == "chat":
@@ -137,8 +169,11 @@ def load_examples(path, tokenizer, max_len: int) -> list[Example]:
             ex = rec
         out.extend(_windows(ex, max_len))
     if not out:
-        raise InputError(f"no usable training example in {path} (each needs >= 8 tokens and a loss-mask token)",
-                         fix="check the data format and the tokenizer", code="E102")
+        raise InputError(
+            f"no usable training example in {path} (each needs >= 8 tokens and a loss-mask token)",
+            fix="check the data format and the tokenizer",
+            code="E102",
+        )
     return out
 
 

@@ -41,14 +41,26 @@ def bytes_needed(examples: list[Example], hidden: int, captures: int, dtype: str
     return sum(len(e) for e in examples) * ((captures + 1) * hidden * per + 5)
 
 
-def extract(target, examples: list[Example], out: str | Path, capture: CaptureSpec, shard_size: int = 256,
-            batch_size: int = 8,
-            dtype: str = "bfloat16", pad_id: int = 0, log=print, progress: bool = True) -> dict:
+def extract(
+    target,
+    examples: list[Example],
+    out: str | Path,
+    capture: CaptureSpec,
+    shard_size: int = 256,
+    batch_size: int = 8,
+    dtype: str = "bfloat16",
+    pad_id: int = 0,
+    log=print,
+    progress: bool = True,
+) -> dict:
     from .trainer import crash_hook
 
     if capture is None:
-        raise ContractError("extraction needs a CaptureSpec", code="E209",
-                            fix="pass the spec the draft will be trained on (CaptureSpec.default(n) if unsure)")
+        raise ContractError(
+            "extraction needs a CaptureSpec",
+            code="E209",
+            fix="pass the spec the draft will be trained on (CaptureSpec.default(n) if unsure)",
+        )
     if dtype not in _DT:
         raise InputError(f"unknown feature dtype {dtype!r}", fix=f"use one of {', '.join(_DT)}", code="E108")
     out = Path(out)
@@ -59,7 +71,7 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
     n_shards = header["num_shards"]
     mpath = out / "manifest.json"
     shards = _shards_done(out, mpath, header)
-    need = bytes_needed(examples[len(shards) * shard_size:], info.hidden_size, spec.num_captures, dtype)
+    need = bytes_needed(examples[len(shards) * shard_size :], info.hidden_size, spec.num_captures, dtype)
     _check_space(out, need, header, len(shards), log)
     from .vocab import count_tokens
 
@@ -71,7 +83,7 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
 
         bar = tqdm(total=n_shards, initial=len(shards), desc="extract", unit="shard")
     for s in range(len(shards), n_shards):
-        part = examples[s * shard_size:(s + 1) * shard_size]
+        part = examples[s * shard_size : (s + 1) * shard_size]
         name = f"shard-{s:05d}.safetensors"
         tensors = _shard_tensors(target, part, spec, _DT[dtype], batch_size, pad_id)
         sha = save_tensors(out / name, tensors, metadata={"capture": json.dumps(spec.to_dict())})
@@ -89,12 +101,24 @@ def extract(target, examples: list[Example], out: str | Path, capture: CaptureSp
 
 def _header(info, examples: list[Example], spec: CaptureSpec, dtype: str, shard_size: int) -> dict:
     """The manifest but its `shards` and `complete`: every key but eaglekit_version must match for a run to resume."""
-    return {"eaglekit_version": __version__, "target": {"fingerprint": info.fingerprint, "family": info.family,
-            "hidden_size": info.hidden_size, "num_layers": info.num_layers, "vocab_size": info.vocab_size},
-            "capture": spec.to_dict(), "dtype": dtype, "shard_size": shard_size, "data_hash": data_hash(examples),
-            "sequences": len(examples), "tokens": sum(len(e) for e in examples),
-            "loss_tokens": sum(sum(e.loss_mask) for e in examples),
-            "num_shards": (len(examples) + shard_size - 1) // shard_size}
+    return {
+        "eaglekit_version": __version__,
+        "target": {
+            "fingerprint": info.fingerprint,
+            "family": info.family,
+            "hidden_size": info.hidden_size,
+            "num_layers": info.num_layers,
+            "vocab_size": info.vocab_size,
+        },
+        "capture": spec.to_dict(),
+        "dtype": dtype,
+        "shard_size": shard_size,
+        "data_hash": data_hash(examples),
+        "sequences": len(examples),
+        "tokens": sum(len(e) for e in examples),
+        "loss_tokens": sum(sum(e.loss_mask) for e in examples),
+        "num_shards": (len(examples) + shard_size - 1) // shard_size,
+    }
 
 
 def _shards_done(out: Path, mpath: Path, header: dict) -> list[dict]:
@@ -105,37 +129,50 @@ def _shards_done(out: Path, mpath: Path, header: dict) -> list[dict]:
     old = json.loads(mpath.read_text())
     differs = [k for k in header if k != "eaglekit_version" and old.get(k) != header[k]]
     if differs:
-        raise InputError(f"{out} holds an extraction with other settings ({', '.join(differs)} differ)",
-                         fix="use a new --out folder, or delete the old one", code="E121")
+        raise InputError(
+            f"{out} holds an extraction with other settings ({', '.join(differs)} differ)",
+            fix="use a new --out folder, or delete the old one",
+            code="E121",
+        )
     return [s for s in old.get("shards", []) if (out / s["file"]).is_file()]
 
 
 def _check_space(out: Path, need: int, header: dict, done: int, log) -> None:
     """Logs the plan and refuses to start where the shards still to write (`need` bytes) do not fit on the disk."""
     free = shutil.disk_usage(out).free
-    log(f"extract: {header['sequences']} sequences, {header['tokens']} tokens, {header['num_shards']} shards; "
-        f"{done} already done; needs {need / 1e9:.2f} GB, {free / 1e9:.1f} GB free")
+    log(
+        f"extract: {header['sequences']} sequences, {header['tokens']} tokens, {header['num_shards']} shards; "
+        f"{done} already done; needs {need / 1e9:.2f} GB, {free / 1e9:.1f} GB free"
+    )
     if need > free:
-        raise InputError(f"extraction needs {need / 1e9:.2f} GB but {out} has {free / 1e9:.2f} GB free",
-                         fix="free disk space, or train online (eaglekit train --target ... --data ...)",
-                         code="E122")
+        raise InputError(
+            f"extraction needs {need / 1e9:.2f} GB but {out} has {free / 1e9:.2f} GB free",
+            fix="free disk space, or train online (eaglekit train --target ... --data ...)",
+            code="E122",
+        )
 
 
-def _shard_tensors(target, part: list[Example], spec: CaptureSpec, dtype: torch.dtype, batch_size: int,
-                   pad_id: int) -> dict[str, torch.Tensor]:
+def _shard_tensors(
+    target, part: list[Example], spec: CaptureSpec, dtype: torch.dtype, batch_size: int, pad_id: int
+) -> dict[str, torch.Tensor]:
     """One shard's tensors (the module's docstring lists them): `part` right-padded to its longest, run through the
     target `batch_size` sequences at a time."""
     ids, mask, valid = pad_batch(part, pad_id)
     feats, hidden = [], []
     for i in range(0, len(part), batch_size):
-        b_ids = ids[i:i + batch_size].to(target.device)
-        b_valid = valid[i:i + batch_size].to(target.device)
+        b_ids = ids[i : i + batch_size].to(target.device)
+        b_valid = valid[i : i + batch_size].to(target.device)
         with torch.no_grad():
             h, f = target.features(b_ids, b_valid.long(), spec)
         feats.append(f.to(dtype).cpu())
         hidden.append(h.to(dtype).cpu())
-    return {"input_ids": ids.to(torch.int32), "loss_mask": mask.to(torch.uint8),
-            "lengths": valid.sum(1).to(torch.int32), "features": torch.cat(feats), "target_hidden": torch.cat(hidden)}
+    return {
+        "input_ids": ids.to(torch.int32),
+        "loss_mask": mask.to(torch.uint8),
+        "lengths": valid.sum(1).to(torch.int32),
+        "features": torch.cat(feats),
+        "target_hidden": torch.cat(hidden),
+    }
 
 
 class FeatureStore:
@@ -149,18 +186,26 @@ class FeatureStore:
         self.manifest = json.loads(mpath.read_text())
         if not self.manifest.get("complete"):
             done = len(self.manifest.get("shards", []))
-            raise InputError(f"the extraction in {self.folder} is incomplete ({done} of "
-                             f"{self.manifest['num_shards']} shards)", fix="rerun eaglekit extract: it resumes",
-                             code="E123")
+            raise InputError(
+                f"the extraction in {self.folder} is incomplete ({done} of {self.manifest['num_shards']} shards)",
+                fix="rerun eaglekit extract: it resumes",
+                code="E123",
+            )
         self.capture = CaptureSpec.from_dict(self.manifest["capture"])
         if capture is not None and capture != self.capture:
-            raise ContractError(f"features in {self.folder} were captured at {self.capture.describe()}, the draft "
-                                f"expects {capture.describe()}", fix="extract again with the draft's capture",
-                                code="E209")
+            raise ContractError(
+                f"features in {self.folder} were captured at {self.capture.describe()}, the draft "
+                f"expects {capture.describe()}",
+                fix="extract again with the draft's capture",
+                code="E209",
+            )
         if target_info is not None and target_info.fingerprint != self.manifest["target"]["fingerprint"]:
-            raise ContractError(f"features in {self.folder} come from a target with fingerprint "
-                                f"{self.manifest['target']['fingerprint']}, not {target_info.fingerprint}",
-                                fix="extract with the target you train for", code="E208")
+            raise ContractError(
+                f"features in {self.folder} come from a target with fingerprint "
+                f"{self.manifest['target']['fingerprint']}, not {target_info.fingerprint}",
+                fix="extract with the target you train for",
+                code="E208",
+            )
         self.shards = self.manifest["shards"]
         self.offsets = [0]
         for s in self.shards:
@@ -175,9 +220,11 @@ class FeatureStore:
             s = self.shards[k]
             path = self.folder / s["file"]
             if sha256_file(path) != s["sha256"]:
-                raise InputError(f"feature shard {path} does not match its sha256 in the manifest (corrupt or "
-                                 f"changed)", fix="delete the shard and its manifest entry, then rerun extract",
-                                 code="E124")
+                raise InputError(
+                    f"feature shard {path} does not match its sha256 in the manifest (corrupt or changed)",
+                    fix="delete the shard and its manifest entry, then rerun extract",
+                    code="E124",
+                )
             self._cached = (k, load_file(str(path)))
         return self._cached[1]
 
@@ -203,8 +250,9 @@ class FeatureStore:
             sh = self._shard(k)
             r = i - self.offsets[k]
             n = int(sh["lengths"][r])
-            parts.append((sh["input_ids"][r, :n], sh["loss_mask"][r, :n], sh["features"][r, :n],
-                          sh["target_hidden"][r, :n]))
+            parts.append(
+                (sh["input_ids"][r, :n], sh["loss_mask"][r, :n], sh["features"][r, :n], sh["target_hidden"][r, :n])
+            )
         T = max(p[0].numel() for p in parts)
         B = len(parts)
         ids = torch.zeros(B, T, dtype=torch.long)
@@ -215,5 +263,10 @@ class FeatureStore:
         for j, (a, m, f, h) in enumerate(parts):
             n = a.numel()
             ids[j, :n], mask[j, :n], valid[j, :n], feats[j, :n], hid[j, :n] = a.long(), m.long(), True, f, h
-        return TargetBatch(feats=feats.to(device), ids=ids.to(device), loss_mask=mask.to(device),
-                           valid=valid.to(device), target_hidden=hid.to(device))
+        return TargetBatch(
+            feats=feats.to(device),
+            ids=ids.to(device),
+            loss_mask=mask.to(device),
+            valid=valid.to(device),
+            target_hidden=hid.to(device),
+        )

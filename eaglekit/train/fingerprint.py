@@ -59,8 +59,11 @@ class FeatureSketch:
 
     def slot(self, i: int) -> dict:
         n = max(self.n, 1)
-        return {"rms": math.sqrt(float(self.sq[i]) / n), "mean": (self.s1[i] / n).tolist(),
-                "second": (self.s2[i] / n).tolist()}
+        return {
+            "rms": math.sqrt(float(self.sq[i]) / n),
+            "mean": (self.s1[i] / n).tolist(),
+            "second": (self.s2[i] / n).tolist(),
+        }
 
     def to_json(self, layers: tuple[int, ...] | None = None) -> dict:
         """The block recorded in the draft: `layers` are the after_layers the slots were captured at."""
@@ -71,8 +74,9 @@ class FeatureSketch:
         out: dict[str, Any] = {"version": VERSION, "sketch": SKETCH, "seed": SEED, "tokens": self.n, "slots": []}
         for i in range(self.slots):
             s = self.slot(i)
-            out["slots"].append({"rms": r(s["rms"]), "mean": [r(x) for x in s["mean"]],
-                                 "second": [r(x) for x in s["second"]]})
+            out["slots"].append(
+                {"rms": r(s["rms"]), "mean": [r(x) for x in s["mean"]], "second": [r(x) for x in s["second"]]}
+            )
         if layers is not None:
             out["after_layers"] = list(layers)
         return out
@@ -104,14 +108,27 @@ def match(recorded: dict, layer_sketch: FeatureSketch, layer_ids: list[int]) -> 
     for i, s in enumerate(recorded["slots"]):
         d = sorted((distance(s, lay), lid) for lay, lid in zip(layers, layer_ids))
         (d0, l0), (d1, l1) = d[0], d[1] if len(d) > 1 else (float("inf"), None)
-        out.append({"slot": i, "layer": l0, "distance": round(d0, 4), "runner_up": l1,
-                    "runner_up_distance": round(d1, 4), "confident": d1 > 1.25 * d0 + 0.01})
+        out.append(
+            {
+                "slot": i,
+                "layer": l0,
+                "distance": round(d0, 4),
+                "runner_up": l1,
+                "runner_up_distance": round(d1, 4),
+                "confident": d1 > 1.25 * d0 + 0.01,
+            }
+        )
     return out
 
 
 def usable(recorded) -> bool:
-    return (isinstance(recorded, dict) and recorded.get("version") == VERSION and recorded.get("sketch") == SKETCH
-            and recorded.get("seed") == SEED and bool(recorded.get("slots")))
+    return (
+        isinstance(recorded, dict)
+        and recorded.get("version") == VERSION
+        and recorded.get("sketch") == SKETCH
+        and recorded.get("seed") == SEED
+        and bool(recorded.get("slots"))
+    )
 
 
 @torch.no_grad()
@@ -124,7 +141,7 @@ def sketch_of(target, examples, capture, max_tokens: int = 200_000, batch_size: 
     for i in range(0, len(examples), batch_size):
         if sk.n >= max_tokens:
             break
-        ids, _, valid = pad_batch(examples[i:i + batch_size])
+        ids, _, valid = pad_batch(examples[i : i + batch_size])
         _, feats = target.features(ids.to(target.device), valid.long().to(target.device), capture)
         sk.add(feats, valid.to(target.device))
     return sk
@@ -204,14 +221,21 @@ def weights_fingerprint(folder) -> dict | None:
         u = v.double() / v.double().pow(2).mean().sqrt().clamp(min=1e-30) if v.numel() else v.double()
         sample[seed % WEIGHT_SAMPLE] += float(torch.randn(v.numel(), generator=g, dtype=torch.float64) @ u)
         n += 1
-    return {"version": WEIGHTS_VERSION, "sha256": h.hexdigest()[:16], "tensors": n,
-            "sample": [float(f"{x:.6g}") for x in sample.tolist()]}
+    return {
+        "version": WEIGHTS_VERSION,
+        "sha256": h.hexdigest()[:16],
+        "tensors": n,
+        "sample": [float(f"{x:.6g}") for x in sample.tolist()],
+    }
 
 
 def weights_distance(recorded: dict, current: dict) -> float | None:
     """Relative distance of the two samples (0: the same weights at the sampled places); None: not comparable."""
-    if not (isinstance(recorded, dict) and isinstance(current, dict)) or recorded.get("version") != WEIGHTS_VERSION \
-            or len(recorded.get("sample") or []) != len(current.get("sample") or []):
+    if (
+        not (isinstance(recorded, dict) and isinstance(current, dict))
+        or recorded.get("version") != WEIGHTS_VERSION
+        or len(recorded.get("sample") or []) != len(current.get("sample") or [])
+    ):
         return None
     a, b = torch.tensor(recorded["sample"], dtype=torch.float64), torch.tensor(current["sample"], dtype=torch.float64)
     return float((a - b).norm() / a.norm().clamp(min=1e-30))

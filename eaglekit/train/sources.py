@@ -18,8 +18,11 @@ class OnlineSource:
         if capture is None:
             from ..errors import ContractError
 
-            raise ContractError("online training needs a CaptureSpec", code="E209",
-                                fix="pass the spec the draft is trained on (CaptureSpec.default(n) if unsure)")
+            raise ContractError(
+                "online training needs a CaptureSpec",
+                code="E209",
+                fix="pass the spec the draft is trained on (CaptureSpec.default(n) if unsure)",
+            )
         self.target, self.capture = target, capture
         self.examples = examples
         self.pad_id = pad_id

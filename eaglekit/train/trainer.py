@@ -49,8 +49,17 @@ class TrainConfig:
 # A resumed run (the same --out) continues with the values given now for the settings that only shape the schedule
 # and the optimiser's step, and says which changed; it refuses (E120) a change of those that choose its samples or its
 # model, which the checkpoint's steps were taken with (the fix: the checkpoint's value, or a new --out).
-RESUME_CONTINUES = ("epochs", "max_steps", "lr", "min_lr_ratio", "warmup", "grad_clip", "save_every", "eval_every",
-                    "time_budget_s")
+RESUME_CONTINUES = (
+    "epochs",
+    "max_steps",
+    "lr",
+    "min_lr_ratio",
+    "warmup",
+    "grad_clip",
+    "save_every",
+    "eval_every",
+    "time_budget_s",
+)
 RESUME_FIXED = ("batch_size", "seed", "ttt_length", "decay", "weight_decay", "betas", "bf16")
 
 
@@ -127,15 +136,14 @@ def evaluate_ttt(draft, source, indices, lm_head_w, hot, cfg: TrainConfig, devic
     draft.eval()
     with torch.no_grad(), _autocast(device, cfg):
         for i in range(0, len(indices), cfg.batch_size):
-            b = source.batch(indices[i:i + cfg.batch_size], device)
+            b = source.batch(indices[i : i + cfg.batch_size], device)
             p, in_dv = target_distribution(b, lm_head_w, hot)
             _, _, c, n = ttt_forward(draft, b, p, in_dv, cfg.ttt_length, cfg.decay)
             correct += c.float().cpu()
             counts += n.float().cpu()
     draft.train()
     acc = (correct / counts.clamp(min=1)).tolist()
-    return {"per_position_acc": acc, "simulated_accept_length": simulated_accept_length(acc),
-            "tokens": int(counts[0])}
+    return {"per_position_acc": acc, "simulated_accept_length": simulated_accept_length(acc), "tokens": int(counts[0])}
 
 
 def _autocast(device, cfg):
@@ -163,19 +171,32 @@ def _flag(name: str) -> str:
 def _changed_settings(old: dict, cfg: "TrainConfig", ckpt: Path) -> dict:
     """{setting: (checkpoint's, now)} for the RESUME_CONTINUES settings that differ; E120 for a RESUME_FIXED one."""
     now = asdict(cfg)
-    norm = (lambda v: list(v) if isinstance(v, tuple) else v)  # noqa: E731 -- betas: a tuple, a list once reloaded
+    norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 -- betas: a tuple, a list once reloaded
     fixed = {k: (old[k], now[k]) for k in RESUME_FIXED if k in old and norm(old[k]) != norm(now[k])}
     if fixed:
         what = ", ".join(f"{_flag(k)} {a} (now {b})" for k, (a, b) in fixed.items())
-        raise InputError(f"the checkpoint in {ckpt.parent} was trained with {what}: these choose a run's samples or "
-                         f"its model, so a resumed run keeps them", code="E120",
-                         fix=f"resume with {' '.join(f'{_flag(k)} {a}' for k, (a, _) in fixed.items())}, or use a new "
-                             f"--out to start over")
+        raise InputError(
+            f"the checkpoint in {ckpt.parent} was trained with {what}: these choose a run's samples or "
+            f"its model, so a resumed run keeps them",
+            code="E120",
+            fix=f"resume with {' '.join(f'{_flag(k)} {a}' for k, (a, _) in fixed.items())}, or use a new "
+            f"--out to start over",
+        )
     return {k: (old[k], now[k]) for k in RESUME_CONTINUES if k in old and old[k] != now[k]}
 
 
-def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, device, rank: int,
-            cfg: "TrainConfig | None" = None) -> RunState:
+def _resume(
+    draft,
+    opt,
+    hot,
+    sketch,
+    ckpt: Path,
+    log_path: Path,
+    run: RunState,
+    device,
+    rank: int,
+    cfg: "TrainConfig | None" = None,
+) -> RunState:
     """Load the last checkpoint if there is one, refusing one made with another vocabulary or with other RESUME_FIXED
     settings; cut the log back to it. Changed RESUME_CONTINUES settings apply from the checkpoint's step on (said so);
     the step count is recomputed when --max-steps or --epochs changed, else the checkpoint's (maybe budget-fitted)
@@ -186,8 +207,11 @@ def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, 
     if state is None:
         return run
     if not torch.equal(state["hot"].cpu(), hot.cpu()):
-        raise InputError(f"the checkpoint in {ckpt.parent} was trained with another draft vocabulary",
-                         fix="resume with the same data and --draft-vocab-size, or use a new --out", code="E120")
+        raise InputError(
+            f"the checkpoint in {ckpt.parent} was trained with another draft vocabulary",
+            fix="resume with the same data and --draft-vocab-size, or use a new --out",
+            code="E120",
+        )
     draft.load_state_dict(state["draft"], strict=False)
     opt.load_state_dict(state["opt"])
     if "sketch" in state:
@@ -196,12 +220,18 @@ def _resume(draft, opt, hot, sketch, ckpt: Path, log_path: Path, run: RunState, 
     total = run.total if {"max_steps", "epochs"} & changed.keys() else state.get("total", run.total)
     run = RunState(state["step"], state["samples_seen"], total)
     if rank == 0 and changed:
-        print(f"training: resuming at step {run.step} with changed settings, which apply from this step on: "
-              + ", ".join(f"{_flag(k)} {a} -> {b}" for k, (a, b) in changed.items())
-              + f" ({total} steps in all)", flush=True)
+        print(
+            f"training: resuming at step {run.step} with changed settings, which apply from this step on: "
+            + ", ".join(f"{_flag(k)} {a} -> {b}" for k, (a, b) in changed.items())
+            + f" ({total} steps in all)",
+            flush=True,
+        )
     if rank == 0 and run.step >= total:
-        print(f"training: the checkpoint is at step {run.step}, at or past the {total} steps asked: nothing is left "
-              f"to train", flush=True)
+        print(
+            f"training: the checkpoint is at step {run.step}, at or past the {total} steps asked: nothing is left "
+            f"to train",
+            flush=True,
+        )
     if rank == 0 and log_path.is_file():
         _truncate_log(log_path, run.step)
     return run
@@ -228,10 +258,16 @@ def _step(model, opt, params, batch, lm_head_w, hot, lr: float, cfg: "TrainConfi
 
 def _record(stats, step: int, lr: float, gnorm, samples_seen: int, cfg: "TrainConfig") -> dict:
     L = cfg.ttt_length
-    n = stats[2 * L:].clamp(min=1)
-    acc = (stats[L:2 * L] / n).tolist()
-    return {"step": step, "loss": float((stats[:L] / n * (cfg.decay ** torch.arange(L))).sum()),
-            "acc": [round(a, 4) for a in acc], "lr": lr, "grad_norm": float(gnorm), "samples_seen": samples_seen}
+    n = stats[2 * L :].clamp(min=1)
+    acc = (stats[L : 2 * L] / n).tolist()
+    return {
+        "step": step,
+        "loss": float((stats[:L] / n * (cfg.decay ** torch.arange(L))).sum()),
+        "acc": [round(a, 4) for a in acc],
+        "lr": lr,
+        "grad_norm": float(gnorm),
+        "samples_seen": samples_seen,
+    }
 
 
 @contextmanager
@@ -251,8 +287,16 @@ def _tf32(device):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def train_draft(draft, source, lm_head_w: torch.Tensor, hot: torch.Tensor, cfg: TrainConfig, device,
-                eval_indices=None, progress: bool = True) -> dict:
+def train_draft(
+    draft,
+    source,
+    lm_head_w: torch.Tensor,
+    hot: torch.Tensor,
+    cfg: TrainConfig,
+    device,
+    eval_indices=None,
+    progress: bool = True,
+) -> dict:
     """Train `draft` in place on `source` (online or offline batches). Returns the final metrics.
     The parts: resume (_resume), schedule (loop.lr_at, loop.StepBudget), step (_step, DDP across ranks),
     checkpoint (_save), evaluation (evaluate_ttt); float32 matmuls on TF32 on a GPU (_tf32)."""
@@ -274,8 +318,11 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
     start, total = run.step, run.total
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        print(f"training: {source.n} samples, {steps_per_epoch} steps/epoch at global batch {global_batch}, "
-              f"{total} steps" + (f", resuming at step {start}" if start else ""), flush=True)
+        print(
+            f"training: {source.n} samples, {steps_per_epoch} steps/epoch at global batch {global_batch}, "
+            f"{total} steps" + (f", resuming at step {start}" if start else ""),
+            flush=True,
+        )
     bar = None
     if progress and rank == 0:
         from tqdm import tqdm
@@ -297,7 +344,7 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
         if epoch not in order_cache:
             order_cache = {epoch: _epoch_order(source, epoch, cfg.seed)}
         base = j * global_batch + rank * cfg.batch_size
-        batch = source.batch(order_cache[epoch][base:base + cfg.batch_size], device)
+        batch = source.batch(order_cache[epoch][base : base + cfg.batch_size], device)
         if rank == 0 and sketch.n < FINGERPRINT_TOKENS:
             sketch.add(batch.feats, batch.valid)
         lr = lr_at(step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
@@ -321,8 +368,11 @@ def _train(draft, source, lm_head_w, hot, cfg: TrainConfig, device, eval_indices
             saved = step + 1
         if cfg.eval_every and eval_indices and ((step + 1) % cfg.eval_every == 0) and rank == 0 and not done:
             ev = evaluate_ttt(draft, source, eval_indices, lm_head_w, hot, cfg, device)
-            print(f"\nstep {step + 1}: held-out acc {[round(a, 3) for a in ev['per_position_acc']]} "
-                  f"simulated accept length {ev['simulated_accept_length']:.2f}", flush=True)
+            print(
+                f"\nstep {step + 1}: held-out acc {[round(a, 3) for a in ev['per_position_acc']]} "
+                f"simulated accept length {ev['simulated_accept_length']:.2f}",
+                flush=True,
+            )
         crash_hook("train_step", step + 1)
         step += 1
     if bar is not None:
@@ -343,8 +393,9 @@ def _start(draft, hot, cfg: TrainConfig, steps_per_epoch: int, device, rank: int
     C = draft.config.num_captures
     sketch = FeatureSketch(C, draft.fc.in_features // C)  # which layer each slot is trained on (doctor)
     run = RunState(total=cfg.max_steps or max(int(cfg.epochs * steps_per_epoch), 1))
-    run = _resume(draft, opt, hot, sketch, out / "checkpoint" / "state.pt", out / "train_log.jsonl", run, device,
-                  rank, cfg)
+    run = _resume(
+        draft, opt, hot, sketch, out / "checkpoint" / "state.pt", out / "train_log.jsonl", run, device, rank, cfg
+    )
     return params, opt, sketch, run
 
 
@@ -354,8 +405,10 @@ def _fit(budget, step: int, total: int, cap: int, world: int, rank: int, device)
     if fitted is not None and world > 1:  # each rank timed its own steps: all take rank 0's fit, or they hang
         fitted, budget.again = _from_rank0(fitted, budget.again, device)
     if fitted is not None and rank == 0:
-        print(f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {fitted} steps fit the "
-              f"{budget.budget_s:.0f}s budget", flush=True)
+        print(
+            f"\ntraining: {budget.per_step * 1e3:.1f} ms/step: {fitted} steps fit the {budget.budget_s:.0f}s budget",
+            flush=True,
+        )
     return fitted
 
 
@@ -368,13 +421,17 @@ def _from_rank0(total: int, again: int | None, device) -> tuple[int, int | None]
 
 
 def _diverged(step: int, rec: dict, lr: float, saved: int, out: Path, what: str):
-    kept = (f"the checkpoint of step {saved} and its draft in {out} are kept (nothing of this step was written)"
-            if saved else "no checkpoint was written yet, and no draft")
+    kept = (
+        f"the checkpoint of step {saved} and its draft in {out} are kept (nothing of this step was written)"
+        if saved
+        else "no checkpoint was written yet, and no draft"
+    )
     raise TrainingDiverged(
         f"training diverged at step {step + 1}: {what} is not finite (loss {rec['loss']}, grad norm "
         f"{rec['grad_norm']}, learning rate {lr:g}); {kept}",
         fix="lower --lr (or raise --warmup) and run the same command: it resumes from the last good checkpoint with "
-            "the new settings (or use a new --out to start over)")
+        "the new settings (or use a new --out to start over)",
+    )
 
 
 def _truncate_log(log_path: Path, start: int) -> None:
@@ -392,9 +449,11 @@ def _truncate_log(log_path: Path, start: int) -> None:
         if rec.get("step", start) < start:
             keep.append(ln)
     if partial:
-        print(f"training: dropped {len(partial)} partial line{'s' if len(partial) > 1 else ''} of {log_path.name} "
-              f"(line {', '.join(map(str, partial))}: cut short by a crash or a full disk); those steps are redone",
-              flush=True)
+        print(
+            f"training: dropped {len(partial)} partial line{'s' if len(partial) > 1 else ''} of {log_path.name} "
+            f"(line {', '.join(map(str, partial))}: cut short by a crash or a full disk); those steps are redone",
+            flush=True,
+        )
     atomic_write_bytes(log_path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
 
@@ -405,7 +464,17 @@ def _save(draft, opt, hot, run: RunState, cfg, ckpt: Path, out: Path, sketch) ->
     if sketch.n:
         cap = draft.config.capture
         draft.config.features = sketch.to_json(cap.after_layers if cap is not None else None)
-    save_state(ckpt, {"step": run.step, "samples_seen": run.samples_seen, "total": run.total, "hot": hot.cpu(),
-                      "draft": {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"},
-                      "opt": opt.state_dict(), "config": asdict(cfg), "sketch": sketch.state()})
+    save_state(
+        ckpt,
+        {
+            "step": run.step,
+            "samples_seen": run.samples_seen,
+            "total": run.total,
+            "hot": hot.cpu(),
+            "draft": {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"},
+            "opt": opt.state_dict(),
+            "config": asdict(cfg),
+            "sketch": sketch.state(),
+        },
+    )
     save_draft(draft, out / "draft", dtype=torch.bfloat16)

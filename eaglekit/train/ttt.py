@@ -50,9 +50,17 @@ def target_distribution(batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: to
         return p, in_dv[top]
 
 
-def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tensor, length: int = 7,
-                decay: float = 0.8, keep_logits: list | None = None, keep_correct: list | None = None,
-                keep_loss: list | None = None):
+def ttt_forward(
+    draft,
+    batch: TargetBatch,
+    p_dv: torch.Tensor,
+    in_dv: torch.Tensor,
+    length: int = 7,
+    decay: float = 0.8,
+    keep_logits: list | None = None,
+    keep_correct: list | None = None,
+    keep_loss: list | None = None,
+):
     """-> (weighted loss, per-step losses [length], per-step correct counts [length], per-step counts).
     `keep_logits`, if a list, receives each step's draft logits [B, T, Vd] (for tests and analysis);
     `keep_correct` each step's (correct [B, T], counted [B, T]) booleans (the doctor's paired test);
@@ -85,7 +93,7 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
             keep_loss.append(ce.detach())
         n = w.sum()
         loss_k = (ce * w).sum() / n.clamp(min=1)
-        total = total + (decay ** k) * loss_k
+        total = total + (decay**k) * loss_k
         with torch.no_grad():
             losses.append(loss_k.detach())
             hit = (logits.argmax(-1) == p.argmax(-1)) & w
@@ -98,8 +106,9 @@ def ttt_forward(draft, batch: TargetBatch, p_dv: torch.Tensor, in_dv: torch.Tens
 
 
 @torch.no_grad()
-def teacher_forced_hits(draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor, steps: int,
-                        decay: float = 0.8):
+def teacher_forced_hits(
+    draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_ids: torch.Tensor, steps: int, decay: float = 0.8
+):
     """-> (correct, counted), bool [B, steps, T], and loss, float [B, T]: at position t, whether the draft's step k,
     unrolled on its own outputs from t, predicts the target's greedy token (t + 2 + k), and whether that position
     counts. Along the target's own greedy text the leading run of correct steps is what a chain drafted from t gets
@@ -112,7 +121,7 @@ def teacher_forced_hits(draft, batch: TargetBatch, lm_head_w: torch.Tensor, hot_
     ce: list = []
     ttt_forward(draft, batch, p, in_dv, length=steps, decay=decay, keep_correct=keep, keep_loss=ce)
     correct, counted = torch.stack([c for c, _ in keep], 1), torch.stack([w for _, w in keep], 1)
-    loss = sum((decay ** k) * c for k, c in enumerate(ce)).masked_fill(~counted.all(1), float("nan"))
+    loss = sum((decay**k) * c for k, c in enumerate(ce)).masked_fill(~counted.all(1), float("nan"))
     return correct, counted, loss
 
 
@@ -136,8 +145,7 @@ def accepted_runs(target, draft, seqs: list[list[int]], capture, steps: int, chu
     return [(runs, counted) for runs, counted, _ in accepted_runs_each(target, draft, seqs, [capture], steps, chunk)[0]]
 
 
-def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8,
-                       stop=None):
+def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, steps: int, chunk: int = 8, stop=None):
     """accepted_runs under each of `captures` (CaptureSpecs), one target forward a chunk for all of them: the target
     captures the union of their layers once and each wiring's features are sliced from it (the target's forward,
     not the draft's, is most of the cost). -> one list per capture of (runs, counted, loss) per sequence: as
@@ -153,11 +161,13 @@ def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, ste
     H = target.info.hidden_size
     slot = {layer: n for n, layer in enumerate(union)}
     # each wiring's columns of the union's features, in the wiring's own order
-    cols = [torch.cat([torch.arange(slot[layer] * H, (slot[layer] + 1) * H) for layer in c.after_layers]).to(dev)
-            for c in captures]
+    cols = [
+        torch.cat([torch.arange(slot[layer] * H, (slot[layer] + 1) * H) for layer in c.after_layers]).to(dev)
+        for c in captures
+    ]
     out: list[list] = [[] for _ in captures]
     for i in range(0, len(seqs), chunk):
-        part = seqs[i:i + chunk]
+        part = seqs[i : i + chunk]
         ids, _, valid = pad_batch([Example(s, [1] * len(s)) for s in part])
         ids, valid = ids.to(dev), valid.to(dev)
         hidden, feats = target.features(ids, valid.long(), CaptureSpec(tuple(union)))
@@ -165,8 +175,7 @@ def accepted_runs_each(target, draft, seqs: list[list[int]], captures: list, ste
             b = TargetBatch(feats.index_select(-1, idx), ids, valid.long(), valid, hidden)
             correct, counted, loss = (x.cpu() for x in teacher_forced_hits(draft, b, lm, hot, steps))
             runs = torch.cumprod(correct.long(), 1).sum(1)  # [B, T] (a correct step is a counted one)
-            runs_c += [(runs[j, :len(s)], counted[j, 0, :len(s)], loss[j, :len(s)]) for j, s in enumerate(part)]
+            runs_c += [(runs[j, : len(s)], counted[j, 0, : len(s)], loss[j, : len(s)]) for j, s in enumerate(part)]
         if stop is not None and i + chunk < len(seqs) and stop(out):
             break
     return out
-

@@ -46,11 +46,14 @@ def build_vocab_map(examples, vocab_size: int, draft_vocab_size: int) -> VocabMa
 def vocab_map_from_counts(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
     vocab_size = counts.numel()
     if draft_vocab_size > vocab_size:
-        raise InputError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}",
-                         fix=f"use --draft-vocab-size {vocab_size} or less", code="E206")
+        raise InputError(
+            f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}",
+            fix=f"use --draft-vocab-size {vocab_size} or less",
+            code="E206",
+        )
     order = torch.argsort(counts, descending=True, stable=True)  # ties: lower id first
     nonzero = int((counts > 0).sum())
-    chosen = order[:min(draft_vocab_size, nonzero)]
+    chosen = order[: min(draft_vocab_size, nonzero)]
     if chosen.numel() < draft_vocab_size:
         used = torch.zeros(vocab_size, dtype=torch.bool)
         used[chosen] = True

@@ -52,8 +52,13 @@ class Progress:
         if show:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=round(budget_s), desc="chain pick", unit="s", leave=False,
-                            bar_format="{desc} |{bar}| {n:.0f}/{total} s budget")
+            self.bar = tqdm(
+                total=round(budget_s),
+                desc="chain pick",
+                unit="s",
+                leave=False,
+                bar_format="{desc} |{bar}| {n:.0f}/{total} s budget",
+            )
 
     @property
     def elapsed(self) -> float:
@@ -102,8 +107,9 @@ def spread(prompts: list, size: int) -> list[list]:
     return [prompts[i::k] for i in range(k) if prompts[i::k]]
 
 
-def model_accept_lengths(target, draft, prompts: list[list[int]], max_new_tokens: int, chains, clock: Progress,
-                         until_s: float) -> tuple[dict[int, float], int]:
+def model_accept_lengths(
+    target, draft, prompts: list[list[int]], max_new_tokens: int, chains, clock: Progress, until_s: float
+) -> tuple[dict[int, float], int]:
     """(each chain's predicted accept length, how many prompts it rests on): the model's slices until `until_s` of
     the clock (one slice at least)."""
     from ..draft import check_pair
@@ -116,7 +122,7 @@ def model_accept_lengths(target, draft, prompts: list[list[int]], max_new_tokens
     slices = spread(prompts, SLICE)
     if slices:  # the first slice in two halves: a loaded machine past its share after the first stops there
         head = slices[0]
-        slices = [head[:(len(head) + 1) // 2], head[(len(head) + 1) // 2:]] + slices[1:]
+        slices = [head[: (len(head) + 1) // 2], head[(len(head) + 1) // 2 :]] + slices[1:]
     for part in (s for s in slices if s):
         if runs and clock.elapsed + last > until_s:  # (the next slice would end past the share: as long as the last)
             break
@@ -137,9 +143,17 @@ def _per_step(m, baseline: bool) -> float | None:
     return (m.elapsed_s - m.phases.get("prefill", 0.0)) / n if n > 0 else None
 
 
-def cycle_ratios(target, draft, prompts: list[list[int]], chains, clock: Progress, until_s: float,
-                 tokens: int = TIME_TOKENS, min_rounds: int = MIN_ROUNDS,
-                 max_rounds: int = MAX_ROUNDS) -> tuple[dict[int, list[float]], list[float]]:
+def cycle_ratios(
+    target,
+    draft,
+    prompts: list[list[int]],
+    chains,
+    clock: Progress,
+    until_s: float,
+    tokens: int = TIME_TOKENS,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[dict[int, list[float]], list[float]]:
     """(per chain: its cycle over the target's step, one sample a round; the step's seconds, one a round).
     A round is one generation of `tokens` with the target alone and one with each chain, on the round's prompt,
     in an order that rotates from round to round; rounds run until `until_s` of the clock (at least `min_rounds`).
@@ -196,8 +210,15 @@ def line_fit(samples: dict[int, list[float]]) -> dict[int, float]:
     return fit if all(v > 0 for v in fit.values()) else medians  # (a line through wild noise may cross zero)
 
 
-def pick_chain(target, draft, prompts: list[list[int]], max_new_tokens: int, chains=CHAINS,
-               budget_s: float = BUDGET_S, progress: bool = False) -> tuple[TreeShape, dict]:
+def pick_chain(
+    target,
+    draft,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    chains=CHAINS,
+    budget_s: float = BUDGET_S,
+    progress: bool = False,
+) -> tuple[TreeShape, dict]:
     """The chain (steps in `chains`) with the most predicted speedup for these prompts at this length on this
     machine, measured within about `budget_s` -> (shape, what was measured and predicted)."""
     clock = Progress(budget_s, progress)
@@ -209,26 +230,48 @@ def pick_chain(target, draft, prompts: list[list[int]], max_new_tokens: int, cha
         clock.close()
     cost = line_fit(ratios)  # a chain's cycle in target steps
     step = statistics.median(steps)
-    rows = [{"steps": n, "accept_length": round(acc[n], 3), "cycle_steps": round(cost[n], 3),
-             "cycle_steps_median": round(statistics.median(ratios[n]), 3) if ratios[n] else None,
-             "cycle_ms": round(cost[n] * step * 1e3, 2), "speedup": round(acc[n] / cost[n], 3),
-             "tokens_per_s": round(acc[n] / (cost[n] * step), 1)} for n in chains]
+    rows = [
+        {
+            "steps": n,
+            "accept_length": round(acc[n], 3),
+            "cycle_steps": round(cost[n], 3),
+            "cycle_steps_median": round(statistics.median(ratios[n]), 3) if ratios[n] else None,
+            "cycle_ms": round(cost[n] * step * 1e3, 2),
+            "speedup": round(acc[n] / cost[n], 3),
+            "tokens_per_s": round(acc[n] / (cost[n] * step), 1),
+        }
+        for n in chains
+    ]
     ranked = sorted(rows, key=lambda r: r["speedup"], reverse=True)
     best = ranked[0]
-    why = (f"chain {best['steps']}: accept length {best['accept_length']:.2f} over a cycle of "
-           f"{best['cycle_steps']:.2f} target steps = {best['speedup']:.2f}x predicted")
+    why = (
+        f"chain {best['steps']}: accept length {best['accept_length']:.2f} over a cycle of "
+        f"{best['cycle_steps']:.2f} target steps = {best['speedup']:.2f}x predicted"
+    )
     if len(ranked) > 1:
         why += f" (next: chain {ranked[1]['steps']}, {ranked[1]['speedup']:.2f}x)"
     return TreeShape.make(best["steps"], 1), {
-        "chain": best["steps"], "by": "model", "seconds": round(clock.elapsed, 1), "model_s": round(t_model, 1),
+        "chain": best["steps"],
+        "by": "model",
+        "seconds": round(clock.elapsed, 1),
+        "model_s": round(t_model, 1),
         "budget_s": budget_s,
-        "prompts": len(prompts), "model_prompts": used, "rounds": len(steps), "max_new_tokens": max_new_tokens,
-        "step_ms": round(step * 1e3, 2), "baseline_tokens_per_s": round(1 / step, 1),
-        "speedup": best["speedup"], "tokens_per_s": best["tokens_per_s"], "why": why, "candidates": rows}
+        "prompts": len(prompts),
+        "model_prompts": used,
+        "rounds": len(steps),
+        "max_new_tokens": max_new_tokens,
+        "step_ms": round(step * 1e3, 2),
+        "baseline_tokens_per_s": round(1 / step, 1),
+        "speedup": best["speedup"],
+        "tokens_per_s": best["tokens_per_s"],
+        "why": why,
+        "candidates": rows,
+    }
 
 
-def pick_threads(target, draft, prompt: list[int], counts: tuple[int, ...], rounds: int = 3, tokens: int = 6,
-                 budget_s: float = 4.0) -> dict:
+def pick_threads(
+    target, draft, prompt: list[int], counts: tuple[int, ...], rounds: int = 3, tokens: int = 6, budget_s: float = 4.0
+) -> dict:
     """The thread count whose target step is the fastest here and now, the counts taking turns round by round
     (`rounds` timed, fewer where `budget_s` runs out; one at least).
     Why: on a 2-core machine where other processes hold the cores, two threads wait on each other at every
@@ -243,7 +286,7 @@ def pick_threads(target, draft, prompt: list[int], counts: tuple[int, ...], roun
     for r in range(rounds + 1):
         if r > 1 and time.perf_counter() - t0 > budget_s:
             break
-        for c in (counts if r % 2 else counts[::-1]):
+        for c in counts if r % 2 else counts[::-1]:
             torch.set_num_threads(c)
             s = _per_step(dec.generate(prompt, tokens, baseline=True).metrics, True)
             if r and s:  # (round 0 is untimed: first-use costs)
@@ -255,8 +298,11 @@ def pick_threads(target, draft, prompt: list[int], counts: tuple[int, ...], roun
     if ms.get(first) is not None and ms[best] > 0.9 * ms[first]:
         best = first
     torch.set_num_threads(best)
-    return {"threads": best, "step_ms": {str(c): v for c, v in ms.items()},
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "threads": best,
+        "step_ms": {str(c): v for c, v in ms.items()},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 # --- this machine's pick, kept between runs -------------------------------------------------------------------
@@ -299,11 +345,11 @@ def remember_pick(fields: dict, picked: dict) -> Path | None:
 
     path = cache_file()
     entries = _entries(path)
-    entries[cache_key(fields)] = {"key": fields, "picked": picked,
-                                  "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entries[cache_key(fields)] = {"key": fields, "picked": picked, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
-        atomic_write_json(path, {"what": "eaglekit demo: the chain picked per machine (eaglekit.tune.chainpick)",
-                                 "entries": entries})
+        atomic_write_json(
+            path, {"what": "eaglekit demo: the chain picked per machine (eaglekit.tune.chainpick)", "entries": entries}
+        )
     except (OSError, EaglekitError):  # (EaglekitError: a full disk, E160)
         return None
     return path

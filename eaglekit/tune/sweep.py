@@ -31,7 +31,7 @@ def shapes(steps, topk, draft_tokens) -> list[TreeShape]:
     out = []
     for k in topk:
         for s in steps:
-            for d in ([s + 1] if k == 1 else draft_tokens):
+            for d in [s + 1] if k == 1 else draft_tokens:
                 try:
                     sh = TreeShape(s, k, d)
                 except GenerationError:
@@ -41,14 +41,26 @@ def shapes(steps, topk, draft_tokens) -> list[TreeShape]:
     return out
 
 
-def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp: SamplingParams | None = None,
-          max_new_tokens: int = 64, capture=None, allow_other_target: bool = False, progress: bool = True) -> dict:
+def sweep(
+    target,
+    draft,
+    prompts: list[list[int]],
+    grid: dict | None = None,
+    sp: SamplingParams | None = None,
+    max_new_tokens: int = 64,
+    capture=None,
+    allow_other_target: bool = False,
+    progress: bool = True,
+) -> dict:
     grid = grid or DEFAULT_GRID
     sp = sp or SamplingParams()
     todo = shapes(grid["steps"], grid["topk"], grid["draft_tokens"])
     if not todo:
-        raise GenerationError("no valid (steps, topk, draft tokens) setting in the sweep", code="E303",
-                              fix="with topk > 1, draft tokens must lie in 2 .. 1 + topk + (steps-1) * topk^2")
+        raise GenerationError(
+            "no valid (steps, topk, draft tokens) setting in the sweep",
+            code="E303",
+            fix="with topk > 1, draft tokens must lie in 2 .. 1 + topk + (steps-1) * topk^2",
+        )
     # warm-up: a short generation first (allocations, CUDA-graph recording) outside the timings
     base = decode_set(Decoder(target), prompts, max_new_tokens, sp, baseline=True, warmup=WARMUP_TOKENS).metrics
     rows: list[dict] = []
@@ -60,23 +72,46 @@ def sweep(target, draft, prompts: list[list[int]], grid: dict | None = None, sp:
     for sh in it:
         dec = Decoder(target, draft, sh, capture=capture, allow_other_target=allow_other_target)
         m = decode_set(dec, prompts, max_new_tokens, sp, warmup=WARMUP_TOKENS).metrics
-        rows.append({"steps": sh.steps, "topk": sh.topk, "draft_tokens": sh.draft_tokens,
-                     "accept_length": rounded(m.accept_length, 4), "accept_rate": rounded(m.accept_rate, 4),
-                     "per_position": [round(x, 4) for x in m.per_position],
-                     "tokens_per_s": round(m.tokens_per_s, 2),
-                     "speedup": round(m.tokens_per_s / base.tokens_per_s, 4) if base.tokens_per_s else 0.0})
+        rows.append(
+            {
+                "steps": sh.steps,
+                "topk": sh.topk,
+                "draft_tokens": sh.draft_tokens,
+                "accept_length": rounded(m.accept_length, 4),
+                "accept_rate": rounded(m.accept_rate, 4),
+                "per_position": [round(x, 4) for x in m.per_position],
+                "tokens_per_s": round(m.tokens_per_s, 2),
+                "speedup": round(m.tokens_per_s / base.tokens_per_s, 4) if base.tokens_per_s else 0.0,
+            }
+        )
     best = max(rows, key=lambda r: r["tokens_per_s"])
-    return {"baseline_tokens_per_s": round(base.tokens_per_s, 2), "rows": rows, "best": best,
-            "prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": sp.temperature,
-            "device": str(target.device)}
+    return {
+        "baseline_tokens_per_s": round(base.tokens_per_s, 2),
+        "rows": rows,
+        "best": best,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "temperature": sp.temperature,
+        "device": str(target.device),
+    }
 
 
-def auto_shape(target, draft, prompts, sp=None, capture=None, allow_other_target=False, grid: dict | None = None,
-               n_prompts: int = AUTO_PROMPTS, tokens: int = AUTO_TOKENS) -> tuple[TreeShape, dict]:
+def auto_shape(
+    target,
+    draft,
+    prompts,
+    sp=None,
+    capture=None,
+    allow_other_target=False,
+    grid: dict | None = None,
+    n_prompts: int = AUTO_PROMPTS,
+    tokens: int = AUTO_TOKENS,
+) -> tuple[TreeShape, dict]:
     """A short sweep (the first n_prompts prompts, `tokens` new tokens each) over `grid` (default AUTO_GRID)
     -> (the fastest setting, the sweep's result)."""
-    res = sweep(target, draft, prompts[:n_prompts], grid or AUTO_GRID, sp, tokens, capture, allow_other_target,
-                progress=False)
+    res = sweep(
+        target, draft, prompts[:n_prompts], grid or AUTO_GRID, sp, tokens, capture, allow_other_target, progress=False
+    )
     b = res["best"]
     return TreeShape(b["steps"], b["topk"], b["draft_tokens"]), res
 
@@ -90,8 +125,17 @@ def write_results(res: dict, out: str | Path) -> dict[str, Path]:
     w = csv.writer(buf)
     w.writerow(["steps", "topk", "draft_tokens", "accept_length", "accept_rate", "tokens_per_s", "speedup"])
     for r in res["rows"]:
-        w.writerow([r["steps"], r["topk"], r["draft_tokens"], r["accept_length"], r["accept_rate"],
-                    r["tokens_per_s"], r["speedup"]])
+        w.writerow(
+            [
+                r["steps"],
+                r["topk"],
+                r["draft_tokens"],
+                r["accept_length"],
+                r["accept_rate"],
+                r["tokens_per_s"],
+                r["speedup"],
+            ]
+        )
     atomic_write_bytes(paths["csv"], buf.getvalue().encode())
     heatmap(res, paths["png"])
     return paths
@@ -119,8 +163,15 @@ def heatmap(res: dict, path: Path) -> None:
             i, j = dts.index(r["draft_tokens"]), steps.index(r["steps"])
             grid[i, j] = r["speedup"]
             dark = r["speedup"] < (vmin + vmax) / 2
-            ax.text(j, i, f"{r['speedup']:.2f}x\n{fmt(r['accept_length'])}", ha="center", va="center", fontsize=8,
-                    color="white" if dark else "black")
+            ax.text(
+                j,
+                i,
+                f"{r['speedup']:.2f}x\n{fmt(r['accept_length'])}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if dark else "black",
+            )
         im = ax.imshow(grid, cmap="viridis", vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
         ax.set_xticks(range(len(steps)), [str(s) for s in steps])
         ax.set_yticks(range(len(dts)), [str(d) for d in dts])
@@ -129,9 +180,11 @@ def heatmap(res: dict, path: Path) -> None:
         ax.set_title(f"topk {k}" + (" (chain)" if k == 1 else ""))
     fig.colorbar(im, ax=axes[0].tolist(), label="speedup over the target alone")
     b = res["best"]
-    fig.suptitle(f"speedup / accept length; best ({b['steps']}, {b['topk']}, {b['draft_tokens']}) "
-                 f"{b['speedup']:.2f}x; baseline {res['baseline_tokens_per_s']:.0f} tok/s on {res['device']}",
-                 fontsize=9)
+    fig.suptitle(
+        f"speedup / accept length; best ({b['steps']}, {b['topk']}, {b['draft_tokens']}) "
+        f"{b['speedup']:.2f}x; baseline {res['baseline_tokens_per_s']:.0f} tok/s on {res['device']}",
+        fontsize=9,
+    )
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
