@@ -208,6 +208,29 @@ def use_triton_interpreter() -> None:
         pytest.skip("interpreter tests run on CPU machines; tests/gpu/test_gpu.py covers the kernels on the GPU",
                     allow_module_level=True)
     os.environ["TRITON_INTERPRET"] = "1"
+    _dot_in_one_order()
+
+
+def _dot_in_one_order() -> None:
+    """The interpreter's tl.dot is numpy's matmul, and the BLAS kernel numpy picks per CPU may sum an output's K
+    products in an order that depends on how many columns it is given (OpenBLAS's SkylakeX kernel keeps the bits of
+    tests/kernels' row-invariance tests on one AVX-512 machine, its Haswell and Zen kernels and the default there do
+    not). The kernels' bit-for-bit claims are about their tiles, masks and slices of K, so here each output sums its
+    products in one order whatever the tile's width (einsum's own loops, no BLAS); tests/gpu/test_gpu.py holds the
+    compiled kernels to the same bits on the GPU's tensor cores."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    blas_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # (fp8, int8: Triton's own dot)
+            return blas_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data.dtype
+        out = np.einsum("...ik,...kj->...ij", a.data.astype(acc), b.data.astype(acc)) + d.data
+        return interpreter.TensorHandle(out, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
 
 
 def random_tree_paths(T: int, rng) -> list[list[int]]:
