@@ -173,11 +173,11 @@ class Target(ABC):
     def generate_batch(
         self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int, eos_ids: tuple[int, ...] = ()
     ) -> torch.Tensor:
-        """Continue left-padded prompts ids [B, P] (pad [B]: padding per row, never attended to) by up to
-        `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed` (through `sp.probs(logits)`, the one
-        definition of the distribution), stopping once every row has emitted an EOS -> new tokens [B, T <= max_new]
-        (a row's tokens after its EOS are filler). Uses its own batch state: the decode cache of `reset` is left
-        alone."""
+        """Regeneration's batches on a target that does not decode rows (`batched` False: the transformers adapter;
+        eaglekit.train.regen runs the others through the engine). Continue left-padded prompts ids [B, P] (pad [B]:
+        padding per row, never attended to) by up to `max_new` tokens, greedy or sampled by SamplingParams `sp` with
+        `seed`, stopping once every row has emitted an EOS -> new tokens [B, T <= max_new] (a row's tokens after its
+        EOS are filler). Uses its own batch state: the decode cache of `reset` is left alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched generation")
 
     # --- the row interface (eaglekit.decoding.engine.BatchEngine) --------------------------------
@@ -333,33 +333,3 @@ class StaticCacheTarget(Target):
             self.cache.length += n
         else:
             self.cache.keep(path, n)
-
-
-def generate_left_padded(net, cache, ids, pad, max_new: int, sp, seed: int, eos_ids=()) -> torch.Tensor:
-    """Target.generate_batch for a decoder `net(ids, positions, cache, slots, mask) -> (hidden, feats)` with an
-    `lm_head`: B left-padded prompts ids [B, P] (pad [B] tokens of padding each) decoded together in `cache`, greedy or
-    sampled by `sp` with one generator seeded `seed`, until max_new tokens or every row's EOS -> [B, <= max_new]."""
-    B, P = ids.shape
-    S, dev = P + max_new, ids.device
-    real = torch.arange(S, device=dev)[None, :] >= pad[:, None]  # [B, S] left padding is never attended to
-    g = torch.Generator(device=dev).manual_seed(seed)
-    pos = (torch.arange(P, device=dev)[None] - pad[:, None]).clamp(min=0)
-    mask = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :P]
-    h, _ = net(ids, pos, cache, torch.arange(P, device=dev), mask)
-    out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    eos = torch.tensor(list(eos_ids) or [-1], device=dev)
-    last = h[:, -1]
-    for t in range(max_new):
-        logits = net.lm_head(last).float()
-        tok = logits.argmax(-1) if sp.greedy else torch.multinomial(sp.probs(logits), 1, generator=g).squeeze(1)
-        out[:, t] = tok
-        done |= torch.isin(tok, eos)
-        if t + 1 == max_new or bool(done.all()):
-            return out[:, : t + 1]
-        slot = P + t
-        h, _ = net(
-            tok[:, None], (slot - pad)[:, None], cache, torch.tensor([slot], device=dev), real[:, None, : slot + 1]
-        )
-        last = h[:, -1]
-    return out

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import InputError
 from ..kernels.compiling import in_prompt
-from .base import StaticCacheTarget, TargetInfo, generate_left_padded
+from .base import StaticCacheTarget, TargetInfo
 from .deepseek_config import DeepSeekConfig, load_deepseek_config
 from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, own_row, span_mask, span_mask_rows
 from .mla import MLA, LatentCache, MLARotary, RowLatent
@@ -287,12 +287,6 @@ class DeepSeekTarget(StaticCacheTarget):
         for m in self.net.modules():
             if isinstance(m, (MLP, MLA)):
                 m.fuse()
-
-    @torch.inference_mode()
-    def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
-        c = self.config
-        cache = LatentCache(c.num_layers, c.latent_width, ids.shape[1] + max_new, ids.shape[0], self.device, self.dtype)
-        return generate_left_padded(self.net, cache, ids, pad, max_new, sp, seed, eos_ids)
 
     @torch.no_grad()
     def features(self, ids, pad_mask=None, capture=None):

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..kernels import invariant_attention
 from ..kernels.compiling import in_prompt, span_dynamic
 from ..kernels.products import compiles_any_length
-from .base import StaticCacheTarget, TargetInfo, generate_left_padded
+from .base import StaticCacheTarget, TargetInfo
 from .config import TargetConfig, load_target_config
 from .layers import (
     COMPILE_MAX_TOKENS,
@@ -302,14 +302,6 @@ class LlamaTarget(StaticCacheTarget):
         for layer in cast(Iterable[DecoderLayer], self.net.model.layers):
             layer.self_attn.fuse()
             layer.mlp.fuse()
-
-    @torch.inference_mode()
-    def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
-        c = self.net.config  # this process's KV heads
-        cache = KVCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, ids.shape[1] + max_new, ids.shape[0], self.device, self.dtype
-        )
-        return generate_left_padded(self.net, cache, ids, pad, max_new, sp, seed, eos_ids)
 
     @torch.no_grad()
     def features(self, ids, pad_mask=None, capture=None):

@@ -151,8 +151,8 @@ class MLA(nn.Module):
         qf = torch.cat([q_lat, q_pe], dim=-1).reshape(B, T * H, self.kvr + self.dr)
         scores = torch.bmm(qf, rows.transpose(1, 2)).view(B, T, H, S) * self.scale
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        # a finite floor, not -inf: a query that may see nothing (left padding in generate_batch) then averages
-        # finite rows instead of turning NaN, and a masked slot's weight is still exactly 0 (exp underflows)
+        # a finite floor, not -inf: a query that may see nothing then averages finite rows instead of turning NaN,
+        # and a masked slot's weight is still exactly 0 (exp underflows)
         scores = scores.masked_fill(~mask[:, :, None, :], torch.finfo(scores.dtype).min)
         p = scores.softmax(-1).to(rows.dtype).view(B, T * H, S)
         o_lat = torch.bmm(p, rows[..., : self.kvr]).view(B, T, H, self.kvr)

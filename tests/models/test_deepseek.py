@@ -309,18 +309,15 @@ def test_zz_parity_table():
     assert all(same for same, _ in PARITY.values())
 
 
-def test_generate_batch_left_padded_equals_alone(tmp_path_factory):
-    """Regeneration's batched generation: left-padded prompts continue exactly as each prompt alone."""
+def test_regeneration_batch_equals_each_prompt_alone(tmp_path_factory):
+    """Regeneration's batches: prompts of different lengths decoded together continue exactly as each prompt alone."""
     from eaglekit.decoding.sampling import SamplingParams
+    from eaglekit.train.regen import generate_batch
 
     _, target, _ = _pair(tmp_path_factory, "v2-group-yarn", 0, torch.float64)
     prompts = [[5, 9, 33], [7, 8, 9, 10, 11, 12], [40]]
-    P = max(map(len, prompts))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    pad = torch.tensor([P - len(p) for p in prompts])
-    out = target.generate_batch(ids, pad, 8, SamplingParams(), seed=0)
-    for row, p in zip(out.tolist(), prompts):
-        assert row == Decoder(target).generate(p, 8, eos_ids=()).token_ids
+    out = generate_batch(target, prompts, 8, SamplingParams(), 0, ())
+    assert out == [Decoder(target).generate(p, 8, eos_ids=()).token_ids for p in prompts]
 
 
 @pytest.mark.slow

@@ -113,7 +113,9 @@ def test_the_training_continues_from_an_init_draft(recipe_run, model_dirs, tmp_p
     init = load_draft(out / "draft", embed_weight=t.embed_weight())
     with torch.no_grad():
         init.fc.weight.add_(0.5)  # far from anything a new draft starts at
-        init.d2t.copy_(init.d2t.roll(1))  # a mapping the data would not choose
+        # a mapping the data would not choose: the same target ids, each on the next draft id (one-to-one still)
+        ids = torch.arange(init.d2t.numel())
+        init.d2t.copy_((ids + init.d2t).roll(1) - ids)
     save_draft(init, tmp_path / "init", dtype=torch.float32)
     run_smollm2_recipe(tmp_path / "run", "tiny", "cpu", target=model_dirs["llama"], log=lambda m: None,
                        stop_after="draft", settings=["samples=1", f"init_draft={tmp_path / 'init'}"])
