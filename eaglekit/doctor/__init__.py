@@ -4,20 +4,21 @@ sure it is.
 1. Checks of the folder and of the pair (checks.py, eaglekit.draft.pair_problems), each a Finding with a
    stable code (the fault classes of docs/faults.md).
 2. A short trace at the three capture points and a cycle profile of the configured wiring.
-3. The probe (probe.py): teacher-forced acceptance under the configured wiring and its alternatives, compared
+3. The training record (recorded.py, eaglekit.train.record), where the folder has one, before the probe (a record
+   that settles the wiring shortens the probe to one round): the config's function fields, the d2t, the tokenizer
+   and chat template against what was recorded, and the draft measured again on the recorded sample, its
+   acceptance compared with the recorded one within a confidence interval.
+4. The probe (probe.py): teacher-forced acceptance under the configured wiring and its alternatives, compared
    pairwise over the same positions, enlarged until it can tell them apart or `time_budget` ends.
-4. The feature fingerprint (eaglekit.train.fingerprint): a draft trained by eaglekit records the statistics of
+5. The feature fingerprint (eaglekit.train.fingerprint): a draft trained by eaglekit records the statistics of
    each capture slot's features; matched against every target layer over the probe's text they name a layer per
    slot. That naming is evidence in the report (I306), never a verdict: the statistics move with the text as much
    as from one layer to the next (the demo draft's own target names after_layers [1, 5, 7] for [1, 5, 8] over the
    built-in prompts: docs/performance.md#d40), so acceptance decides.
-5. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
+6. Which target the draft was made for (identity.py): the target weights' fingerprint the draft recorded when
    it was trained or exported, else a reference acceptance given by the user (the features' statistics name layers,
    not targets: identity.py); and the vocabulary mapping on its own evidence (vocab.py).
-5b. The training record (recorded.py, eaglekit.train.record), where the folder has one: the config's function
-   fields, the d2t, the tokenizer and chat template against what was recorded, and the draft measured again on the
-   recorded sample, its acceptance compared with the recorded one within a confidence interval.
-6. A verdict of three: a fault (with its cause and the fix in the folder's own convention, fixes.py); clean,
+7. A verdict of three: a fault (with its cause and the fix in the folder's own convention, fixes.py); clean,
    only when the configured wiring is shown best with the stated confidence and the target is shown to be the
    draft's; else cannot tell, with what would decide it.
 

@@ -1,7 +1,7 @@
 """The EAGLE-3 draft as the decoding engine runs it: the network (eaglekit.draft.network) with its one-sequence
 cache, its rows' caches, the graphs compile() and compile_prompts() make, its walks (draft.layer_walks), its
-products and decode attention, and int8 quantization (draft.quant). Training reads the network alone; a checkpoint
-holds only the network's weights and config, so the two load the same files.
+products and decode attention, and int8 quantization (draft.quant). Training makes no graph, so its calls run the
+network's eager forward; the runner adds no module, so a checkpoint holds the network's weights and config only.
 """
 
 from __future__ import annotations

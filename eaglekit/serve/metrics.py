@@ -1,8 +1,9 @@
 """Prometheus metrics under vLLM's names, so that `vllm bench serve` and existing dashboards read them.
 
 Names, label names and buckets follow vllm/v1/metrics/loggers.py and buckets.py (vLLM 0.32): every series
-carries model_name and engine="0"; counters are exposed with the `_total` suffix (prometheus-client adds
-it), which is the form `vllm bench serve` parses for the spec-decode counters:
+carries model_name and engine="0" but eaglekit:requests_rejected (model_name and reason: a request it counts never
+reached an engine); counters are exposed with the `_total` suffix (prometheus-client adds it), which is the form
+`vllm bench serve` parses for the spec-decode counters:
 
     vllm:spec_decode_num_drafts_total                 verify steps that used a draft
     vllm:spec_decode_num_draft_tokens_total           draft tokens proposed
