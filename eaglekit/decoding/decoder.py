@@ -23,7 +23,7 @@ import torch
 from ..capture import CaptureSpec
 from ..draft import check_pair
 from ..draft.model import Eagle3Draft
-from ..errors import EaglekitError, GenerationError
+from ..errors import GenerationError
 from ..models.base import Target
 from ..observe import trace
 from ..observe.metrics import GenerationMetrics
@@ -189,14 +189,7 @@ class Decoder:
         except BaseException:
             self._engines = {k: v for k, v in self._engines.items() if v[1] is not e}  # its state is unknown now
             raise
-        if s.exc is not None:  # the engine ends a failed row alone; a batch of one has nothing else to finish
-            if isinstance(s.exc, EaglekitError):
-                raise s.exc
-            raise GenerationError(
-                f"the request failed in the engine step: {type(s.exc).__name__}: {s.exc}",
-                fix="read the exception named; report it with the request's parameters if they were valid",
-                code="E311",
-            ) from s.exc
+        s.raise_failure()  # the engine ends a failed row alone; a batch of one has nothing else to finish
         if self.target.device.type == "cuda":
             torch.cuda.synchronize()
         m.elapsed_s = time.perf_counter() - t0

@@ -71,6 +71,20 @@ class Seq:
             else f"[E311] {type(self.exc).__name__}: {self.exc}"
         )
 
+    def raise_failure(self) -> None:
+        """Raise the failure that ended this row, for a caller that waits for the row to its end (Decoder.generate,
+        regeneration): a coded error as it is, anything else as E311 chained to it. Nothing where the row did not
+        fail."""
+        if self.exc is None:
+            return
+        if isinstance(self.exc, EaglekitError):
+            raise self.exc
+        raise GenerationError(
+            f"the request failed in the engine step: {type(self.exc).__name__}: {self.exc}",
+            fix="read the exception named; report it with the request's parameters if they were valid",
+            code="E311",
+        ) from self.exc
+
     def event(self) -> Event:
         """This step's event (its tokens, why it finished), and the step's fields cleared for the next."""
         if self.exc is not None:  # nothing of the failed step is emitted: what was sent before stands

@@ -4,7 +4,7 @@ an eager walk ran ~10 small kernels a step), and which run eagerly elsewhere.
 
 The draft (eaglekit.draft.model.Eagle3Draft) is the network (draft.network) with its caches and graphs; this is
 the runner of its walks, held by it as `draft.walks`. The functions compiled take the draft (an Eagle3Draft) as their
-first argument, as its methods did (it is not imported here: the draft module imports this one).
+first argument, as a method takes self (it is not imported here: the draft module imports this one).
 """
 
 from __future__ import annotations

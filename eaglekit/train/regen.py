@@ -38,8 +38,8 @@ def generate_batch(
     """Continuations (without the prompt) for a batch of prompts, each to its first EOS or max_new tokens. Sampled
     (`sp` not greedy), prompt i draws from its own generator seeded seed + i through the engine (what `eaglekit
     generate --seed` gives it alone), from one generator seeded `seed` through transformers."""
-    if not prompts:
-        return []
+    if not prompts or max_new == 0:
+        return [[] for _ in prompts]
     if not target.batched:
         ids, pad = left_pad(prompts, target.device)
         return cut_at_eos(target.generate_batch(ids, pad, max_new, sp, seed, tuple(eos_ids)).tolist(), eos_ids)
@@ -57,19 +57,17 @@ def _through_engine(
     from ..decoding.config import EngineOptions
     from ..decoding.engine import BatchEngine
     from ..decoding.requests import Request
-    from ..errors import GenerationError
 
     engine = BatchEngine(target, None, EngineOptions(max_batch=len(prompts), graphs=False))
-    for i, p in enumerate(prompts):
-        own = sp if sp.greedy else replace(sp, seed=seed + i)
-        engine.add(Request(str(i), list(p), max_new, own, eos_ids=eos_ids))
-    out: list[list[int]] = [[] for _ in prompts]
+    rows = [
+        engine.add(Request(str(i), list(p), max_new, sp if sp.greedy else replace(sp, seed=seed + i), eos_ids=eos_ids))
+        for i, p in enumerate(prompts)
+    ]
     while engine.has_work:
-        for ev in engine.step():
-            if ev.error is not None:
-                raise GenerationError(f"regenerating prompt {ev.rid} failed: {ev.error}")
-            out[int(ev.rid)] += ev.token_ids
-    return out
+        engine.step()
+    for s in rows:
+        s.raise_failure()
+    return [s.em.tokens for s in rows]
 
 
 def greedy_texts(
