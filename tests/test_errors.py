@@ -128,6 +128,23 @@ def test_d2t_as_absolute_ids_is_refused(model_dirs, tmp_path):
     assert e.value.code == "E207"
 
 
+def test_a_d2t_of_another_length_than_the_draft_vocabulary_is_refused(model_dirs, tmp_path):
+    """A draft built in memory (no loader between) whose d2t is not one offset per draft id: E214, not an indexing
+    error from inside torch."""
+    from eaglekit.draft import pair_problems
+
+    write_specforge_folder(tmp_path / "d")
+    t = load_target(model_dirs["llama"])
+    d = load_draft(tmp_path / "d", embed_weight=t.embed_weight())
+    assert [e.code for e in pair_problems(d, t)[1]] == []
+    d.d2t = d.d2t[:-1]
+    problems = pair_problems(d, t)[1]
+    assert [e.code for e in problems] == ["E214"] and "d2t holds 47 entries" in str(problems[0])
+    with pytest.raises(ContractError) as e:
+        Decoder(t, d)
+    assert e.value.code == "E214"
+
+
 def test_missing_d2t_with_reduced_vocab_is_refused(model_dirs, tmp_path):
     write_specforge_folder(tmp_path / "nod2t", with_d2t=False)
     t = load_target(model_dirs["llama"])

@@ -78,9 +78,18 @@ def _vocab_problems(c: DraftConfig, t: TargetInfo) -> list[ContractError]:
 
 
 def _d2t_problems(draft: Eagle3Draft, t: TargetInfo) -> list[ContractError]:
-    """E207, E212, E213, E217: d2t holds in-range offsets, one-to-one, t2d marks what it maps to, and it is the
-    mapping the lm_head was trained with."""
+    """E214, E207, E212, E213, E217: d2t holds one offset per draft id, in range, one-to-one, t2d marks what it
+    maps to, and it is the mapping the lm_head was trained with."""
     c = draft.config
+    if draft.d2t.numel() != c.draft_vocab_size:  # (the checks below index d2t by draft id)
+        return [
+            ContractError(
+                f"d2t holds {draft.d2t.numel()} entries but the config's draft_vocab_size is {c.draft_vocab_size}: "
+                f"one offset per draft id is needed",
+                fix="save the draft with the d2t its lm_head was trained with (eaglekit.draft.save_draft writes both)",
+                code="E214",
+            )
+        ]
     out: list[ContractError] = []
     ids = torch.arange(c.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     bad = int(((ids < 0) | (ids >= t.vocab_size)).sum())
