@@ -274,7 +274,7 @@ def test_a_prompt_of_the_whole_context_is_told_to_shorten_not_to_ask_for_0_token
 @pytest.mark.parametrize("flags", [["--temperature", "1e-300"], ["--temperature", "1", "--top-p", "1e-300"]])
 def test_sampling_values_too_small_for_float32_decode_greedily(model_dirs, draft_dir, capsys, flags):
     """A temperature below 1e-5 is greedy by definition; a top_p no token reaches keeps the most likely one: both are
-    the greedy output, not a traceback from torch.multinomial over NaN (docs/serving.md)."""
+    the greedy output, not a traceback from the sampler over NaN (docs/serving.md)."""
     t = str(model_dirs["llama"])
     argv = ["generate", "--target", t, "--draft", str(draft_dir), "--prompt", "print(", "--max-new-tokens", "8",
             "--json"]

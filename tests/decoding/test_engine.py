@@ -484,7 +484,7 @@ def test_a_failing_row_ends_alone_and_the_others_decode_as_alone(model_dirs, kin
     while eng.has_work:
         step += 1
         if step == 4:
-            seqs["late"].gen = "not a generator"  # torch.multinomial raises on it: this row's failure alone
+            seqs["late"].gen = "not a generator"  # sampling.sample raises on it: this row's failure alone
         if step == 6:
             seqs["early"] = eng.add(early)
             seqs["early"].gen = "not a generator"  # fails in its prefill, beside rows mid-decode

@@ -31,7 +31,7 @@ def test_tiny_top_p_keeps_the_most_likely_token(top_p):
     p = probs(logits, SamplingParams(1.0, top_p=top_p))
     assert torch.isfinite(p).all()
     assert torch.equal(p.argmax(-1), logits.argmax(-1)) and torch.equal(p.max(-1).values, torch.ones(3))
-    sample(p, torch.Generator().manual_seed(0))  # torch.multinomial raised on NaN rows before
+    sample(p, torch.Generator().manual_seed(0))  # (NaN rows, refused by the draw, came from here before)
 
 
 def test_normal_top_p_unchanged():
@@ -50,3 +50,16 @@ def test_still_refused(kw):
     with pytest.raises(GenerationError) as e:
         SamplingParams(**{"temperature": 1.0, **kw})
     assert e.value.code == "E302"
+
+
+def test_a_draw_never_takes_a_zero_weight_token(monkeypatch):
+    """The inverse-CDF draw: a uniform that rounds up to the total takes the last weighted token, and weights summing to
+    no positive number are refused, as torch.multinomial refused them."""
+    w = torch.tensor([[0.25, 0.75, 0.0, 0.0], [0.0, 0.3, 0.0, 0.7]])
+    for u, want in ((0.0, [0, 1]), (0.2499, [0, 1]), (0.25, [1, 1]), (1 - 2**-53, [1, 3])):
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full(a[0], u, dtype=torch.float64))
+        assert sample(w, None).tolist() == want, u
+    monkeypatch.undo()
+    for bad in (torch.zeros(1, 4), torch.tensor([[0.5, float("nan"), 0.5, 0.0]])):
+        with pytest.raises(RuntimeError, match="no positive number"):
+            sample(bad, torch.Generator().manual_seed(0))
