@@ -332,7 +332,7 @@ def print_demo(res: dict) -> None:
         t.add_row(f"acceptance at draft position {k}", "", f"{v:.1%}")
     rows = res.get("baseline_rows", 1)
     same = "yes" if res["identical"] else "NO"
-    if rows > 1:  # bf16 on a GPU: the reference steps through verify-shaped kernels (Decoder.baseline_rows)
+    if rows > 1:  # bf16: the reference steps through verify-shaped kernels (Decoder.baseline_rows)
         t.add_row(f"output identical to the target's (greedy, {rows}-row steps)", "", same)
         t.add_row("identical to the plain 1-row decode", "", f"{res['identical_one_row']}/{res['prompts']} prompts")
     else:

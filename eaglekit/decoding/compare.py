@@ -8,8 +8,8 @@ behind `eaglekit demo`, `eval`, `sweep`, the recipe's evaluation and the doctor'
 Greedy speculative output must equal the baseline's token for token (losslessness), so `identical`
 is the check; under sampling the two modes draw differently and `identical` is not expected.
 
-Where the decoder's baseline steps through verify-shaped kernels (`Decoder.baseline_rows` > 1: bf16 on a
-GPU), `identical` is checked against that baseline, and the speed is compared with the plain one-row
+Where the decoder's baseline steps through verify-shaped kernels (`Decoder.baseline_rows` > 1: bf16 without
+batch-invariant kernels), `identical` is checked against that baseline, and the speed is compared with the plain one-row
 baseline, decoded too (the faster of the two: a speedup over a slowed-down baseline would flatter the draft).
 """
 

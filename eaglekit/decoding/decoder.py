@@ -36,15 +36,12 @@ from .tree import TreeShape
 
 def resolve_baseline_rows(rows: int | str, target: Target, draft, shape: TreeShape) -> int:
     """How many rows the baseline step computes (its token is row 0; see the engine's plain step). "auto": the tree's
-    draft_tokens where one row and a tree of rows round differently (reduced precision on a GPU) and there is a
-    draft to compare with, else 1. In float32, on a CPU, and with batch-invariant kernels (products "invariant",
-    "hopper") one row already agrees with the verify."""
+    draft_tokens where one row and a tree of rows round differently (reduced precision: bf16 products round a row
+    alone and among k rows apart, on a GPU and on a CPU) and there is a draft to compare with, else 1. In float32 and
+    with batch-invariant kernels (products "invariant", "hopper") one row already agrees with the verify."""
     if rows == "auto":
         low = target.dtype in (torch.bfloat16, torch.float16)
-        invariant = target.batch_invariant
-        return (
-            shape.draft_tokens if (draft is not None and target.device.type == "cuda" and low and not invariant) else 1
-        )
+        return shape.draft_tokens if (draft is not None and low and not target.batch_invariant) else 1
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise GenerationError(
             f"baseline rows must be an integer >= 1 or 'auto', got {rows!r}",

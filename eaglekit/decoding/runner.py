@@ -68,13 +68,17 @@ class GraphRunner:
         B = padded_size(b, self.st.max_batch) if self.pad else b
         S = self.st.S
         if not self.use_graphs():
-            # eager: attend over the slots the rows actually use; one Cycle per size and shape (its buffers are
-            # overwritten by every step), its spans set for this step
+            # eager: one Cycle per size and shape (its buffers are overwritten by every step). The target attends over
+            # the whole span S, as a recorded cycle does: a CPU's attention rounds a row by how many key slots the call
+            # has, so with a width cut to this step's reach (top + draft_tokens) a verify row and the baseline's step at
+            # the same position got other bits, and the SmolLM2 pair in bf16 matched its verify-shaped reference on 6
+            # of 10 prompts (10 of 10 over S; docs/performance.md#d60). The draft attends over what a cycle reaches:
+            # its arithmetic changes no emitted token.
             key = ("eager", B, S, shape)
             if key not in self.cycles:
-                self.cycles[key] = Cycle(self.setup, self.st, B, 0, 0, shape)
+                self.cycles[key] = Cycle(self.setup, self.st, B, S, 0, shape)
             c = self.cycles[key]
-            c.S, c.Sd = top + shape.draft_tokens, top + pending_slots(shape)
+            c.Sd = top + pending_slots(shape)
             return c
         if (B, S, shape) not in self.cycles:
             self.record(B)

@@ -11,8 +11,9 @@ what it does as class attributes (no flag is read by name elsewhere):
     hopper      yes        yes              yes             sm_90 + nvcc, bf16, the shapes eaglekit.kernels.hopper takes
 
 - onednn: on the CPUs measured a 6-row product costs a fraction of F.linear's (which takes slow paths for small M).
-  In float32 one row's result does not depend on how many rows come with it; in bf16 it does (the real pair's bf16
-  draft output equalled the plain bf16 decode on 13 of 21 prompts), so bf16 on a CPU is fast, not lossless.
+  In float32 one row's result does not depend on how many rows come with it; in bf16 it does (as F.linear's does), so
+  bf16 on a CPU is exact against a reference that steps through the verify's rows (Decoder.baseline_rows), not
+  against the plain one-row decode (docs/exactness.md).
 - invariant: every product of a decode call through eaglekit.kernels.invariant_gemm from one row on, the decode
   attention through .invariant_attention and the norms through .invariant_norm: a row's bits do not depend on the
   rows beside it, so bf16 speculative output is identical to the bf16 plain decode's.
