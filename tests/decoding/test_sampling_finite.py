@@ -31,7 +31,7 @@ def test_tiny_top_p_keeps_the_most_likely_token(top_p):
     p = probs(logits, SamplingParams(1.0, top_p=top_p))
     assert torch.isfinite(p).all()
     assert torch.equal(p.argmax(-1), logits.argmax(-1)) and torch.equal(p.max(-1).values, torch.ones(3))
-    sample(p, torch.Generator().manual_seed(0))  # (NaN rows, refused by the draw, came from here before)
+    assert torch.equal(sample(p, torch.Generator().manual_seed(0)), logits.argmax(-1))  # (one token holds all weight)
 
 
 def test_normal_top_p_unchanged():
