@@ -26,6 +26,14 @@ class EngineOptions:
     profile_ranges: bool = False  # ... and mark them as NVTX ranges
     plain_rows: int = 1  # rows of a plain step (the verify's rounding the baseline shares: Decoder's baseline rows)
     strict_features: bool = False  # a prompt whose features are not finite raises E401 (else its row drops the draft)
+    # Rows admitted in one step without their draft prefill together, right-padded, in forwards of at most this many
+    # tokens (0: one forward a prompt). A row's bits then depend on the rows beside it (the products' row count, the
+    # attention's key count), so it is for regeneration, where nothing is compared with a one-row decode; one forward
+    # a prompt is what a GPU's regeneration spent most of its time on (docs/performance.md#d61)
+    prefill_tokens: int = 0
+    # the generator that the sampled requests without a seed of their own share (None: seeded by torch): their draws
+    # come from it in one call for all rows with the same sampling parameters
+    seed: int | None = None
 
     def __post_init__(self):
         mb = self.max_batch
@@ -39,6 +47,14 @@ class EngineOptions:
                 f"plain rows must be an integer >= 1, got {pr!r}",
                 fix="pass plain_rows=1 (the default), or the rows of the verify whose rounding the "
                 "plain step should share (decoding.decoder.resolve_baseline_rows)",
+                code="E300",
+            )
+
+        pt = self.prefill_tokens
+        if isinstance(pt, bool) or not isinstance(pt, int) or pt < 0:
+            raise GenerationError(
+                f"prefill_tokens must be an integer >= 0, got {pt!r}",
+                fix="pass 0 (one forward a prompt, the default) or the most tokens a batched prefill may hold",
                 code="E300",
             )
 

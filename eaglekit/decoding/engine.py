@@ -34,6 +34,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from functools import partial
 
 import torch
 
@@ -49,7 +50,7 @@ from .phases import Cycle
 from .prefill import Prefiller
 from .requests import Event, Request, Seq, seeded, validate
 from .runner import GraphRunner, padded_size
-from .sampling import make_generator, probs, sample
+from .sampling import SamplingParams, make_generator, probs, sample
 from .state import CATCH_UP, BatchState, Setup
 from .stats import EngineStats
 from .stops import Emitter
@@ -110,6 +111,8 @@ class BatchEngine:
         self._pending_admitted: list[Seq] = []  # admitted by `admit`, their events due with the next step
         self._lock = threading.RLock()
         self.prefiller = Prefiller(self.setup, self.state, o.strict_features)
+        # what the sampled requests without a seed draw from, together (EngineOptions.seed)
+        self.shared_gen = make_generator(SamplingParams(1.0, seed=o.seed), self.device)
         self._last_step: str | None = None  # "cycle" or "plain": the step before this one (None: a prefill) (_settled)
 
     # --- what the pieces share (tests hand in a draft, a capture, a policy or the recorded layout after construction)
@@ -151,7 +154,8 @@ class BatchEngine:
                 )
             eos = self.target.info.eos_token_ids if req.eos_ids is None else req.eos_ids
             em = Emitter(req.max_new_tokens, eos, req.stop_strings, self.tokenizer)
-            s = Seq(req, em, make_generator(req.sampling, self.device))
+            sp = req.sampling
+            s = Seq(req, em, make_generator(sp, self.device) if seeded(sp) or sp.greedy else self.shared_gen)
             self.waiting.append(s)
             return s
 
@@ -230,37 +234,46 @@ class BatchEngine:
         # sampled request always takes its draft: its random draws must not depend on what ran before it.
         pays = self.policy is None or self.policy.draft_pays(padded_size(len(self.rows) + k, self.max_batch))
         sentinel = any(s.use_draft for s in self.rows)
-        out = []
-        for _ in range(k):
-            s = self.waiting.popleft()
-            n = len(s.req.prompt_ids)
-            # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows; the prompt
-            # graphs' warm-up, before the first prefill, writes COMPILE_MAX_TOKENS + 1)
-            self._ensure_span(
-                max(
-                    n + s.req.max_new_tokens + max(self.shape.draft_tokens, self.plain_rows) + 1,
-                    self.prefiller.warm_span(),
-                )
-            )
-            r = len(self.rows)
-            self.rows.append(s)
+        seqs = [self.waiting.popleft() for _ in range(k)]
+        # (a cycle writes draft_tokens pending slots past a row's length, a plain step plain_rows; the prompt graphs'
+        # warm-up, before the first prefill, writes COMPILE_MAX_TOKENS + 1)
+        past = max(len(s.req.prompt_ids) + s.req.max_new_tokens for s in seqs)
+        self._ensure_span(max(past + max(self.shape.draft_tokens, self.plain_rows) + 1, self.prefiller.warm_span()))
+        together: list[Seq] = []  # prefilled in shared forwards (EngineOptions.prefill_tokens), after the others
+        for s in seqs:
             take = with_draft and (
                 pays or seeded(s.req.sampling) or (not sentinel and self.policy.probe_within(s.req.max_new_tokens))
             )
+            sentinel = sentinel or take
+            if self.options.prefill_tokens and not take:
+                together.append(s)
+                continue
+            r = len(self.rows)
+            self.rows.append(s)
             with self.profiler.phase("prefill"):
                 self._guard(s, self._prefill, s, r, take)
-            sentinel = sentinel or take
-            out.append(s)
+        # shortest first, so that a forward pads each prompt to a length near its own
+        for chunk in _chunks(sorted(together, key=lambda s: len(s.req.prompt_ids)), self.options.prefill_tokens):
+            r0 = len(self.rows)
+            self.rows.extend(chunk)
+            with self.profiler.phase("prefill"):
+                self._prefill_together(chunk, r0)
         self._last_step = None  # (the prefills' queued work is not the next step's cost: _settled)
         # a request that stopped at its first token (or whose prefill failed) leaves before the cycle
         for r in range(len(self.rows) - 1, -1, -1):
             if self.rows[r].ended:
                 self._free(r)
-        return out
+        return seqs
 
     def _prefill(self, s: Seq, r: int, with_draft: bool) -> None:
         self.prefiller.prefill(s, r, with_draft)
         self.stats.prefills += 1
+
+    def _prefill_together(self, chunk: list[Seq], r0: int) -> None:
+        """Rows r0.. prefilled in one forward, or each alone where that fails (Prefiller.prefill_together)."""
+        pick = partial(_first_tokens, shared=self.shared_gen)
+        if self.prefiller.prefill_together(chunk, r0, pick, lambda s, r: self._guard(s, self._prefill, s, r, False)):
+            self.stats.prefills += len(chunk)
 
     # --- warm-up and profile -----------------------------------------------------------------------
     @torch.inference_mode()  # the caches are inference tensors
@@ -399,9 +412,7 @@ class BatchEngine:
         with ph("decode"):
             c.run("plain")
             assert c.plogits is not None  # (the plain step made them)
-            for b, s in enumerate(self.rows):
-                if not s.req.sampling.greedy:
-                    self._guard(s, _sample_into, c.next, b, c.plogits[b], s)
+            _draw(c.next, c.plogits, [s if s.exc is None else None for s in self.rows], self.shared_gen, self._guard)
             c.run("plain_commit")
         with ph("host_sync"):
             host = c.next[: len(self.rows)].tolist()
@@ -447,6 +458,52 @@ class BatchEngine:
         s.length += len(toks)
         taken = s.em.push(toks)
         s.new.extend(toks[:taken])
+
+
+def _first_tokens(logits: torch.Tensor, seqs: list[Seq], shared) -> torch.Tensor:
+    """The first tokens of rows prefilled together, from logits [k, V] (_draw; a failed draw raises)."""
+    out = logits.argmax(-1)
+    _draw(out, logits, seqs, shared)
+    return out
+
+
+def _chunks(seqs: list[Seq], limit: int):
+    """seqs (shortest prompt first) in runs whose rows times their longest prompt stay within `limit` tokens (a
+    longer prompt alone)."""
+    while seqs:
+        n = 1
+        while n < len(seqs) and (n + 1) * len(seqs[n].req.prompt_ids) <= limit:
+            n += 1
+        yield seqs[:n]
+        seqs = seqs[n:]
+
+
+def _draw(out: torch.Tensor, logits: torch.Tensor, seqs: list, shared, guard=None) -> None:
+    """The sampled rows' tokens into out [k] (greedy rows hold their argmax already; a None row is skipped) from
+    logits [k, V]: a seeded row from its own generator (the same draw in any batch; through `guard`, the engine's
+    per-row work, where given); the rows that share the engine's generator in one draw per sampling parameters (one
+    draw a row was most of a sampled GPU step: docs/performance.md#d61). Where a shared draw fails, its rows draw one
+    by one through `guard` (one row's bad logits end that row alone); without a guard the failure is raised."""
+    groups: dict[tuple, list[int]] = {}
+    for b, s in enumerate(seqs):
+        if s is None or s.req.sampling.greedy:
+            continue
+        sp = s.req.sampling
+        if s.gen is shared:
+            groups.setdefault((sp.temperature, sp.top_k, sp.top_p), []).append(b)
+        elif guard is not None:
+            guard(s, _sample_into, out, b, logits[b], s)
+        else:
+            _sample_into(out, b, logits[b], s)
+    for idx in groups.values():
+        try:
+            ix = torch.as_tensor(idx, device=out.device)
+            out[ix] = sample(probs(logits[ix], seqs[idx[0]].req.sampling), shared)
+        except Exception:  # noqa: BLE001 -- redone row by row: the failing row ends alone
+            if guard is None:
+                raise
+            for b in idx:
+                guard(seqs[b], _sample_into, out, b, logits[b], seqs[b])
 
 
 def _sample_into(next_: torch.Tensor, b: int, logits: torch.Tensor, s: Seq) -> None:

@@ -3,6 +3,8 @@ and the draft's extend over the prompt; and the prompt graphs' first compile bef
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..errors import FeatureError
@@ -13,6 +15,8 @@ from ..observe import trace
 from .requests import Seq
 from .sampling import probs, sample
 from .state import BatchState, Setup
+
+log = logging.getLogger(__name__)
 
 
 class Prefiller:
@@ -78,6 +82,53 @@ class Prefiller:
             st.lag_n[r] = 0
         s.use_draft = with_draft
         st.use_draft[r] = with_draft
+
+    def prefill_together(self, seqs: list[Seq], r0: int, pick, alone) -> bool:
+        """The prompts of `seqs` into rows r0, r0 + 1, ... in one forward (_together) -> True; where that fails, each
+        by `alone(seq, row)` instead -> False (the engine's prefill of one row, whose failure is that row's own)."""
+        try:
+            self._together(seqs, r0, pick)
+            return True
+        except Exception:  # noqa: BLE001 -- redone row by row, where a row's own failure ends it alone
+            log.warning("a batched prefill of %d rows failed; prefilling them one by one", len(seqs))
+            for i, s in enumerate(seqs):
+                alone(s, r0 + i)
+            return False
+
+    @prompt_calls()
+    def _together(self, seqs: list[Seq], r0: int, pick) -> None:
+        """The prompts of `seqs` into rows r0, r0 + 1, ... in one forward, right-padded to the longest, none of them
+        drafting (EngineOptions.prefill_tokens): each row's tokens see only its own prompt (causal over slots that
+        start at 0), its length is its own, and the padding's slots lie past it, where nothing reads. `pick`
+        (logits [k, V], seqs) -> their first tokens [k] (the engine's draws: one call for the rows that share a
+        generator)."""
+        if self.cold:
+            self.warm(r0)
+        st, dev, target = self.st, self.st.device, self.setup.target
+        assert st.tk is not None  # (the row allocator makes the caches before any prefill)
+        k, n = len(seqs), [len(s.req.prompt_ids) for s in seqs]
+        T = max(n)
+        ids = torch.zeros(k, T, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : n[i]] = torch.as_tensor(s.req.prompt_ids, dtype=torch.long)
+        lengths = torch.as_tensor(n, dtype=torch.long, device=dev)
+        kv = st.tk.rows(r0, r0 + k)
+        kv.length.zero_()
+        causal = torch.ones(1, T, T, dtype=torch.bool, device=dev).tril_()
+        depths = torch.arange(T, device=dev)[None].expand(k, T)
+        logits, _ = target.forward_rows(kv, ids.to(dev), depths, causal, T, None, last=lengths - 1)
+        kv.length += lengths
+        toks = pick(logits[:, 0], seqs)
+        st.root[r0 : r0 + k] = toks
+        st.active[r0 : r0 + k] = True
+        st.use_draft[r0 : r0 + k] = False
+        if st.lag_n is not None:
+            st.lag_n[r0 : r0 + k] = 0
+        for s, length, tok in zip(seqs, n, toks.tolist()):  # (one host read for the chunk)
+            s.length = length
+            s.em.push([tok])
+            s.new = list(s.em.tokens)
+            s.use_draft = False
 
     @prompt_calls()
     def warm(self, r: int) -> None:

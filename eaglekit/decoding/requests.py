@@ -15,7 +15,7 @@ class Request:
     rid: str
     prompt_ids: list[int]
     max_new_tokens: int
-    sampling: SamplingParams = SamplingParams()  # its `seed` seeds this request's own generator
+    sampling: SamplingParams = SamplingParams()  # its `seed` seeds a generator of its own (else it shares the engine's)
     stop_strings: tuple[str, ...] = ()
     eos_ids: tuple[int, ...] | None = None  # None: the target's own
 

@@ -62,7 +62,7 @@ class RowTarget(Protocol):
         block: torch.Tensor,
         span: int,
         capture: CaptureSpec | None = None,
-        last: bool = False,
+        last: bool | torch.Tensor = False,
     ): ...
 
 

@@ -57,6 +57,16 @@ def check_finite(feats: torch.Tensor, spec: CaptureSpec, hidden: int) -> None:
         )
 
 
+def take_last(h: torch.Tensor, last) -> torch.Tensor:
+    """forward_rows' `last` on h [B, T, ...]: False -> h; True -> each row's last token, [B, 1, ...]; a [B] long
+    tensor -> each row's token at that index, [B, 1, ...] (a batch of right-padded prompts ends where each prompt
+    does)."""
+    if isinstance(last, torch.Tensor):
+        idx = last.view(-1, 1, *([1] * (h.dim() - 2))).expand(-1, 1, *h.shape[2:])
+        return h.gather(1, idx)
+    return h[:, -1:] if last else h
+
+
 class Target(ABC):
     info: TargetInfo
     device: torch.device
@@ -207,15 +217,16 @@ class Target(ABC):
         block: torch.Tensor,
         span: int,
         capture: CaptureSpec | None = None,
-        last: bool = False,
+        last: bool | torch.Tensor = False,
     ):
         """Per row b of `kv`: write ids[b] ([B, T]) at slots [length[b], length[b] + T), each token seeing the
         row's committed prefix and the new tokens block[b] ([B|1, T, T]) allows, at positions length[b] +
         depths[b]; attention over the first `span` slots. Lengths are not advanced.
         -> (logits [B, T, V] float32, features [B, T, C*H] or None); with `last` the logits of each row's last
         token only, [B, 1, V] (a prefill reads no other: the head's product over a prompt's other tokens is work
-        for nothing). The captured features are traced here, as verify's and prefill's are (EAGLE3_DEBUG's target
-        capture point)."""
+        for nothing); `last` a [B] long tensor: each row's token at that index (right-padded prompts: take_last).
+        The captured features are traced here, as verify's and prefill's are (EAGLE3_DEBUG's target capture
+        point)."""
         logits, feats = self._forward_rows(kv, ids, depths, block, span, capture, last)
         self._trace(feats, ids.shape[1], capture)
         return logits, feats
@@ -224,7 +235,7 @@ class Target(ABC):
         """forward_rows' work; by default on the one row of OwnRow (row_cache), through the sequence's `_forward`."""
         kv.sync()
         logits, feats = self._forward(ids[0], depths[0], block[0], capture)
-        return (logits[-1:] if last else logits)[None], (feats[None] if feats is not None else None)
+        return take_last(logits[None], last), (feats[None] if feats is not None else None)
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import InputError
 from ..kernels.compiling import in_prompt
-from .base import StaticCacheTarget, TargetInfo
+from .base import StaticCacheTarget, TargetInfo, take_last
 from .deepseek_config import DeepSeekConfig, load_deepseek_config
 from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, own_row, span_mask, span_mask_rows
 from .mla import MLA, LatentCache, MLARotary, RowLatent
@@ -242,7 +242,7 @@ class DeepSeekTarget(StaticCacheTarget):
         slots = L[:, None] + torch.arange(T, device=self.device)
         mask = span_mask_rows(L, block, span, None, depths)
         h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, self._layers(capture))
-        return self.net.lm_head(h[:, -1:] if last else h).float(), feats
+        return self.net.lm_head(take_last(h, last)).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count and layer kind,

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..kernels import invariant_attention
 from ..kernels.compiling import in_prompt, span_dynamic
 from ..kernels.products import compiles_any_length
-from .base import StaticCacheTarget, TargetInfo
+from .base import StaticCacheTarget, TargetInfo, take_last
 from .config import TargetConfig, load_target_config
 from .layers import (
     COMPILE_MAX_TOKENS,
@@ -252,7 +252,7 @@ class LlamaTarget(StaticCacheTarget):
             slots = L[:, None] + torch.arange(T, device=self.device)
             mask = span_mask_rows(L, block, span, self.cfg.sliding_window, depths)
             h, feats = self.net(ids, L[:, None] + depths, kv, slots, mask, layers)
-        return product_module(self.net.products, self.net.lm_head, h[:, -1:] if last else h).float(), feats
+        return product_module(self.net.products, self.net.lm_head, take_last(h, last)).float(), feats
 
     def compile(self, options: dict | None = None) -> None:
         """torch.compile the decoder layer for the decode shapes (one compiled graph per token count, shared

@@ -36,8 +36,8 @@ def generate_batch(
     target: Target, prompts: list[list[int]], max_new: int, sp: SamplingParams, seed: int, eos_ids=()
 ) -> list[list[int]]:
     """Continuations (without the prompt) for a batch of prompts, each to its first EOS or max_new tokens. Sampled
-    (`sp` not greedy), prompt i draws from its own generator seeded seed + i through the engine (what `eaglekit
-    generate --seed` gives it alone), from one generator seeded `seed` through transformers."""
+    (`sp` not greedy), the batch draws from one generator seeded `seed`: the same prompts with the same seed give
+    the same continuations."""
     if not prompts or max_new == 0:
         return [[] for _ in prompts]
     if not target.batched:
@@ -46,23 +46,37 @@ def generate_batch(
     return _through_engine(target, prompts, max_new, sp, seed, tuple(eos_ids))
 
 
+# the most tokens (prompts right-padded to the longest beside them) one batched prefill of regeneration holds on a
+# GPU, where a prompt's forward is host-bound; a CPU's is compute-bound, and there the padding made regeneration
+# slower (12.5 against 11.9 s for 48 sampled prompts of the SmolLM2 pair: docs/performance.md#d61)
+PREFILL_TOKENS = 16384
+
+
+def prefill_tokens(device: torch.device) -> int:
+    """EngineOptions.prefill_tokens for regeneration on `device`."""
+    return PREFILL_TOKENS if device.type == "cuda" else 0
+
+
 def _through_engine(
     target: Target, prompts: list[list[int]], max_new: int, sp: SamplingParams, seed: int, eos_ids: tuple
 ) -> list[list[int]]:
     """generate_batch on a target that decodes rows: every prompt a request of one engine with no draft, all rows
-    decoded together. CUDA graphs stay off: rows end at different lengths, and each padded size and span would
-    record its graphs for a few steps."""
+    decoded together, their prompts prefilled together and their sampled tokens drawn together from the engine's
+    generator (EngineOptions.prefill_tokens on a GPU, and seed): one forward and one draw a prompt were most of a
+    GPU's regeneration (docs/performance.md#d61). A prompt's bits may then differ from its decode alone by the
+    products' rounding, which training data does not need. CUDA graphs stay off: rows end at different lengths, and each
+    padded size and span would record its graphs for a few steps."""
     from dataclasses import replace
 
     from ..decoding.config import EngineOptions
     from ..decoding.engine import BatchEngine
     from ..decoding.requests import Request
 
-    engine = BatchEngine(target, None, EngineOptions(max_batch=len(prompts), graphs=False))
-    rows = [
-        engine.add(Request(str(i), list(p), max_new, sp if sp.greedy else replace(sp, seed=seed + i), eos_ids=eos_ids))
-        for i, p in enumerate(prompts)
-    ]
+    together = prefill_tokens(target.device)
+    options = EngineOptions(max_batch=len(prompts), graphs=False, prefill_tokens=together, seed=seed)
+    engine = BatchEngine(target, None, options)
+    shared = replace(sp, seed=None)  # (a seed of its own would make the row draw alone)
+    rows = [engine.add(Request(str(i), list(p), max_new, shared, eos_ids=eos_ids)) for i, p in enumerate(prompts)]
     while engine.has_work:
         engine.step()
     for s in rows:

@@ -145,14 +145,19 @@ def _drive(eng, arrivals, cancels, max_steps=500):
     return events
 
 
-def _scenario(model_dirs, seed, graphs: bool = False):
+def _scenario(model_dirs, seed, graphs: bool = False, prefill_tokens: int = 0):
+    """`prefill_tokens`: the draft-less rows admitted together prefill together (EngineOptions.prefill_tokens), in
+    float64, where the products' rounding beside other rows cannot reach an argmax."""
     rng = random.Random(seed)
-    target = _target(model_dirs, ["llama", "llama", "qwen3", "mistral"][seed % 4])
+    family = ["llama", "llama", "qwen3", "mistral"][seed % 4]
+    target = _target(model_dirs, family, "float64" if prefill_tokens else "float32")
     kind = ["oracle", "noisy", "random", "oracle", "noisy", "none"][seed % 6]
+    if prefill_tokens and kind == "random":  # (a random draft is float32)
+        kind = "none"
     shape = TreeShape(*SHAPES[rng.randrange(len(SHAPES))])
     max_batch = rng.choice([1, 2, 3, 4, 8])
     spec_max = rng.choice([None, None, 1, 2])  # small values exercise the switch-off and draft-less rows
-    eng = _engine(target, kind, shape, max_batch, seed, spec_max_batch=spec_max)
+    eng = _engine(target, kind, shape, max_batch, seed, spec_max_batch=spec_max, prefill_tokens=prefill_tokens)
     eng.pad = rng.random() < 0.5  # padded rows (as with CUDA graphs) must not change anything
     if graphs:  # the recorded layout: padded sizes, spans fixed per cache size, the phases kept per size
         eng.graphs = eng.pad = True
@@ -195,6 +200,13 @@ def test_batched_greedy_equals_alone(model_dirs, seed):
 @pytest.mark.parametrize("seed", range(24, 200))
 def test_batched_greedy_equals_alone_more_seeds(model_dirs, seed):
     _scenario(model_dirs, seed)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rows_prefilled_together_decode_as_alone(model_dirs, seed):
+    """Draft-less rows admitted in one step share forwards of at most 8, 24 or 10,000 prompt tokens (one row alone
+    where its prompt is longer); the rows with a draft prefill alone beside them."""
+    _scenario(model_dirs, seed, prefill_tokens=[8, 24, 10_000][seed % 3])
 
 
 def _eager_graphs(warmup, record, state):
@@ -466,6 +478,38 @@ def test_mixed_greedy_and_sampled_rows(model_dirs):
     a, b = run(), run()
     assert a["g0"] == _alone(target, [FIRST, 8, 3], 12, ()) and a["g1"] == _alone(target, [FIRST, 40, 41, 42], 10, ())
     assert a == b and len(a["s0"]) == 12 and len(a["s1"]) == 12
+
+
+def test_rows_without_a_seed_draw_together_and_a_failed_draw_is_redone_row_by_row(model_dirs, monkeypatch):
+    """Sampled rows without a seed of their own share the engine's generator (EngineOptions.seed: the same run twice
+    gives the same tokens) and draw in one call per sampling parameters; where that call fails, each row draws alone
+    (one row's bad logits would end that row only) and the batch goes on."""
+    import eaglekit.decoding.engine as engine_mod
+
+    target = _target(model_dirs)
+
+    def run(seed):
+        eng = BatchEngine(target, None, EngineOptions(max_batch=4, seed=seed))
+        reqs = [Request(f"s{i}", [FIRST, 8 + i, 3], 12, SamplingParams(0.9), eos_ids=()) for i in range(3)]
+        reqs.append(Request("g", [FIRST, 40, 41], 12, eos_ids=()))
+        ev = _drive(eng, {0: reqs}, {})
+        return {k: [t for e in v for t in e.token_ids] for k, v in ev.items()}
+
+    a = run(7)
+    assert a == run(7) and a != run(8) and all(len(v) == 12 for v in a.values())
+    assert a["g"] == _alone(target, [FIRST, 40, 41], 12, ())
+    together = []
+    real = engine_mod.sample
+
+    def no_rows_together(p, gen):
+        together.append(p.dim() == 2 and p.shape[0] > 1)
+        if together[-1]:
+            raise RuntimeError("a failed draw of rows together")
+        return real(p, gen)
+
+    monkeypatch.setattr(engine_mod, "sample", no_rows_together)
+    b = run(7)
+    assert any(together) and all(len(v) == 12 for v in b.values()) and b["g"] == a["g"]
 
 
 @pytest.mark.parametrize("kind", ["noisy", "none"])  # speculative cycles, and plain steps
