@@ -84,10 +84,15 @@ def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
 
 
 def make_generator(sp: SamplingParams, device) -> torch.Generator | None:
+    """A generator seeded by sp.seed, or from the system's entropy without one (Generator.seed: torch's global
+    generator is left as it was); None for greedy decoding."""
     if sp.greedy:
         return None
     g = torch.Generator(device=device)
-    g.manual_seed(sp.seed if sp.seed is not None else torch.seed())
+    if sp.seed is not None:
+        g.manual_seed(sp.seed)
+    else:
+        g.seed()
     return g
 
 

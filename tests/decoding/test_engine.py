@@ -512,6 +512,17 @@ def test_rows_without_a_seed_draw_together_and_a_failed_draw_is_redone_row_by_ro
     assert any(together) and all(len(v) == 12 for v in b.values()) and b["g"] == a["g"]
 
 
+def test_an_engine_and_its_unseeded_rows_leave_torchs_global_generator_alone(model_dirs):
+    """The shared generator seeds itself from the system (a caller's torch.manual_seed still decides its own draws)."""
+    target = _target(model_dirs)
+    torch.manual_seed(0)
+    want = torch.rand(4)
+    torch.manual_seed(0)
+    eng = BatchEngine(target, None, EngineOptions(max_batch=2))
+    _drive(eng, {0: [Request("s", [FIRST, 5], 4, SamplingParams(0.9), eos_ids=())]}, {})
+    assert torch.equal(torch.rand(4), want)
+
+
 @pytest.mark.parametrize("kind", ["noisy", "none"])  # speculative cycles, and plain steps
 def test_a_failing_row_ends_alone_and_the_others_decode_as_alone(model_dirs, kind):
     """A row whose own work fails (here its sampling generator is broken: at its prefill for one, four steps into a
