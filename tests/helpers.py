@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sequence
 import torch
 
 from eaglekit.draft.base import Draft
@@ -275,7 +276,7 @@ def hopper_target(products: str, layers: int = 2):
     return t
 
 
-def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: t.step(tok)) -> None:
+def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: sequence.step(t, tok)) -> None:
     """One tree-masked verify of a 9-node tree after a 10-token prefix gives, at every node, transformers' (`ref`)
     logits of prefix + that node's path; keeping one path (padded, 5 real) then leaves a cache that steps on like
     a plain sequence. `step(target, token) -> logits [V]` (a target's own step, or a test's wrapper)."""
@@ -291,8 +292,8 @@ def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: t.step
         mask[i] = mask[parents[i]].clone()
         mask[i, i] = True
     ours.reset(32)
-    ours.prefill(prefix)
-    logits, _ = ours.verify(tokens, depths, mask)
+    sequence.prefill(ours, prefix)
+    logits, _ = sequence.verify(ours, tokens, depths, mask)
     for i in range(D):
         path = mask[i].nonzero().squeeze(1)
         with torch.no_grad():

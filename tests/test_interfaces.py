@@ -2,6 +2,7 @@
 length and storage key; the option objects' defaults agree with the training loop's."""
 
 import pytest
+import sequence
 import torch
 
 from eaglekit.draft import new_draft
@@ -47,7 +48,7 @@ def test_storage_key_changes_exactly_when_the_cache_is_reallocated(model_dirs):
     assert k128 != k64
     t.reset(64)  # fits the 128-slot cache: same buffers, another span (graphs bake in the span)
     assert t.storage_key() != k64 and t.storage_key()[1:] == k128[1:]
-    t.prefill(torch.tensor([3, 4, 5]))
+    sequence.prefill(t, torch.tensor([3, 4, 5]))
     assert t.committed is t.committed and int(t.committed) == t.length == 3  # the live device counter
 
 

@@ -20,7 +20,6 @@ import torch
 
 from ..capture import CaptureSpec
 from ..errors import GenerationError, InputError
-from ..kernels.compiling import prompt_calls
 from ..observe import trace
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ class Target(ABC):
     folder: Path | None = None
     tokenizer_fingerprint: str | None = None
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
-    static: bool = False  # True when verify/keep are fixed-shape and free of host syncs (recordable in CUDA graphs)
+    static: bool = False  # True when forwards and keep are fixed-shape and free of host syncs (CUDA graphs record them)
     # which decoder serves this target, for reports (generate --json's metrics.backend): "ours" (the Llama family),
     # "deepseek", "tp" (a tensor-parallel rank of ours), "hf" (the transformers adapter)
     backend: str | None = None
@@ -118,15 +117,6 @@ class Target(ABC):
     def _advance(self, n: int) -> None:
         """Commit the n tokens just written (a prompt)."""
 
-    @torch.inference_mode()
-    def verify(
-        self, ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor, capture: CaptureSpec | None = None
-    ):
-        """T pending tokens at slots [length, length + T) -> (logits [T, V] float32, features or None)."""
-        logits, feats = self._forward(ids, depths, tree_mask, capture)
-        self._trace(feats, ids.numel(), capture)
-        return logits, feats
-
     @abstractmethod
     def keep(self, path: torch.Tensor, n: torch.Tensor, in_place: bool = False) -> None:
         """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest. `in_place`: the caller
@@ -140,7 +130,7 @@ class Target(ABC):
     @property
     def committed(self) -> torch.Tensor:
         """Committed tokens as a 0-d long device tensor. A static target returns its live counter, which
-        verify/keep advance on the device (the engine saves and restores it around CUDA-graph warm-up);
+        _advance/keep move on the device (the engine saves and restores it around CUDA-graph warm-up);
         the default, for eager targets, is a copy of `length`."""
         return torch.tensor(self.length, device=self.device)
 
@@ -148,36 +138,6 @@ class Target(ABC):
         """Names the device buffers decode calls use; changes when `reset` reallocates them, so CUDA graphs
         recorded against older buffers are never replayed. Default: the span (eager targets)."""
         return (self.span,)
-
-    @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, capture: CaptureSpec | None = None):
-        T = ids.numel()
-        if T > self.span:
-            raise GenerationError(
-                f"the prompt needs {T} cache slots but the cache holds {self.span}",
-                fix="shorten the prompt or lower --max-new-tokens",
-                code="E301",
-            )
-        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
-        with prompt_calls():  # a prompt's length changes from call to call: no compiled graph per length
-            logits, feats = self._forward(ids, torch.arange(T, device=ids.device), causal, capture)
-        self._advance(T)
-        self._trace(feats, T, capture)
-        if feats is not None:
-            assert capture is not None  # (features are captured only at a capture spec)
-            check_finite(feats, capture, self.info.hidden_size)
-        return logits, feats
-
-    def step(self, token: torch.Tensor, rows: int = 1):
-        """One plain decode step (the baseline loop): -> logits [V]. With rows > 1 the token is row 0 of a chain
-        of `rows` pending tokens (the others copies of it, written past it and never committed): the forward
-        then has the shapes of a verify of a `rows`-token chain, so a kernel that rounds differently for 1 row
-        and for k rows (bf16 matmuls on a GPU) gives the token the arithmetic the speculative verify gives it."""
-        dev = token.device
-        block = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril_()
-        logits, _ = self.verify(token.view(1).expand(rows).contiguous(), torch.arange(rows, device=dev), block)
-        self._advance(1)  # the one pending token is already in place: commit it without a KV copy
-        return logits[0]
 
     # --- batched generation for regeneration ----------------------------------------------------
     def generate_batch(

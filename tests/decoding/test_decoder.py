@@ -2,6 +2,7 @@
 oracle, the transformers adapter on DeepSeek-V3 (the architecture of the story), metrics bookkeeping."""
 
 import pytest
+import sequence
 import torch
 from helpers import OracleDraft, grow
 
@@ -101,7 +102,7 @@ def test_deepseek_v3_through_the_transformers_adapter(deepseek_dir):
         assert res.token_ids == want
     # the hooks capture the residual stream after layers 1, 3, 4 (= inputs of layers 2, 4, 5)
     t.reset(16)
-    _, feats = t.prefill(torch.tensor(prompt), CaptureSpec((1, 3, 4)))
+    _, feats = sequence.prefill(t, torch.tensor(prompt), CaptureSpec((1, 3, 4)))
     torch.testing.assert_close(feats, torch.cat([hs[2][0], hs[4][0], hs[5][0]], -1))
 
 
@@ -428,11 +429,11 @@ def test_row_padded_baseline_step_keeps_its_token_and_commits_one(model_dirs):
     out = {}
     for rows in (1, 4, 6):
         t.reset(32)
-        logits, _ = t.prefill(prompt)
+        logits, _ = sequence.prefill(t, prompt)
         tok, seq = logits[-1].argmax(), []
         for _ in range(8):
             before = t.length
-            step_logits = t.step(tok.view(1), rows)
+            step_logits = sequence.step(t, tok.view(1), rows)
             assert t.length == before + 1 and step_logits.shape == (t.info.vocab_size,)
             seq.append(step_logits)
             tok = step_logits.argmax()
@@ -471,8 +472,8 @@ def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
     caches = []
     for in_place in (False, True):
         t.reset(64)
-        t.prefill(prompt)
-        t.verify(torch.tensor([3, 4, 5, 6]), torch.arange(4), torch.ones(4, 4, dtype=torch.bool).tril())
+        sequence.prefill(t, prompt)
+        sequence.verify(t, torch.tensor([3, 4, 5, 6]), torch.arange(4), torch.ones(4, 4, dtype=torch.bool).tril())
         t.keep(torch.arange(4), torch.tensor(3), in_place=in_place)
         caches.append((t.length, t.cache.k[..., :23, :].clone(), t.cache.v[..., :23, :].clone()))
     assert caches[0][0] == caches[1][0] == 23

@@ -8,6 +8,7 @@ test (the test has power). Everything is seeded: the outcome is deterministic, n
 
 
 import pytest
+import sequence
 import torch
 from helpers import make_hf_model
 from scipy.stats import chisquare
@@ -37,7 +38,7 @@ def _exact(target, sp):
     """P(x1), P(x1, x2), P(x3) by enumeration."""
     def dist(seq):
         target.reset(16)
-        lg, _ = target.prefill(torch.tensor(seq))
+        lg, _ = sequence.prefill(target, torch.tensor(seq))
         return probs(lg[-1], sp).double()
 
     p1 = dist(PROMPT)

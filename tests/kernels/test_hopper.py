@@ -9,6 +9,7 @@ import dataclasses
 import random
 
 import pytest
+import sequence
 import torch
 from helpers import grow, random_tree_paths
 
@@ -91,7 +92,7 @@ def test_the_drafts_pending_form_says_what_its_masks_say():
             d._one = torch.ones(1, 1, dtype=torch.bool)
         t.reset(200)
         d.reset(200)
-        _, feats = t.prefill(prompt, d.config.capture)
+        _, feats = sequence.prefill(t, prompt, d.config.capture)
         d.extend(feats[:32], prompt[1:33])  # (32 rows: compiled or not, within the pending form's 64)
         h, logits = d.extend(feats[32:], torch.cat([prompt[33:], prompt[:1]]))
         got[kind] = [logits] + [grow(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
@@ -134,7 +135,7 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
         counters.clear()
         t.reset(200)
         d.reset(200)
-        _, feats = t.prefill(prompt, d.config.capture)
+        _, feats = sequence.prefill(t, prompt, d.config.capture)
         d.extend(feats[:40], prompt[1:41])
         h, logits = d.extend(feats[40:], torch.cat([prompt[41:], prompt[:1]]))
         got[kind] = [logits] + [grow(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
@@ -433,15 +434,15 @@ def test_decoder_tree_rows_equal_one_row_steps():
         outs = {}
         for name, tg in (("hopper", t), ("invariant", ref)):
             tg.reset(128)
-            tg.prefill(prompt)
-            outs[name] = tg.verify(ids, depths, block)[0]
+            sequence.prefill(tg, prompt)
+            outs[name] = sequence.verify(tg, ids, depths, block)[0]
         err = (outs["hopper"] - outs["invariant"]).abs().max() / outs["invariant"].abs().max()
         assert err < 0.05, (T, err)
         for i, path in enumerate(paths):
             t.reset(128)
-            t.prefill(prompt)
+            sequence.prefill(t, prompt)
             for a in path:
-                logits = t.step(ids[a].view(1))
+                logits = sequence.step(t, ids[a].view(1))
             assert torch.equal(logits, outs["hopper"][i]), (T, i)
 
 

@@ -13,6 +13,8 @@ from helpers import use_triton_interpreter
 
 use_triton_interpreter()  # before triton is imported
 
+import sequence  # noqa: E402
+
 from eaglekit.kernels import invariant_attention  # noqa: E402
 
 
@@ -212,16 +214,16 @@ def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("SDPA in a decode call"))
     monkeypatch.setattr(F, "linear", lambda *a, **k: pytest.fail("F.linear in a decode call"))
     t.reset(64)
-    t.prefill(torch.tensor([5, 9, 14, 3, 7]))  # (a prompt of up to 64 tokens takes the kernels too)
+    sequence.prefill(t, torch.tensor([5, 9, 14, 3, 7]))  # (a prompt of up to 64 tokens takes the kernels too)
     n = t.info.num_layers
     want = {"attend": n, "linear": 4 * n + 1, "norm": 2 * n + 1}
     assert calls == want
     calls.update(attend=0, linear=0, norm=0)
     tok = torch.tensor([11])
-    alone = t.step(tok, 1)
+    alone = sequence.step(t, tok, 1)
     assert calls == want
     t.committed.fill_(5)
-    chain = t.step(tok, 5)
+    chain = sequence.step(t, tok, 5)
     assert torch.equal(alone, chain)
 
 
@@ -243,16 +245,16 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
     monkeypatch.setattr(invariant_gemm.kernels(), "op", lambda *a: ropes.append(a[4] is not None) or op(*a))
     prompt, tok = torch.tensor([5, 9, 14, 3, 7]), torch.tensor([11])
     t.reset(64)
-    t.prefill(prompt)
+    sequence.prefill(t, prompt)
     ropes.clear()
-    alone = t.step(tok, 1)
+    alone = sequence.step(t, tok, 1)
     assert ropes == [True, False, False, False] * 2 + [False]  # per layer: qkv (rotated), o, gate_up, down; lm_head
     t.committed.fill_(5)
-    assert torch.equal(t.step(tok, 5)[:1], alone[:1])
+    assert torch.equal(sequence.step(t, tok, 5)[:1], alone[:1])
     monkeypatch.setattr(Invariant, "takes_rope", lambda *a: False)
     t.reset(64)
-    t.prefill(prompt)
-    apart = t.step(tok, 1)
+    sequence.prefill(t, prompt)
+    apart = sequence.step(t, tok, 1)
     assert (apart.double() - alone.double()).abs().max() <= 2e-2 * alone.double().abs().max()
 
 

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import sequence  # noqa: E402
 from ds_helpers import CONFIGS, ds_oracle, make_ds_model  # noqa: E402
 
 from eaglekit.capture import CaptureSpec  # noqa: E402
@@ -67,7 +68,7 @@ def test_parity_with_transformers(tmp_path_factory, name, seed):
     hs = out.hidden_states  # hs[i + 1]: the output of layer i (the last one normed by transformers)
     spec = CaptureSpec((-1, 1, 3, L - 2, L - 1))
     ours.reset(64)
-    logits, feats = ours.prefill(ids, spec)
+    logits, feats = sequence.prefill(ours, ids, spec)
     diff = (logits - out.logits[0]).abs().max().item()
     torch.testing.assert_close(logits, out.logits[0], rtol=1e-4, atol=1e-4)
     H = ours.info.hidden_size
@@ -77,8 +78,8 @@ def test_parity_with_transformers(tmp_path_factory, name, seed):
     torch.testing.assert_close(ours.net.model.norm(f[:, -1]), hs[L][0], rtol=1e-5, atol=1e-5)
     # the decode form (absorbed attention, gathered experts) one token at a time
     ours.reset(64)
-    ours.prefill(ids[:12])
-    rows = torch.stack([ours.step(ids[i:i + 1]) for i in range(12, 24)])
+    sequence.prefill(ours, ids[:12])
+    rows = torch.stack([sequence.step(ours, ids[i:i + 1]) for i in range(12, 24)])
     diff = max(diff, (rows - out.logits[0, 12:24]).abs().max().item())
     torch.testing.assert_close(rows, out.logits[0, 12:24], rtol=1e-4, atol=1e-4)
     # greedy: our plain decode (graphs off on a CPU) == transformers' argmax run
@@ -117,11 +118,11 @@ def test_moe_paths_and_attention_forms_agree(tmp_path_factory):
         torch.testing.assert_close(outs[mode], outs["gather"], rtol=1e-10, atol=1e-10)
     ids = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1))
     ours.reset(32)
-    want, _ = ours.prefill(ids)  # 20 tokens: absorbed (<= ABSORB_MAX_TOKENS)
+    want, _ = sequence.prefill(ours, ids)  # 20 tokens: absorbed (<= ABSORB_MAX_TOKENS)
     old, mla.ABSORB_MAX_TOKENS = mla.ABSORB_MAX_TOKENS, 0
     try:
         ours.reset(32)
-        got, _ = ours.prefill(ids)  # expanded
+        got, _ = sequence.prefill(ours, ids)  # expanded
     finally:
         mla.ABSORB_MAX_TOKENS = old
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
@@ -134,7 +135,7 @@ def test_latent_cache_holds_the_latent_only(tmp_path_factory):
     ours.reset(40)
     c = ours.config
     assert ours.cache.kv.shape == (c.num_layers, 1, 41, c.kv_lora_rank + c.qk_rope_head_dim)
-    ours.prefill(torch.arange(3, 13))
+    sequence.prefill(ours, torch.arange(3, 13))
     layer = ours.net.model.layers[3].self_attn
     assert torch.isfinite(ours.cache.kv[:, 0, :10]).all() and not ours.cache.kv[:, 0, 10:].any()
     assert layer.kv_b_proj.weight.shape == (c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
@@ -255,7 +256,7 @@ def test_loading_conventions(tmp_path):
     t = load_target(d)
     ids = torch.arange(3, 15)
     t.reset(16)
-    lg, _ = t.prefill(ids)
+    lg, _ = sequence.prefill(t, ids)
     with torch.no_grad():
         torch.testing.assert_close(lg, ref(ids[None]).logits[0], rtol=1e-4, atol=1e-4)
     assert t.net.model.layers[2].mlp.gate.weight.dtype == torch.float32

@@ -14,6 +14,7 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="GGUF targets need the gguf package (pip install -e '.[dev]')")
 
+import sequence  # noqa: E402
 from gguf_helpers import write_gguf  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -72,7 +73,7 @@ def test_our_decoder_on_an_f32_gguf_equals_transformers_on_the_original(model_di
     with torch.no_grad():
         want = _hf(model_dirs[family])(ids[None]).logits[0]
     ours.reset(64)
-    got, _ = ours.prefill(ids)
+    got, _ = sequence.prefill(ours, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

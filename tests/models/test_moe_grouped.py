@@ -11,6 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import sequence
+
 from eaglekit.models.moe import Experts, grouped_usable
 
 
@@ -74,10 +76,10 @@ def test_deepseek_target_decodes_the_same_with_grouped_experts(tmp_path):
         ours.set_experts(mode)
         try:
             ours.reset(40)
-            logits, _ = ours.prefill(ids)
+            logits, _ = sequence.prefill(ours, ids)
             steps = [logits[-1]]
             for _ in range(8):
-                steps.append(ours.step(steps[-1].argmax().view(1)))
+                steps.append(sequence.step(ours, steps[-1].argmax().view(1)))
             return torch.stack(steps)
         finally:
             ours.set_experts(None)

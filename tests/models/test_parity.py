@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import sequence
 import torch
 from helpers import make_hf_model
 
@@ -15,7 +16,7 @@ FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 def _step(target, ids, capture=None):
     """Append tokens as a plain causal run and commit them."""
     T = ids.numel()
-    logits, feats = target.verify(ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_(), capture)
+    logits, feats = sequence.verify(target, ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_(), capture)
     target.keep(torch.arange(T), torch.tensor(T))
     return logits, feats
 
@@ -34,7 +35,7 @@ def test_prefill_logits_match_transformers(model_dirs, family):
     with torch.no_grad():
         want = ref(ids[None]).logits[0]
     ours.reset(64)
-    got, _ = ours.prefill(ids)
+    got, _ = sequence.prefill(ours, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -47,7 +48,7 @@ def test_incremental_decode_and_captures_match(model_dirs, family):
     with torch.no_grad():
         out = ref(ids[None], output_hidden_states=True)
     ours.reset(32)
-    _, f0 = ours.prefill(ids[:12], spec)
+    _, f0 = sequence.prefill(ours, ids[:12], spec)
     rows, feats = [], [f0]
     for i in range(12, 20):
         lg, f = _step(ours, ids[i:i + 1], spec)
@@ -92,7 +93,7 @@ def test_tied_embeddings_and_sharded_index(tmp_path):
     with torch.no_grad():
         want = model(ids[None]).logits[0]
     ours.reset(16)
-    got, _ = ours.prefill(ids)
+    got, _ = sequence.prefill(ours, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -104,7 +105,7 @@ def test_mistral_sliding_window_matches(tmp_path):
     with torch.no_grad():
         want = model(ids[None]).logits[0]
     ours.reset(32)
-    got, _ = ours.prefill(ids[:16])
+    got, _ = sequence.prefill(ours, ids[:16])
     rows = [got]
     for i in range(16, 24):
         lg, _ = _step(ours, ids[i:i + 1])
@@ -120,7 +121,7 @@ def test_hf_adapter_matches_our_decoder(model_dirs):
     for t in (hf, ours):
         t.reset(32)
     ids = torch.randint(3, 96, (12,))
-    a = hf.prefill(ids, spec)
-    b = ours.prefill(ids, spec)
+    a = sequence.prefill(hf, ids, spec)
+    b = sequence.prefill(ours, ids, spec)
     torch.testing.assert_close(a[0], b[0], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(a[1], b[1], rtol=1e-9, atol=1e-9)

@@ -31,6 +31,8 @@ def run(rank: int, world: int, port: int, name: str, args: tuple, timeout_s: flo
 def equal(group, folder, out_dir):
     """TP=2 == TP=1: captured features (prefill and batched), the baseline and every tree shape, greedy,
     with the lm_head split by vocabulary and replicated."""
+    import sequence
+
     from eaglekit.capture import CaptureSpec
     from eaglekit.decoding.decoder import Decoder
     from eaglekit.decoding.tree import TreeShape
@@ -51,8 +53,8 @@ def equal(group, folder, out_dir):
         # features: prefill capture and the batched cacheless path
         for t in (ref, tpt):
             t.reset(64)
-        lr, fr = ref.prefill(prompt, spec)
-        lt, ft = tpt.prefill(prompt, spec)
+        lr, fr = sequence.prefill(ref, prompt, spec)
+        lt, ft = sequence.prefill(tpt, prompt, spec)
         assert tpt.cache.k.shape[2] == ref.cfg.num_kv_heads // group.world
         assert ft.shape == fr.shape and torch.allclose(ft, fr, rtol=0, atol=1e-10), (ft - fr).abs().max()
         assert torch.allclose(lt, lr, rtol=0, atol=1e-9)
