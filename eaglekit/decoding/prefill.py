@@ -64,11 +64,7 @@ class Prefiller:
         kv.length += T
         sp = s.req.sampling
         tok = logits[0, -1].argmax(-1) if sp.greedy else sample(probs(logits[0, -1], sp), s.gen)
-        s.length = T
-        s.em.push([int(tok)])
-        s.new = list(s.em.tokens)
-        st.root[r] = tok
-        st.active[r] = True
+        self._begin([s], r, [T], tok.view(1), with_draft)
         if with_draft:
             # (a row drafts only with the draft, whose cache and per-row state the allocator made)
             assert self.setup.draft is not None and st.dk is not None and st.h is not None and st.dl is not None
@@ -78,10 +74,6 @@ class Prefiller:
             h, dl = self.setup.draft.extend_rows(dk, feats, nxt, torch.full((1,), T, dtype=torch.long, device=dev), T)
             st.h[r] = h[0]
             st.dl[r] = dl[0]
-        if st.lag_n is not None:
-            st.lag_n[r] = 0
-        s.use_draft = with_draft
-        st.use_draft[r] = with_draft
 
     def prefill_together(self, seqs: list[Seq], r0: int, pick, alone) -> bool:
         """The prompts of `seqs` into rows r0, r0 + 1, ... in one forward (_together) -> True; where that fails, each
@@ -118,17 +110,23 @@ class Prefiller:
         depths = torch.arange(T, device=dev)[None].expand(k, T)
         logits, _ = target.forward_rows(kv, ids.to(dev), depths, causal, T, None, last=lengths - 1)
         kv.length += lengths
-        toks = pick(logits[:, 0], seqs)
+        self._begin(seqs, r0, n, pick(logits[:, 0], seqs), False)
+
+    def _begin(self, seqs: list[Seq], r0: int, lengths: list[int], toks: torch.Tensor, drafting: bool) -> None:
+        """Rows r0, r0 + 1, ... started after their prompts: first tokens toks [k] their roots, the rows active, their
+        catch-up windows empty, drafting or not; each request's committed length and first token on the host (one
+        host read for all k)."""
+        st, k = self.st, len(seqs)
         st.root[r0 : r0 + k] = toks
         st.active[r0 : r0 + k] = True
-        st.use_draft[r0 : r0 + k] = False
+        st.use_draft[r0 : r0 + k] = drafting
         if st.lag_n is not None:
             st.lag_n[r0 : r0 + k] = 0
-        for s, length, tok in zip(seqs, n, toks.tolist()):  # (one host read for the chunk)
+        for s, length, tok in zip(seqs, lengths, toks.tolist()):
             s.length = length
             s.em.push([tok])
             s.new = list(s.em.tokens)
-            s.use_draft = False
+            s.use_draft = drafting
 
     @prompt_calls()
     def warm(self, r: int) -> None:

@@ -106,8 +106,8 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     time in it (docs/performance.md#d59). Weights that sum to no positive number (NaN logits) are refused as
     multinomial refused them.
 
-    On a GPU torch.multinomial stays: there a draw is a few device kernels with no host read, and this one's would be
-    more kernel launches a row, what a GPU step with sampled rows pays for (not measured there)."""
+    On a GPU torch.multinomial stays: a draw is a few device kernels with no host read (110 us of host time a call on
+    an H100, so rows that can draw together do: BatchEngine's shared draws, docs/performance.md#d61)."""
     if p.is_cuda:
         return torch.multinomial(p, 1, generator=gen).squeeze(-1)
     c = p.float().cumsum(-1)
