@@ -7,7 +7,7 @@ from pathlib import Path
 import sequence
 import torch
 
-from eaglekit.draft.base import Draft
+from eaglekit.draft.base import SequenceDraft
 
 FAMILY_CONFIGS = {
     "llama": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -49,10 +49,10 @@ def make_hf_model(folder: Path, family: str = "llama", seed: int = 0, dtype=torc
     return model
 
 
-class OracleDraft(Draft):
+class OracleDraft(SequenceDraft):
     """A stand-in draft that runs the target itself: it predicts exactly the target's greedy choices.
 
-    It implements the draft interface (eaglekit.draft.base.Draft) the engine uses, nothing more. Draft
+    It implements the draft interface (eaglekit.draft.base.SequenceDraft) the engine uses, nothing more. Draft
     entry p (feature of position p, token p+1) maps to the oracle's own cache slot p+1, slot 0 holding
     the prompt's first token, which the oracle is told up front.
     """
@@ -118,8 +118,8 @@ class OracleDraft(Draft):
         return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)
 
 
-class OneSequenceView(Draft):
-    """A draft seen through its one-sequence calls alone (reset, extend, step), with Draft's default row interface
+class OneSequenceView(SequenceDraft):
+    """A draft seen through its one-sequence calls alone (reset, extend, step), with SequenceDraft's row interface
     over them: how the engine drives a draft that holds one sequence, for a draft that also has rows of its own."""
 
     def __init__(self, inner):

@@ -1,13 +1,14 @@
-"""The small interface every draft gives the decoding engine (the draft-side twin of models.base.Target).
+"""The interface every draft gives the decoding engine (the draft-side twin of models.base.Target): rows.
 
-A draft holds one sequence's cache of committed entries, entry p pairing the target's feature at
-position p with the token at p + 1. `extend` commits entries (the prompt, then each accepted path) and
-returns the hidden state and logits that seed the next tree; `step` runs one tree level as pending
-entries written past the committed ones and never committed (the next `extend` overwrites them); the
-engine's tree walk (eaglekit.decoding.tree) grows chains and trees from these steps.
-The engine reads nothing else: no weights, no cache internals, so a test double or another draft
-architecture only has to keep this contract. On Eagle3Draft every call is fixed-shape device work with
-no host read, so the engine can record the tree and the extend in CUDA graphs.
+A row's cache holds committed entries, entry p pairing the target's feature at position p with the token at p + 1.
+`extend_rows` commits entries (the prompt, then each accepted path) and returns the hidden state and logits that seed
+the next tree; `step_rows` runs one tree level as pending entries written past the committed ones and never committed
+(the next extend overwrites them); the engine's tree walk (eaglekit.decoding.tree) grows chains and trees from these
+steps unless `chain_rows` / `tree_rows` grow them the draft's own way. The engine reads nothing else: no weights, no
+cache internals, so a test double or another draft architecture only has to keep this contract. On Eagle3Draft
+every call is fixed-shape device work with no host read, so the engine can record the tree and the extend in CUDA
+graphs. `SequenceDraft` is a draft that holds one sequence of its own (`reset`, `extend`, `step`), its rows by
+default that sequence as a batch of one.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ class Draft(ABC):
 
     @property
     def batched(self) -> bool:
-        """True where the draft decodes many rows at once (Eagle3Draft). Without it the row interface below is one
-        row over the draft's own sequence, through its one-sequence calls: a batch of one, eager, more rows refused
-        with E308."""
+        """True where the draft decodes many rows at once (Eagle3Draft). Without it its rows are one row (a
+        SequenceDraft's own sequence): a batch of one, eager, more rows refused with E308."""
         return False
 
     # --- what the engine sizes its persistent state with ---------------------------------------------
@@ -62,80 +62,23 @@ class Draft(ABC):
     def dtype(self) -> torch.dtype:
         """dtype of the hidden state."""
 
-    # --- sequence state -------------------------------------------------------------------------------
+    # --- the row interface (eaglekit.decoding.engine) ---------------------------------------------------------
     @abstractmethod
-    def reset(self, span: int) -> None:
-        """Start a sequence that will use at most `span` cache slots (no committed entries)."""
-
-    @property
-    @abstractmethod
-    def committed(self) -> torch.Tensor:
-        """Committed entries, a 0-d long tensor on the device that `extend` advances in place (no host
-        read; the engine saves and restores it around CUDA-graph warm-up runs)."""
-
-    def storage_key(self) -> tuple:
-        """Names the device buffers the decode calls use; changes when `reset` reallocates them, so CUDA
-        graphs recorded against older buffers are never replayed. Default: the span (eager drafts)."""
-        return (self.span,)
-
-    # --- the forward passes ---------------------------------------------------------------------------
-    @abstractmethod
-    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
-        """Commit entries [m, m + n): feats [E, C*H_t] with next_ids [E] (target ids), padded past `n`
-        (default: all E). -> (hidden [H], logits [Vd] float32) of entry n - 1."""
-
-    @abstractmethod
-    def step(
-        self,
-        hidden: torch.Tensor,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        mask: torch.Tensor | None,
-        pending: tuple[torch.Tensor, torch.Tensor] | None = None,
-        widen: bool = True,
-    ):
-        """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
-        `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
-
-    # --- the row interface (eaglekit.decoding.engine), by default one row over the draft's own sequence ------------
     def row_cache(self, batch: int, span: int):
-        """A cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the draft's own
-        sequence as one row (layers.OwnRow)."""
-        if batch != 1:
-            raise GenerationError(
-                f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
-                fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
-                "serve with --max-batch 1",
-                code="E308",
-            )
-        from ..models.layers import OwnRow
+        """A cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV, or a SequenceDraft's own
+        sequence as one row): a committed `length` [batch] on the device, `rows`, `keep`, `grown`, `move`."""
 
-        return OwnRow(self, span, lambda: int(self.committed))
-
+    @abstractmethod
     def extend_rows(self, kv, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
-        """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]) ->
-        hidden [B, H] and logits [B, Vd] (float32) of each row's entry n[b] - 1 (junk for a row with n = 0)."""
-        kv.sync()
-        k = int(n[0])
-        if k == 0:  # an idle row commits nothing (its hidden and logits are not read)
-            return (
-                torch.zeros(1, self.hidden_size, dtype=self.dtype, device=feats.device),
-                torch.zeros(1, self.draft_vocab_size, dtype=torch.float32, device=feats.device),
-            )
-        h, logits = self.extend(feats[0], next_ids[0], n[0])
-        kv.length += k
-        return h[None], logits.float()[None]
+        """Row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]; entry p pairs the
+        target's feature at position p with the token at p + 1) -> hidden [B, H] and logits [B, Vd] (float32) of
+        each row's entry n[b] - 1 (junk for a row with n = 0)."""
 
+    @abstractmethod
     def step_rows(self, kv, hidden, ids, positions, slots, mask):
-        """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
-        kv.sync()
-        S = self.span  # the engine's masks cover the span it attends over; `step` takes the sequence's whole span
-        full = torch.zeros(mask.shape[1], S, dtype=torch.bool, device=mask.device)
-        full[:, : mask.shape[2]] = mask[0, :, :S]
-        h, logits = self.step(hidden[0], ids[0], positions[0], slots[0], full)
-        return h[None], logits.float()[None]
+        """One tree level per row: K pending entries of own hidden [B, K, H] and target ids [B, K] at `positions`,
+        written at `slots`, each attending to the slots its row of mask [B, K, span] allows -> (hidden [B, K, H],
+        logits [B, K, Vd] float32). Pending entries are never committed (the next extend overwrites them)."""
 
     def chain_rows(self, kv, h_last, logits_last, steps: int, root, span: int):
         """A chain the draft's own way (tokens [B, steps + 1]), or None (the default): then eaglekit.decoding.tree
@@ -194,3 +137,77 @@ class Draft(ABC):
             toks.append(tok)
         chain = torch.cat(toks)
         return chain if root is None else torch.cat([root.view(1), self.to_target_ids(chain)])
+
+
+class SequenceDraft(Draft):
+    """A draft that holds one sequence of its own: `reset` starts it, `extend` commits entries (the prompt, then each
+    accepted path) and returns the hidden state and logits that seed the next tree, `step` runs one tree level as
+    pending entries. Its row interface is, by default, that sequence as a batch of one (layers.OwnRow: test doubles,
+    a draft of another architecture); Eagle3Draft decodes many rows and takes its own cache as a one-row batch
+    (models.layers.own_row)."""
+
+    @abstractmethod
+    def reset(self, span: int) -> None:
+        """Start a sequence that will use at most `span` cache slots (no committed entries)."""
+
+    @property
+    @abstractmethod
+    def committed(self) -> torch.Tensor:
+        """Committed entries, a 0-d long tensor on the device that `extend` advances in place (no host read; the
+        one-row bridge, layers.OwnRow, reads it to bring the sequence level with the engine's row)."""
+
+    @abstractmethod
+    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
+        """Commit entries [m, m + n): feats [E, C*H_t] with next_ids [E] (target ids), padded past `n`
+        (default: all E). -> (hidden [H], logits [Vd] float32) of entry n - 1."""
+
+    @abstractmethod
+    def step(
+        self,
+        hidden: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        pending: tuple[torch.Tensor, torch.Tensor] | None = None,
+        widen: bool = True,
+    ):
+        """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
+        `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
+        logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
+
+    def row_cache(self, batch: int, span: int):
+        """The draft's own sequence as one row (layers.OwnRow); more rows refused (E308)."""
+        if batch != 1:
+            raise GenerationError(
+                f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
+                fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
+                "serve with --max-batch 1",
+                code="E308",
+            )
+        from ..models.layers import OwnRow
+
+        return OwnRow(self, span, lambda: int(self.committed))
+
+    def extend_rows(self, kv, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
+        """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]) ->
+        hidden [B, H] and logits [B, Vd] (float32) of each row's entry n[b] - 1 (junk for a row with n = 0)."""
+        kv.sync()
+        k = int(n[0])
+        if k == 0:  # an idle row commits nothing (its hidden and logits are not read)
+            return (
+                torch.zeros(1, self.hidden_size, dtype=self.dtype, device=feats.device),
+                torch.zeros(1, self.draft_vocab_size, dtype=torch.float32, device=feats.device),
+            )
+        h, logits = self.extend(feats[0], next_ids[0], n[0])
+        kv.length += k
+        return h[None], logits.float()[None]
+
+    def step_rows(self, kv, hidden, ids, positions, slots, mask):
+        """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
+        kv.sync()
+        S = self.span  # the engine's masks cover the span it attends over; `step` takes the sequence's whole span
+        full = torch.zeros(mask.shape[1], S, dtype=torch.bool, device=mask.device)
+        full[:, : mask.shape[2]] = mask[0, :, :S]
+        h, logits = self.step(hidden[0], ids[0], positions[0], slots[0], full)
+        return h[None], logits.float()[None]

@@ -15,14 +15,14 @@ from ..kernels.compiling import in_prompt, span_dynamic
 from ..kernels.products import compiles_any_length
 from ..models.layers import COMPILE_MAX_TOKENS, KVCache, RowKV, own_row, span_mask, span_mask_rows
 from ..observe import trace
-from .base import Draft
+from .base import SequenceDraft
 from .layer_walks import LayerWalks
 from .network import DraftConfig, DraftLayer, Eagle3Network
 
 __all__ = ["DraftConfig", "DraftLayer", "Eagle3Draft", "Eagle3Network"]
 
 
-class Eagle3Draft(Eagle3Network, Draft):
+class Eagle3Draft(Eagle3Network, SequenceDraft):
     # the compiled graphs (compile(), compile_prompts()); None: eager
     compiled_layer: Callable[..., Any] | None
     compiled_whole: Callable[..., Any] | None
@@ -128,10 +128,6 @@ class Eagle3Draft(Eagle3Network, Draft):
     def committed(self) -> torch.Tensor:
         assert self.cache is not None  # (a sequence is read after `reset`)
         return self.cache.length
-
-    def storage_key(self) -> tuple:
-        assert self.cache is not None  # (a sequence is read after `reset`)
-        return (self.span, self.cache.uid)
 
     def reset(self, span: int) -> None:
         c, p = self.config, self.norm.weight  # (the fc's weight may be int8: quantize)

@@ -1,12 +1,15 @@
-"""The small interface every target backend gives the decoding engine.
+"""The interface every target backend gives the decoding engine: rows.
 
-A target holds one sequence's KV cache, its committed length a 0-d device tensor. Which residual streams
-are captured is per call (`capture`, a CaptureSpec or None): a target shared by several decoders, the
-baseline, the doctor's probe or a trainer keeps no capture state of its own.
-`prefill` runs the prompt; `verify` appends T pending tokens (one token, or a draft tree with its ancestor mask and
-per-node depths) and returns their logits and captured features; `keep` commits an accepted path
-(indices into the pending tokens, padded to a fixed size, `n` of them valid) and drops the rest.
-On our decoder all three are fixed-shape device work, so the engine can record them in CUDA graphs.
+The engine drives a target through `row_cache` (a KV cache of B rows, each with its committed length on the device)
+and `forward_rows` (per row, T pending tokens written after its committed prefix: a prompt, one plain token, or a
+draft tree with its ancestor mask and per-node depths -> logits and the captured features). Which residual streams
+are captured is per call (`capture`, a CaptureSpec or None): a target shared by several decoders, the baseline, the
+doctor's probe or a trainer keeps no capture state of its own. On our decoders a forward is fixed-shape device work,
+so the engine can record it in CUDA graphs.
+
+`SequenceTarget` is a target that also holds one sequence of its own (`reset`, `_forward`, `_advance`, `keep`): the
+transformers adapter, whose rows are that sequence as a batch of one (layers.OwnRow), and eaglekit's decoders, whose
+one-row batch is their own static cache (layers.own_row).
 """
 
 from __future__ import annotations
@@ -103,71 +106,16 @@ class Target(ABC):
                 "target.capture", feats, layers=list(capture.after_layers), hidden=self.info.hidden_size, tokens=T
             )
 
-    # --- sequence state ------------------------------------------------------------------------
-    @abstractmethod
-    def reset(self, span: int) -> None:
-        """Start a sequence that will use at most `span` cache slots."""
-
-    @abstractmethod
-    def _forward(self, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, capture: CaptureSpec | None):
-        """Write T pending tokens at slots [length, length + T), each seeing the committed prefix and the new
-        tokens its row of `block` allows -> (logits [T, V] float32, features [T, C*H] at `capture`, or None)."""
-
-    @abstractmethod
-    def _advance(self, n: int) -> None:
-        """Commit the n tokens just written (a prompt)."""
-
-    @abstractmethod
-    def keep(self, path: torch.Tensor, n: torch.Tensor, in_place: bool = False) -> None:
-        """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest. `in_place`: the caller
-        knows path[:n] is 0, 1, .., n - 1 (a chain's accepted path), so nothing needs to move."""
-
-    @property
-    @abstractmethod
-    def length(self) -> int:
-        """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
-
-    @property
-    def committed(self) -> torch.Tensor:
-        """Committed tokens as a 0-d long device tensor. A static target returns its live counter, which
-        _advance/keep move on the device (the engine saves and restores it around CUDA-graph warm-up);
-        the default, for eager targets, is a copy of `length`."""
-        return torch.tensor(self.length, device=self.device)
-
-    def storage_key(self) -> tuple:
-        """Names the device buffers decode calls use; changes when `reset` reallocates them, so CUDA graphs
-        recorded against older buffers are never replayed. Default: the span (eager targets)."""
-        return (self.span,)
-
-    # --- batched generation for regeneration ----------------------------------------------------
-    def generate_batch(
-        self, ids: torch.Tensor, pad: torch.Tensor, max_new: int, sp, seed: int, eos_ids: tuple[int, ...] = ()
-    ) -> torch.Tensor:
-        """Regeneration's batches on a target that does not decode rows (`batched` False: the transformers adapter;
-        eaglekit.train.regen runs the others through the engine). Continue left-padded prompts ids [B, P] (pad [B]:
-        padding per row, never attended to) by up to `max_new` tokens, greedy or sampled by SamplingParams `sp` with
-        `seed`, stopping once every row has emitted an EOS -> new tokens [B, T <= max_new] (a row's tokens after its
-        EOS are filler). Uses its own batch state: the decode cache of `reset` is left alone."""
-        raise NotImplementedError(f"{type(self).__name__} has no batched generation")
-
     # --- the row interface (eaglekit.decoding.engine.BatchEngine) --------------------------------
-    # True when the target decodes many rows at once. Without it the row interface below is one row over the
-    # target's own sequence (the transformers adapter): a batch of one, eager, more rows refused with E308
+    # True when the target decodes many rows at once; False: one row (SequenceTarget's own sequence), eager, more
+    # rows refused with E308
     batched: bool = False
 
+    @abstractmethod
     def row_cache(self, batch: int, span: int):
-        """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV); by default the target's own
-        sequence as one row (layers.OwnRow)."""
-        if batch != 1:
-            raise GenerationError(
-                f"the {type(self).__name__} backend does not decode batches",
-                fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
-                "Qwen3), or serve with a batch size of 1",
-                code="E308",
-            )
-        from .layers import OwnRow
-
-        return OwnRow(self, span, lambda: self.length)
+        """A KV cache of `batch` rows of `span` slots each (eaglekit.models.layers.RowKV, mla.RowLatent, or a
+        SequenceTarget's own sequence as one row): a committed `length` [batch] on the device, `rows`, `keep`,
+        `grown`, `move` (decoding.state.RowCache)."""
 
     def forward_rows(
         self,
@@ -191,11 +139,9 @@ class Target(ABC):
         self._trace(feats, ids.shape[1], capture)
         return logits, feats
 
+    @abstractmethod
     def _forward_rows(self, kv, ids, depths, block, span, capture, last=False):
-        """forward_rows' work; by default on the one row of OwnRow (row_cache), through the sequence's `_forward`."""
-        kv.sync()
-        logits, feats = self._forward(ids[0], depths[0], block[0], capture)
-        return take_last(logits[None], last), (feats[None] if feats is not None else None)
+        """forward_rows' work, untraced."""
 
     # --- batched, cacheless forward for feature extraction ---------------------------------------
     @abstractmethod
@@ -264,18 +210,67 @@ class Target(ABC):
     def embed_weight(self) -> torch.Tensor: ...
 
 
+class SequenceTarget(Target):
+    """A target that holds one sequence of its own: `reset` starts it, `_forward` writes pending tokens after its
+    committed prefix, `_advance` commits a prompt, `keep` an accepted path. Its row interface is, by default, that
+    sequence as a batch of one (layers.OwnRow: the transformers adapter); eaglekit's decoders decode many rows and
+    take their own static cache as a one-row batch (layers.own_row). tests/sequence.py drives the sequence directly
+    (a model's arithmetic against transformers or against itself)."""
+
+    @abstractmethod
+    def reset(self, span: int) -> None:
+        """Start a sequence that will use at most `span` cache slots."""
+
+    @abstractmethod
+    def _forward(self, ids: torch.Tensor, depths: torch.Tensor, block: torch.Tensor, capture: CaptureSpec | None):
+        """Write T pending tokens at slots [length, length + T), each seeing the committed prefix and the new
+        tokens its row of `block` allows -> (logits [T, V] float32, features [T, C*H] at `capture`, or None)."""
+
+    @abstractmethod
+    def _advance(self, n: int) -> None:
+        """Commit the n tokens just written (a prompt)."""
+
+    @abstractmethod
+    def keep(self, path: torch.Tensor, n: torch.Tensor, in_place: bool = False) -> None:
+        """Commit pending tokens path[:n] (root first; `path` may be padded); drop the rest. `in_place`: the caller
+        knows path[:n] is 0, 1, .., n - 1 (a chain's accepted path), so nothing needs to move."""
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Committed tokens (a host read: for checks and tests, not for the decode loop)."""
+
+    def row_cache(self, batch: int, span: int):
+        """The target's own sequence as one row (layers.OwnRow); more rows refused (E308)."""
+        if batch != 1:
+            raise GenerationError(
+                f"the {type(self).__name__} backend does not decode batches",
+                fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
+                "Qwen3), or serve with a batch size of 1",
+                code="E308",
+            )
+        from .layers import OwnRow
+
+        return OwnRow(self, span, lambda: self.length)
+
+    def _forward_rows(self, kv, ids, depths, block, span, capture, last=False):
+        """The one row of OwnRow (row_cache), through the sequence's `_forward`."""
+        kv.sync()
+        logits, feats = self._forward(ids[0], depths[0], block[0], capture)
+        return take_last(logits[None], last), (feats[None] if feats is not None else None)
+
+
 class SequenceCache(Protocol):
-    """One sequence's static cache (layers.KVCache, mla.LatentCache): its committed length (a 0-d device tensor),
-    `keep`, and a `uid` per allocation."""
+    """One sequence's static cache (layers.KVCache, mla.LatentCache): its committed length (a 0-d device tensor) and
+    `keep`."""
 
     length: torch.Tensor
-    uid: int
 
     def keep(self, path: torch.Tensor, n: torch.Tensor) -> None: ...
 
 
-class StaticCacheTarget(Target):
-    """A target over one static cache of its own (`self.cache`: a committed `length` tensor, `keep`, a `uid`) and
+class StaticCacheTarget(SequenceTarget):
+    """A target over one static cache of its own (`self.cache`: a committed `length` tensor and `keep`) and
     the span its last reset gave (`self.span`): eaglekit's Llama-family and DeepSeek-family decoders."""
 
     cache: SequenceCache | None  # None before the first reset
@@ -283,15 +278,6 @@ class StaticCacheTarget(Target):
     @property
     def length(self) -> int:
         return int(self.cache.length) if self.cache is not None else 0
-
-    @property
-    def committed(self) -> torch.Tensor:
-        assert self.cache is not None  # (a sequence is read after `reset`)
-        return self.cache.length
-
-    def storage_key(self) -> tuple:
-        assert self.cache is not None  # (a sequence is read after `reset`)
-        return (self.span, self.cache.uid)
 
     def _advance(self, n: int) -> None:
         assert self.cache is not None  # (a sequence advances after `reset`)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .base import Target, TargetInfo
+from .base import SequenceTarget, TargetInfo
 from .config import config_fingerprint
 
 
@@ -38,7 +38,7 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
     return max(lists, key=len)
 
 
-class HFTarget(Target):
+class HFTarget(SequenceTarget):
     backend = "hf"
 
     def __init__(self, model, device, dtype):
@@ -171,6 +171,11 @@ class HFTarget(Target):
 
     @torch.no_grad()
     def generate_batch(self, ids, pad, max_new, sp, seed, eos_ids=()):
+        """Regeneration's batches (this adapter decodes one row at a time in the engine, so transformers' generate
+        runs them): continue left-padded prompts ids [B, P] (pad [B]: padding per row, never attended to) by up to
+        `max_new` tokens, greedy or sampled by SamplingParams `sp` with `seed`, stopping once every row has emitted
+        an EOS -> new tokens [B, T <= max_new] (a row's tokens after its EOS are filler). The sequence of `reset` is
+        left alone."""
         P = ids.shape[1]
         att = (torch.arange(P, device=ids.device)[None, :] >= pad[:, None]).long()
         torch.manual_seed(seed)

@@ -10,7 +10,6 @@ passes S = S_max (fixed shapes, no recompiles).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 
@@ -401,9 +400,6 @@ def span_mask(
     return mask[None]
 
 
-_CACHE_IDS = itertools.count()
-
-
 class KVCache:
     """Static KV cache for a stack of layers: k, v [L, B, Hkv, S_max, hd]. Batch 1 when decoding.
 
@@ -420,7 +416,6 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = torch.zeros((), dtype=torch.long, device=device)
-        self.uid = next(_CACHE_IDS)  # unique per allocation (unlike id(), never reused): keys recorded CUDA graphs
 
     def layer(self, i):
         return self.k[i], self.v[i]

@@ -20,8 +20,6 @@ form keeps the pairs interleaved: the same dot product).
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -172,9 +170,6 @@ class MLA(nn.Module):
         return out.transpose(1, 2)  # [B, T, H, v]
 
 
-_CACHE_IDS = itertools.count()
-
-
 class LatentCache:
     """Static MLA cache of one sequence (or of B sequences sharing slots): kv [L, B, S_max + 1, kvr + dr] and a
     committed length (a 0-d device tensor). Slots past `length` hold pending or stale rows, which masks never
@@ -185,7 +180,6 @@ class LatentCache:
         self.kv = torch.zeros(num_layers, batch, max_len + 1, width, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = torch.zeros((), dtype=torch.long, device=device)
-        self.uid = next(_CACHE_IDS)
 
     def layer(self, i):
         return self.kv[i]

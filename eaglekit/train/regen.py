@@ -13,6 +13,7 @@ import torch
 
 from ..decoding.sampling import SamplingParams
 from ..models.base import Target
+from ..models.hf import HFTarget
 from .data import Example
 
 
@@ -40,7 +41,7 @@ def generate_batch(
     the same continuations."""
     if not prompts or max_new == 0:
         return [[] for _ in prompts]
-    if not target.batched:
+    if isinstance(target, HFTarget):  # one row at a time in the engine: transformers' generate batches instead
         ids, pad = left_pad(prompts, target.device)
         return cut_at_eos(target.generate_batch(ids, pad, max_new, sp, seed, tuple(eos_ids)).tolist(), eos_ids)
     return _through_engine(target, prompts, max_new, sp, seed, tuple(eos_ids))

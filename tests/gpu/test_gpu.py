@@ -70,7 +70,7 @@ def test_sampling_on_the_gpu_is_seeded(pair32):
 
 
 def test_recorded_graphs_follow_a_reallocated_cache(pair32):
-    """Graphs are keyed on the cache's allocation (storage_key), not id(): a generation that needs a larger
+    """Graphs are kept per (rows, span, shape) and forgotten when the caches move: a generation that needs a larger
     span reallocates the caches and records new graphs; shorter ones after it replay those, all equal to eager."""
     t, d, prompts = pair32
     fast = Decoder(t, d, TreeShape(3, 1, 4), graphs=True)

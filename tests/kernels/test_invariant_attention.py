@@ -222,7 +222,7 @@ def test_invariant_decode_runs_only_the_kernels(tmp_path, monkeypatch, few_parts
     tok = torch.tensor([11])
     alone = sequence.step(t, tok, 1)
     assert calls == want
-    t.committed.fill_(5)
+    t.cache.length.fill_(5)
     chain = sequence.step(t, tok, 5)
     assert torch.equal(alone, chain)
 
@@ -249,7 +249,7 @@ def test_invariant_decode_rotates_q_and_k_in_the_product(tmp_path, monkeypatch, 
     ropes.clear()
     alone = sequence.step(t, tok, 1)
     assert ropes == [True, False, False, False] * 2 + [False]  # per layer: qkv (rotated), o, gate_up, down; lm_head
-    t.committed.fill_(5)
+    t.cache.length.fill_(5)
     assert torch.equal(sequence.step(t, tok, 5)[:1], alone[:1])
     monkeypatch.setattr(Invariant, "takes_rope", lambda *a: False)
     t.reset(64)
