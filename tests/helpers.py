@@ -300,8 +300,8 @@ def assert_tree_verify_matches(ours, ref, tol: float, step=lambda t, tok: sequen
             want = ref(torch.cat([prefix, tokens[path]])[None]).logits[0, -1]
         torch.testing.assert_close(logits[i], want.float(), rtol=tol, atol=tol)
     keep = mask[8].nonzero().squeeze(1)  # root, 1, 3, 6, 8
-    ours.keep(torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))  # padded, 5 real
-    assert ours.length == 15
+    sequence.keep(ours, torch.cat([keep, torch.zeros(3, dtype=torch.long)]), torch.tensor(5))  # padded, 5 real
+    assert sequence.length(ours) == 15
     nxt = torch.tensor([5])
     lg = step(ours, nxt).reshape(-1)
     with torch.no_grad():

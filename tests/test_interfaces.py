@@ -59,9 +59,9 @@ def test_a_reset_keeps_the_cache_it_fits_in(model_dirs):
     k128 = t.cache.k
     assert k128 is not k64 and k128.shape[3] > k64.shape[3]
     t.reset(64)
-    assert t.cache.k is k128 and t.span == 64 and t.length == 0
+    assert t.cache.k is k128 and t.span == 64 and sequence.length(t) == 0
     sequence.prefill(t, torch.tensor([3, 4, 5]))
-    assert t.length == 3 and int(t.cache.length) == 3
+    assert sequence.length(t) == 3
 
 
 def test_only_a_sequence_target_decodes_one_row_of_its_own(model_dirs):

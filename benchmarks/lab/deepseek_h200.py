@@ -54,15 +54,18 @@ DEADLINE_S = 7 * 60  # stages not started by then are skipped (the integrator's 
 
 
 def _prompt(t, ids: torch.Tensor):
-    """The prompt `ids` into the target's own sequence (what tests/sequence.py's prefill does) -> (logits, None)."""
+    """The prompt `ids` into the target's own sequence (what tests/sequence.py's prefill does: forward_rows on the
+    target's cache as one row) -> (logits, None)."""
     from eaglekit.kernels.compiling import prompt_calls
+    from eaglekit.models.mla import RowLatent
 
     T = ids.numel()
     causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
+    kv = RowLatent.over(t.cache)
     with torch.inference_mode(), prompt_calls():
-        logits, _ = t._forward(ids, torch.arange(T, device=ids.device), causal, None)
-    t._advance(T)
-    return logits, None
+        logits, _ = t.forward_rows(kv, ids[None], torch.arange(T, device=ids.device)[None], causal[None], t.span)
+        kv.length += T
+    return logits[0], None
 
 
 def log(msg: str) -> None:

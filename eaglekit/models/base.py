@@ -7,9 +7,9 @@ are captured is per call (`capture`, a CaptureSpec or None): a target shared by 
 doctor's probe or a trainer keeps no capture state of its own. On our decoders a forward is fixed-shape device work,
 so the engine can record it in CUDA graphs.
 
-`SequenceTarget` is a target that also holds one sequence of its own (`reset`, `_forward`, `_advance`, `keep`): the
-transformers adapter, whose rows are that sequence as a batch of one (layers.OwnRow), and eaglekit's decoders, whose
-one-row batch is their own static cache (layers.own_row).
+`SequenceTarget` is a target that holds one sequence of its own (`reset`, `_forward`, `_advance`, `keep`), its rows
+that sequence as a batch of one (layers.OwnRow): the transformers adapter. `StaticCacheTarget` decodes rows and keeps
+one static cache of its own that its batch of one runs on (layers.own_row): eaglekit's decoders.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -107,8 +107,8 @@ class Target(ABC):
             )
 
     # --- the row interface (eaglekit.decoding.engine.BatchEngine) --------------------------------
-    # True when the target decodes many rows at once; False: one row (SequenceTarget's own sequence), eager, more
-    # rows refused with E308
+    # True when the target decodes many rows at once (StaticCacheTarget); False: one row (SequenceTarget's own
+    # sequence), eager, more rows refused with E308
     batched: bool = False
 
     @abstractmethod
@@ -213,9 +213,7 @@ class Target(ABC):
 class SequenceTarget(Target):
     """A target that holds one sequence of its own: `reset` starts it, `_forward` writes pending tokens after its
     committed prefix, `_advance` commits a prompt, `keep` an accepted path. Its row interface is, by default, that
-    sequence as a batch of one (layers.OwnRow: the transformers adapter); eaglekit's decoders decode many rows and
-    take their own static cache as a one-row batch (layers.own_row). tests/sequence.py drives the sequence directly
-    (a model's arithmetic against transformers or against itself)."""
+    sequence as a batch of one (layers.OwnRow): the transformers adapter, whose DynamicCache holds one sequence."""
 
     @abstractmethod
     def reset(self, span: int) -> None:
@@ -260,33 +258,16 @@ class SequenceTarget(Target):
         return take_last(logits[None], last), (feats[None] if feats is not None else None)
 
 
-class SequenceCache(Protocol):
-    """One sequence's static cache (layers.KVCache, mla.LatentCache): its committed length (a 0-d device tensor) and
-    `keep`."""
+class StaticCacheTarget(Target):
+    """A target that decodes rows and holds one static cache of its own (`self.cache`: layers.KVCache or
+    mla.LatentCache, its committed `length` a 0-d device tensor) with the span its last `reset` gave (`self.span`):
+    its batch of one runs on that cache (layers.own_row), so a Decoder's requests reuse one allocation. eaglekit's
+    Llama-family and DeepSeek-family decoders."""
 
-    length: torch.Tensor
+    cache: Any = None  # None before the first reset
+    batched = True
 
-    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None: ...
-
-
-class StaticCacheTarget(SequenceTarget):
-    """A target over one static cache of its own (`self.cache`: a committed `length` tensor and `keep`) and
-    the span its last reset gave (`self.span`): eaglekit's Llama-family and DeepSeek-family decoders."""
-
-    cache: SequenceCache | None  # None before the first reset
-
-    @property
-    def length(self) -> int:
-        return int(self.cache.length) if self.cache is not None else 0
-
-    def _advance(self, n: int) -> None:
-        assert self.cache is not None  # (a sequence advances after `reset`)
-        self.cache.length += n
-
-    @torch.inference_mode()
-    def keep(self, path, n, in_place: bool = False) -> None:
-        assert self.cache is not None  # (a sequence commits after `reset`)
-        if in_place:  # a chain: the accepted entries already sit at slots length .. length + n - 1
-            self.cache.length += n
-        else:
-            self.cache.keep(path, n)
+    @abstractmethod
+    def reset(self, span: int) -> None:
+        """Start the one sequence at `span` cache slots (no committed tokens), reallocating only where it does not
+        fit."""

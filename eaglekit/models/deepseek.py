@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..kernels.compiling import in_prompt
 from .base import StaticCacheTarget, TargetInfo, take_last
 from .deepseek_config import DeepSeekConfig, load_deepseek_config
-from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, own_row, span_mask, span_mask_rows
+from .layers import COMPILE_MAX_TOKENS, MLP, RMSNorm, own_row, span_mask_rows
 from .mla import MLA, LatentCache, MLARotary, RowLatent
 from .moe import MoE
 from .weights import load_state_dict_into, read_folder_tensors
@@ -217,18 +217,7 @@ class DeepSeekTarget(StaticCacheTarget):
     def _layers(self, capture) -> tuple[int, ...]:
         return capture.validate(self.config.num_layers).after_layers if capture is not None else ()
 
-    def _forward(self, ids, depths, block, capture):
-        T = ids.numel()
-        L = self.cache.length
-        slots = L + torch.arange(T, device=self.device)
-        mask = span_mask(L, block, self.span, None, depths)
-        h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, self._layers(capture))
-        logits = self.net.lm_head(h[0]).float()
-        return logits, (feats[0] if feats is not None else None)
-
     # --- batched decoding ----------------------------------------------------------------------------
-    batched = True
-
     def row_cache(self, batch: int, span: int) -> RowLatent:
         if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's)
             return own_row(self, span, RowLatent.over)

@@ -401,11 +401,11 @@ def span_mask(
 
 
 class KVCache:
-    """Static KV cache for a stack of layers: k, v [L, B, Hkv, S_max, hd]. Batch 1 when decoding.
+    """Static KV cache of one sequence for a stack of layers: k, v [L, 1, Hkv, S_max + 1, hd] (`batch` stays 1): the
+    draft's, and a decoder's own cache, which its batch of one runs on as a RowKV view (RowKV.over).
 
     `length` (a 0-d device tensor) counts committed slots; slots past it hold pending (unverified) or stale
-    entries, which masks never expose. `keep` moves an accepted path's entries down onto the committed
-    prefix with fixed shapes and no host synchronisation.
+    entries, which masks never expose.
     """
 
     def __init__(self, num_layers, num_kv_heads, head_dim, max_len, batch=1, device="cpu", dtype=torch.float32):
@@ -419,17 +419,6 @@ class KVCache:
 
     def layer(self, i):
         return self.k[i], self.v[i]
-
-    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
-        """Commit the pending entries at slots length + path[:n]. `path` is padded to a fixed size; the
-        entries copied past length + n are stale and stay invisible."""
-        P = path.numel()
-        src = self.length + path
-        dst = self.length + torch.arange(P, device=path.device)
-        # index_select copies first, so overlapping source and destination are fine
-        self.k.index_copy_(3, dst, self.k.index_select(3, src))
-        self.v.index_copy_(3, dst, self.v.index_select(3, src))
-        self.length += n
 
 
 def span_mask_rows(

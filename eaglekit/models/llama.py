@@ -30,7 +30,6 @@ from .layers import (
     own_row,
     product_module,
     product_weights,
-    span_mask,
     span_mask_rows,
 )
 from .weights import load_state_dict_into, read_folder_tensors
@@ -216,23 +215,7 @@ class LlamaTarget(StaticCacheTarget):
         self.cache.length.zero_()
         self.span = span
 
-    def _forward(self, ids, depths, block, capture):
-        T = ids.numel()
-        L = self.cache.length
-        layers = capture.validate(self.cfg.num_layers).after_layers if capture is not None else ()
-        if self.net.products is not None and self.net.products.layer_kernels is not None and T <= COMPILE_MAX_TOKENS:
-            # products "hopper": its kernels take the tree block itself (no [T, span] mask, no slot table)
-            h, feats = self.net(ids.view(1, T), L + depths, self.cache, capture=layers, block=block, span=self.span)
-        else:
-            slots = L + torch.arange(T, device=self.device)
-            mask = span_mask(L, block, self.span, self.cfg.sliding_window, depths)
-            h, feats = self.net(ids.view(1, T), L + depths, self.cache, slots, mask, layers)
-        logits = product_module(self.net.products, self.net.lm_head, h[0]).float()
-        return logits, (feats[0] if feats is not None else None)
-
     # --- batched decoding ----------------------------------------------------------------------------
-    batched = True
-
     def row_cache(self, batch: int, span: int) -> RowKV:
         if batch == 1:  # a batch of one is the target's own sequence (the one-request Decoder's)
             return own_row(self, span, RowKV.over)

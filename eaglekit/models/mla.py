@@ -171,9 +171,9 @@ class MLA(nn.Module):
 
 
 class LatentCache:
-    """Static MLA cache of one sequence (or of B sequences sharing slots): kv [L, B, S_max + 1, kvr + dr] and a
-    committed length (a 0-d device tensor). Slots past `length` hold pending or stale rows, which masks never
-    expose; `keep` moves an accepted path's rows onto the committed prefix with fixed shapes and no host sync."""
+    """Static MLA cache of one sequence: kv [L, B, S_max + 1, kvr + dr] and a committed length (a 0-d device tensor);
+    the decoder's batch of one runs on it as a RowLatent view (RowLatent.over). Slots past `length` hold pending or
+    stale rows, which masks never expose."""
 
     def __init__(self, num_layers, width, max_len, batch=1, device="cpu", dtype=torch.float32):
         # one spare slot, never used (as layers.KVCache: a span S <= max_len is always shorter than the allocation)
@@ -183,14 +183,6 @@ class LatentCache:
 
     def layer(self, i):
         return self.kv[i]
-
-    def keep(self, path: torch.Tensor, n: torch.Tensor) -> None:
-        """Commit the pending rows at slots length + path[:n] (`path` padded to a fixed size)."""
-        P = path.numel()
-        src = self.length + path
-        dst = self.length + torch.arange(P, device=path.device)
-        self.kv.index_copy_(2, dst, self.kv.index_select(2, src))  # index_select copies first: overlaps are fine
-        self.length += n
 
 
 class RowLatent:

@@ -422,8 +422,8 @@ def test_decoders_sharing_a_target_keep_their_own_capture():
 
 
 def test_row_padded_baseline_step_keeps_its_token_and_commits_one(model_dirs):
-    """Target.step(token, rows): the token is row 0 of a `rows`-token chain, the other rows are never committed.
-    In float32 on a CPU the logits match the one-row step and the greedy outputs are the same."""
+    """sequence.step(target, token, rows): the token is row 0 of a `rows`-token chain, the other rows are never
+    committed. In float32 on a CPU the logits match the one-row step and the greedy outputs are the same."""
     t = load_target(model_dirs["llama"], backend="ours")
     prompt = torch.tensor([1, 5, 9, 14, 3])
     out = {}
@@ -432,9 +432,9 @@ def test_row_padded_baseline_step_keeps_its_token_and_commits_one(model_dirs):
         logits, _ = sequence.prefill(t, prompt)
         tok, seq = logits[-1].argmax(), []
         for _ in range(8):
-            before = t.length
+            before = sequence.length(t)
             step_logits = sequence.step(t, tok.view(1), rows)
-            assert t.length == before + 1 and step_logits.shape == (t.info.vocab_size,)
+            assert sequence.length(t) == before + 1 and step_logits.shape == (t.info.vocab_size,)
             seq.append(step_logits)
             tok = step_logits.argmax()
         out[rows] = torch.stack(seq)
@@ -464,8 +464,8 @@ def test_baseline_rows_resolution_and_the_comparison_it_makes(model_dirs):
 
 
 def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
-    """A chain's accepted path is its first n nodes: keep(in_place=True) commits them without moving anything and
-    leaves the cache as keep(arange) does; the extend sends only its last entry through the norm and the lm_head
+    """A chain's accepted path is its first n nodes: committed in place (the row's length moved, nothing copied) it
+    leaves the cache as RowKV.keep(arange) does; the extend sends only its last entry through the norm and the lm_head
     (head_at): h is the same bits as the full forward's row, the logits agree to rounding."""
     t = load_target(model_dirs["llama"])
     prompt = torch.arange(5, 25)
@@ -474,8 +474,8 @@ def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
         t.reset(64)
         sequence.prefill(t, prompt)
         sequence.verify(t, torch.tensor([3, 4, 5, 6]), torch.arange(4), torch.ones(4, 4, dtype=torch.bool).tril())
-        t.keep(torch.arange(4), torch.tensor(3), in_place=in_place)
-        caches.append((t.length, t.cache.k[..., :23, :].clone(), t.cache.v[..., :23, :].clone()))
+        sequence.keep(t, torch.arange(4), torch.tensor(3), in_place=in_place)
+        caches.append((sequence.length(t), t.cache.k[..., :23, :].clone(), t.cache.v[..., :23, :].clone()))
     assert caches[0][0] == caches[1][0] == 23
     assert torch.equal(caches[0][1], caches[1][1]) and torch.equal(caches[0][2], caches[1][2])
 

@@ -17,7 +17,7 @@ def _step(target, ids, capture=None):
     """Append tokens as a plain causal run and commit them."""
     T = ids.numel()
     logits, feats = sequence.verify(target, ids, torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril_(), capture)
-    target.keep(torch.arange(T), torch.tensor(T))
+    sequence.keep(target, torch.arange(T), torch.tensor(T))
     return logits, feats
 
 
