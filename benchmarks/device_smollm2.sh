@@ -22,7 +22,9 @@
 # Or in the background, so that calls of other work (with the whole tree again) run while it trains:
 #   call 2 (carry .gg2, .ggw, .ggr[, .ggd]): PHASE=bg WAIT=500 bash benchmarks/device_smollm2.sh
 #          starts the whole recipe to its draft (setsid: it outlives the call, not the machine) from a copy of the
-#          tree in /tmp/repo, then follows its log for WAIT seconds
+#          tree in /tmp/repo, then follows its log for WAIT seconds. The call itself does not return when the script
+#          ends: it lasts until its own time limit while the background run lives (WAIT=150 under a 300 s limit took
+#          300 s; print the log in the next call instead of piping this one), so give it a limit just past WAIT
 #   a last call:                     PHASE=wait WAIT=500 bash benchmarks/device_smollm2.sh
 #          follows it until it ends, then packs recipe.log, regen.tar.gz and draft.tar.gz (in parts of 15 MB:
 #          draft.tar.gz.part-aa ..., each under what a call returns) into $OUT
