@@ -77,7 +77,7 @@ class Target(ABC):
     folder: Path | None = None
     tokenizer_fingerprint: str | None = None
     span: int = 0  # cache slots a sequence may use (the attention span of every step)
-    static: bool = False  # True when forwards and keep are fixed-shape and free of host syncs (CUDA graphs record them)
+    static: bool = False  # True when forward_rows is fixed-shape and free of host syncs (CUDA graphs record it)
     # which decoder serves this target, for reports (generate --json's metrics.backend): "ours" (the Llama family),
     # "deepseek", "tp" (a tensor-parallel rank of ours), "hf" (the transformers adapter)
     backend: str | None = None
