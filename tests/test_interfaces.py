@@ -82,8 +82,9 @@ def test_only_a_sequence_target_decodes_one_row_of_its_own(model_dirs):
         NoRows()
     hf = HFTarget.from_folder(model_dirs["llama"])
     assert isinstance(hf, SequenceTarget) and not hf.batched
-    with pytest.raises(GenerationError, match="E308|batches"):
+    with pytest.raises(GenerationError) as e:
         hf.row_cache(2, 32)
+    assert e.value.code == "E308"
     assert hf.row_cache(1, 32).span == 32
 
 
