@@ -272,9 +272,12 @@ class Attention(nn.Module):
 
 def _write_cache(k_cache, v_cache, slots, k_in, v_in) -> None:
     """This call's keys and values into the cache at `slots`: [T] shared by every row (index_copy_), or [B, T] per
-    row (batched decoding: each sequence has its own length; scatter_). In place: the cache tensors are the ones a
-    CUDA graph recorded."""
+    row (batched decoding: each sequence has its own length; scatter_). One row's [1, T] goes through index_copy_ too:
+    the same copy, ~6x cheaper than scatter_ in bfloat16 on a CPU (docs/performance.md#d62). In place: the cache
+    tensors are the ones a CUDA graph recorded."""
     B, Hkv, T, hd = k_in.shape
+    if slots.dim() == 2 and B == 1:
+        slots = slots[0]
     if slots.dim() == 2:  # per-row slots [B, T] (batched decoding: each sequence has its own length)
         idx = slots[:, None, :, None].expand(B, Hkv, T, hd)
         k_cache.scatter_(2, idx, k_in)
