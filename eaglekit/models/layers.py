@@ -25,10 +25,22 @@ from .config import RopeConfig
 # longer ones (prompts) run the plain module, so compiling never sees a prompt-length shape
 COMPILE_MAX_TOKENS = 64
 
-# cached calls of 2 to this many tokens on a GPU fold grouped query heads into query rows (sdpa_folded); 0: off.
-# One token a row stays with enable_gqa: folded, the 8B plain step at 64 rows took 11.2 ms against 10.6
-# (docs/performance.md#d30).
+# cached calls of up to this many tokens fold grouped query heads into query rows (sdpa_folded; folds_gqa says
+# which); 0: off
 FOLD_GQA_MAX_TOKENS = 64
+
+
+def folds_gqa(q: torch.Tensor, T: int) -> bool:
+    """Whether a cached attention call of T tokens folds grouped query heads into query rows (sdpa_folded). On a GPU
+    2..FOLD_GQA_MAX_TOKENS tokens: one token a row stays with enable_gqa (folded, the 8B plain step at 64 rows took
+    11.2 ms against 10.6: docs/performance.md#d30). On a CPU in bfloat16 1..FOLD_GQA_MAX_TOKENS: torch's CPU SDPA with
+    enable_gqa spends 233 us on one bfloat16 row at the SmolLM2 shape against 48 folded (D63). float32 on a CPU keeps
+    enable_gqa: faster there at one row, and the float32 identity rests on its rounding (D60)."""
+    if T > FOLD_GQA_MAX_TOKENS:
+        return False
+    if q.is_cuda:
+        return T >= 2
+    return q.dtype == torch.bfloat16
 
 
 def sdpa_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
@@ -251,8 +263,8 @@ class Attention(nn.Module):
     def _sdpa(self, q, k, v, mask, cached: bool):
         """SDPA of q over k, v (the cache's first S slots when `cached`, else this call's keys and any extra_kv)
         -> [B, T, H * hd], before o_proj. `mask` None without a cache is causal. Grouped kv heads: expanded without a
-        cache (training and feature paths: SDPA's fused kernels), folded into the query rows for a cached GPU call of
-        2..FOLD_GQA_MAX_TOKENS tokens (sdpa_folded), else SDPA's enable_gqa."""
+        cache (training and feature paths: SDPA's fused kernels), folded into the query rows for a cached call where
+        folds_gqa says so (sdpa_folded), else SDPA's enable_gqa."""
         B, _, T, _ = q.shape
         attn_mask = mask[:, None] if mask is not None else None
         gqa = self.num_kv_heads != self.num_heads
@@ -261,7 +273,7 @@ class Attention(nn.Module):
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             gqa = False
-        if gqa and cached and q.is_cuda and 2 <= T <= FOLD_GQA_MAX_TOKENS:
+        if gqa and cached and folds_gqa(q, T):
             out = sdpa_folded(q, k, v, attn_mask)
         else:
             out = F.scaled_dot_product_attention(

@@ -57,3 +57,28 @@ def test_cached_decode_calls_on_a_gpu_fold_and_prompts_do_not(monkeypatch):
         mask = torch.ones(1, T, S, dtype=torch.bool, device="cuda")
         att(x, cos, sin, kv=cache, slots=torch.arange(T, device="cuda"), mask=mask)
     assert seen == [4]
+
+
+@pytest.mark.parametrize("dtype,folded", [(torch.bfloat16, [1, 4]), (torch.float32, [])])
+def test_cached_decode_calls_on_a_cpu_fold_in_bfloat16_only(monkeypatch, dtype, folded):
+    """On a CPU, bfloat16 cached calls of one token and of a few fold (torch's CPU SDPA with enable_gqa is slow on one
+    bfloat16 row: D63); float32 keeps enable_gqa (its rounding is the float32 identity's, D60); so do calls past
+    FOLD_GQA_MAX_TOKENS. The folded output is the enable_gqa one to rounding."""
+    att = layers.Attention(64, 8, 2, 8, 64).to(dtype)
+    seen = []
+    real = layers.sdpa_folded
+    monkeypatch.setattr(layers, "sdpa_folded", lambda *a: seen.append(a[0].shape[2]) or real(*a))
+    S = 128
+    cos, sin = torch.ones(1, 1, 8, dtype=dtype), torch.zeros(1, 1, 8, dtype=dtype)
+    for T in (1, 4, layers.FOLD_GQA_MAX_TOKENS + 1):
+        cache = tuple(torch.randn(1, 2, S, 8, generator=torch.Generator().manual_seed(T)).to(dtype) for _ in range(2))
+        x = torch.randn(1, T, 64, generator=torch.Generator().manual_seed(T)).to(dtype)
+        mask = torch.ones(1, T, S, dtype=torch.bool)
+        with torch.inference_mode():
+            got, _ = att(x, cos, sin, kv=cache, slots=torch.arange(T), mask=mask)
+            monkeypatch.setattr(layers, "folds_gqa", lambda q, T: False)
+            want, _ = att(x, cos, sin, kv=cache, slots=torch.arange(T), mask=mask)
+            monkeypatch.undo()
+            monkeypatch.setattr(layers, "sdpa_folded", lambda *a: seen.append(a[0].shape[2]) or real(*a))
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
+    assert seen == folded
