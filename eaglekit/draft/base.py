@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import GenerationError, InputError
+from ..errors import InputError
 from ..kernels import topk
 
 
@@ -178,16 +178,16 @@ class SequenceDraft(Draft):
 
     def row_cache(self, batch: int, span: int):
         """The draft's own sequence as one row (layers.OwnRow); more rows refused (E308)."""
-        if batch != 1:
-            raise GenerationError(
-                f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
-                fix="batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or "
-                "serve with --max-batch 1",
-                code="E308",
-            )
         from ..models.layers import OwnRow
 
-        return OwnRow(self, span, lambda: int(self.committed))
+        return OwnRow.of(
+            self,
+            batch,
+            span,
+            lambda: int(self.committed),
+            f"the {type(self).__name__} draft decodes one sequence at a time, not {batch} rows",
+            "batch with our decoder's target (--backend ours) and an EAGLE-3 draft, or serve with --max-batch 1",
+        )
 
     def extend_rows(self, kv, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
         """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]) ->

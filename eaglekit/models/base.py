@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..capture import CaptureSpec
-from ..errors import GenerationError, InputError
+from ..errors import InputError
 from ..observe import trace
 
 if TYPE_CHECKING:
@@ -240,16 +240,17 @@ class SequenceTarget(Target):
 
     def row_cache(self, batch: int, span: int):
         """The target's own sequence as one row (layers.OwnRow); more rows refused (E308)."""
-        if batch != 1:
-            raise GenerationError(
-                f"the {type(self).__name__} backend does not decode batches",
-                fix="load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, "
-                "Qwen3), or serve with a batch size of 1",
-                code="E308",
-            )
         from .layers import OwnRow
 
-        return OwnRow(self, span, lambda: self.length)
+        return OwnRow.of(
+            self,
+            batch,
+            span,
+            lambda: self.length,
+            f"the {type(self).__name__} backend does not decode batches",
+            "load the target with our decoder (--backend ours; Llama, Mistral, Qwen2, Qwen3), or serve with a batch "
+            "size of 1",
+        )
 
     def _forward_rows(self, kv, ids, depths, block, span, capture, last=False):
         """The one row of OwnRow (row_cache), through the sequence's `_forward`."""

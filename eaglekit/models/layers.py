@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import GenerationError
 from ..kernels import invariant_attention, invariant_gemm, invariant_norm, products
 from ..kernels.int8 import Int8Linear
 from .config import RopeConfig
@@ -490,6 +491,14 @@ class OwnRow:
         self.owner, self.span, self._count = owner, span, count  # count(): the owner's committed entries
         owner.reset(span)
         self.length = torch.zeros(1, dtype=torch.long, device=owner.device)
+
+    @classmethod
+    def of(cls, owner, batch: int, span: int, count: Callable[[], int], refused: str, fix: str) -> "OwnRow":
+        """The row cache a one-sequence backend hands the engine (SequenceTarget's, SequenceDraft's): its sequence as
+        a batch of one; more rows refused with E308 (`refused`, `fix`: what the backend is and what to do)."""
+        if batch != 1:
+            raise GenerationError(refused, fix=fix, code="E308")
+        return cls(owner, span, count)
 
     def rows(self, lo: int, hi: int) -> "OwnRow":
         if (lo, hi) not in ((0, 1), (0, 0)):
