@@ -51,7 +51,6 @@ PARTS = {
         f"{GPU}::test_moe_experts_kernels_in_bf16_eager_compiled_and_recorded",
         f"{GPU}::test_moe_grouped_experts_in_bf16_eager_compiled_and_recorded",
         f"{GPU}::test_small_m_shared_tiles_keep_each_rows_bits_bf16",
-        f"{GPU}::test_one_row_extend_takes_the_pending_form_with_extends_bits",
     ]),
     3: ("the float32 pair: CUDA graphs, torch.compile, batches, sampling", [
         f"{GPU}::test_graphs_equal_eager_and_baseline",

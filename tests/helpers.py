@@ -118,49 +118,6 @@ class OracleDraft(SequenceDraft):
         return torch.zeros(N, 1), self._run(ids, positions + 1, slots + 1, full)
 
 
-class OneSequenceView(SequenceDraft):
-    """A draft seen through its one-sequence calls alone (reset, extend, step), with SequenceDraft's row interface
-    over them: how the engine drives a draft that holds one sequence, for a draft that also has rows of its own."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __getattr__(self, name):  # (device, config, ...: the inner draft's)
-        return getattr(self.inner, name)
-
-    @property
-    def span(self):
-        return self.inner.span
-
-    @property
-    def hidden_size(self):
-        return self.inner.hidden_size
-
-    @property
-    def draft_vocab_size(self):
-        return self.inner.draft_vocab_size
-
-    @property
-    def dtype(self):
-        return self.inner.dtype
-
-    @property
-    def committed(self):
-        return self.inner.committed
-
-    def reset(self, span):
-        self.inner.reset(span)
-
-    def extend(self, feats, next_ids, n=None):
-        return self.inner.extend(feats, next_ids, n)
-
-    def step(self, hidden, ids, positions, slots, mask, pending=None, widen=True):
-        return self.inner.step(hidden, ids, positions, slots, mask, pending, widen)
-
-    def to_target_ids(self, draft_ids):
-        return self.inner.to_target_ids(draft_ids)
-
-
 class NoisyOracleDraft(OracleDraft):
     """The oracle with seeded noise on its logits: right often, wrong often, never systematically."""
 
@@ -319,21 +276,39 @@ def doctor_args(target, draft, capture=None, **opts):
             DoctorOptions(**opts))
 
 
-def grow(draft, h, logits, root, shape, own_walk: bool = True):
-    """The tree the engine grows on a one-row batch over the draft's own sequence (its cache seen as one row,
-    RowKV.over): h [H], logits [Vd], root a 0-d target id, shape a TreeShape -> that row's Tree ([D] fields).
-    own_walk=False: the engine's walk over step_rows (what more rows, or tracing, take) instead of the draft's one-row
-    walk (Eagle3Draft.chain_rows / tree_rows: compiled after compile(), eager before)."""
-    from eaglekit.decoding import tree
-    from eaglekit.models.layers import RowKV
+def extend(draft, kv, feats, next_ids, n=None):
+    """Commit entries on a one-row draft cache `kv` (Draft.row_cache(1, span)): feats [E, C*H_t] with next_ids [E]
+    (target ids), padded past `n` (default all E) -> (hidden [H], logits [Vd] float32) of entry n - 1, as the engine's
+    one-row extend (Draft.extend_rows)."""
+    E = next_ids.numel()
+    n = torch.as_tensor(E if n is None else n, dtype=torch.long, device=next_ids.device).view(1)
+    with torch.inference_mode():
+        h, logits = draft.extend_rows(kv, feats[None], next_ids[None], n, kv.max_len)
+    return h[0], logits[0]
 
-    kv = RowKV.over(draft.cache)
+
+def level(draft, kv, hidden, ids, positions, slots, mask):
+    """One tree level on a one-row draft cache `kv`: K pending entries of own hidden [K, H] and target ids [K] at
+    `positions`, written at `slots`, each seeing the slots its row of mask [K, span] allows -> (hidden [K, H], logits
+    [K, Vd] float32), as the engine's walk runs a level (Draft.step_rows on one row)."""
+    with torch.inference_mode():
+        h, logits = draft.step_rows(kv, hidden[None], ids[None], positions[None], slots[None], mask[None])
+    return h[0], logits[0]
+
+
+def grow(draft, kv, h, logits, root, shape, own_walk: bool = True):
+    """The tree the engine grows on a one-row batch: kv the row's draft cache (Draft.row_cache(1, span)), h [H],
+    logits [Vd], root a 0-d target id, shape a TreeShape -> that row's Tree ([D] fields). own_walk=False: the engine's
+    walk over step_rows (what more rows, or tracing, take) instead of the draft's one-row walk (Eagle3Draft.chain_rows
+    / tree_rows: compiled after compile(), eager before)."""
+    from eaglekit.decoding import tree
+
     if not own_walk:
         draft._walks_row = lambda kv: False
     try:
         with torch.inference_mode():
             t = tree.expand_rows(draft, kv, h.reshape(1, -1), logits.reshape(1, -1), root.reshape(1), shape,
-                                 draft.span)
+                                 kv.max_len)
     finally:
         if not own_walk:
             del draft._walks_row

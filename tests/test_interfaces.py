@@ -13,13 +13,14 @@ from eaglekit.models import load_target
 def test_eagle3_draft_implements_the_draft_interface(model_dirs):
     t = load_target(model_dirs["llama"])
     d = new_draft(t, draft_vocab_size=64)
-    assert isinstance(d, Draft) and isinstance(d, SequenceDraft)
+    assert isinstance(d, Draft) and not isinstance(d, SequenceDraft)  # (rows of its own, no one-sequence half)
     assert (d.hidden_size, d.draft_vocab_size, d.dtype) == (64, 64, torch.float32)
-    d.reset(32)
-    assert d.committed.shape == () and int(d.committed) == 0
-    feats = torch.zeros(6, d.fc.in_features)
-    h, logits = d.extend(feats, torch.arange(4, 10))
-    assert int(d.committed) == 6 and h.shape == (64,) and logits.shape == (64,)
+    kv = d.row_cache(2, 32)
+    assert kv.length.tolist() == [0, 0] and kv.max_len == 32
+    feats = torch.zeros(2, 6, d.fc.in_features)
+    with torch.inference_mode():
+        h, logits = d.extend_rows(kv, feats, torch.arange(4, 16).view(2, 6), torch.tensor([6, 4]), 32)
+    assert kv.length.tolist() == [6, 4] and h.shape == (2, 64) and logits.shape == (2, 64)
 
 
 def test_an_incomplete_draft_is_refused_at_construction():

@@ -7,8 +7,8 @@ the next tree; `step_rows` runs one tree level as pending entries written past t
 steps unless `chain_rows` / `tree_rows` grow them the draft's own way. The engine reads nothing else: no weights, no
 cache internals, so a test double or another draft architecture only has to keep this contract. On Eagle3Draft
 every call is fixed-shape device work with no host read, so the engine can record the tree and the extend in CUDA
-graphs. `SequenceDraft` is a draft that holds one sequence of its own (`reset`, `extend`, `step`), its rows by
-default that sequence as a batch of one.
+graphs. `SequenceDraft` is a draft that holds one sequence of its own (`reset`, `extend`, `step`: test doubles, a
+draft of another architecture), its rows by default that sequence as a batch of one.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Draft(ABC):
     @property
     @abstractmethod
     def hidden_size(self) -> int:
-        """Width of the hidden state `extend` / `step` return and `step` takes back."""
+        """Width of the hidden state `extend_rows` / `step_rows` return and `step_rows` takes back."""
 
     @property
     @abstractmethod
@@ -110,10 +110,9 @@ class Draft(ABC):
         return False
 
     def takes_pending(self, cols: int) -> bool:
-        """Whether `step` also takes the mask in the pending form, for blocks of `cols` columns: then trees and
-        chains call step(hidden, ids, positions, slots, None, pending=(base [1], block [K, cols] bool), widen=False),
-        the mask being every slot below base[0] and the slots base[0] + c where block[k, c], and the logits may come
-        in the draft's dtype (widen=False: the picks widen them). Default: no (step gets the mask)."""
+        """Whether the draft's attention takes the mask in the pending form, for blocks of `cols` columns: every slot
+        below base[0] and the slots base[0] + c where block[k, c] (base [1], block [K, cols] bool), with no mask
+        built (Eagle3Draft's one-row extend and walks, draft.layer_walks). Default: no."""
         return False
 
     @abstractmethod
@@ -142,9 +141,8 @@ class Draft(ABC):
 class SequenceDraft(Draft):
     """A draft that holds one sequence of its own: `reset` starts it, `extend` commits entries (the prompt, then each
     accepted path) and returns the hidden state and logits that seed the next tree, `step` runs one tree level as
-    pending entries. Its row interface is, by default, that sequence as a batch of one (layers.OwnRow: test doubles,
-    a draft of another architecture); Eagle3Draft decodes many rows and takes its own cache as a one-row batch
-    (models.layers.own_row)."""
+    pending entries. Its row interface is that sequence as a batch of one (layers.OwnRow: test doubles, a draft of
+    another architecture); Eagle3Draft has rows of its own."""
 
     @abstractmethod
     def reset(self, span: int) -> None:
@@ -162,19 +160,10 @@ class SequenceDraft(Draft):
         (default: all E). -> (hidden [H], logits [Vd] float32) of entry n - 1."""
 
     @abstractmethod
-    def step(
-        self,
-        hidden: torch.Tensor,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        mask: torch.Tensor | None,
-        pending: tuple[torch.Tensor, torch.Tensor] | None = None,
-        widen: bool = True,
-    ):
+    def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask):
         """One tree level: K pending entries of own hidden [K, H] and target ids [K] at `positions`, written at
         `slots`, each attending to the span slots its row of mask [K, span] allows -> (hidden [K, H],
-        logits [K, Vd] float32). `mask` None with `pending`, and `widen`: only where takes_pending says so."""
+        logits [K, Vd] float32)."""
 
     def row_cache(self, batch: int, span: int):
         """The draft's own sequence as one row (layers.OwnRow); more rows refused (E308)."""

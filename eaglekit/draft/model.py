@@ -1,5 +1,5 @@
-"""The EAGLE-3 draft as the decoding engine runs it: the network (eaglekit.draft.network) with its one-sequence
-cache, its rows' caches, the graphs compile() and compile_prompts() make, its walks (draft.layer_walks), its
+"""The EAGLE-3 draft as the decoding engine runs it: the network (eaglekit.draft.network) with its rows' caches,
+the graphs compile() and compile_prompts() make, its walks (draft.layer_walks), its
 products and decode attention, and int8 quantization (draft.quant). Training makes no graph, so its calls run the
 network's eager forward; the runner adds no module, so a checkpoint holds the network's weights and config only.
 """
@@ -13,16 +13,16 @@ import torch
 from ..errors import InputError
 from ..kernels.compiling import in_prompt, span_dynamic
 from ..kernels.products import compiles_any_length
-from ..models.layers import COMPILE_MAX_TOKENS, KVCache, RowKV, own_row, span_mask, span_mask_rows
+from ..models.layers import COMPILE_MAX_TOKENS, RowKV, span_mask_rows
 from ..observe import trace
-from .base import SequenceDraft
+from .base import Draft
 from .layer_walks import LayerWalks
 from .network import DraftConfig, DraftLayer, Eagle3Network
 
 __all__ = ["DraftConfig", "DraftLayer", "Eagle3Draft", "Eagle3Network"]
 
 
-class Eagle3Draft(Eagle3Network, SequenceDraft):
+class Eagle3Draft(Eagle3Network, Draft):
     # the compiled graphs (compile(), compile_prompts()); None: eager
     compiled_layer: Callable[..., Any] | None
     compiled_whole: Callable[..., Any] | None
@@ -31,7 +31,6 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
 
     def __init__(self, c: DraftConfig):
         super().__init__(c)
-        self.cache: KVCache | None = None
         self.source_format = None  # (Draft.source_format: set by load_draft)
         self.compiled_layer = self.compiled_whole = None  # by compile()
         self.compiled_prompt = None  # by compile_prompts()
@@ -107,7 +106,7 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
             return self.compiled_layer(self, emb, h, cos, sin, kv, slots, mask, head_at=head_at, pending=pending)
         return self._layer_and_head(emb, h, cos, sin, kv, slots, mask, extra_kv, head_at, pending)
 
-    # --- the Draft interface (decoding state, batch 1) ---------------------------------------------
+    # --- the Draft interface: what the engine sizes its state with ---------------------------------------------
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
@@ -123,20 +122,6 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
     @property
     def device(self) -> torch.device:
         return self.norm.weight.device
-
-    @property
-    def committed(self) -> torch.Tensor:
-        assert self.cache is not None  # (a sequence is read after `reset`)
-        return self.cache.length
-
-    def reset(self, span: int) -> None:
-        c, p = self.config, self.norm.weight  # (the fc's weight may be int8: quantize)
-        if self.cache is None or self.cache.max_len < span or self.cache.k.dtype != p.dtype:
-            self.cache = KVCache(1, c.num_kv_heads, c.head_dim, span, 1, p.device, p.dtype)
-        if c.sliding_window is not None and (self.slot_pos is None or self.slot_pos.numel() < self.cache.max_len):
-            self.slot_pos = torch.zeros(self.cache.max_len, dtype=torch.long, device=p.device)
-        self.cache.length.zero_()
-        self.span = span
 
     def fuse(self) -> None:
         self.midlayer.self_attn.fuse()
@@ -201,12 +186,12 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
         """An extend's block: its E entries causal among themselves (made once per E)."""
         return self._const(("causal", E), lambda dev: torch.ones(E, E, dtype=torch.bool, device=dev).tril_())
 
-    def _unread_mask(self, T: int, span: int | None = None) -> torch.Tensor:
+    def _unread_mask(self, T: int, span: int) -> torch.Tensor:
         """A [1, T, span] stand-in for the mask where the attention takes the pending form and reads no mask: it
         carries the span's size (span_dynamic, the layer) and costs no kernel (an expanded view; its values are
-        False: were it ever read, it would hide every key, not pass for a mask). Default span: the own cache's."""
+        False: were it ever read, it would hide every key, not pass for a mask)."""
         return self._const(("unread",), lambda dev: torch.zeros(1, 1, 1, dtype=torch.bool, device=dev)).expand(
-            1, T, self.span if span is None else span
+            1, T, span
         )
 
     def _const(self, key: tuple, make) -> torch.Tensor:
@@ -233,74 +218,18 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
 
         self.compiled_prompt = compile_prompt(Eagle3Draft._whole) if on else None
 
-    @torch.inference_mode()
-    def extend(self, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor | None = None):
-        """Commit entries for target positions [m, m + n): feature g_p with the token at p + 1.
-
-        `feats` [E, C*H_t] and `next_ids` [E] may be padded past `n` (fixed shapes for CUDA graphs):
-        padded entries are written past the new committed length and never seen. Returns the pre-norm
-        hidden [H] and logits [Vd] of entry n - 1, which seed the next tree."""
-        E = next_ids.numel()
-        dev = self.device
-        assert self.cache is not None  # (a sequence is extended after `reset`)
-        m = self.cache.length
-        if n is None:
-            n = torch.full((), E, dtype=torch.long, device=dev)
-        slots = m + self._arange(E)
-        if self.takes_pending(E):  # (no mask to build: ~8 small kernels a cycle)
-            mask, pending = self._unread_mask(E), (m.view(1), self._causal(E))
-        else:
-            mask, pending = span_mask(m, self._causal(E), self.span), None
-        h, logits, _ = self(
-            feats.to(self.dtype)[None],
-            next_ids[None],
-            slots,
-            self.cache.layer(0),
-            slots,
-            mask,
-            from_target=True,
-            head_at=(n - 1).view(1),
-            pending=pending,
-        )
-        self.cache.length += n
-        return h[0, 0], logits[0, 0].float()
-
-    @torch.inference_mode()
-    def step(self, hidden, ids, positions, slots, mask, pending=None, widen: bool = True):
-        """Pending (uncommitted) entries for tree nodes: own hidden in, written at `slots`; mask [K, span] (None
-        where takes_pending says `pending` serves: Draft.takes_pending). Logits float32, or with widen=False in the
-        draft's dtype."""
-        if pending is not None and not self.takes_pending(pending[1].shape[-1]):
-            pending = None
-        if mask is None:
-            if pending is None:
-                raise ValueError("Eagle3Draft.step: no mask, and no pending form this draft's attention takes")
-            mask = self._unread_mask(ids.shape[0])[0]
-        assert self.cache is not None  # (a sequence steps after `reset`)
-        h, logits, _ = self(
-            hidden[None],
-            ids[None],
-            positions,
-            self.cache.layer(0),
-            slots,
-            mask[None],
-            from_target=False,
-            pending=pending,
-        )
-        return h[0], logits[0].float() if widen else logits[0]
-
     # --- batched decoding (one cache row per sequence; eaglekit.decoding.engine) -------------------------
     def row_cache(self, batch: int, span: int) -> RowKV:
-        if batch == 1:  # a batch of one is the draft's own sequence (its slot positions too)
-            return own_row(self, span, lambda cache: RowKV.over(cache, self.slot_pos))
+        """`batch` rows of `span` slots (a sliding window's slot positions kept per row). One row is laid out as the
+        one-sequence cache the chain and tree walks attend over (draft.layer_walks: kv.layer(0) [1, Hkv, S, hd])."""
         c, p = self.config, self.norm.weight
         kv = RowKV(1, c.num_kv_heads, c.head_dim, span, batch, p.device, p.dtype)
         return kv.track_positions() if c.sliding_window is not None else kv
 
     def _rows_forward(self, kv: RowKV, *args, **kwargs):
         """The forward of a rows call. A sliding window reads the positions of the slots it attends over (a tree
-        node's slot is not its position): while the call runs, the rows' own (kv.pos) stand in for the one
-        sequence's. Without a window (kv.pos None) it is the forward alone."""
+        node's slot is not its position): the rows' own (kv.pos) while the call runs. Without a window (kv.pos None)
+        it is the forward alone."""
         if kv.pos is None:
             return self(*args, **kwargs)
         own, self.slot_pos = self.slot_pos, kv.pos
@@ -311,12 +240,13 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
 
     @torch.inference_mode()
     def extend_rows(self, kv: RowKV, feats: torch.Tensor, next_ids: torch.Tensor, n: torch.Tensor, span: int):
-        """`extend` per row: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b])
-        -> pre-norm hidden [B, H] and logits [B, Vd] (float32) of each row's entry n[b] - 1. A row with n = 0
-        writes only invisible slots and returns junk (padding rows)."""
+        """Draft.extend_rows: row b commits n[b] entries (feats [B, E, C*H_t], next_ids [B, E], padded past n[b]; the
+        feature of target position p with the token at p + 1) -> pre-norm hidden [B, H] and logits [B, Vd] (float32)
+        of each row's entry n[b] - 1, which seed its next tree. A row with n = 0 writes only invisible slots and
+        returns junk (padding rows)."""
         B, E = next_ids.shape
         m = kv.length
-        if B == 1 and self.takes_pending(E):  # one row: `extend`'s pending form (no mask to build)
+        if B == 1 and self.takes_pending(E):  # one row: the pending form (no mask to build: ~8 small kernels)
             slots, pending = m + self._arange(E), (m, self._causal(E))
             mask = self._unread_mask(E, span)
         else:
@@ -376,6 +306,7 @@ class Eagle3Draft(Eagle3Network, SequenceDraft):
 
     @torch.inference_mode()
     def step_rows(self, kv: RowKV, hidden, ids, positions, slots, mask):
-        """`step` per row: hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] -> (h, logits float32)."""
+        """Draft.step_rows: one tree level per row, hidden [B, K, H], ids/positions/slots [B, K], mask [B, K, span] ->
+        (h, logits float32), the entries pending (never committed)."""
         h, logits, _ = self._rows_forward(kv, hidden, ids, positions, kv.layer(0), slots, mask, from_target=False)
         return h, logits.float()

@@ -135,8 +135,8 @@ class Eagle3Network(nn.Module):
         )
         self.rotary = Rotary(c.head_dim, c.rope)
         self.products = None  # the fc's, the layer's and the lm_head's products policy (the runner's set_products)
-        # position of each cache slot (sliding window over a cache only): one sequence's [S], or while a rows call
-        # runs the rows' own [B, S] (eaglekit.draft.model)
+        # position of each cache slot [B, S] (sliding window over a cache only): the rows' own (RowKV.pos) while a
+        # rows call runs (eaglekit.draft.model), else None
         self.slot_pos: torch.Tensor | None = None
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
@@ -223,18 +223,14 @@ class Eagle3Network(nn.Module):
         keys' positions come from `slot_pos` (written here for the new slots: a tree node's slot is not its
         position); without one the keys are the new tokens (and each earlier block of extra_kv)."""
         W = self.config.sliding_window
-        if slots is not None and self.slot_pos is not None and self.slot_pos.dim() == 2:  # rows: slots [B, T]
+        if slots is not None and self.slot_pos is not None:  # rows: slots [B, T], slot_pos [B, S]
             self.slot_pos.scatter_(1, slots, positions)
             kpos = self.slot_pos[:, : mask.shape[-1]]  # [B, S]
             return mask & ((positions[:, :, None] - kpos[:, None, :]) < W)
-        if slots is not None and self.slot_pos is not None:
-            self.slot_pos.index_copy_(0, slots, positions.reshape(-1))
-            kpos = self.slot_pos[: mask.shape[-1]]
-        else:
-            kpos = torch.cat([positions] * (1 + len(extra_kv or ())), dim=-1)
-            if mask is None:  # causal over the new tokens
-                T = positions.shape[-1]
-                mask = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril_()[None]
+        kpos = torch.cat([positions] * (1 + len(extra_kv or ())), dim=-1)
+        if mask is None:  # causal over the new tokens
+            T = positions.shape[-1]
+            mask = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril_()[None]
         near = (positions[..., :, None] - kpos[..., None, :]) < W
         return mask & (near if near.dim() == 3 else near[None])
 

@@ -4,7 +4,7 @@ oracle, the transformers adapter on DeepSeek-V3 (the architecture of the story),
 import pytest
 import sequence
 import torch
-from helpers import OracleDraft, grow
+from helpers import OracleDraft, extend, grow
 
 from eaglekit.capture import CaptureSpec
 from eaglekit.decoding.decoder import Decoder
@@ -282,22 +282,23 @@ def test_compiled_whole_tree_builds_the_rows_walks_trees(model_dirs):
     t = load_target(model_dirs["llama"])
     d = new_draft(t, seed=3)
     d.compile()
-    d.reset(96)
+    kv = d.row_cache(1, 96)
     g = torch.Generator().manual_seed(0)
-    d.extend(torch.randn(20, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (20,), generator=g))
+    extend(d, kv, torch.randn(20, d.fc.in_features, generator=g),
+           torch.randint(0, d.config.vocab_size, (20,), generator=g))
     for shape in (TreeShape(3, 2, 6), TreeShape(4, 3, 12), TreeShape(2, 4, 9)):
         for seed in range(3):
             g = torch.Generator().manual_seed(seed)
             h = torch.randn(d.hidden_size, generator=g)
             logits = torch.randn(d.draft_vocab_size, generator=g) * 3
             root = torch.tensor(7)
-            whole = grow(d, h, logits, root, shape)  # the whole tree one graph
+            whole = grow(d, kv, h, logits, root, shape)  # the whole tree one graph
             kept, d.walks.tree_graph = d.walks.tree_graph, None
             try:
-                eager = grow(d, h, logits, root, shape)  # the same walk, eagerly
+                eager = grow(d, kv, h, logits, root, shape)  # the same walk, eagerly
             finally:
                 d.walks.tree_graph = kept
-            rows = grow(d, h, logits, root, shape, own_walk=False)
+            rows = grow(d, kv, h, logits, root, shape, own_walk=False)
             for field in ("tokens", "parents", "depths", "mask"):
                 assert torch.equal(getattr(whole, field), getattr(rows, field)), (shape, seed, field)
                 assert torch.equal(getattr(eager, field), getattr(rows, field)), (shape, seed, field, "eager")
@@ -326,24 +327,24 @@ def test_tree_tokens_and_step_inputs_are_target_ids(model_dirs, monkeypatch):
     for compiled in (False, True):
         if compiled:
             d.compile()
-        d.reset(96)
-        d.extend(feats, torch.randint(0, V, (12,), generator=g))
+        kv = d.row_cache(1, 96)
+        extend(d, kv, feats, torch.randint(0, V, (12,), generator=g))
         h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(Vd, generator=g) * 3
         root = torch.tensor(7)
         for shape in (TreeShape(5, 1, 6), TreeShape(4, 3, 10)):
             fed.clear()
-            rows = grow(d, h, logits, root, shape, own_walk=False)  # the levels over step_rows
+            rows = grow(d, kv, h, logits, root, shape, own_walk=False)  # the levels over step_rows
             assert rows.tokens[0] == 7 and ((rows.tokens[1:] >= c) & (rows.tokens[1:] < V)).all(), (compiled, shape)
             assert len(fed) == shape.steps - 1 and all(((ids >= c) & (ids < V)).all() for ids in fed), compiled
             fed.clear()
-            own = grow(d, h, logits, root, shape)  # the draft's one-row walk (step_rows not called)
+            own = grow(d, kv, h, logits, root, shape)  # the draft's one-row walk (step_rows not called)
             assert not fed and all(torch.equal(a, b) for a, b in zip(vars(own).values(), vars(rows).values()))
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
-    d.reset(160)  # another span: the compiled walks take it without compiling again
-    d.extend(feats, torch.randint(0, V, (12,), generator=g))
-    again = grow(d, h, logits, root, TreeShape(4, 3, 10))
+    kv = d.row_cache(1, 160)  # another span: the compiled walks take it without compiling again
+    extend(d, kv, feats, torch.randint(0, V, (12,), generator=g))
+    again = grow(d, kv, h, logits, root, TreeShape(4, 3, 10))
     assert counters["stats"]["unique_graphs"] == before and again.tokens.shape == (10,)
 
 
@@ -370,23 +371,26 @@ def test_a_compiled_draft_runs_whole_unless_traced(model_dirs):
     # the extends (target features), the chains, the trees (their steps inside the tree's graph)
     assert {("compiled_whole", True), ("compiled_chain", None), ("compiled_tree", None)} <= set(calls)
     assert ("compiled_whole", False) not in calls
-    d.reset(64)
+    kv = d.row_cache(1, 64)
     g = torch.Generator().manual_seed(1)
-    d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))
-    m = d.committed.clone()
+    extend(d, kv, torch.randn(9, d.fc.in_features, generator=g),
+           torch.randint(0, d.config.vocab_size, (9,), generator=g))
+    m = kv.length.clone()
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
         h, logits = torch.randn(d.hidden_size, generator=g), torch.randn(d.draft_vocab_size, generator=g) * 3
-        whole = grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens
-        assert torch.equal(d.committed, m)  # pending entries only
-        assert torch.equal(whole, grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens), seed
+        whole = grow(d, kv, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens
+        assert torch.equal(kv.length, m)  # pending entries only
+        levels = grow(d, kv, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens
+        assert torch.equal(whole, levels), seed
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
-    d.reset(160)  # another span: the compiled chain's span is symbolic, nothing compiles again
-    d.extend(torch.randn(9, d.fc.in_features, generator=g), torch.randint(0, d.config.vocab_size, (9,), generator=g))
-    assert torch.equal(grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens,
-                       grow(d, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens)
+    kv = d.row_cache(1, 160)  # another span: the compiled chain's span is symbolic, nothing compiles again
+    extend(d, kv, torch.randn(9, d.fc.in_features, generator=g),
+           torch.randint(0, d.config.vocab_size, (9,), generator=g))
+    assert torch.equal(grow(d, kv, h, logits, torch.tensor(7), TreeShape(5, 1, 6)).tokens,
+                       grow(d, kv, h, logits, torch.tensor(7), TreeShape(5, 1, 6), own_walk=False).tokens)
     assert counters["stats"]["unique_graphs"] == before
     calls.clear()
     sink: list = []
@@ -483,13 +487,12 @@ def test_a_chain_keeps_in_place_and_extends_its_last_entry_only(model_dirs):
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(6, d.fc.in_features, generator=g)
     ids = torch.randint(0, d.config.vocab_size, (6,), generator=g)
-    d.reset(32)
-    h_all, logits_all, _ = d(feats[None], ids[None], torch.arange(6), d.cache.layer(0), torch.arange(6),
+    h_all, logits_all, _ = d(feats[None], ids[None], torch.arange(6), d.row_cache(1, 32).layer(0), torch.arange(6),
                              torch.ones(1, 6, 32, dtype=torch.bool).tril(), from_target=True)
     for n in (1, 4, 6):
-        d.reset(32)
-        h, logits = d.extend(feats, ids, torch.tensor(n))
-        assert int(d.committed) == n
+        kv = d.row_cache(1, 32)
+        h, logits = extend(d, kv, feats, ids, n)
+        assert kv.length.tolist() == [n]
         assert torch.equal(h, h_all[0, n - 1])
         torch.testing.assert_close(logits, logits_all[0, n - 1].float(), rtol=1e-5, atol=1e-5)
 

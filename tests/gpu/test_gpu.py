@@ -4,7 +4,7 @@ a tree of rows round differently, see docs/performance.md#d17)."""
 
 import pytest
 import torch
-from helpers import grow, random_tree_paths
+from helpers import extend, grow, random_tree_paths
 
 from eaglekit.decoding.decoder import Decoder
 from eaglekit.decoding.sampling import SamplingParams
@@ -430,46 +430,29 @@ def test_draft_attention_bulk_against_sdpa():
     out = {}
     for kind in ("sdpa", "hopper"):
         assert d.set_attention(kind) == (kind == "hopper")
-        d.reset(400)
-        d.cache.k.zero_(), d.cache.v.zero_()  # (the level-1 slots the step sees: zeros in both runs)
-        d.extend(feats[:292], ids[:292])  # (292 rows: SDPA either way, over 64)
-        h, logits = d.extend(feats[292:], ids[292:])  # 8 rows: the pending route
-        m = d.committed
+        kv = d.row_cache(1, 400)  # (new zeros: the level-1 slots the step sees are zeros in both runs)
+        extend(d, kv, feats[:292], ids[:292])  # (292 rows: SDPA either way, over 64)
+        h, logits = extend(d, kv, feats[292:], ids[292:])  # 8 rows: the pending route
+        m = kv.length[0]
         K, P = 4, 16
         anc = torch.zeros(K, P, dtype=torch.bool, device="cuda")
         anc[:, :K] = anc[:, K:2 * K] = torch.eye(K, dtype=torch.bool, device="cuda")  # a level-2 node: parent j, itself
-        cols = torch.arange(d.span, device="cuda")
+        cols = torch.arange(400, device="cuda")
         rel = cols - m
         mask = (rel < 0)[None] | (((rel >= 0) & (rel < P))[None] & anc[:, rel.clamp(0, P - 1)])
-        hs, ls = d.step(h.expand(K, -1), ids[:K], (m + 1).expand(K), m + 4 + torch.arange(K, device="cuda"), mask,
-                        pending=(m.view(1), anc))
+        # a tree level as the draft's one-row walk runs it (draft.layer_walks): the pending form where the attention
+        # takes it (hopper), the mask where it does not (sdpa)
+        with torch.inference_mode():
+            _, ls, _ = d(h.expand(K, -1)[None], ids[:K][None], (m + 1).expand(K), kv.layer(0),
+                         m + 4 + torch.arange(K, device="cuda"), mask[None], from_target=False,
+                         pending=(m.view(1), anc) if d.takes_pending(P) else None)
+        ls = ls[0].float()
         out[kind] = (logits, ls)
-        t = grow(d, h, logits, ids[0], tree.TreeShape(5, 4, 8))
-        c = grow(d, h, logits, ids[0], tree.TreeShape(5, 1, 6))
+        t = grow(d, kv, h, logits, ids[0], tree.TreeShape(5, 4, 8))
+        c = grow(d, kv, h, logits, ids[0], tree.TreeShape(5, 1, 6))
         assert t.tokens.shape == (8,) and c.tokens.shape == (6,)
     for a, b in zip(out["sdpa"], out["hopper"]):
         assert (a - b).abs().max() <= 3e-2 * a.abs().max(), (a - b).abs().max()
-
-
-def test_one_row_extend_takes_the_pending_form_with_extends_bits():
-    """Eagle3Draft.extend_rows on a one-row cache, with the draft's attention "hopper": the pending form `extend` takes
-    on the draft's own cache, so the same bits (hidden, logits, cache entries) as `extend` from the same state."""
-    from eaglekit.models.layers import RowKV
-
-    d = _draft_of_head_dim_128()
-    assert d.set_attention("hopper")
-    feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(0, 4096, (40,), device="cuda")
-    d.reset(200)
-    d.extend(feats[:30], ids[:30])
-    kv = RowKV(0, 0, 0, 0, 0, _views=(d.cache.k.clone(), d.cache.v.clone(), d.cache.length.view(1).clone()))
-    n = torch.tensor([5], device="cuda")
-    h, logits = d.extend(feats[30:36], ids[30:36], n[0])
-    hr, lr = d.extend_rows(kv, feats[None, 30:36], ids[None, 30:36], n, d.span)
-    assert torch.equal(h, hr[0]) and torch.equal(logits, lr[0])
-    assert int(kv.length) == int(d.committed) == 35
-    assert torch.equal(kv.k[..., :36, :], d.cache.k[..., :36, :])
-
 
 
 def test_a_draft_given_up_steps_through_the_quiet_graph(pair32, monkeypatch):
@@ -513,12 +496,12 @@ def test_compiled_whole_tree_is_the_level_walk():
     feats = torch.randn(40, 3 * 1024, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 4096, (40,), device="cuda")
     for span, n in ((200, 33), (300, 40)):
-        d.reset(span)
-        d.extend(feats[:n - 8], ids[:n - 8])
-        h, logits = d.extend(feats[n - 8:n], ids[n - 8:n])
+        kv = d.row_cache(1, span)
+        extend(d, kv, feats[:n - 8], ids[:n - 8])
+        h, logits = extend(d, kv, feats[n - 8:n], ids[n - 8:n])
         shape = tree.TreeShape(5, 4, 8)
-        whole = grow(d, h, logits, ids[0], shape)
-        levels = grow(d, h, logits, ids[0], shape, own_walk=False)
+        whole = grow(d, kv, h, logits, ids[0], shape)
+        levels = grow(d, kv, h, logits, ids[0], shape, own_walk=False)
         for field in ("tokens", "parents", "depths", "mask"):
             assert torch.equal(getattr(whole, field), getattr(levels, field)), (span, field)
         assert (whole.tokens[1:] % 4 == 0).all()  # target ids (d2t applied)

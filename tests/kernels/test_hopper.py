@@ -11,7 +11,7 @@ import random
 import pytest
 import sequence
 import torch
-from helpers import grow, random_tree_paths
+from helpers import extend, grow, random_tree_paths
 
 from eaglekit.errors import InputError
 from eaglekit.kernels import hopper
@@ -91,11 +91,11 @@ def test_the_drafts_pending_form_says_what_its_masks_say():
             d.midlayer.self_attn.pending_kernel = _pending_reference(calls)
             d._one = torch.ones(1, 1, dtype=torch.bool)
         t.reset(200)
-        d.reset(200)
+        kv = d.row_cache(1, 200)
         _, feats = sequence.prefill(t, prompt, d.config.capture)
-        d.extend(feats[:32], prompt[1:33])  # (32 rows: compiled or not, within the pending form's 64)
-        h, logits = d.extend(feats[32:], torch.cat([prompt[33:], prompt[:1]]))
-        got[kind] = [logits] + [grow(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
+        extend(d, kv, feats[:32], prompt[1:33])  # (32 rows: compiled or not, within the pending form's 64)
+        h, logits = extend(d, kv, feats[32:], torch.cat([prompt[33:], prompt[:1]]))
+        got[kind] = [logits] + [grow(d, kv, h, logits, prompt[0], tree.TreeShape(*s)).tokens
                                 for s in ((4, 2, 6), (5, 4, 12), (4, 1, 5))]
     assert len(calls) == 2 + 3 + 4 + 3  # two extends, the trees' levels, the chain's steps
     assert torch.allclose(got["sdpa"][0], got["reference"][0], atol=1e-5)
@@ -134,11 +134,11 @@ def test_the_compiled_draft_takes_a_pending_op_without_a_graph_break():
         torch._dynamo.reset()
         counters.clear()
         t.reset(200)
-        d.reset(200)
+        kv = d.row_cache(1, 200)
         _, feats = sequence.prefill(t, prompt, d.config.capture)
-        d.extend(feats[:40], prompt[1:41])
-        h, logits = d.extend(feats[40:], torch.cat([prompt[41:], prompt[:1]]))
-        got[kind] = [logits] + [grow(d, h, logits, prompt[0], tree.TreeShape(*s)).tokens
+        extend(d, kv, feats[:40], prompt[1:41])
+        h, logits = extend(d, kv, feats[40:], torch.cat([prompt[41:], prompt[:1]]))
+        got[kind] = [logits] + [grow(d, kv, h, logits, prompt[0], tree.TreeShape(*s)).tokens
                                 for s in ((4, 2, 6), (4, 1, 5))]
         assert not counters["graph_break"], dict(counters["graph_break"])
     assert torch.allclose(got["sdpa"][0], got["op"][0], atol=1e-5)

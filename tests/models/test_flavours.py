@@ -123,26 +123,27 @@ def reference(sd: dict, c, feats, own, ids, pos, inv_freq):
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_forward_equals_the_engines_reference(target, flavour):
-    """Committed entries through the cached extend (in two calls), then one tree step on the draft's own
+    """Committed entries through the cached one-row extend (in two calls), then one tree level on the draft's own
     hidden: each equals the float64 reference of the same rows."""
+    from helpers import extend, level
+
     d = flavoured(target, seed=1, **FLAVOURS[flavour])
     c, sd = d.config, {k: v.double() for k, v in d.state_dict().items()}
     g = torch.Generator().manual_seed(2)
     N = 9
     feats = torch.randn(N, c.fc_in, generator=g, dtype=torch.float64) * 3
     ids = torch.randint(3, 96, (N,), generator=g)
-    d.reset(32)
-    d.extend(feats[:5], ids[:5])
-    h_last, logits_last = d.extend(feats[5:], ids[5:])
+    kv = d.row_cache(1, 32)
+    extend(d, kv, feats[:5], ids[:5])
+    h_last, logits_last = extend(d, kv, feats[5:], ids[5:])
     own = torch.zeros(N, dtype=torch.bool)
     ref_h, ref_logits = reference(sd, c, feats, own, ids, torch.arange(N), d.rotary.inv_freq)
     torch.testing.assert_close(h_last, ref_h[-1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits_last, ref_logits[-1].float(), rtol=1e-5, atol=1e-5)
     # a tree node at depth 1: the draft's own hidden, position N, written in the first pending slot
     tok = torch.tensor([7])
-    S = d.span
-    mask = (torch.arange(S) <= N)[None]  # committed slots + its own slot
-    h1, l1 = d.step(h_last[None], tok, torch.tensor([N]), torch.tensor([N]), mask)
+    mask = (torch.arange(32) <= N)[None]  # committed slots + its own slot
+    h1, l1 = level(d, kv, h_last[None], tok, torch.tensor([N]), torch.tensor([N]), mask)
     own_feats = torch.cat([feats, torch.nn.functional.pad(h_last, (0, c.fc_in - c.hidden_size))[None]])
     ref_h, ref_logits = reference(sd, c, own_feats, torch.cat([own, torch.ones(1, dtype=torch.bool)]),
                                   torch.cat([ids, tok]), torch.arange(N + 1), d.rotary.inv_freq)
@@ -178,12 +179,10 @@ def test_flavoured_draft_decodes_losslessly(target, flavour, shape):
 def test_a_sliding_window_draft_grows_each_rows_tree_as_alone(target, shape):
     """A sliding-window draft batches like any draft: three rows of different committed lengths in one row cache (the
     positions of their slots kept per row, RowKV.pos) extend and grow, in one call each, what each row extends and
-    grows alone through the one-sequence calls (extend, step: the window over the sequence's own slot positions,
-    which test_forward_equals_the_engines_reference holds to vLLM's arithmetic), twice over (the second time over
-    the first tree's pending slots). The window (2) is shorter than the trees, so a level's ancestors two levels up
-    are masked by their position, which is not their slot where a level holds more than one node."""
-    from helpers import OneSequenceView
-
+    grows alone in a one-row cache (the window over that row's own slot positions, which
+    test_forward_equals_the_engines_reference holds to vLLM's arithmetic), twice over (the second time over the first
+    tree's pending slots). The window (2) is shorter than the trees, so a level's ancestors two levels up are masked
+    by their position, which is not their slot where a level holds more than one node."""
     from eaglekit.decoding.tree import expand_rows, tree_row
 
     d = flavoured(target, seed=7, sliding_window=2)
@@ -211,24 +210,21 @@ def test_a_sliding_window_draft_grows_each_rows_tree_as_alone(target, shape):
                                       ids.gather(1, at.clamp(max=15)), torch.tensor(n), span)
             levels.clear()
             grown.append((h, logits, expand_rows(d, kv, h, logits, root, shape, span), list(levels)))
-    del d.step_rows
     fields = ("tokens", "parents", "depths", "mask")
-    seq = OneSequenceView(d)  # the one-sequence calls through Draft's default row interface
-    seq.step_rows = recorded(seq.step_rows)
     for b in range(3):
-        one = seq.row_cache(1, span)
+        one = d.row_cache(1, span)
+        assert one.pos is not None
         with torch.inference_mode():
             for k, (lo, hi) in enumerate(((0, first[b]), (first[b], first[b] + then[b]))):
-                hb, lb = seq.extend_rows(one, feats[b:b + 1, lo:hi], ids[b:b + 1, lo:hi], torch.tensor([hi - lo]),
-                                         span)
+                hb, lb = d.extend_rows(one, feats[b:b + 1, lo:hi], ids[b:b + 1, lo:hi], torch.tensor([hi - lo]), span)
                 levels.clear()
-                alone = expand_rows(seq, one, hb, lb, root[b:b + 1], shape, span)
+                alone = expand_rows(d, one, hb, lb, root[b:b + 1], shape, span)
                 h, logits, rows, batched = grown[k]
                 assert len(batched) == len(levels) == shape.steps - 1
                 for got, want in zip(batched, levels):  # (float32: both steps hand float32 logits)
                     torch.testing.assert_close(got[b], want[0], rtol=1e-6, atol=1e-6)
                 torch.testing.assert_close(h[b], hb[0], rtol=1e-12, atol=1e-12)
-                torch.testing.assert_close(logits[b], lb[0])  # (the one-sequence extend hands float32 logits)
+                torch.testing.assert_close(logits[b], lb[0])
                 for f in fields:
                     assert torch.equal(getattr(tree_row(rows, b), f), getattr(tree_row(alone, 0), f)), (b, k, f)
 

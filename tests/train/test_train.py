@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import extend, level
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,9 +36,9 @@ def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
     logits = []
     ttt_forward(d, batch, p, in_dv, length=4, keep_logits=logits)
     for tpos in (0, 5, 8):
-        d.reset(32)
+        kv = d.row_cache(1, 32)
         # committed entries 0..tpos: feature g_i with token i+1
-        hid, lg = d.extend(feats[0, :tpos + 1], ids[0, 1:tpos + 2])
+        hid, lg = extend(d, kv, feats[0, :tpos + 1], ids[0, 1:tpos + 2])
         torch.testing.assert_close(lg, logits[0][0, tpos], rtol=1e-9, atol=1e-9)
         m = tpos + 1
         hid = hid[None]
@@ -46,8 +47,8 @@ def test_ttt_steps_equal_decode_time_tree_steps(model_dirs):
             # committed entries and its ancestors' pending slots m .. m+k-1
             mask = torch.zeros(1, 32, dtype=torch.bool)
             mask[0, :m + k] = True
-            hid, lg = d.step(hid, ids[0, tpos + 1 + k:tpos + 2 + k], torch.tensor([m - 1 + k]),
-                             torch.tensor([m + k - 1]), mask)
+            hid, lg = level(d, kv, hid, ids[0, tpos + 1 + k:tpos + 2 + k], torch.tensor([m - 1 + k]),
+                            torch.tensor([m + k - 1]), mask)
             torch.testing.assert_close(lg[0], logits[k][0, tpos], rtol=1e-9, atol=1e-9)
 
 
