@@ -598,7 +598,8 @@ class ServeOptions(Options):
         False,
         "time each phase of the engine's steps (draft tree, verify, accept, cache update, host "
         "read, draft extend, catch-up, plain decode, prefill; CUDA events on a GPU): "
-        "/server_info's phase_profile gives the totals since the start, per step and as shares",
+        "/server_info's phase_profile gives the totals since the start, per step and as shares, and the steps' host "
+        "wall time by kind (wall_ms); loop_ms beside it, the engine thread's time inside and around its steps",
     )
     no_adaptive: bool = opt(
         False,

@@ -13,7 +13,10 @@
                 that must be switched off, with the steps each server decoded plainly and speculatively, and (Linux)
                 the same ratio per CPU-second of the server process (its own work, apart from a noisy host). Greedy;
                 the requests stop at the target's EOS as a user's do (`ignore_eos=true`: at max_tokens), so every
-                variant emits the same tokens.
+                variant emits the same tokens. `profile=true`: every server runs with --profile (CUDA events per
+                phase on a GPU: a little slower), and each level's phase times, the engine's step wall time by kind
+                and the engine thread's time inside and around its steps are kept (`details.profile`), with their
+                shares of the level's wall time as metrics.
 
 In serve-e2e random weights accept nothing, so the draft's figures measure the serving machinery at a given accept
 length: every result of that case says so (`details.synthetic_acceptance`). Prompts are `prompt_len` random words of a
@@ -212,6 +215,37 @@ def _spec_counts(srv) -> dict:
             "cycles": sum(v for (n, _), v in m.items() if n == "eaglekit:spec_cycles")}
 
 
+def _profile_reading(srv) -> dict:
+    """What a server run with --profile has counted so far (/server_info): each phase's ms (`ms`: device time on a GPU),
+    the engine's steps' wall ms by kind and the parts the policy was told of (`wall_ms`), the engine thread's ms inside
+    and around its steps (`loop_ms`), and the steps those cover."""
+    st = srv.get("/server_info")["internal_states"][0]
+    prof = st["phase_profile"]
+    return {"ms": prof["ms"], "wall_ms": prof["wall_ms"], "loop_ms": st["loop_ms"],
+            **{k: prof[k] for k in ("cycles", "plain_steps", "prefills")}}
+
+
+def _since(after: dict, before: dict) -> dict:
+    """after - before, number by number (nested dicts; a phase first timed in between: all of its time)."""
+    return {k: _since(v, before.get(k, {})) if isinstance(v, dict) else round(v - before.get(k, 0), 3)
+            for k, v in after.items()}
+
+
+def _profile_metrics(metrics: dict, c: int, v: str, got: list[dict]) -> None:
+    """A profiled level's summary, one sample a round: the share of the level's wall seconds the engine thread spent
+    inside its steps, the prefills' share of those seconds, and (with a draft) the share of them the policy was told
+    of (its cycles', plain steps' and catch-ups' figures: what its choice compares)."""
+    prof = [x["profile"] for x in got]
+    metrics[f"engine_busy_share_c{c}_{v}"] = stats([q["loop_ms"]["in_step"] / 1e3 / q["seconds"] for q in prof],
+                                                   "of wall time")
+    busy = [q["loop_ms"]["in_step"] or 1.0 for q in prof]  # (ms: a level without a step reads 0 for either share)
+    metrics[f"prefill_wall_share_c{c}_{v}"] = stats([q["wall_ms"]["prefill"] / b for q, b in zip(prof, busy)],
+                                                    "of step time")
+    if v != "no_draft":
+        seen = [sum(q["wall_ms"][f"policy_{k}"] for k in ("cycle", "plain", "catch_up")) for q in prof]
+        metrics[f"policy_seen_share_c{c}_{v}"] = stats([x / b for x, b in zip(seen, busy)], "of step time")
+
+
 def _process_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) a process has used so far, from Linux's /proc; None where that cannot be read. On a
     shared CPU a process's CPU time counts its own work, not the time a neighbour (or the host) took from it."""
@@ -271,7 +305,7 @@ def _chat_prompts_file(tmp: Path, n: int) -> Path:
       "the code pair on its own prompts, or smollm2, the real pair on its held-out chat prompts through the chat API)",
       defaults={"concurrency": [1, 4, 16], "num_prompts": 32, "max_tokens": 128, "max_batch": 16, "reps": 3,
                 "ignore_eos": False, "max_seconds": 120, "dtype": None, "threads": None, "prompt_graphs": False,
-                "variants": list(DEMO_VARIANTS), "pair": "demo"},
+                "variants": list(DEMO_VARIANTS), "pair": "demo", "profile": False},
       quick={"concurrency": [1, 4], "num_prompts": 8, "max_tokens": 32, "max_batch": 4, "reps": 1})
 def serve_demo(p, ctx):
     from eaglekit.serve.bench import BenchOptions, run_bench
@@ -293,6 +327,7 @@ def serve_demo(p, ctx):
         common += ["--dtype", p["dtype"]] if p["dtype"] else []
         common += ["--threads", str(p["threads"])] if p["threads"] else []
         common += ["--prompt-graphs"] if p["prompt_graphs"] else []
+        common += ["--profile"] if p["profile"] else []
         servers = {}
         try:
             for v in variants:  # every server warms up before it answers /health
@@ -307,6 +342,7 @@ def serve_demo(p, ctx):
                     levels = []
                     for c in conc:  # one level at a time, so each level's steps are its own
                         before, cpu0 = _spec_counts(srv), _process_cpu_s(srv.proc.pid)
+                        prof0 = _profile_reading(srv) if p["profile"] else None
                         lv = run_bench(BenchOptions(endpoint=srv.url, num_prompts=max(p["num_prompts"], 2 * c),
                                                     concurrency=(c,), max_tokens=p["max_tokens"],
                                                     ignore_eos=p["ignore_eos"],
@@ -314,6 +350,9 @@ def serve_demo(p, ctx):
                         after, cpu1 = _spec_counts(srv), _process_cpu_s(srv.proc.pid)
                         levels.append({**lv, **{k: after[k] - before[k] for k in after},
                                        "cpu_s": cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None})
+                        if prof0 is not None:
+                            levels[-1]["profile"] = {"seconds": lv["duration_s"],
+                                                     **_since(_profile_reading(srv), prof0)}
                     per_round[v].append(levels)
         finally:
             for srv in servers.values():
@@ -325,6 +364,8 @@ def serve_demo(p, ctx):
             metrics[f"output_tok_s_c{c}_{v}"] = stats([x["output_throughput"] for x in got], "tok/s")
             metrics[f"tpot_ms_median_c{c}_{v}"] = stats([x["tpot_ms"]["median"] for x in got], "ms")
             metrics[f"failed_c{c}_{v}"] = value(sum(x["failed"] for x in got), "requests")
+            if p["profile"]:
+                _profile_metrics(metrics, c, v, got)
             if v == "no_draft":
                 continue
             metrics[f"speedup_c{c}_{v}"] = stats([x["output_throughput"] / b for x, b in zip(got, base)], "x")
@@ -341,6 +382,10 @@ def serve_demo(p, ctx):
                    if (x.get("spec_decode") or {}).get("mean_acceptance_length")]
             if acc:
                 metrics[f"accept_length_c{c}_{v}"] = stats(acc, "tokens/verify")
+    details: dict = {}
+    if p["profile"]:  # per variant and level, one reading a round (_profile_reading, over the level)
+        details["profile"] = {v: {f"c{c}": [rnd[i]["profile"] for rnd in per_round[v]] for i, c in enumerate(conc)}
+                              for v in variants}
     return {"metrics": metrics,
             "details": {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "pair": p["pair"],
                         "prompts": "held-out chat prompts, chat API" if chat else "the demo prompts, completions API",
@@ -350,4 +395,4 @@ def serve_demo(p, ctx):
                                                      "captures)"},
                         "rounds": {v: [[{k: lv[k] for k in ("concurrency", "output_throughput", "completed", "failed",
                                                              "plain_steps", "cycles", "cpu_s")} for lv in rnd]
-                                        for rnd in per_round[v]] for v in variants}}}
+                                        for rnd in per_round[v]] for v in variants}, **details}}

@@ -184,6 +184,7 @@ class BatchEngine:
     @torch.inference_mode()
     def step(self) -> list[Event]:
         with self._lock:
+            t0 = time.perf_counter()
             events, self._cancelled = self._cancelled, []
             fresh = self._admit()
             admitted, self._pending_admitted = self._pending_admitted + fresh, []
@@ -206,6 +207,8 @@ class BatchEngine:
             for r in range(len(self.rows) - 1, -1, -1):
                 if self.rows[r].ended:
                     self._free(r)
+            # (a decoding step's kind is the one it ran: _spec_cycle and _plain_step set _last_step)
+            self.stats.stepped("prefill" if fresh else self._last_step if decoded else None, time.perf_counter() - t0)
             return events
 
     def cycle(self, shape: TreeShape | None = None) -> Cycle:
@@ -311,8 +314,8 @@ class BatchEngine:
         if not self.profiler.enabled:
             return None
         with self._lock:
-            totals, steps = self.stats.reading()
-        return self.stats.report(totals, steps, since)
+            reading = self.stats.reading()
+        return self.stats.report(*reading, since)
 
     # --- the step's choice and its two kinds -------------------------------------------------------
     def _padded(self) -> int:
@@ -362,7 +365,7 @@ class BatchEngine:
             self._settled()  # the catch-up (a change of kind's cost) is not the cycle's
         t0 = time.perf_counter()
         if caught is not None and self.policy is not None:  # (settled: its device time too; a probe pays it)
-            self.policy.observe_catch_up(self._padded(), t0 - caught)
+            self.policy.observe_catch_up(self._padded(), self.stats.seen("catch_up", t0 - caught))
         for p in ("draft_tree", "verify"):
             with ph(p):
                 c.run(p)
@@ -386,7 +389,7 @@ class BatchEngine:
             # holds the previous cycle's draft extend (queued behind the read), so it is the cycle's whole cost
             self.policy.observe_cycle(
                 self._padded(),
-                time.perf_counter() - t0,
+                self.stats.seen("cycle", time.perf_counter() - t0),
                 [row[0] - 1 for s, row in zip(self.rows, host) if s.use_draft],
                 P - 1,
             )
@@ -399,7 +402,7 @@ class BatchEngine:
                 if s.trail is not None:
                     s.trail.append((n - 1, row[1]))
                 self.stats.drafted(D - 1, n - 1)
-            self._guard(s, self._emit, s, row[2 : 2 + n])
+            self._guard(s, _emit, s, row[2 : 2 + n])
 
     def _plain_step(self) -> None:
         ph = self.profiler.phase
@@ -418,7 +421,7 @@ class BatchEngine:
             host = c.next[: len(self.rows)].tolist()
         self.stats.plain()
         if self.policy is not None:
-            self.policy.observe_plain(self._padded(), time.perf_counter() - t0)
+            self.policy.observe_plain(self._padded(), self.stats.seen("plain", time.perf_counter() - t0))
         for r, (s, tok) in enumerate(zip(self.rows, host)):
             if s.exc is not None:
                 continue
@@ -427,7 +430,7 @@ class BatchEngine:
                 if s.lag > CATCH_UP:  # past the window the draft cannot catch up: this row decodes without it
                     s.use_draft = False
                     self.state.use_draft[r] = False
-            self._guard(s, self._emit, s, [tok])
+            self._guard(s, _emit, s, [tok])
 
     def _guard(self, s: Seq, fn, *args) -> None:
         """Run one row's own work: its prefill, sampling, stop matching. Invariant: the batched phases read only
@@ -454,10 +457,12 @@ class BatchEngine:
         if self.policy is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _emit(self, s: Seq, toks: list[int]) -> None:
-        s.length += len(toks)
-        taken = s.em.push(toks)
-        s.new.extend(toks[:taken])
+
+def _emit(s: Seq, toks: list[int]) -> None:
+    """Tokens the step decoded for row `s`, into its length and, up to its stop, its new tokens."""
+    s.length += len(toks)
+    taken = s.em.push(toks)
+    s.new.extend(toks[:taken])
 
 
 def _first_tokens(logits: torch.Tensor, seqs: list[Seq], shared) -> torch.Tensor:

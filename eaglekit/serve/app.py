@@ -338,6 +338,8 @@ class ServeApp:
         s = dict(engine.spec_stats or {})
         policy = engine.policy
         phases = engine.profile()  # (eaglekit serve --profile: each phase's time since the start; else None)
+        # (with the profile: the engine thread's busy seconds since the start, inside its steps and around them)
+        loop = None if phases is None else {k: round(1e3 * v, 3) for k, v in sched.loop_seconds.items()}
         avg = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s.get("num_drafts") else None
         return {
             **(self.info or {}),
@@ -357,6 +359,7 @@ class ServeApp:
                     "spec_stats": s,
                     "spec_policy": policy.summary() if policy is not None else None,
                     "phase_profile": phases,
+                    "loop_ms": loop,
                 }
             ],
         }

@@ -95,14 +95,23 @@ def test_the_served_pair_case_runs_three_servers(tmp_path):
     for v in ("draft", "random_draft"):
         assert m[f"speedup_c1_{v}"]["unit"] == "x" and 0 <= m[f"plain_share_c1_{v}"]["median"] <= 1
     assert m["accept_length_c1_draft"]["median"] > 1  # the trained draft's tokens were accepted
-    # `variants` leaves servers out (no_draft stays: every ratio's base)
+    assert "profile" not in c["details"] and not any(k.startswith("engine_busy_share") for k in m)  # (profile off)
+    # `variants` leaves servers out (no_draft stays: every ratio's base); `profile` keeps each level's profile
     rc = main(["run", "cpu-serve-demo", "--quick", "--out", str(out), "--param", "concurrency=1", "--param",
-               "num_prompts=2", "--param", "max_tokens=8", "--param", "variants=no_draft,random_draft"])
+               "num_prompts=2", "--param", "max_tokens=8", "--param", "variants=no_draft,random_draft", "--param",
+               "profile=true"])
     assert rc == 0
     (c,) = schema.read(out)["cases"]
     assert "error" not in c, c.get("error")
-    assert "speedup_c1_random_draft" in c["metrics"] and not any(k.endswith("_c1_draft") for k in c["metrics"])
-    assert set(c["details"]["rounds"]) == {"no_draft", "random_draft"}
+    m = c["metrics"]
+    assert "speedup_c1_random_draft" in m and not any(k.endswith("_c1_draft") for k in m)
+    assert set(c["details"]["rounds"]) == set(c["details"]["profile"]) == {"no_draft", "random_draft"}
+    (prof,) = c["details"]["profile"]["random_draft"]["c1"]  # (one round)
+    assert prof["prefills"] >= 2 and prof["loop_ms"]["in_step"] > 0 and prof["wall_ms"]["prefill"] > 0
+    for v in ("no_draft", "random_draft"):
+        assert 0 < m[f"engine_busy_share_c1_{v}"]["median"] <= 1.05  # (the level's clock is the client's)
+        assert 0 < m[f"prefill_wall_share_c1_{v}"]["median"] <= 1
+    assert 0 < m["policy_seen_share_c1_random_draft"]["median"] <= 1 and "policy_seen_share_c1_no_draft" not in m
 
 
 @pytest.mark.slow

@@ -318,6 +318,53 @@ def test_profile_times_each_phase_of_the_steps(model_dirs):
     assert prof["ms_per_step"]["prefill"] == pytest.approx(prof["ms"]["prefill"] / len(reqs), rel=1e-3, abs=1e-4)
 
 
+def test_profile_splits_the_steps_wall_time_by_kind(model_dirs, monkeypatch):
+    """BatchEngine(profile=True): each step's wall time counts under what the step did (prefill, cycle, plain, other),
+    the figures the policy was told (its cycles', plain steps' and catch-ups') lie within their kind's, the kinds add
+    up to no more than the steps' wall time measured around them, and `since` subtracts an earlier reading. The
+    policy's choice is scripted (by its timings it would depend on the machine): a cycle, then two plain steps, so that
+    every later cycle follows a catch-up."""
+    import time
+
+    target = _target(model_dirs)
+    eng = _engine(target, "random", TreeShape(3, 1, 4), 2, 3, profile=True)
+    script = iter([eng.policy.positions, 0, 0] * 40)
+    monkeypatch.setattr(eng.policy, "choose", lambda rows, drafting=1.0: (next(script), "scripted"))
+    monkeypatch.setattr(eng.policy, "draft_pays", lambda rows: True)  # (every row keeps its draft)
+    kinds = ("prefill", "cycle", "plain", "other")
+    wall = eng.profile()["wall_ms"]
+    assert set(wall) == {*kinds, "policy_cycle", "policy_plain", "policy_catch_up"} and not any(wall.values())
+    for i in range(2):
+        eng.add(Request(f"r{i}", [FIRST, 5 + i, 9, 4], 16, eos_ids=()))
+    t0 = time.perf_counter()
+    eng.step()  # both rows admitted: a prefill step, nothing decoded
+    outside = time.perf_counter() - t0
+    first = eng.profile()
+    w = first["wall_ms"]
+    assert w["prefill"] > 0 and w["cycle"] == w["plain"] == w["policy_cycle"] == w["policy_plain"] == 0
+    while eng.has_work:
+        t0 = time.perf_counter()
+        eng.step()
+        outside += time.perf_counter() - t0
+    prof = eng.profile()
+    w = prof["wall_ms"]
+    assert prof["cycles"] > 1 and prof["plain_steps"] > 1 and all(v >= 0 for v in w.values())
+    assert w["cycle"] > 0 and w["plain"] > 0 and w["policy_cycle"] > 0 and w["policy_plain"] > 0
+    assert w["policy_catch_up"] > 0  # (every cycle after the first catches up over two plain tokens)
+    assert w["policy_cycle"] + w["policy_catch_up"] <= w["cycle"] and w["policy_plain"] <= w["plain"]
+    assert sum(w[k] for k in kinds) <= 1e3 * outside + 4e-3  # (each figure rounded to the microsecond)
+    later = eng.profile(since=first)["wall_ms"]
+    assert later["prefill"] == pytest.approx(0, abs=2e-3)  # (no prefill since the first reading)
+    for k in ("cycle", "plain", "policy_cycle", "policy_plain", "policy_catch_up"):
+        assert later[k] == pytest.approx(w[k] - first["wall_ms"][k], abs=2e-3)
+    # a step that only returns a cancelled request's event counts as `other`, nothing else
+    eng.add(Request("gone", [FIRST, 3], 4, eos_ids=()))
+    eng.cancel("gone")
+    assert [e.stop_reason for e in eng.step()] == ["cancelled"]
+    after = eng.profile(since=prof)["wall_ms"]
+    assert after["other"] >= 0 and all(after[k] == pytest.approx(0, abs=2e-3) for k in after if k != "other")
+
+
 def test_traced_engine_records_its_steps_not_its_warm_up(model_dirs):
     """EAGLE3_DEBUG on the batched engine: warm_up's standing rows leave no record; every step of a row that keeps its
     draft records the target's capture (cycles and plain steps alike: forward_rows traces it, as verify and prefill

@@ -70,6 +70,7 @@ def test_a_synthetic_run_says_so_everywhere_and_a_real_one_nowhere(synthetic):
               if x.startswith("eaglekit:spec_cycles_total{")}
     assert sum(cycles.values()) == info["internal_states"][0]["spec_stats"]["spec_cycles"] > 0
     policy = info["internal_states"][0]["spec_policy"]
+    assert info["internal_states"][0]["phase_profile"] is None and info["internal_states"][0]["loop_ms"] is None
     assert (policy is None) == (synthetic is not None)  # synthetic runs measure the whole tree: no policy figures
     if policy is not None:
         assert policy["lengths"] == [3, 2, 1] and len(policy["rates"]) == 3 and policy["sizes"]
@@ -106,7 +107,9 @@ def test_the_rate_is_checked_in_the_engine_too():
 
 def test_a_profiled_server_reports_each_phase():
     """eaglekit serve --profile: /server_info's phase_profile holds each phase's time since the start, with the cycles
-    and plain steps it covers (None when the engine does not profile: the test above)."""
+    and plain steps it covers, and the steps' wall time by kind; loop_ms the engine thread's time inside its steps
+    (which holds the steps' own wall time) and around them (both None when the engine does not profile: the test
+    above)."""
     from eaglekit.decoding.config import EngineOptions
     from eaglekit.decoding.engine import BatchEngine
     from eaglekit.decoding.tree import TreeShape
@@ -127,3 +130,7 @@ def test_a_profiled_server_reports_each_phase():
     prof = state["phase_profile"]
     assert prof["cycles"] == state["spec_stats"]["spec_cycles"] and prof["cycles"] + prof["plain_steps"] > 0
     assert prof["ms"]["prefill"] > 0 and set(prof["share"]) == set(prof["ms"])
+    wall, loop = prof["wall_ms"], state["loop_ms"]
+    assert wall["prefill"] > 0 and wall["cycle"] + wall["plain"] > 0 and set(loop) == {"in_step", "outside_step"}
+    assert loop["in_step"] >= sum(wall[k] for k in ("prefill", "cycle", "plain", "other")) - 4e-3  # (rounded to 1 us)
+    assert loop["outside_step"] >= 0
