@@ -32,7 +32,7 @@ WHAT = {
     "options": "every command's options, declared once (the Python API's arguments and the CLI's flags)",
     "decoding": "the one engine (BatchEngine: any number of rows, and when to speculate; Decoder: one request on "
                 "a batch of one), tree, acceptance, sampling, stops",
-    "draft": "the EAGLE-3 draft: its network, the runner of its caches, graphs and walks, its checkpoint",
+    "draft": "the EAGLE-3 draft: its network, the runner of its row caches, graphs and walks, its checkpoint",
     "models": "the target side: eaglekit's decoders, the transformers adapter, loading folders",
     "kernels": "batch-invariant Triton kernels, the Hopper CUDA kernels, int8, top-k, CUDA graphs, the chooser",
     "distributed": "tensor-parallel groups and collectives",

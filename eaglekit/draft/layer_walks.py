@@ -2,7 +2,7 @@
 turns into one graph each on a GPU (inductor fuses the picks, masks and id maps between the layer's kernels, where
 an eager walk ran ~10 small kernels a step), and which run eagerly elsewhere.
 
-The draft (eaglekit.draft.model.Eagle3Draft) is the network (draft.network) with its caches and graphs; this is
+The draft (eaglekit.draft.model.Eagle3Draft) is the network (draft.network) with its row caches and graphs; this is
 the runner of its walks, held by it as `draft.walks`. The functions compiled take the draft (an Eagle3Draft) as their
 first argument, as a method takes self (it is not imported here: the draft module imports this one).
 """

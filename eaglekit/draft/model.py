@@ -1,7 +1,8 @@
-"""The EAGLE-3 draft as the decoding engine runs it: the network (eaglekit.draft.network) with its rows' caches,
-the graphs compile() and compile_prompts() make, its walks (draft.layer_walks), its
-products and decode attention, and int8 quantization (draft.quant). Training makes no graph, so its calls run the
-network's eager forward; the runner adds no module, so a checkpoint holds the network's weights and config only.
+"""The EAGLE-3 draft as the decoding engine runs it: the network (eaglekit.draft.network) with the row caches it
+makes for the engine (row_cache; the engine holds them), the graphs compile() and compile_prompts() make, its walks
+(draft.layer_walks), its products and decode attention, and int8 quantization (draft.quant). Training makes no graph,
+so its calls run the network's eager forward; the runner adds no module, so a checkpoint holds the network's weights
+and config only.
 """
 
 from __future__ import annotations
