@@ -23,7 +23,7 @@ WHAT = {
     "cli": "the `eaglekit` command: parses flags, calls one function per subcommand",
     "demo": "`eaglekit demo`: the shipped pair on its held-out prompts",
     "serve": "the OpenAI-compatible server over the batched engine, and the load client",
-    "engines": "what runs inside other engines (the vLLM plugin) and drives them (the live doctor)",
+    "integrations": "what runs inside other engines (the vLLM plugin, its runner) and drives them (the live doctor)",
     "doctor": "contract checks, the wiring probe, fingerprints, verdicts",
     "tune": "measured choices: the tree sweep, the CPU demo's chain pick",
     "interop": "SGLang / SpecForge / vLLM / EAGLE draft formats and their conventions",

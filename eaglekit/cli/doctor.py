@@ -35,8 +35,8 @@ def cmd_doctor(args) -> int:
         if args.record:  # a pair the user trusts: its training record, for later runs to be held against
             _record_pair(args, model, decode.max_new_tokens)
             return 0
-        if args.engine:  # the same doctor, plus the pair run inside the engine and compared (eaglekit.engines.vllm)
-            from ..engines.vllm import run_engine_doctor
+        if args.engine:  # the same doctor, plus the pair run inside vLLM and compared (integrations.vllm.doctor)
+            from ..integrations.vllm.doctor import run_engine_doctor
 
             res = run_engine_doctor(model, opts, args.steps, args.engine_python)
         else:
@@ -131,7 +131,7 @@ def _print_doctor(res: dict, as_json: bool) -> None:
     with contextlib.redirect_stderr(sys.stdout):  # the report is the command's output: `doctor ... > file`
         doctor_report(res)
     if res.get("engine"):
-        from ..engines.vllm import print_engine
+        from ..integrations.vllm.doctor import print_engine
 
         print_engine(res["engine"])
 

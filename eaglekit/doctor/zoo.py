@@ -14,8 +14,8 @@ and right pairs that must stay clean with it (another dtype, the built-in prompt
 Outcomes, per case: `right` the verdict the case expects (a fault with one of its codes; clean; or cannot tell
 where nothing can tell), `wrong cause` a fault with none of the expected codes, `cannot tell` where a fault or a
 clean bill was expected, `false clean` clean where a fault was, `false alarm` a fault where none was.
-The engine doctor (`eaglekit doctor --engine vllm`) runs the same cases through eaglekit.engines.vllm.zoo_main
-(the engines layer sits above this one, so it passes its runner in).
+The engine doctor (`eaglekit doctor --engine vllm`) runs the same cases through
+eaglekit.integrations.vllm.doctor.zoo_main (the integrations layer sits above this one, so it passes its runner in).
 """
 
 from __future__ import annotations

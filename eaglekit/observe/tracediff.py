@@ -1,7 +1,7 @@
 """`eaglekit trace diff A B`: two EAGLE3_DEBUG traces (JSON lines) side by side; name the first point where they part.
 
 Records are matched at (cycle, point), the first record of each pair (eaglekit.observe.trace writes one per call;
-the vLLM plugin, eaglekit.engines.vllm_plugin, the same fields plus `engine`). What is comparable between two
+the vLLM plugin, eaglekit.integrations.vllm.plugin, the same fields plus `engine`). What is comparable between two
 engines decoding the same prompt with the same chain (reference: vLLM 0.32.0 against eaglekit):
 
   target.capture, every cycle   shape (tokens x C*H), layers (after_layers), statistics. Cycle 0 is the prefill;

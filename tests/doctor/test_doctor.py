@@ -426,8 +426,8 @@ def test_the_d2t_is_judged_on_the_probes_evidence():
 
 
 def test_e293_always_ends_with_a_cause_and_a_fix(tmp_path):
-    from eaglekit.engines.vllm import engine_findings
     from eaglekit.errors import EaglekitError
+    from eaglekit.integrations.vllm.doctor import engine_findings
 
     d = _copy(tmp_path)
     err = EaglekitError("vLLM could not run the pair: AssertionError", code="E171")

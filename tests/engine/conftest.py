@@ -16,6 +16,9 @@ import pytest
 from engine_helpers import DEMO, HERE, PROMPTS, REPO  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# eaglekit's entry point in vLLM's plugin group loads (the venv's install records the module it names)
+PLUGIN_LOADS = ("import importlib.metadata as m; "
+                "[e.load() for e in m.entry_points(group='vllm.general_plugins') if e.name == 'eaglekit']")
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +29,12 @@ def vllm_python():
     venv = Path(os.environ.get("EAGLEKIT_ENGINE_VENV", Path.home() / ".cache" / "eaglekit" / "vllm-venv"))
     py = venv / "bin" / "python"
     ok = py.exists() and subprocess.run([str(py), "-c", "import vllm, eaglekit"], capture_output=True).returncode == 0
+    if ok and subprocess.run([str(py), "-c", PLUGIN_LOADS], capture_output=True).returncode != 0:
+        # eaglekit's vLLM entry point as an older install recorded it (a module since moved): install eaglekit
+        # again, editable and without its dependencies (the venv has them), before building the venv anew
+        ok = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                             str(REPO)], capture_output=True).returncode == 0
+        ok = ok and subprocess.run([str(py), "-c", PLUGIN_LOADS], capture_output=True).returncode == 0
     if not ok:
         shutil.rmtree(venv, ignore_errors=True)
         t0 = time.time()

@@ -11,7 +11,7 @@ from eaglekit.cli import main
 
 
 def test_plugin_returns_at_once_when_tracing_is_off(monkeypatch):
-    from eaglekit.engines import vllm_plugin
+    from eaglekit.integrations.vllm import plugin as vllm_plugin
 
     monkeypatch.delenv("EAGLE3_DEBUG", raising=False)
     before = set(sys.modules)

@@ -12,7 +12,7 @@ import pytest
 from engine_helpers import DEMO, MAX_NEW, REPO, miswire
 
 from eaglekit.cli import main
-from eaglekit.engines.vllm import compare
+from eaglekit.integrations.vllm.doctor import compare
 
 pytestmark = pytest.mark.engine
 

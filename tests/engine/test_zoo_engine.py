@@ -1,10 +1,10 @@
-"""The fault zoo through `eaglekit doctor --engine vllm` (eaglekit.engines.vllm.zoo_main): each case starts vLLM
-once. Marked `engine`."""
+"""The fault zoo through `eaglekit doctor --engine vllm` (eaglekit.integrations.vllm.doctor.zoo_main): each case
+starts vLLM once. Marked `engine`."""
 
 import pytest
 
 from eaglekit.doctor.zoo import CASES, Pairs, confusion, print_table, run_case
-from eaglekit.engines.vllm import run_engine_doctor
+from eaglekit.integrations.vllm.doctor import run_engine_doctor
 from eaglekit.options import DoctorOptions
 
 pytestmark = pytest.mark.engine

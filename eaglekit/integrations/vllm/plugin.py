@@ -68,7 +68,7 @@ def register() -> None:
 def _tracing() -> bool:
     import torch
 
-    from ..observe import trace
+    from ...observe import trace
 
     if _state["dummy"] or torch.compiler.is_compiling():
         return False
@@ -77,7 +77,7 @@ def _tracing() -> bool:
 
 
 def _record(point, tensor, **meta):
-    from ..observe import trace
+    from ...observe import trace
 
     return trace.record(point, tensor, engine=ENGINE, **meta)
 
@@ -85,7 +85,7 @@ def _record(point, tensor, **meta):
 def _config(**fields) -> None:
     """One `engine.config` record (no tensor) per call: what vLLM resolved, written even when
     EAGLE3_DEBUG_STEPS=0 (the live doctor reads these alone)."""
-    from ..observe import trace
+    from ...observe import trace
 
     _state["config"].update(fields)
     rec = {"cycle": -1, "point": "engine.config", "engine": ENGINE, "pid": os.getpid(), **fields}
@@ -201,7 +201,7 @@ def _patch_target() -> None:
 def _trace_capture(model, aux: list) -> None:
     import torch
 
-    from ..observe import trace
+    from ...observe import trace
 
     feats = torch.cat(aux, dim=-1)
     layers = [i - 1 for i in getattr(model, "aux_hidden_state_layers", ())] or _state["layers"]
@@ -290,7 +290,7 @@ def _draft_config(model) -> None:
     if d2t is not None:
         import torch
 
-        from ..draft.checkpoint import vocab_map_sha
+        from ...draft.checkpoint import vocab_map_sha
 
         v = d2t.detach().cpu().long()
         # the hash eaglekit records in a draft's config (vocab_map_sha256): equal hashes, equal mappings

@@ -1,7 +1,7 @@
 """Run a target + EAGLE-3 draft pair in vLLM's offline `LLM` API and report what vLLM itself measured.
 
-Executed with the python of a venv that has vLLM (`python -m eaglekit.engines.vllm_run JOB.json OUT.json`),
-by `eaglekit.engines.vllm` in the eaglekit process; it imports nothing of eaglekit beyond the plugin.
+Executed with the python of a venv that has vLLM (`python -m eaglekit.integrations.vllm.run JOB.json OUT.json`),
+by `eaglekit.integrations.vllm.doctor` in the eaglekit process; it imports nothing of eaglekit beyond the plugin.
 The job gives the folders, the prompts as token ids (tokenized by eaglekit, so both engines see the same
 ids), the chain length k, max_tokens and the dtype. The result: each prompt's generated ids, vLLM's
 spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_drafts, ..._num_draft_tokens,
@@ -31,12 +31,12 @@ def run(job: dict) -> dict:
         os.environ["EAGLE3_DEBUG_FILE"] = job["trace_file"]
         if job.get("trace_steps") is not None:
             os.environ["EAGLE3_DEBUG_STEPS"] = str(job["trace_steps"])
-    from eaglekit.engines import vllm_plugin
+    from eaglekit.integrations.vllm import plugin
     from eaglekit.observe import trace
 
     sink: list = []
     trace.configure(sink=sink, stream=open(os.devnull, "w") if not job.get("trace_file") else None)
-    vllm_plugin.register()
+    plugin.register()
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -71,7 +71,7 @@ def run(job: dict) -> dict:
     for m in llm.get_metrics():
         if not m.name.startswith("vllm:spec_decode"):
             continue
-        values, value = vllm_plugin.vllm_member(m, "values"), vllm_plugin.vllm_member(m, "value")
+        values, value = plugin.vllm_member(m, "values"), plugin.vllm_member(m, "value")
         if values is not None:  # a Vector: one value per draft position
             counters[m.name] = list(values)
         elif value is not None:
@@ -80,7 +80,7 @@ def run(job: dict) -> dict:
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "finish_reasons": [o.outputs[0].finish_reason for o in outs],
         "counters": counters,
-        "config": vllm_plugin._state["config"],
+        "config": plugin._state["config"],
         "config_records": [r for r in sink if r.get("point") == "engine.config"],
         "vllm_version": __import__("vllm").__version__,
         "load_s": round(load_s, 1),

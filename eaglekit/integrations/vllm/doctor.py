@@ -1,6 +1,6 @@
 """The live doctor on vLLM: run the pair in vLLM and in eaglekit on the same prompts, compare, name the cause.
 
-    vLLM side      eaglekit.engines.vllm_run in a subprocess with a python that has vLLM (the offline LLM API,
+    vLLM side      eaglekit.integrations.vllm.run in a subprocess with a python that has vLLM (the offline LLM API,
                    enforce_eager, greedy, a chain of k = num_speculative_tokens); acceptance per position from
                    vLLM's own counters: num_accepted_tokens_per_pos[i] / num_drafts.
     eaglekit side  our Decoder with TreeShape(k, 1, k + 1) on the same token ids, twice: under the wiring vLLM
@@ -24,9 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..capture import CaptureSpec
-from ..errors import EaglekitError, InputError
-from ..options import DoctorOptions, ModelOptions
+from ...capture import CaptureSpec
+from ...errors import EaglekitError, InputError
+from ...options import DoctorOptions, ModelOptions
 
 # acceptance is deterministic under greedy decoding; what remains is float rounding flipping an argmax now and
 # then (fp32 on a CPU: none seen on the demo pair). Mean per-position acceptance, absolute.
@@ -60,7 +60,7 @@ class VllmJob:
     """What one vLLM run decodes: the pair's folders, the prompts (token ids), the chain k = num_speculative_tokens,
     the tokens per prompt and the stop ids, the dtype; optionally an EAGLE3_DEBUG trace (file, steps) and the
     context length (None: the longest prompt's need rounded up to 64, at least 256). `to_json` is the job file
-    eaglekit.engines.vllm_run reads."""
+    eaglekit.integrations.vllm.run reads."""
 
     target: str | Path
     draft: str | Path | None
@@ -74,7 +74,7 @@ class VllmJob:
     max_model_len: int | None = None
 
     def to_json(self) -> dict:
-        """vllm_run's job file: absolute paths (the subprocess runs in a temporary folder)."""
+        """the runner's job file (integrations.vllm.run): absolute paths (the subprocess runs in a temporary folder)."""
         longest = max(len(p) for p in self.prompts) + self.max_tokens + self.k + 8
         return {
             "target": str(Path(self.target).resolve()),
@@ -91,7 +91,7 @@ class VllmJob:
 
 
 def run_vllm(python: str, job: VllmJob, timeout: float = 1800) -> dict:
-    """One vLLM run of `job` in a subprocess; returns vllm_run's result, or raises EaglekitError(E171) with vLLM's
+    """One vLLM run of `job` in a subprocess; returns the runner's result, or raises EaglekitError(E171) with vLLM's
     own last error lines when vLLM refuses or crashes (a mis-wired draft can do either)."""
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as tmp:
         jp, op = Path(tmp) / "job.json", Path(tmp) / "out.json"
@@ -102,7 +102,7 @@ def run_vllm(python: str, job: VllmJob, timeout: float = 1800) -> dict:
         t0 = time.time()
         try:
             p = subprocess.run(
-                [python, "-m", "eaglekit.engines.vllm_run", str(jp), str(op)],
+                [python, "-m", "eaglekit.integrations.vllm.run", str(jp), str(op)],
                 cwd=tmp,
                 env=env,
                 capture_output=True,
@@ -149,9 +149,9 @@ def vllm_acceptance(counters: dict, k: int) -> dict:
 
 
 def eaglekit_acceptance(target, draft, prompts, k: int, max_new: int, capture: CaptureSpec) -> dict:
-    from ..decoding.decoder import Decoder
-    from ..decoding.tree import TreeShape
-    from ..observe.metrics import aggregate
+    from ...decoding.decoder import Decoder
+    from ...decoding.tree import TreeShape
+    from ...observe.metrics import aggregate
 
     dec = Decoder(target, draft, TreeShape.make(k, 1, k + 1), capture=capture, allow_other_target=True)
     runs = [dec.generate(p, max_new) for p in prompts]
@@ -171,8 +171,8 @@ def compare(
 ) -> dict:
     """vLLM and eaglekit on the same prompts and chain: per-position acceptance side by side, identical outputs.
     eaglekit runs under the wiring vLLM resolved (so any difference is not the wiring)."""
-    from ..options import PairRuntime
-    from ..pair import load_pair
+    from ...options import PairRuntime
+    from ...pair import load_pair
 
     if target is None:
         # F.linear's products, as when vLLM was first matched against us (onednn rounds fp32 differently)
@@ -207,7 +207,7 @@ def _finding(code, severity, message, fix=None) -> dict:
 def _ids_fix(after_layers, fmt=None) -> str:
     """The ids in the convention of the folder diagnosed (a vLLM folder: vLLM's 'input of layer' ids), with how
     vLLM reads them; a folder of another layout served by vLLM gets its own convention and the vLLM note."""
-    from ..doctor.fixes import ids_fix
+    from ...doctor.fixes import ids_fix
 
     return (
         ids_fix(after_layers, fmt, engine="vllm") + "; or re-export: eaglekit export OUT --to vllm --draft D --target T"
@@ -217,7 +217,7 @@ def _ids_fix(after_layers, fmt=None) -> str:
 def _crash_cause(doctor: dict) -> tuple[str, str] | None:
     """The static finding that explains an engine crash: the first error of the folder and pair checks (not the
     probe's: a probe finding is about acceptance, not about what an engine can load)."""
-    from ..errors import CODES
+    from ...errors import CODES
 
     for f in doctor.get("findings") or []:
         if f.get("severity") == "error" and f.get("code") not in ("E290", "E282", "E222", "E284"):
@@ -232,7 +232,7 @@ def engine_findings(
     """Findings of the engine comparison, and a verdict sentence when it found a fault."""
     if error is None and cmp is None:  # eaglekit refused the pair: the static findings carry the cause
         return [], None
-    from ..interop.formats import read_folder
+    from ...interop.formats import read_folder
 
     try:
         fmt = read_folder(draft_dir)[2]
@@ -313,7 +313,7 @@ def _function_findings(cmp: dict, fc_in: int | None, draft) -> list[dict]:
         )
     d2t = conf.get("d2t") or {}
     if draft is not None and d2t.get("sha256"):
-        from ..draft.checkpoint import vocab_map_sha
+        from ...draft.checkpoint import vocab_map_sha
 
         ours = vocab_map_sha(draft.d2t)
         if ours != d2t["sha256"]:
@@ -395,7 +395,7 @@ def _wiring_verdict(cmp: dict, ids, k: int) -> str | None:
 def _fc_width(draft_dir) -> int | None:
     """fc's input width read from the weights alone (the draft may not load: that is what is being diagnosed)."""
     try:
-        from ..interop.formats import normalize
+        from ...interop.formats import normalize
 
         w = normalize(draft_dir)[1].get("fc.weight")
         return int(w.shape[1]) if w is not None else None
@@ -414,7 +414,7 @@ def _reference_wiring(doctor: dict, fallback: CaptureSpec | None):
     if ran:
         conf = next((r for r in ran if r["wiring"] == "configured"), ran[0])
         best = max(ran, key=lambda r: (sum(r["per_position"]), r is conf))
-        from ..doctor import MARGIN
+        from ...doctor import MARGIN
 
         gain = (sum(best["per_position"]) - sum(conf["per_position"])) / len(conf["per_position"])
         return tuple(best["after_layers"] if gain > MARGIN else conf["after_layers"])
@@ -428,10 +428,10 @@ def run_engine_doctor(
     Same JSON shape as `doctor`, plus an `engine` object; `fault` covers both. `model` and `opts` as for
     eaglekit.doctor.run_doctor (None: DoctorOptions()); `k`: the chain's length; `python`: one that imports vLLM
     (engine_python)."""
-    from ..decoding.tree import TreeShape
-    from ..doctor import _probe_prompts, run_doctor
-    from ..draft import load_draft
-    from ..models import load_target
+    from ...decoding.tree import TreeShape
+    from ...doctor import _probe_prompts, run_doctor
+    from ...draft import load_draft
+    from ...models import load_target
 
     assert model.target is not None and model.draft is not None  # --target and --draft are required
     opts = opts or DoctorOptions()
@@ -547,7 +547,7 @@ def _against_eaglekit(
 def _engine_verdict(res: dict, found: list[dict], text: str | None, cmp: dict | None, engine: dict, k: int) -> None:
     """The verdict, status and exit code of the doctor and the engine run together: a fault of either is a fault;
     conclusive where the comparison ran and nothing is left undecided."""
-    from ..doctor.report import EXIT, status_of
+    from ...doctor.report import EXIT, status_of
 
     errors = [f for f in found if f["severity"] == "error"]
     static_errors = [f for f in res["findings"] if f["severity"] == "error" and f not in errors]
@@ -619,9 +619,9 @@ def _record_as_vllm_runs(res: dict, target, draft, draft_dir, target_dir, resolv
     that the order alone caused goes, a drop with another cause stays an error."""
     if not any(f["code"] in ("E223", "I311", "I312") for f in res["findings"]):
         return
-    from ..doctor.recorded import acceptance_findings
-    from ..doctor.report import Finding
-    from ..train.record import read_record
+    from ...doctor.recorded import acceptance_findings
+    from ...doctor.report import Finding
+    from ...train.record import read_record
 
     static = [
         Finding(f["code"], f["severity"], f["message"], f.get("fix"), f.get("evidence") or {}) for f in res["findings"]
@@ -682,11 +682,12 @@ def print_engine(engine: dict) -> None:
 
 
 def zoo_main(argv=None) -> int:
-    """The fault zoo (eaglekit.doctor.zoo) through the engine doctor: `python -m eaglekit.engines.vllm [zoo options]
-    [--engine-python PY]`. The zoo's cases marked `engine` run; each starts vLLM once (~1-3 min on two cores)."""
+    """The fault zoo (eaglekit.doctor.zoo) through the engine doctor: `python -m eaglekit.integrations.vllm.doctor
+    [zoo options] [--engine-python PY]`. The zoo's cases marked `engine` run; each starts vLLM once (~1-3 min on two
+    cores)."""
     import argparse
 
-    from ..doctor.zoo import main
+    from ...doctor.zoo import main
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--engine-python", default=None)
