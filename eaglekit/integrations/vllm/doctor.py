@@ -706,4 +706,8 @@ def zoo_main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(zoo_main())
+    try:
+        sys.exit(zoo_main())
+    except EaglekitError as e:  # (a coded error says what to do: no traceback, as the eaglekit command prints it)
+        print(f"eaglekit doctor --engine vllm: error {e}", file=sys.stderr)
+        sys.exit(2)
