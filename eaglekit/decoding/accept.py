@@ -38,30 +38,44 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, size: int):
 
 
 def accept_sampling(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen: torch.Generator | None):
-    p_all = probs(logits, sp)
-    tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
-    children: dict[int, list[int]] = {}
-    for i in range(1, len(tokens)):
-        children.setdefault(parents[i], []).append(i)  # index order == draft score order within a parent
-    node = 0
-    while True:
-        p = p_all[node].clone()
-        nxt = None
-        for c in children.get(node, ()):
-            x = tokens[c]
-            total = float(p.sum())
-            px = float(p[x])
-            u = float(torch.rand((), generator=gen, device=p.device)) if gen is not None else float(torch.rand(()))
-            if px >= total or u * total < px:  # (px >= total: all mass on x, accept surely)
-                nxt = c
-                break
-            p[x] = 0.0
-        if nxt is None:
-            p = p / p.sum()
-            path, n = _path_of(tree, torch.tensor(node, device=logits.device), size)
-            return path, n, sample(p, gen)
-        node = nxt
+    """The sampling rule (module docstring) on one row's tree [D] and target logits [D, V] -> (path [size], n, the
+    emitted token), all on the device, with no host read (trying the children one by one read three numbers on the
+    host a child: on a GPU up to 15 synchronisations a sampled row's (5,1,6) cycle).
+
+    Every node's trial is computed at once: child c of node a, tried after its earlier siblings were rejected, sees
+    what is left of p_a, total_c = sum(p_a) - (its earlier siblings' p_a), and is accepted when u_c * total_c <
+    p_a(x_c) (surely where p_a(x_c) >= total_c), u_c one uniform draw per node (D draws a cycle from `gen`,
+    whatever the path: a seeded row's draws do not depend on what was accepted). The walk from the root then takes
+    each node's first accepted child, as trying them in order does; a trial whose parent the walk never reaches is
+    never used, so each used trial's draw is independent of the others, as in the sequential rule. A token repeated
+    among siblings counts once (the sequential rule zeroes it at its first rejection: a later copy has p 0). At the
+    last node every child was rejected: the emitted token is drawn from p_a with the children's tokens zeroed."""
+    p_all = probs(logits, sp)  # [D, V]
+    tokens, parents = tree.tokens, tree.parents
+    D, dev = tokens.numel(), logits.device
+    idx = torch.arange(D, device=dev)
+    child = idx > 0
+    # earlier[c, j]: j is a sibling of c tried before it (the same parent, a lower index; index order is the draft's
+    # score order within a parent)
+    earlier = (parents[:, None] == parents[None, :]) & (idx[None, :] < idx[:, None]) & child[None, :] & child[:, None]
+    repeated = (earlier & (tokens[:, None] == tokens[None, :])).any(1)
+    px = torch.where(repeated, 0.0, p_all[parents, tokens])  # p of the parent at this node's token
+    total = p_all.sum(-1)[parents] - (earlier.to(px.dtype) * px[None, :]).sum(1)
+    u = torch.rand(D, generator=gen, device=dev, dtype=px.dtype)
+    accepted = child & ((px >= total) | (u * total < px))
+    # each node's first accepted child (-1: none), then the walk: at most size - 1 levels below the root
+    kids = (parents[None, :] == idx[:, None]) & accepted[None, :]  # [a, c]: c an accepted child of a
+    first = torch.where(kids.any(1), kids.to(torch.int8).argmax(1), -1)
+    node = torch.zeros((), dtype=torch.long, device=dev)
+    for _ in range(size - 1):  # (index_select: a 0-d index would be read on the host, as in _path_of)
+        nxt = first.index_select(0, node.view(1))[0]
+        node = torch.where(nxt >= 0, nxt, node)
+    rejected = (parents == node) & child  # the last node's children: all tried, all rejected
+    # their tokens zeroed in the node's p (by a sum over all nodes: a mask index would read its size on the host)
+    hit = torch.zeros(p_all.shape[-1], dtype=p_all.dtype, device=dev).index_add_(0, tokens, rejected.to(p_all.dtype))
+    p = torch.where(hit > 0, 0.0, p_all.index_select(0, node.view(1))[0])
+    path, n = _path_of(tree, node, size)
+    return path, n, sample(p / p.sum(), gen)
 
 
 def accept(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingParams, gen=None):
