@@ -73,7 +73,11 @@ def accept_sampling(tree: Tree, logits: torch.Tensor, size: int, sp: SamplingPar
     rejected = (parents == node) & child  # the last node's children: all tried, all rejected
     # their tokens zeroed in the node's p (by a sum over all nodes: a mask index would read its size on the host)
     hit = torch.zeros(p_all.shape[-1], dtype=p_all.dtype, device=dev).index_add_(0, tokens, rejected.to(p_all.dtype))
-    p = torch.where(hit > 0, 0.0, p_all.index_select(0, node.view(1))[0])
+    p_node = p_all.index_select(0, node.view(1))[0]
+    p = torch.where(hit > 0, 0.0, p_node)
+    # (the children held all of p: the last one's total exceeded its p by rounding alone and a draw within it rejected
+    # it, a chance of ~1e-16; its parent's p then stands, not an all-zero residual that no draw can take)
+    p = torch.where(p.sum() > 0, p, p_node)
     path, n = _path_of(tree, node, size)
     return path, n, sample(p / p.sum(), gen)
 

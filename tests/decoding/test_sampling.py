@@ -177,3 +177,24 @@ def test_the_rule_emits_the_roots_distribution_whatever_its_children(children):
         path, k, bonus = accept_sampling(tree, logits, 2, SamplingParams(1.0), gen)
         counts[int(tree.tokens[path[1]]) if int(k) == 2 else int(bonus)] += 1
     assert _chi2_p(counts, p_root, n) > 1e-3
+
+
+def test_children_holding_all_of_p_never_leave_an_empty_residual(monkeypatch):
+    """Where the children hold all of p, the last one's total (p's sum less its earlier siblings') can exceed its p by
+    rounding alone (float32 probabilities of these three logits: by 3e-8), so a draw just under 1 rejects every
+    child: the rule then draws from the parent's p (a ~1e-16 event), never from an all-zero residual that no draw
+    can take (that raised in `sample`)."""
+    from eaglekit.decoding.accept import accept_sampling
+    from eaglekit.decoding.tree import Tree
+
+    logits = torch.full((4, V), -1e9)
+    logits[0, :3] = torch.tensor([1.6283140182495117, -6.656337738037109, 0.7769535779953003])
+    p = probs(logits[0], SamplingParams(1.0))
+    assert p.sum() - (p[0] + p[1]) > p[2]  # (the rounding this test needs)
+    tree = Tree(tokens=torch.tensor([7, 0, 1, 2]), parents=torch.zeros(4, dtype=torch.long),
+                depths=torch.tensor([0, 1, 1, 1]),
+                mask=torch.eye(4, dtype=torch.bool) | (torch.arange(4) == 0)[None, :])
+    rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(rand(*a, **k), 1 - 2**-24))
+    path, n, bonus = accept_sampling(tree, logits, 2, SamplingParams(1.0), None)
+    assert int(n) == 1 and int(bonus) in (0, 1, 2)
