@@ -80,12 +80,13 @@ def test_a_tiny_case_runs_through_the_command_line(tmp_path):
 @pytest.mark.slow
 def test_the_served_pair_case_runs_three_servers(tmp_path):
     """serve-demo end to end on the smallest load: three real servers (no draft, the demo draft, an untrained
-    draft), every request answered, each draft's ratio to no draft and its plain-step share reported. (32 tokens a
-    request: the demo draft's first few tokens after a prompt are rarely accepted, and a policy that has seen only
-    those switches it off, as it should.)"""
+    draft), every request answered, each draft's ratio to no draft and its plain-step share reported. (Four requests
+    of 48 tokens: the demo draft's first few tokens after a prompt are rarely accepted, and a policy that has seen only
+    those switches it off, as it should, probing again after 16 steps, then 32; two requests of 32 tokens left the
+    draft 3 probe cycles, all rejected, in half the runs.)"""
     out = tmp_path / "serve.json"
     rc = main(["run", "cpu-serve-demo", "--quick", "--out", str(out), "--param", "concurrency=1", "--param",
-               "num_prompts=2", "--param", "max_tokens=32"])
+               "num_prompts=4", "--param", "max_tokens=48"])
     assert rc == 0
     (c,) = schema.read(out)["cases"]
     assert "error" not in c, c.get("error")
