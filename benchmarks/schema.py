@@ -77,9 +77,15 @@ def git_sha() -> str | None:
 
 
 def git_head(tree: Path) -> str | None:
-    """The short commit of another checkout (a case that runs one beside this one)."""
-    r = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or None
+    """The short commit of another checkout (a case that runs one beside this one): its own repository's HEAD, or for
+    a tree exported by `git archive` (no repository of its own: git would answer for the one around it) the commit
+    its COMMIT file names; None where neither says."""
+    top = subprocess.run(["git", "-C", str(tree), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode == 0 and Path(top.stdout.strip()).resolve() == Path(tree).resolve():
+        r = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return r.stdout.strip() or None
+    named = Path(tree) / "COMMIT"
+    return (named.read_text().strip() or None) if named.is_file() else None
 
 
 def cpu_name() -> str:

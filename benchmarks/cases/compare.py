@@ -3,6 +3,16 @@
     git worktree add /tmp/before d6e9d2c
     python -m benchmarks run cpu-before-after --param before=/tmp/before [--param rounds=3]
 
+On a lent GPU (gpu-before-after: bf16 on CUDA) the other checkout travels as code alone, the demo pair's weights
+being the same files (benchmarks/device.sh carries it with the serving wheels: run(carry=[".whl", ".before"])):
+
+    # here: the commit's code, named in COMMIT (schema.git_head reads it)
+    mkdir .before && git archive d6e9d2c -- . ':!eaglekit/assets' ':!benchmarks/results' | tar -x -C .before
+    echo d6e9d2c > .before/COMMIT
+    # there: the shipped pair under it, then the suite
+    mkdir -p .before/eaglekit/assets && ln -s ../../../eaglekit/assets/demo .before/eaglekit/assets/demo
+    bash benchmarks/device.sh gpu-before-after --param before=.before
+
 Each checkout runs in processes of its own (PYTHONPATH = the checkout), the two taking turns round by round:
 
 - greedy token ids of the demo's held-out prompts, the target alone and with the draft at (5,1,6), through each
@@ -84,3 +94,5 @@ def before_after(p, ctx):
 
 suite("cpu-before-after", "the demo pair at this checkout beside another (--param before=PATH) on this machine",
       ["before-after"])
+suite("gpu-before-after", "the same on one GPU in bf16 (greedy bf16 output bit-identical or not, demo speedups)",
+      [("before-after", {"device": "cuda", "dtype": "bfloat16"})], needs="cuda")
