@@ -222,7 +222,7 @@ def _profile_reading(srv) -> dict:
     st = srv.get("/server_info")["internal_states"][0]
     prof = st["phase_profile"]
     return {"ms": prof["ms"], "wall_ms": prof["wall_ms"], "loop_ms": st["loop_ms"],
-            **{k: prof[k] for k in ("cycles", "plain_steps", "prefills")}}
+            **{k: prof[k] for k in ("cycles", "plain_steps", "keeping_plain_steps", "prefills")}}
 
 
 def _since(after: dict, before: dict) -> dict:
@@ -242,6 +242,9 @@ def _profile_metrics(metrics: dict, c: int, v: str, got: list[dict]) -> None:
     metrics[f"prefill_wall_share_c{c}_{v}"] = stats([q["wall_ms"]["prefill"] / b for q, b in zip(prof, busy)],
                                                     "of step time")
     if v != "no_draft":
+        # plain steps that captured features for a row keeping its draft (the rest ran the quiet step)
+        metrics[f"keeping_plain_share_c{c}_{v}"] = stats(
+            [q["keeping_plain_steps"] / q["plain_steps"] if q["plain_steps"] else 0.0 for q in prof], "of plain steps")
         seen = [sum(q["wall_ms"][f"policy_{k}"] for k in ("cycle", "plain", "catch_up")) for q in prof]
         metrics[f"policy_seen_share_c{c}_{v}"] = stats([x / b for x, b in zip(seen, busy)], "of step time")
 

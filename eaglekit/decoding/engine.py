@@ -409,7 +409,8 @@ class BatchEngine:
         if self._last_step != "plain":
             _release_drafts(self.policy, self.rows, self.state.use_draft, self._padded())
             self._settled()  # the last cycle's draft extend (or a prefill's) is not this step's cost
-        c = self.runner.plain(len(self.rows), max(s.length for s in self.rows), any(s.use_draft for s in self.rows))
+        keeping = any(s.use_draft for s in self.rows)
+        c = self.runner.plain(len(self.rows), max(s.length for s in self.rows), keeping)
         self._last_step = "plain"
         t0 = time.perf_counter()
         with ph("decode"):
@@ -419,7 +420,7 @@ class BatchEngine:
             c.run("plain_commit")
         with ph("host_sync"):
             host = c.next[: len(self.rows)].tolist()
-        self.stats.plain()
+        self.stats.plain(keeping)
         if self.policy is not None:
             self.policy.observe_plain(self._padded(), self.stats.seen("plain", time.perf_counter() - t0))
         for r, (s, tok) in enumerate(zip(self.rows, host)):

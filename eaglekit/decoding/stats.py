@@ -16,9 +16,10 @@ WALL = ("prefill", "cycle", "plain", "other", "policy_cycle", "policy_plain", "p
 class EngineStats:
     """`spec`: drafts, draft tokens, accepted tokens (in all and per position), cycles (in all and by draft length),
     plain steps and the policy's switches (`positions`: the whole tree's draft length; `lengths`: every length a cycle
-    may have); `prefills`: requests admitted (each one prefill); `profiler`: phase times where `profile` is on
-    (`ranges`: torch.profiler / NVTX ranges too); `wall`: the steps' wall seconds (WALL), kept where the profiler is
-    on (two clock reads a step, no device synchronisation)."""
+    may have); `prefills`: requests admitted (each one prefill); `keeping_plain`: plain steps that captured features
+    for a row keeping its draft (the others, in an engine with a draft, ran the quiet step); `profiler`: phase times
+    where `profile` is on (`ranges`: torch.profiler / NVTX ranges too); `wall`: the steps' wall seconds (WALL), kept
+    where the profiler is on (two clock reads a step, no device synchronisation)."""
 
     def __init__(self, positions: int, lengths, profile: bool, device, ranges: bool = False):
         self.spec: dict[str, Any] = {
@@ -34,6 +35,7 @@ class EngineStats:
         }
         self.profiler = Profiler(profile, device, ranges=ranges)
         self.prefills = 0
+        self.keeping_plain = 0
         self.wall = dict.fromkeys(WALL, 0.0)
 
     def cycle(self, length: int) -> None:
@@ -41,9 +43,10 @@ class EngineStats:
         self.spec["spec_cycles"] += 1
         self.spec["cycles_by_length"][length] += 1
 
-    def plain(self) -> None:
-        """A plain step ran (one token a row, no draft)."""
+    def plain(self, keeping: bool = False) -> None:
+        """A plain step ran (one token a row, no draft); `keeping`: it captured features for a row keeping its draft."""
         self.spec["plain_steps"] += 1
+        self.keeping_plain += keeping
 
     def drafted(self, drafted: int, accepted: int) -> None:
         """One drafting row's verify: `drafted` draft tokens proposed, the first `accepted` of them taken."""
@@ -75,7 +78,12 @@ class EngineStats:
     def reading(self) -> tuple[dict, dict, dict]:
         """-> (each phase's seconds so far, the steps they were spent over, the steps' wall seconds): read under the
         engine's lock."""
-        steps = {"cycles": self.spec["spec_cycles"], "plain_steps": self.spec["plain_steps"], "prefills": self.prefills}
+        steps = {
+            "cycles": self.spec["spec_cycles"],
+            "plain_steps": self.spec["plain_steps"],
+            "keeping_plain_steps": self.keeping_plain,
+            "prefills": self.prefills,
+        }
         return self.profiler.totals(), steps, dict(self.wall)
 
     @staticmethod

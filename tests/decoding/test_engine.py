@@ -314,7 +314,7 @@ def test_profile_times_each_phase_of_the_steps(model_dirs):
     assert abs(sum(prof["share"].values()) - 1) < 1e-3
     c = st["spec_cycles"]
     assert prof["ms_per_step"]["verify"] == pytest.approx(prof["ms"]["verify"] / c, rel=1e-3, abs=1e-4)
-    assert prof["prefills"] == len(reqs)
+    assert prof["prefills"] == len(reqs) and 0 <= prof["keeping_plain_steps"] <= prof["plain_steps"]
     assert prof["ms_per_step"]["prefill"] == pytest.approx(prof["ms"]["prefill"] / len(reqs), rel=1e-3, abs=1e-4)
 
 
@@ -349,6 +349,7 @@ def test_profile_splits_the_steps_wall_time_by_kind(model_dirs, monkeypatch):
     prof = eng.profile()
     w = prof["wall_ms"]
     assert prof["cycles"] > 1 and prof["plain_steps"] > 1 and all(v >= 0 for v in w.values())
+    assert prof["keeping_plain_steps"] == prof["plain_steps"]  # (every row kept its draft: no quiet step)
     assert w["cycle"] > 0 and w["plain"] > 0 and w["policy_cycle"] > 0 and w["policy_plain"] > 0
     assert w["policy_catch_up"] > 0  # (every cycle after the first catches up over two plain tokens)
     assert w["policy_cycle"] + w["policy_catch_up"] <= w["cycle"] and w["policy_plain"] <= w["plain"]
