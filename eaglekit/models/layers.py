@@ -75,9 +75,9 @@ class RMSNorm(nn.Module):
             return invariant_norm.rms_norm(x, self.weight, self.eps)
         # statistics in float32, as the reference implementations do; weight applied in the input dtype
         dtype = x.dtype
-        xf = x.float()
+        xf = x if dtype == torch.float32 else x.float()  # (no cast op where there is nothing to cast)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return self.weight * (xf if dtype == torch.float32 else xf.to(dtype))
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
@@ -118,7 +118,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, hd]; cos/sin: [T, hd] or [B, T, hd]
+    # x: [B, H, T, hd]; cos/sin: [T, hd], [B, T, hd] or already [B, 1, T, hd]
     if cos.dim() == 3:
         cos, sin = cos[:, None], sin[:, None]
     return x * cos + _rotate_half(x) * sin
@@ -187,7 +187,9 @@ class Attention(nn.Module):
         if kv is not None:
             k_cache, v_cache = kv
             S = mask.shape[-1]
-            k_in, v_in = k.to(k_cache.dtype), v.to(v_cache.dtype)  # what the cache stores (and attend reads)
+            # what the cache stores (and attend reads); no cast op where the dtypes already agree
+            k_in = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
+            v_in = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
             # the pending form serves a call without `visible` only (the batch-invariant kernel comes first)
             if visible is None and pending is not None and self.pending_kernel is not None:
                 out = self._pending_attention(q, k_in, v_in, kv, S, slots, pending)
@@ -223,8 +225,17 @@ class Attention(nn.Module):
                 and self.products.takes_rope(x, self.qkv_weight, self.qkv_bias, hd)
             ):
                 # the product rotates q and k itself: cos/sin one row per token, as x's rows
-                rope = (*(c.expand(B, T, hd).reshape(B * T, hd) for c in (cos, sin)), (H + Hkv) * hd)
+                rope = (
+                    *((c[:, 0] if c.dim() == 4 else c).expand(B, T, hd).reshape(B * T, hd) for c in (cos, sin)),
+                    (H + Hkv) * hd,
+                )
             qkv = product(self.products, x, self.qkv_weight, self.qkv_bias, rope=rope)
+            if rope is None and self.q_norm is None:
+                # q and k rotated in one pass over their heads side by side: the same elementwise products as two
+                # apply_rope calls (bit for bit), half the ops (a step's host work is per op where kernels are small)
+                qk = qkv[..., : (H + Hkv) * hd].view(B, T, H + Hkv, hd).transpose(1, 2)
+                q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=1)
+                return q, k, qkv[..., (H + Hkv) * hd :].view(B, T, Hkv, hd).transpose(1, 2)
             q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

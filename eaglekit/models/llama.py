@@ -104,6 +104,8 @@ class LlamaModel(nn.Module):
         if block is not None:
             return self._hopper_layers(x, positions, cache, block, span, capture, caught)
         cos, sin = self.rotary(positions, x.dtype)
+        if cos.dim() == 3:  # per-row positions: [B, 1, T, hd], broadcast over the heads once for every layer
+            cos, sin = cos[:, None], sin[:, None]
         # the compiled layer serves the fixed small shapes of decoding; prompts run plain, or through the one graph
         # compiled for every length (prompt_layer)
         small = ids.shape[1] <= COMPILE_MAX_TOKENS

@@ -170,11 +170,11 @@ def _prompt_runs(model_dirs, compile_them: bool):
         t.net.prompt_layer, d.compiled_prompt = DecoderLayer.forward, Eagle3Draft._whole
     seen = {"target": [], "draft": []}
 
-    def counted(fn, who):
-        return lambda *a: (seen[who].append(a[2].shape[1]), fn(*a))[1]
+    def counted(fn, who, at):  # (the call's token count: dim 1 of its argument `at`)
+        return lambda *a: (seen[who].append(a[at].shape[1]), fn(*a))[1]
 
-    t.net.prompt_layer = counted(t.net.prompt_layer, "target")
-    d.compiled_prompt = counted(d.compiled_prompt, "draft")
+    t.net.prompt_layer = counted(t.net.prompt_layer, "target", 1)  # (layer, x [B, T, H], ...)
+    d.compiled_prompt = counted(d.compiled_prompt, "draft", 2)
     got = [first()]
     graphs = counters["stats"]["unique_graphs"]
     got += tokens()

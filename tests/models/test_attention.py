@@ -82,3 +82,27 @@ def test_cached_decode_calls_on_a_cpu_fold_in_bfloat16_only(monkeypatch, dtype, 
             monkeypatch.setattr(layers, "sdpa_folded", lambda *a: seen.append(a[0].shape[2]) or real(*a))
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
     assert seen == folded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_q_and_k_rotated_together_are_the_two_rotations_bit_for_bit(dtype, per_row):
+    """Attention._qkv rotates q and k in one pass over their heads side by side (half the ops of a step's rope): the
+    result equals apply_rope on each alone, bit for bit, with cos/sin per token [T, hd], per row [B, T, hd] and already
+    broadcast over the heads [B, 1, T, hd] (what LlamaModel passes for per-row positions)."""
+    torch.manual_seed(0)
+    B, T, H, Hkv, hd = 3, 5, 6, 2, 16
+    att = layers.Attention(48, H, Hkv, hd, 48).to(dtype)
+    att.fuse()
+    rot = layers.Rotary(hd, layers.RopeConfig())
+    positions = torch.randint(0, 500, (B, T)) if per_row else torch.arange(7, 7 + T)
+    cos, sin = rot(positions, dtype)
+    x = torch.randn(B, T, 48).to(dtype)
+    qkv = F.linear(x, att.qkv_weight)
+    q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1))
+    want = (layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v)
+    forms = [(cos, sin)] + ([(cos[:, None], sin[:, None])] if per_row else [])
+    for c, s in forms:
+        got = att._qkv(x, c, s)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.equal(g, w)
