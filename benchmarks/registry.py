@@ -51,7 +51,7 @@ def suite(name: str, doc: str, cases, needs: str = "cpu") -> None:
 
 def load() -> None:
     """Import the case modules (each registers its cases and suites)."""
-    from .cases import batch, compare, cpu, h200, poison, real, serve  # noqa: F401
+    from .cases import batch, compare, cpu, h200, poison, prefill, real, serve  # noqa: F401
 
 
 def coerce(text: str):

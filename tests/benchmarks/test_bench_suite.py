@@ -139,3 +139,20 @@ def test_the_policy_burst_case_loads_the_machine_then_times_the_quiet_requests(t
         except OSError:  # (a process that ended while listed)
             pass
     assert not any(b"while True: pass" in x for x in cmdlines)
+
+
+def test_the_prefill_split_times_each_part_of_a_served_prefill(tmp_path):
+    """prefill-split (--quick): for each prompt length, an admit with and without the draft and the target's forward
+    with and without the capture and the draft's extend alone, n samples each, and the profiled admit's aten calls."""
+    out = tmp_path / "prefill.json"
+    rc = main(["run", "cpu-prefill", "--quick", "--out", str(out), "--param", "lengths=3,9"])
+    assert rc == 0
+    (c,) = schema.read(out)["cases"]
+    assert "error" not in c, c.get("error")
+    m = c["metrics"]
+    for T in (3, 9):
+        for part in ("admit_draft", "admit_no_draft", "target_capture", "target_plain", "draft_extend"):
+            assert m[f"{part}_ms_T{T}"]["n"] == 5 and m[f"{part}_ms_T{T}"]["median"] > 0
+        assert m[f"admit_aten_calls_T{T}"]["median"] > 100  # (the demo target's 12 layers, op by op)
+        assert f"admit_kernels_T{T}" not in m  # (kernels are counted on a GPU only)
+    assert set(c["details"]["profile"]) == {"T3", "T9"}
