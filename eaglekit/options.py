@@ -514,6 +514,11 @@ class EvalOptions(Options):
     max_len: int = opt(2048, "longest sequence, in tokens", lo=1)
     ttt_length: int = opt(7, "positions evaluated", lo=1)
     batch_size: int = opt(8, "sequences per forward", lo=1)
+    no_record: bool = opt(
+        False,
+        "with --data: leave the draft folder's training record (eaglekit_record.json, what the doctor compares "
+        "against) as it is; by default it is measured again on this data and rewritten",
+    )
 
 
 @dataclass

@@ -197,7 +197,8 @@ def run_eval(
             cfg,
             target.device,
         )
-        if not model.allow_other_target:  # the draft's own target: its record (eaglekit.train.record)
+        # the draft's own target: its record (eaglekit.train.record), unless asked to leave the folder as it is
+        if not model.allow_other_target and not opts.no_record:
             import sys
 
             from .record import MAX_SEQUENCES, record_draft

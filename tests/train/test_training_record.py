@@ -82,6 +82,9 @@ def test_eval_data_writes_the_record_and_export_carries_it(model_dirs, trained, 
     d = shutil.copytree(src, tmp_path / "d")
     (d / RECORD_FILE).unlink()
     assert read_record(d) is None  # a folder without one reads as before
+    cpu = ModelOptions(device="cpu")
+    out = run_eval(model_dirs["llama"], d, EvalOptions(data=str(data), no_record=True), model=cpu)
+    assert out["ttt"]["per_position_acc"] and read_record(d) is None  # --no-record: evaluated, the folder untouched
     run_eval(model_dirs["llama"], d, EvalOptions(data=str(data)), model=ModelOptions(device="cpu"))
     rec = read_record(d)
     assert rec["written_by"] == "eaglekit eval --data" and rec["sample"]["source"] == str(data)
