@@ -4,8 +4,9 @@ time, split into its parts.
     python -m benchmarks run cpu-prefill                          # ~30 s on 2 cores
     bash benchmarks/device.sh gpu-prefill [--param prompt_graphs=true]   # one GPU, ~1 minute
 
-For prompts of `lengths` tokens (random ids: the cost depends on shapes, not values), `n` timed calls each, the device
-synchronized before and after each call:
+For prompts of `lengths` tokens (random ids: the cost depends on shapes, not values), `n` timed calls each, timed as the
+suite times (benchmarks.timing.samples_ms: between CUDA events on a GPU, where a host-bound call spans its host time;
+wall time on a CPU):
   admit_draft      BatchEngine.admit of one request with the draft (a served prefill: the target's forward capturing
                    features, the finite check's host read, the first token's read, the draft's extend over the prompt)
   admit_no_draft   the same in an engine built without the draft
@@ -18,41 +19,29 @@ admit's wall time is far above its kernels' device time, the prefill is host-bou
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
 
 from ..registry import case, suite
 from ..schema import stats, value
+from ..timing import samples_ms
 
 
-def _engine(device: str, with_draft: bool, max_batch: int, prompt_graphs: bool):
-    """The engine `eaglekit serve` builds for the demo pair (serve's options; its warm-up left out: a prefill replays no
-    recorded graph, and prompt graphs compile at the first prefill, which the untimed calls make)."""
-    from eaglekit.decoding.config import EngineOptions
-    from eaglekit.decoding.engine import BatchEngine
-    from eaglekit.decoding.tree import TreeShape
+def _engine(device: str, with_draft: bool, max_batch: int, prompt_graphs: bool, threads: int | None):
+    """The engine `eaglekit serve` builds for the demo pair (its own loader and engine builder, warm-up left out: a
+    prefill replays no recorded graph, and prompt graphs compile at the first prefill, which the untimed calls make)."""
     from eaglekit.demo import demo_paths
-    from eaglekit.options import PairRuntime
-    from eaglekit.pair import load_pair
+    from eaglekit.options import ModelOptions, ServeOptions
+    from eaglekit.serve.server import _engine as serve_engine
+    from eaglekit.serve.server import _load
 
     tdir, ddir, _ = demo_paths()
-    run = dataclasses.replace(PairRuntime(), batched=max_batch > 1, rows=max_batch * TreeShape.make().draft_tokens,
-                              server=True, prompt_graphs=prompt_graphs)
-    target, draft = load_pair(tdir, ddir if with_draft else None, device=device, run=run)
-    return BatchEngine(target, draft, EngineOptions(max_batch=max_batch, graphs="auto", adaptive=True))
-
-
-def _timed(fn, n: int, sync) -> list[float]:
-    out = []
-    for _ in range(n):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    model = ModelOptions(target=str(tdir), draft=str(ddir) if with_draft else None, device=device,
+                         prompt_graphs=prompt_graphs)
+    o = ServeOptions(max_batch=max_batch, warm_up_span=0, threads=threads)  # (threads None: serve's default)
+    tok, target, draft = _load(model, o, None)
+    return serve_engine(target, draft, tok, model, o, None, None)
 
 
 class _Admits:
@@ -75,7 +64,7 @@ class _Admits:
         return admit
 
 
-def _parts(e, T: int, n: int, sync, g: torch.Generator) -> dict[str, list[float]]:
+def _parts(e, T: int, n: int, cuda: bool, g: torch.Generator) -> dict[str, list[float]]:
     """The target's forward with and without the capture and the draft's extend, each alone, on row 0's caches."""
     from eaglekit.kernels.compiling import prompt_calls
 
@@ -92,22 +81,23 @@ def _parts(e, T: int, n: int, sync, g: torch.Generator) -> dict[str, list[float]
 
     out = {}
     with torch.inference_mode(), prompt_calls():
-        out["target_capture"] = _timed(lambda: forward(setup.capture), n, sync)
-        out["target_plain"] = _timed(lambda: forward(None), n, sync)
+        out["target_capture"] = samples_ms(lambda: forward(setup.capture), n, cuda=cuda)
+        out["target_plain"] = samples_ms(lambda: forward(None), n, cuda=cuda)
         _, feats = forward(setup.capture)
 
         def extend():
             dk.length.zero_()
             setup.draft.extend_rows(dk, feats, ids, lengths, T)
 
-        out["draft_extend"] = _timed(extend, n, sync)
+        out["draft_extend"] = samples_ms(extend, n, cuda=cuda)
         kv.length.zero_()
         dk.length.zero_()
     return out
 
 
-def _profiled(admit, sync, cuda: bool) -> dict:
+def _profiled(admit, cuda: bool) -> dict:
     """One admit under torch.profiler: its wall ms there, aten calls, and on a GPU its kernels and their device ms."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     sync()
     t0 = time.perf_counter()
@@ -127,25 +117,21 @@ def _profiled(admit, sync, cuda: bool) -> dict:
                 "threads": None},
       quick={"lengths": [16], "n": 5, "max_batch": 4})
 def prefill_split(p, ctx):
-    if p["threads"]:
-        torch.set_num_threads(int(p["threads"]))
     dev = p["device"]
     cuda = dev.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     lengths = p["lengths"] if isinstance(p["lengths"], list) else [p["lengths"]]
-    engines = {v: _engine(dev, v == "draft", p["max_batch"], p["prompt_graphs"]) for v in ("draft", "no_draft")}
+    engines = {v: _engine(dev, v == "draft", p["max_batch"], p["prompt_graphs"], p["threads"])
+               for v in ("draft", "no_draft")}
     admits = _Admits(0)
     metrics: dict = {}
     profiles: dict = {}
     for T in lengths:
         for v, e in engines.items():
-            admit = admits.call(e, T)
-            for _ in range(3):  # untimed: first-use work (allocations, a prompt graph's compile)
-                admit()
-            metrics[f"admit_{v}_ms_T{T}"] = stats(_timed(admit, p["n"], sync), "ms")
-        for part, xs in _parts(engines["draft"], T, p["n"], sync, admits.g).items():
+            # (three untimed calls first: first-use work, allocations, a prompt graph's compile)
+            metrics[f"admit_{v}_ms_T{T}"] = stats(samples_ms(admits.call(e, T), p["n"], warm=3, cuda=cuda), "ms")
+        for part, xs in _parts(engines["draft"], T, p["n"], cuda, admits.g).items():
             metrics[f"{part}_ms_T{T}"] = stats(xs, "ms")
-        prof = _profiled(admits.call(engines["draft"], T), sync, cuda)
+        prof = _profiled(admits.call(engines["draft"], T), cuda)
         profiles[f"T{T}"] = {k: round(x, 3) if isinstance(x, float) else x for k, x in prof.items()}
         metrics[f"admit_aten_calls_T{T}"] = value(prof["aten_calls"], "calls")
         if cuda:
